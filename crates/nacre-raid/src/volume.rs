@@ -71,6 +71,17 @@ pub struct CreateOptions {
 }
 
 impl CreateOptions {
+    /// Check everything that does not need the drives: name, level and drive count, strip
+    /// size, priority. `Volume::create` calls it too; the CLI calls it before it makes files.
+    pub fn validate(&self, drive_count: usize) -> Result<Geometry> {
+        validate_name(&self.name)?;
+        let geo = Geometry::new(self.level, drive_count, self.group_size, self.strip_bytes)?;
+        if !(1..=100).contains(&self.recon_prio) {
+            return Err(RaidError::BadGeometry(format!("recon_prio {} is not within 1..=100", self.recon_prio)));
+        }
+        Ok(geo)
+    }
+
     pub fn new(name: &str, level: Level) -> CreateOptions {
         CreateOptions {
             name: name.to_string(),
@@ -357,11 +368,7 @@ impl Volume {
     /// Create a volume over `drives` (in slot order). Everything is validated before the
     /// first byte is written; on error the drives are untouched.
     pub fn create(drives: Vec<Arc<dyn BlockDevice>>, opts: &CreateOptions, run: &VolumeOptions) -> Result<Volume> {
-        validate_name(&opts.name)?;
-        let mut geo = Geometry::new(opts.level, drives.len(), opts.group_size, opts.strip_bytes)?;
-        if !(1..=100).contains(&opts.recon_prio) {
-            return Err(RaidError::BadGeometry(format!("recon_prio {} is not within 1..=100", opts.recon_prio)));
-        }
+        let mut geo = opts.validate(drives.len())?;
         for (i, d) in drives.iter().enumerate() {
             if drives[..i].iter().any(|o| o.path() == d.path()) {
                 return Err(RaidError::DuplicateDrive { path: d.path().to_path_buf() });

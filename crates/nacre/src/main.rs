@@ -1,1 +1,32 @@
-fn main() {}
+//! `nacre`: one command for everything Nacre does. Today: software RAID volumes
+//! (`nacre raid …`) and their benchmarks; the file system's services join as they land.
+
+mod raid;
+mod size;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "nacre", version, about = "Nacre: a parallel file system in user space")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Software RAID volumes over drives (files or block devices).
+    #[command(subcommand)]
+    Raid(raid::RaidCommand),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Raid(cmd) => raid::run(cmd),
+    };
+    if let Err(e) = result {
+        eprintln!("nacre: {e}");
+        std::process::exit(1);
+    }
+}

@@ -186,3 +186,7 @@ impl Codec {
         dot(&col, &[delta], parity, true)
     }
 }
+
+pub fn kernel_name() -> &'static str {
+    "scalar"
+}

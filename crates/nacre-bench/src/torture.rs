@@ -1,0 +1,55 @@
+//! The write pattern of the crash test, shared by the writer (`nacre raid torture`, which
+//! is killed with SIGKILL in the middle of it) and the checker (the test, which replays the
+//! same pattern from the seed to know what every acknowledged write put where).
+//!
+//! Thread `t` of `threads` owns the slice `[t * len / threads, (t + 1) * len / threads)` of
+//! the volume, so the last acknowledged write of each thread fully defines its bytes, and
+//! at most one unacknowledged write per thread may have landed in part.
+
+/// SplitMix64, seeded per (seed, thread, sequence number).
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The slice of the volume that thread `t` owns.
+pub fn region(capacity: u64, threads: u64, t: u64) -> (u64, u64) {
+    let per = capacity / threads;
+    (t * per, per)
+}
+
+/// Write number `seq` of thread `t`: its offset and bytes. Mixes stripe-aligned,
+/// sector-aligned and arbitrary writes of up to three stripes.
+pub fn op(seed: u64, capacity: u64, threads: u64, t: u64, seq: u64, stripe: u64) -> (u64, Vec<u8>) {
+    let (base, per) = region(capacity, threads, t);
+    let mut s = mix(seed ^ mix(t.wrapping_mul(0x1000_0000_01b3) ^ mix(seq)));
+    let mut next = || {
+        s = mix(s);
+        s
+    };
+    let (off, len) = match next() % 3 {
+        0 => {
+            let stripes = (per / stripe).max(1);
+            let first = next() % stripes;
+            let n = 1 + next() % 2.min(stripes - first).max(1);
+            (first * stripe, (n * stripe).min(per - first * stripe))
+        }
+        1 => {
+            let sectors = per / 4096;
+            let first = next() % sectors;
+            (first * 4096, (4096 * (1 + next() % 16)).min(per - first * 4096))
+        }
+        _ => {
+            let off = next() % per;
+            (off, (1 + next() % (3 * stripe)).min(per - off))
+        }
+    };
+    let mut data = vec![0u8; len as usize];
+    for chunk in data.chunks_mut(8) {
+        let v = next().to_le_bytes();
+        chunk.copy_from_slice(&v[..chunk.len()]);
+    }
+    (base + off, data)
+}
