@@ -49,6 +49,9 @@ pub const WIL_CLEAN_INTERVAL_DEFAULT: Duration = Duration::from_millis(500);
 const REBUILD_CHECKPOINT_ROWS: u64 = 256;
 /// Data moved per member and rebuild step.
 const REBUILD_STEP_BYTES: u64 = 1 << 20;
+/// Whole stripes of one write sent to the drives as one batch: 8 stripes of 8+2 × 128 KiB
+/// keep 80 strip writes in flight for a single writer.
+const WRITE_BATCH_STRIPES_MAX: u64 = 8;
 /// Requests gathered into one batch of healthy reads.
 const READ_BATCH_REQS_MAX: usize = 64;
 /// Aligned buffers kept for reuse (each up to a stripe's worth).
@@ -719,9 +722,17 @@ impl Volume {
             let at = offset + pos as u64;
             let stripe = at / sd;
             let a = at % sd;
-            let n = ((sd - a) as usize).min(data.len() - pos);
-            inner.write_stripe_locked(stripe, a, &data[pos..pos + n])?;
-            pos += n;
+            let left = (data.len() - pos) as u64;
+            if a == 0 && left >= sd {
+                let n = (left / sd).min(WRITE_BATCH_STRIPES_MAX);
+                let len = (n * sd) as usize;
+                inner.write_full_locked(stripe, &data[pos..pos + len])?;
+                pos += len;
+            } else {
+                let n = ((sd - a) as usize).min(data.len() - pos);
+                inner.write_stripe_locked(stripe, a, &data[pos..pos + n])?;
+                pos += n;
+            }
         }
         Ok(())
     }
@@ -762,9 +773,11 @@ impl Volume {
     /// Put `drive` in the place of failed slot `slot` and rebuild it in the background.
     pub fn replace_drive(&self, slot: usize, drive: Arc<dyn BlockDevice>) -> Result<()> {
         let inner = &self.inner;
-        if inner.rebuild_running.load(Ordering::Acquire) || inner.lock_meta().rebuild_slot != NO_SLOT {
+        if inner.lock_meta().rebuild_slot != NO_SLOT {
             return Err(RaidError::RebuildRunning(inner.name.clone()));
         }
+        // A rebuild whose drive just failed may still be on its way out.
+        self.wait_rebuild();
         let needed = DATA_OFFSET + inner.geo.rows * inner.geo.strip_bytes;
         if drive.size() < needed {
             return Err(RaidError::DriveTooSmall { path: drive.path().to_path_buf(), size: drive.size(), needed });
@@ -1397,6 +1410,34 @@ impl Inner {
 
     // ---------------------------------------------------------------- writes
 
+    /// Lock and mark whole stripes (ascending, so writers never deadlock), write them.
+    fn write_full_locked(&self, first: u64, src: &[u8]) -> Result<()> {
+        let n = src.len() as u64 / self.geo.stripe_data_bytes();
+        let _guards: Vec<_> = (first..first + n).map(|st| self.locks.lock(st)).collect();
+        let mut regions = Vec::with_capacity(n as usize);
+        let mut result = Ok(());
+        for st in first..first + n {
+            match self.wil.begin(st, |w| self.write_bitmap(&[w])) {
+                Ok(r) => regions.push(r),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        if result.is_ok() {
+            result = match self.write_full_stripes(first, src) {
+                Ok(()) => Ok(()),
+                Err(StripeError::Fatal(e)) => Err(e),
+                Err(StripeError::Retry) => Err(self.offline_error("a full-stripe write asked to retry")),
+            };
+        }
+        for r in regions {
+            self.wil.end(r);
+        }
+        result
+    }
+
     fn write_stripe_locked(&self, stripe: u64, a: u64, src: &[u8]) -> Result<()> {
         let _guard = self.locks.lock(stripe);
         let region = self.wil.begin(stripe, |w| self.write_bitmap(&[w]))?;
@@ -1428,7 +1469,7 @@ impl Inner {
             ));
         }
         if a == 0 && src.len() as u64 == self.geo.stripe_data_bytes() {
-            return self.write_full_stripe(stripe, row, &views, src);
+            return self.write_full_stripes(stripe, src);
         }
         let touches = self.touches(a, src.len());
         let u0 = touches.iter().map(Touch::slo).min().unwrap_or(0);
@@ -1602,16 +1643,22 @@ impl Inner {
         result
     }
 
-    fn write_full_stripe(
-        &self,
-        stripe: u64,
-        row: u64,
-        views: &[ShardView],
-        src: &[u8],
-    ) -> std::result::Result<(), StripeError> {
-        bump(&self.stats.full_stripe_writes);
+    /// Whole stripes `first..first + src.len() / stripe_data_bytes`, already locked and
+    /// marked in the write-intent log: parity from the new data alone, every strip of every
+    /// stripe in one IO batch so a single writer keeps all drives busy.
+    fn write_full_stripes(&self, first: u64, src: &[u8]) -> std::result::Result<(), StripeError> {
         let (k, m) = (self.geo.k, self.geo.m);
         let s = self.geo.strip_bytes as usize;
+        let sd = k * s;
+        let n = src.len() / sd;
+        let views: Vec<(u64, Vec<ShardView>)> = (first..first + n as u64).map(|st| self.view(st)).collect();
+        if let Some(bad) = views.iter().position(|(_, v)| v.iter().filter(|x| x.writable).count() < k) {
+            let stripe = first + bad as u64;
+            return Err(StripeError::Fatal(
+                self.offline_error(&format!("stripe {stripe} has fewer than {k} writable strips")),
+            ));
+        }
+        self.stats.full_stripe_writes.fetch_add(n as u64, Ordering::Relaxed);
         let copy = (!is_aligned(src)).then(|| {
             let mut b = self.pool.take(src.len());
             b.copy_from_slice(src);
@@ -1619,26 +1666,26 @@ impl Inner {
         });
         let data: &[u8] = copy.as_deref().unwrap_or(src);
         // A mirror's parity is its data: nothing to compute.
-        let mut pbuf = if k == 1 { None } else { Some(self.pool.take(m * s)) };
-        if let Some(p) = pbuf.as_mut()
-            && m > 0
-        {
-            let ds: Vec<&[u8]> = data.chunks(s).collect();
-            let mut ps: Vec<&mut [u8]> = p.chunks_mut(s).collect();
-            self.codec.encode(&ds, &mut ps);
+        let mut pbuf = (k > 1 && m > 0).then(|| self.pool.take(n * m * s));
+        if let Some(p) = pbuf.as_mut() {
+            for (d, p) in data.chunks(sd).zip(p.chunks_mut(m * s)) {
+                let ds: Vec<&[u8]> = d.chunks(s).collect();
+                let mut ps: Vec<&mut [u8]> = p.chunks_mut(s).collect();
+                self.codec.encode(&ds, &mut ps);
+            }
         }
-        let mut writes = Vec::with_capacity(k + m);
-        for (shard, v) in views.iter().enumerate() {
-            let (true, Some(d)) = (v.writable, v.drive.clone()) else { continue };
-            let buf: &[u8] = if shard < k {
-                &data[shard * s..(shard + 1) * s]
-            } else {
-                match pbuf.as_ref() {
-                    Some(p) => &p[(shard - k) * s..(shard - k + 1) * s],
-                    None => &data[..s],
-                }
-            };
-            writes.push(IoReq { slot: v.slot, drive: d, offset: self.drive_offset(row, 0), buf: IoBuf::Write(buf) });
+        let mut writes = Vec::with_capacity(n * (k + m));
+        for (i, (row, views)) in views.iter().enumerate() {
+            let d = &data[i * sd..(i + 1) * sd];
+            for (shard, v) in views.iter().enumerate() {
+                let (true, Some(drive)) = (v.writable, v.drive.clone()) else { continue };
+                let buf: &[u8] = match (shard < k, pbuf.as_ref()) {
+                    (true, _) => &d[shard * s..(shard + 1) * s],
+                    (false, Some(p)) => &p[(i * m + shard - k) * s..(i * m + shard - k + 1) * s],
+                    (false, None) => &d[..s],
+                };
+                writes.push(IoReq { slot: v.slot, drive, offset: self.drive_offset(*row, 0), buf: IoBuf::Write(buf) });
+            }
         }
         let failures = self.run(writes);
         if let Some(p) = pbuf {
@@ -1647,7 +1694,10 @@ impl Inner {
         if let Some(c) = copy {
             self.pool.give(c);
         }
-        self.after_write_failures(stripe, &failures)
+        for i in 0..n as u64 {
+            self.after_write_failures(first + i, &failures)?;
+        }
+        Ok(())
     }
 
     /// Writes that failed leave the stripe consistent on the drives that took theirs, so

@@ -187,20 +187,37 @@ fn model_based_random_io_with_failures_and_replacements() {
         let g = v.geometry();
         let mut model = vec![0u8; v.capacity() as usize];
         let mut spare = 0;
+        let mut armed: Vec<usize> = Vec::new();
         for step in 0..60 {
             match rng.below(10) {
                 0 => {
-                    // Fail a drive by command, if the volume can take it.
-                    let slot = rng.below(n as u64) as usize;
-                    let _ = v.fail_drive(slot);
-                }
-                1 => {
-                    // A drive starts returning IO errors after a few more writes.
+                    // Fail a drive by command, if the volume can take it with the armed ones.
                     let slot = rng.below(n as u64) as usize;
                     let st = v.status();
-                    let missing = st.drives.iter().filter(|d| d.state != SlotState::Online).count();
-                    if missing < g.m {
+                    let mut gone: Vec<usize> =
+                        st.drives.iter().filter(|d| d.state != SlotState::Online).map(|d| d.slot).collect();
+                    gone.extend(armed.iter().copied());
+                    gone.push(slot);
+                    gone.sort();
+                    gone.dedup();
+                    if gone.len() <= g.m {
+                        let _ = v.fail_drive(slot);
+                    }
+                }
+                1 => {
+                    // A drive starts returning IO errors after a few more writes, if the
+                    // volume can afford one more loss counting those already armed.
+                    let slot = rng.below(n as u64) as usize;
+                    let st = v.status();
+                    let mut gone: Vec<usize> =
+                        st.drives.iter().filter(|d| d.state != SlotState::Online).map(|d| d.slot).collect();
+                    gone.extend(armed.iter().copied());
+                    gone.push(slot);
+                    gone.sort();
+                    gone.dedup();
+                    if gone.len() <= g.m {
                         drives[slot].fail_after_writes(rng.below(5) as i64);
+                        armed.push(slot);
                     }
                 }
                 2 => {
@@ -213,6 +230,7 @@ fn model_based_random_io_with_failures_and_replacements() {
                         let fresh = MemDrive::new(&format!("spare{spare}"), 2 * MIB);
                         v.replace_drive(d.slot, fresh.clone() as Arc<dyn BlockDevice>).expect("replace");
                         drives[d.slot] = fresh;
+                        armed.retain(|&a| a != d.slot);
                         if rng.below(2) == 0 {
                             v.wait_rebuild();
                         }
