@@ -3,5 +3,6 @@
 //! The RAID benches live here now; the transport selftest and the IO500 phases join them
 //! with their issues.
 
+pub mod kernel;
 pub mod raid;
 pub mod torture;

@@ -131,7 +131,9 @@ fn phase(v: &Volume, phase: Phase, jobs: usize, size: u64, io: u64, shift: u64, 
                                 stamp(&mut buf, off, salt);
                                 v.write(off, &buf).map_err(BenchError::from)
                             }
-                            Phase::Read => v.read(off, &mut buf).map_err(BenchError::from).and_then(|_| check(&buf, off, salt)),
+                            Phase::Read => {
+                                v.read(off, &mut buf).map_err(BenchError::from).and_then(|_| check(&buf, off, salt))
+                            }
                         };
                         if let Err(e) = r {
                             result = Err(e);
@@ -299,9 +301,13 @@ fn run_in(
     }
     v6.close()?;
 
-    let (pw0, pr0, pw6, pr6, pwd, prd, pwu) = (peak(&w0), peak(&r0), peak(&w6), peak(&r6), peak(&wd), peak(&rd), peak(&wu));
+    let (pw0, pr0, pw6, pr6, pwd, prd, pwu) =
+        (peak(&w0), peak(&r0), peak(&w6), peak(&r6), peak(&wd), peak(&rd), peak(&wu));
     let mut table = String::new();
-    let _ = writeln!(table, "\n| jobs | raid0 write | raid0 read | raid6 write | raid6 read | unaligned write | degraded write | degraded read |");
+    let _ = writeln!(
+        table,
+        "\n| jobs | raid0 write | raid0 read | raid6 write | raid6 read | unaligned write | degraded write | degraded read |"
+    );
     let _ = writeln!(table, "|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (i, j) in o.jobs.iter().enumerate() {
         let _ = writeln!(

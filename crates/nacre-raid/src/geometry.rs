@@ -160,7 +160,7 @@ impl Geometry {
                     "level {level} needs groups of at least {min_group} drives, got group size {g}"
                 )));
             }
-            if drives < 2 * g || drives % g != 0 {
+            if drives < 2 * g || !drives.is_multiple_of(g) {
                 return Err(RaidError::NotEnoughDrives {
                     level,
                     needed: format!("a multiple of the group size {g}, at least {}", 2 * g),

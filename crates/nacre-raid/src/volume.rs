@@ -1631,7 +1631,7 @@ impl Inner {
                         slot: v.slot,
                         drive: d,
                         offset: self.drive_offset(row, u0),
-                        buf: IoBuf::Write(&pslices[p]),
+                        buf: IoBuf::Write(pslices[p]),
                     });
                 }
             }

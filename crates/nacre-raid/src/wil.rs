@@ -134,7 +134,7 @@ impl Wil {
         let _p = self.persist.lock().unwrap_or_else(|e| e.into_inner());
         {
             let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            if !st.regions.iter().any(|r| *r == Region::Dirty) {
+            if !st.regions.contains(&Region::Dirty) {
                 return Ok(0);
             }
         }

@@ -120,8 +120,8 @@ fn losing_any_m_drives_keeps_data_and_m_plus_one_goes_offline() {
         let (v, drives) = mem_volume(level, n, group, strip, 2 * MIB);
         let mut model = vec![0u8; v.capacity() as usize];
         random_writes(&v, &mut model, &mut rng, 5);
-        for x in 0..g.m {
-            drives[x].set_failed(true);
+        for d in &drives[..g.m] {
+            d.set_failed(true);
         }
         random_writes(&v, &mut model, &mut rng, 10);
         check_all(&v, &model);

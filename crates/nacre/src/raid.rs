@@ -311,7 +311,11 @@ fn scrub(find: &FindArgs, check_only: bool) -> CliResult {
     );
     v.close()?;
     if check_only && report.mismatches > 0 {
-        return Err(format!("{} stripes have mismatched parity (run without --check-only to repair)", report.mismatches).into());
+        return Err(format!(
+            "{} stripes have mismatched parity (run without --check-only to repair)",
+            report.mismatches
+        )
+        .into());
     }
     Ok(())
 }
@@ -319,7 +323,7 @@ fn scrub(find: &FindArgs, check_only: bool) -> CliResult {
 fn bench(b: BenchArgs) -> CliResult {
     let mut out = std::io::stdout();
     let figures = if b.kernel {
-        return Err("kernel bench: not built yet".into());
+        nacre_bench::kernel::run_kernel_bench(&mut out)?
     } else {
         let mut o = VolumeBenchOptions::new(&b.dir);
         o.size = b.size;

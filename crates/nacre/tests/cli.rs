@@ -67,7 +67,10 @@ fn digest(paths: &[String]) -> Vec<u64> {
 fn life_cycle_create_show_fail_replace_scrub() {
     let t = Tmp::new("life");
     let dir = t.s("drives");
-    let out = ok(&["raid", "create", "--name", "ost0", "--level", "6", "--strip", "16K", "--dir", &dir, "--count", "6", "--size", "8M"]);
+    let out = ok(&[
+        "raid", "create", "--name", "ost0", "--level", "6", "--strip", "16K", "--dir", &dir, "--count", "6", "--size",
+        "8M",
+    ]);
     assert!(out.contains("level: 6") && out.contains("strip_size: 16") && out.contains("online"), "{out}");
     let show = ok(&["raid", "show", "--dir", &dir]);
     assert!(show.contains("ost0") && show.contains("5 ") && show.contains("data/parity: 4+2"), "{show}");
@@ -80,7 +83,11 @@ fn life_cycle_create_show_fail_replace_scrub() {
     assert!(e.contains("slot 1 is online") && e.contains("failed slot"), "{e}");
     let out = ok(&["raid", "replace", "--dir", &dir, "--slot", "2", "--new", &t.s("spare"), "--size", "8M"]);
     assert!(out.contains("rebuilding slot 2: done"), "{out}");
-    let drives = format!("{},{}", files(Path::new(&dir)).iter().map(|f| format!("{dir}/{f}")).collect::<Vec<_>>().join(","), t.s("spare"));
+    let drives = format!(
+        "{},{}",
+        files(Path::new(&dir)).iter().map(|f| format!("{dir}/{f}")).collect::<Vec<_>>().join(","),
+        t.s("spare")
+    );
     let show = ok(&["raid", "show", "--drives", &drives, "--name", "ost0"]);
     assert!(show.contains("║ online") && show.contains("spare online"), "{show}");
     let out = ok(&["raid", "scrub", "--drives", &drives, "--name", "ost0", "--check-only"]);
@@ -106,7 +113,20 @@ fn bad_create_input_is_refused_and_writes_nothing() {
         assert!(e.contains(msg), "{extra:?}: expected {msg:?} in {e:?}");
         assert!(files(Path::new(&dir)).is_empty(), "{extra:?} left files behind");
     }
-    let e = refused(&["raid", "create", "--name", "bad name!", "--level", "1", "--dir", &dir, "--count", "2", "--size", "4M"]);
+    let e = refused(&[
+        "raid",
+        "create",
+        "--name",
+        "bad name!",
+        "--level",
+        "1",
+        "--dir",
+        &dir,
+        "--count",
+        "2",
+        "--size",
+        "4M",
+    ]);
     assert!(e.contains("bad volume name"), "{e}");
 
     // Existing drives: unequal sizes, a missing file, a duplicate, one already in use.
@@ -133,7 +153,20 @@ fn bad_create_input_is_refused_and_writes_nothing() {
     assert!(e.contains("already belongs to volume 'first'"), "{e}");
     assert_eq!(digest(&d[..3]), used, "refused create touched a drive in use");
     make_file(&t.s("v-d1"), 4 << 20);
-    let e = refused(&["raid", "create", "--name", "v", "--level", "5", "--dir", &t.0.display().to_string(), "--count", "3", "--size", "4M"]);
+    let e = refused(&[
+        "raid",
+        "create",
+        "--name",
+        "v",
+        "--level",
+        "5",
+        "--dir",
+        &t.0.display().to_string(),
+        "--count",
+        "3",
+        "--size",
+        "4M",
+    ]);
     assert!(e.contains("v-d1 already exists"), "{e}");
     assert!(!Path::new(&t.s("v-d0")).exists(), "a refused create left a drive file");
 }
@@ -142,7 +175,10 @@ fn bad_create_input_is_refused_and_writes_nothing() {
 fn bad_repair_input_is_refused() {
     let t = Tmp::new("repair");
     let dir = t.s("drives");
-    ok(&["raid", "create", "--name", "mdt0", "--level", "10", "--strip", "16K", "--dir", &dir, "--count", "4", "--size", "4M"]);
+    ok(&[
+        "raid", "create", "--name", "mdt0", "--level", "10", "--strip", "16K", "--dir", &dir, "--count", "4", "--size",
+        "4M",
+    ]);
     let e = refused(&["raid", "fail", "--dir", &dir, "--slot", "9"]);
     assert!(e.contains("slot 9 does not exist"), "{e}");
     ok(&["raid", "fail", "--dir", &dir, "--slot", "0"]);

@@ -62,7 +62,9 @@ fn sigkill_mid_write_then_assemble_scrub_and_verify() {
                 let Ok(line) = line else { break };
                 let f: Vec<&str> = line.split_whitespace().collect();
                 match f.as_slice() {
-                    ["ready", cap, stripe] => geometry = Some((cap.parse::<u64>().unwrap(), stripe.parse::<u64>().unwrap())),
+                    ["ready", cap, stripe] => {
+                        geometry = Some((cap.parse::<u64>().unwrap(), stripe.parse::<u64>().unwrap()))
+                    }
                     ["ack", t, seq] => acked[t.parse::<usize>().unwrap()] = Some(seq.parse().unwrap()),
                     _ => {} // a line cut by the kill
                 }
@@ -113,12 +115,21 @@ fn sigkill_mid_write_then_assemble_scrub_and_verify() {
                 let (from, data, seq) = &ops[idx];
                 let want = data[i - from];
                 if Some(*seq) <= last {
-                    assert_eq!(*got, want, "seed {round_seed}: thread {t} byte {} of acknowledged write {seq}", base + i as u64);
+                    assert_eq!(
+                        *got,
+                        want,
+                        "seed {round_seed}: thread {t} byte {} of acknowledged write {seq}",
+                        base + i as u64
+                    );
                 } else {
                     // In flight: either its new byte or whatever an earlier write left.
                     let older = ops[..idx].iter().rev().find(|(f, d, _)| i >= *f && i < f + d.len());
                     let ok = *got == want || older.is_some_and(|(f, d, _)| d[i - f] == *got) || older.is_none();
-                    assert!(ok, "seed {round_seed}: thread {t} byte {} holds neither old nor new data", base + i as u64);
+                    assert!(
+                        ok,
+                        "seed {round_seed}: thread {t} byte {} holds neither old nor new data",
+                        base + i as u64
+                    );
                 }
             }
         }

@@ -61,7 +61,13 @@ pub fn small_opts() -> VolumeOptions {
 }
 
 /// A volume over fresh memory drives.
-pub fn mem_volume(level: Level, n: usize, group: Option<usize>, strip: u64, drive_size: u64) -> (Volume, Vec<Arc<MemDrive>>) {
+pub fn mem_volume(
+    level: Level,
+    n: usize,
+    group: Option<usize>,
+    strip: u64,
+    drive_size: u64,
+) -> (Volume, Vec<Arc<MemDrive>>) {
     let drives = mem_drives("d", n, drive_size);
     let mut o = CreateOptions::new("t", level);
     o.group_size = group;
