@@ -157,13 +157,23 @@ fn phase(v: &Volume, phase: Phase, jobs: usize, size: u64, io: u64, shift: u64, 
     Ok((per_job * jobs as u64) as f64 / elapsed.as_secs_f64() / 1e9)
 }
 
-fn make_drives(dir: &Path, n: usize, size: u64) -> Result<Vec<Arc<dyn BlockDevice>>, BenchError> {
-    let mut v = Vec::with_capacity(n);
-    for i in 0..n {
-        let d = FileDrive::create_file(&dir.join(format!("drive{i}")), size)?;
-        v.push(Arc::new(d) as Arc<dyn BlockDevice>);
+/// A drive file, written through once: the first touch of a page (on tmpfs, and of a
+/// VM's memory) costs several times the steady state, and would otherwise be charged to
+/// whichever phase touches it first (the rebuild phase writes to a brand-new spare).
+fn make_drive(path: &Path, size: u64) -> Result<Arc<dyn BlockDevice>, BenchError> {
+    let d = FileDrive::create_file(path, size)?;
+    let chunk = AlignedBuf::zeroed(4 << 20);
+    let mut off = 0;
+    while off < size {
+        let n = (size - off).min(chunk.len() as u64) as usize;
+        d.write_at(&chunk[..n], off)?;
+        off += n as u64;
     }
-    Ok(v)
+    Ok(Arc::new(d))
+}
+
+fn make_drives(dir: &Path, n: usize, size: u64) -> Result<Vec<Arc<dyn BlockDevice>>, BenchError> {
+    (0..n).map(|i| make_drive(&dir.join(format!("drive{i}")), size)).collect()
 }
 
 fn create(drives: &[Arc<dyn BlockDevice>], level: Level, strip: u64) -> Result<Volume, BenchError> {
@@ -258,6 +268,9 @@ fn run_in(
 
     // 1. The reference: RAID0 over the same drives.
     let v0 = create(&drives, Level::Raid0, o.strip_bytes)?;
+    // Untimed warm-up: the first touch of fresh file (or tmpfs) pages is much slower than
+    // the steady state, and would be charged to whichever phase came first.
+    phase(&v0, Phase::Write, 4, o.size, stripe0, 0, next_salt())?;
     let (w0, r0) = run_jobs(&v0, stripe0, 0, "raid0 (reference)", true, out)?;
     v0.close()?;
 
@@ -278,7 +291,7 @@ fn run_in(
     let (wd, rd) = run_jobs(&v6, stripe6, 0, &format!("raid{level6} 1 failed"), true, out)?;
 
     // 4. Replace it and write while it rebuilds, at the default priority.
-    let spare = Arc::new(FileDrive::create_file(&work.join("spare"), drive_size)?) as Arc<dyn BlockDevice>;
+    let spare = make_drive(&work.join("spare"), drive_size)?;
     let jr = o.jobs.iter().copied().filter(|&j| j <= 8).max().unwrap_or(o.jobs[0]);
     let healthy_at_jr = w6[o.jobs.iter().position(|&j| j == jr).unwrap_or(0)];
     let t = Instant::now();

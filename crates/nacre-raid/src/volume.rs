@@ -36,10 +36,10 @@ use crate::superblock::{
 };
 use crate::wil::{BitmapWrite, Wil};
 
-/// Default share of bandwidth a rebuild takes while foreground IO runs (xiRAID's
-/// `recon_prio`). Measured with `nacre raid bench`: 30 keeps foreground writes above
-/// 0.7× healthy on 2 cores while a rebuild still finishes in minutes per TiB-scale drive.
-pub const RECON_PRIO_DEFAULT: u8 = 30;
+/// Default share (percent) of the drive bandwidth a rebuild takes while clients do IO,
+/// after xiRAID's `recon_prio`; with no client IO a rebuild runs at full speed. 10 keeps
+/// client writes at or above 0.7× healthy in `nacre raid bench` on 2 cores.
+pub const RECON_PRIO_DEFAULT: u8 = 10;
 /// Logical bytes covered by one write-intent bit, by default. Larger regions mean fewer
 /// bitmap writes in steady state but more to resync after a crash.
 pub const WIL_REGION_BYTES_DEFAULT: u64 = 64 << 20;
@@ -52,6 +52,8 @@ const REBUILD_STEP_BYTES: u64 = 1 << 20;
 /// Whole stripes of one write sent to the drives as one batch: 8 stripes of 8+2 × 128 KiB
 /// keep 80 strip writes in flight for a single writer.
 const WRITE_BATCH_STRIPES_MAX: u64 = 8;
+/// Degraded stripes of one read decoded together (their reads go out as one batch).
+const DEGRADED_BATCH_STRIPES_MAX: usize = 8;
 /// Requests gathered into one batch of healthy reads.
 const READ_BATCH_REQS_MAX: usize = 64;
 /// Aligned buffers kept for reuse (each up to a stripe's worth).
@@ -249,8 +251,9 @@ struct Inner {
     stats: Counters,
     stop: AtomicBool,
     wake: (Mutex<()>, Condvar),
-    /// Foreground operations started, for the rebuild throttle.
-    foreground_ops: AtomicU64,
+    /// Bytes moved to and from drives for everything but the rebuild: the rebuild
+    /// throttle compares its own bytes with these.
+    foreground_bytes: AtomicU64,
     scrub_done: AtomicU64,
     scrub_total: AtomicU64,
     rebuild_running: AtomicBool,
@@ -284,6 +287,14 @@ struct ShardView {
     drive: Option<Arc<dyn BlockDevice>>,
     readable: bool,
     writable: bool,
+}
+
+/// A stripe of a read whose touched strips are not all readable, and the caller's
+/// buffer for each touched strip.
+struct DegradedStripe<'a> {
+    stripe: u64,
+    touches: Vec<Touch>,
+    dsts: Vec<&'a mut [u8]>,
 }
 
 /// A piece of a data strip touched by an IO: strip-relative byte range `[lo, hi)` and its
@@ -588,7 +599,7 @@ impl Volume {
             stats: Counters::default(),
             stop: AtomicBool::new(false),
             wake: (Mutex::new(()), Condvar::new()),
-            foreground_ops: AtomicU64::new(0),
+            foreground_bytes: AtomicU64::new(0),
             scrub_done: AtomicU64::new(0),
             scrub_total: AtomicU64::new(0),
             rebuild_running: AtomicBool::new(false),
@@ -699,7 +710,6 @@ impl Volume {
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.inner.check_range(offset, buf.len())?;
         bump(&self.inner.stats.reads);
-        self.inner.foreground_ops.fetch_add(1, Ordering::Relaxed);
         for _ in 0..=self.inner.geo.drive_count() {
             match self.inner.read_range(offset, buf) {
                 Ok(()) => return Ok(()),
@@ -715,7 +725,6 @@ impl Volume {
         let inner = &self.inner;
         inner.check_range(offset, data.len())?;
         bump(&inner.stats.writes);
-        inner.foreground_ops.fetch_add(1, Ordering::Relaxed);
         let sd = inner.geo.stripe_data_bytes();
         let mut pos = 0usize;
         while pos < data.len() {
@@ -1250,13 +1259,22 @@ impl Inner {
         self.wil.clean_pass(all, || self.sync_all(), |writes| self.write_bitmap(&writes))
     }
 
+    /// Run drive IO on behalf of clients (everything but the rebuild), counting it.
     fn run(&self, reqs: Vec<IoReq<'_>>) -> Vec<IoFailure> {
+        let mut bytes = 0;
         for r in &reqs {
-            match r.buf {
-                IoBuf::Read(_) => bump(&self.stats.drive_reads),
-                IoBuf::Write(_) => bump(&self.stats.drive_writes),
+            match &r.buf {
+                IoBuf::Read(b) => {
+                    bump(&self.stats.drive_reads);
+                    bytes += b.len() as u64;
+                }
+                IoBuf::Write(b) => {
+                    bump(&self.stats.drive_writes);
+                    bytes += b.len() as u64;
+                }
             }
         }
+        self.foreground_bytes.fetch_add(bytes, Ordering::Relaxed);
         self.queues.run(reqs)
     }
 
@@ -1318,6 +1336,7 @@ impl Inner {
             }
             Ok(())
         };
+        let mut degraded: Vec<DegradedStripe<'_>> = Vec::new();
         let mut rest: &mut [u8] = buf;
         let mut at = offset;
         while !rest.is_empty() {
@@ -1329,11 +1348,15 @@ impl Inner {
             at += n as u64;
             let touches = self.touches(a, n);
             let (row, views) = self.view(stripe);
+            let mut dsts = Vec::with_capacity(touches.len());
+            let mut this = this;
+            for t in &touches {
+                let (dst, more) = std::mem::take(&mut this).split_at_mut(t.len());
+                this = more;
+                dsts.push(dst);
+            }
             if touches.iter().all(|t| views[t.shard].readable) {
-                let mut this = this;
-                for t in &touches {
-                    let (dst, more) = std::mem::take(&mut this).split_at_mut(t.len());
-                    this = more;
+                for (t, dst) in touches.iter().zip(dsts) {
                     let v = &views[t.shard];
                     let Some(drive) = v.drive.clone() else { return Err(StripeError::Retry) };
                     let direct = is_aligned(dst) && t.lo.is_multiple_of(SECTOR_BYTES as u64);
@@ -1345,67 +1368,124 @@ impl Inner {
                     };
                     batch.push(Piece { dst, slot: v.slot, drive, offset, bounce });
                 }
-                if batch.len() >= READ_BATCH_REQS_MAX {
-                    flush(&mut batch)?;
-                }
             } else {
+                degraded.push(DegradedStripe { stripe, touches, dsts });
+            }
+            if batch.len() >= READ_BATCH_REQS_MAX || degraded.len() >= DEGRADED_BATCH_STRIPES_MAX {
                 flush(&mut batch)?;
-                self.read_degraded(stripe, &touches, this)?;
+                self.read_degraded(&mut degraded)?;
             }
         }
-        flush(&mut batch)
+        flush(&mut batch)?;
+        self.read_degraded(&mut degraded)
     }
 
-    /// Read touched strips of a stripe with some of them missing: decode from survivors.
-    fn read_degraded(&self, stripe: u64, touches: &[Touch], dst: &mut [u8]) -> std::result::Result<(), StripeError> {
-        bump(&self.stats.degraded_reads);
-        let _guard = self.locks.lock(stripe);
-        let (row, views) = self.view(stripe);
+    /// Read stripes whose touched strips are partly missing: decode them from the
+    /// survivors. The stripes are locked (ascending) so that no write changes data and
+    /// parity under the decode. All their reads go out in one batch; strips that line up
+    /// with the caller's buffer are read and decoded straight into it, so a degraded
+    /// full-stripe read copies nothing.
+    fn read_degraded(&self, list: &mut Vec<DegradedStripe<'_>>) -> std::result::Result<(), StripeError> {
+        if list.is_empty() {
+            return Ok(());
+        }
         let k = self.geo.k;
-        let u0 = touches.iter().map(Touch::slo).min().unwrap_or(0);
-        let u1 = touches.iter().map(Touch::shi).max().unwrap_or(0);
-        let ulen = (u1 - u0) as usize;
-        let inputs: Vec<usize> = (0..self.geo.width()).filter(|&s| views[s].readable).take(k).collect();
-        if inputs.len() < k {
-            return Err(StripeError::Fatal(
-                self.offline_error(&format!("stripe {stripe} has fewer than {k} readable strips")),
-            ));
+        self.stats.degraded_reads.fetch_add(list.len() as u64, Ordering::Relaxed);
+        let _guards: Vec<_> = list.iter().map(|d| self.locks.lock(d.stripe)).collect();
+        // Plan each stripe: which shards to read, into what.
+        struct Plan {
+            row: u64,
+            views: Vec<ShardView>,
+            u0: u64,
+            inputs: Vec<usize>,
+            wanted: Vec<usize>,
+            /// For each shard: the touch whose buffer it lands in directly, if any.
+            direct: Vec<Option<usize>>,
+            /// Pool buffers of the shards that are not direct, by shard.
+            bufs: Vec<Option<AlignedBuf>>,
         }
-        let mut bufs: Vec<AlignedBuf> = inputs.iter().map(|_| self.pool.take(ulen)).collect();
-        let reqs = inputs
-            .iter()
-            .zip(bufs.iter_mut())
-            .map(|(&s, b)| IoReq {
-                slot: views[s].slot,
-                drive: views[s].drive.clone().expect("readable shard has a drive"),
-                offset: self.drive_offset(row, u0),
-                buf: IoBuf::Read(b),
-            })
-            .collect();
+        let mut plans = Vec::with_capacity(list.len());
+        for d in list.iter() {
+            let (row, views) = self.view(d.stripe);
+            let u0 = d.touches.iter().map(Touch::slo).min().unwrap_or(0);
+            let u1 = d.touches.iter().map(Touch::shi).max().unwrap_or(0);
+            let inputs: Vec<usize> = (0..self.geo.width()).filter(|&x| views[x].readable).take(k).collect();
+            if inputs.len() < k {
+                plans.into_iter().for_each(|p: Plan| p.bufs.into_iter().flatten().for_each(|b| self.pool.give(b)));
+                return Err(StripeError::Fatal(
+                    self.offline_error(&format!("stripe {} has fewer than {k} readable strips", d.stripe)),
+                ));
+            }
+            let wanted: Vec<usize> = d.touches.iter().map(|t| t.shard).filter(|x| !inputs.contains(x)).collect();
+            let mut direct = vec![None; self.geo.width()];
+            for (i, t) in d.touches.iter().enumerate() {
+                if t.lo == u0 && t.hi == u1 && is_aligned(d.dsts[i]) {
+                    direct[t.shard] = Some(i);
+                }
+            }
+            let bufs = (0..self.geo.width())
+                .map(|x| {
+                    let used = inputs.contains(&x) || wanted.contains(&x);
+                    (used && direct[x].is_none()).then(|| self.pool.take((u1 - u0) as usize))
+                })
+                .collect();
+            plans.push(Plan { row, views, u0, inputs, wanted, direct, bufs });
+        }
+        // Where each shard's bytes live: the caller's buffer or a pool buffer.
+        fn targets<'b>(plan: &'b mut Plan, dsts: &'b mut [&mut [u8]]) -> Vec<Option<&'b mut [u8]>> {
+            let mut by_touch: Vec<Option<&'b mut [u8]>> = dsts.iter_mut().map(|d| Some(&mut **d)).collect();
+            plan.bufs
+                .iter_mut()
+                .zip(&plan.direct)
+                .map(|(b, dir)| match (b, dir) {
+                    (Some(b), _) => Some(&mut b[..]),
+                    (None, Some(i)) => by_touch[*i].take(),
+                    (None, None) => None,
+                })
+                .collect()
+        }
+        let mut reqs = Vec::new();
+        for (plan, d) in plans.iter_mut().zip(list.iter_mut()) {
+            let (row, u0, inputs, views) = (plan.row, plan.u0, plan.inputs.clone(), plan.views.clone());
+            let mut t = targets(plan, &mut d.dsts);
+            for x in inputs {
+                let buf = t[x].take().expect("every input shard has a target");
+                let v = &views[x];
+                let drive = v.drive.clone().expect("readable shard has a drive");
+                reqs.push(IoReq { slot: v.slot, drive, offset: self.drive_offset(row, u0), buf: IoBuf::Read(buf) });
+            }
+        }
         let failures = self.run(reqs);
-        if !failures.is_empty() {
+        let result = if failures.is_empty() {
+            for (plan, d) in plans.iter_mut().zip(list.iter_mut()) {
+                if !plan.wanted.is_empty() {
+                    let dec = self.codec.decoder(&plan.inputs, &plan.wanted).map_err(RaidError::from)?;
+                    let wanted = plan.wanted.clone();
+                    let mut t = targets(plan, &mut d.dsts);
+                    let ins: Vec<&[u8]> =
+                        dec.inputs().iter().map(|&x| &*t[x].take().expect("input shard target")).collect();
+                    let mut outs: Vec<&mut [u8]> =
+                        wanted.iter().map(|&x| t[x].take().expect("wanted shard target")).collect();
+                    dec.apply(&ins, &mut outs);
+                }
+                for (i, tch) in d.touches.iter().enumerate() {
+                    if plan.direct[tch.shard].is_none() {
+                        let src = plan.bufs[tch.shard].as_ref().expect("shard was read or decoded");
+                        let from = (tch.lo - plan.u0) as usize;
+                        d.dsts[i].copy_from_slice(&src[from..from + tch.len()]);
+                    }
+                }
+            }
+            Ok(())
+        } else {
             self.fail_all(&failures);
-            bufs.into_iter().for_each(|b| self.pool.give(b));
-            return Err(StripeError::Retry);
+            Err(StripeError::Retry)
+        };
+        for p in plans {
+            p.bufs.into_iter().flatten().for_each(|b| self.pool.give(b));
         }
-        let wanted: Vec<usize> = touches.iter().map(|t| t.shard).filter(|s| !inputs.contains(s)).collect();
-        let mut outs: Vec<AlignedBuf> = wanted.iter().map(|_| self.pool.take(ulen)).collect();
-        if !wanted.is_empty() {
-            let dec = self.codec.decoder(&inputs, &wanted).map_err(RaidError::from)?;
-            let ins: Vec<&[u8]> = bufs.iter().map(|b| &b[..]).collect();
-            let mut os: Vec<&mut [u8]> = outs.iter_mut().map(|b| &mut b[..]).collect();
-            dec.apply(&ins, &mut os);
-        }
-        for t in touches {
-            let src: &[u8] = match inputs.iter().position(|&s| s == t.shard) {
-                Some(i) => &bufs[i],
-                None => &outs[wanted.iter().position(|&s| s == t.shard).expect("wanted shard")],
-            };
-            let from = (t.lo - u0) as usize;
-            dst[t.user..t.user + t.len()].copy_from_slice(&src[from..from + t.len()]);
-        }
-        bufs.into_iter().chain(outs).for_each(|b| self.pool.give(b));
-        Ok(())
+        list.clear();
+        result
     }
 
     // ---------------------------------------------------------------- writes
@@ -1817,35 +1897,32 @@ impl Inner {
         Err(self.offline_error(&format!("drives kept failing while scrubbing stripe {stripe}")))
     }
 
+    /// Rebuild slot `slot` from the others, `REBUILD_STEP_BYTES` per member at a time:
+    /// lock the step's stripes, read the survivors of every row in one batch, decode, write
+    /// the rebuilt strips in one batch, advance the checkpoint. Foreground writes to the
+    /// slot go on meanwhile (the slot is writable); reads use it only below the checkpoint.
     fn rebuild(&self, slot: usize) {
         let geo = self.geo;
         let w = geo.width();
         let (group, member) = (slot / w, slot % w);
+        let s = geo.strip_bytes as usize;
         let step_rows = (REBUILD_STEP_BYTES / geo.strip_bytes).max(1);
         let mut last_checkpoint = self.rebuild_row.load(Ordering::Acquire);
-        let s = geo.strip_bytes as usize;
+        let mut throttle = Throttle::new(self);
         loop {
             let row0 = self.rebuild_row.load(Ordering::Acquire);
             if row0 >= geo.rows {
                 break;
             }
-            if self.stop.load(Ordering::Acquire) {
-                return; // close() persists the checkpoint
+            if self.stop.load(Ordering::Acquire) || self.read_slots()[slot].state != SlotState::Rebuilding {
+                return; // close() persists the checkpoint; a failed slot ends the rebuild
             }
-            {
-                let slots = self.read_slots();
-                if slots[slot].state != SlotState::Rebuilding {
-                    return;
-                }
-            }
-            let started = Instant::now();
-            let fg_before = self.foreground_ops.load(Ordering::Relaxed);
             let rows: Vec<u64> = (row0..(row0 + step_rows).min(geo.rows)).collect();
-            let stripes: Vec<u64> = rows.iter().map(|r| r * geo.groups as u64 + group as u64).collect();
-            let guards: Vec<_> = stripes.iter().map(|&st| self.locks.lock(st)).collect();
-            let mut ok = true;
-            for (&row, &stripe) in rows.iter().zip(&stripes) {
-                let (_, views) = self.view(stripe);
+            let guards: Vec<_> = rows.iter().map(|r| self.locks.lock(r * geo.groups as u64 + group as u64)).collect();
+            // Plan: per row, the shard to rebuild and the k survivors to read.
+            let mut plans = Vec::with_capacity(rows.len());
+            for &row in &rows {
+                let (_, views) = self.view(row * geo.groups as u64 + group as u64);
                 let target = geo.shard_of_member(row, member);
                 let inputs: Vec<usize> = (0..w).filter(|&x| x != target && views[x].readable).take(geo.k).collect();
                 if inputs.len() < geo.k {
@@ -1853,59 +1930,69 @@ impl Inner {
                     // the volume is assembled with enough drives again.
                     return;
                 }
-                let mut bufs = self.pool.take(geo.k * s);
-                let reqs = inputs
+                plans.push((row, views, target, inputs));
+            }
+            let mut bufs = self.pool.take(rows.len() * geo.k * s);
+            let mut reqs = Vec::with_capacity(rows.len() * geo.k);
+            for ((row, views, _, inputs), chunk) in plans.iter().zip(bufs.chunks_mut(geo.k * s)) {
+                for (&x, b) in inputs.iter().zip(chunk.chunks_mut(s)) {
+                    let v = &views[x];
+                    let drive = v.drive.clone().expect("readable shard has a drive");
+                    reqs.push(IoReq { slot: v.slot, drive, offset: self.drive_offset(*row, 0), buf: IoBuf::Read(b) });
+                }
+            }
+            throttle.account(reqs.len() as u64 * s as u64);
+            let failures = self.queues.run(reqs);
+            let mut out = self.pool.take(rows.len() * s);
+            let ok = failures.is_empty() && {
+                let mut decoded = true;
+                for ((_, _, target, inputs), (ins, o)) in
+                    plans.iter().zip(bufs.chunks(geo.k * s).zip(out.chunks_mut(s)))
+                {
+                    match self.codec.decoder(inputs, &[*target]) {
+                        Ok(dec) => {
+                            let by_shard: Vec<(usize, &[u8])> = inputs.iter().copied().zip(ins.chunks(s)).collect();
+                            let ordered: Vec<&[u8]> = dec
+                                .inputs()
+                                .iter()
+                                .map(|x| by_shard.iter().find(|(y, _)| y == x).map(|(_, b)| *b).unwrap_or(&[]))
+                                .collect();
+                            dec.apply(&ordered, &mut [o]);
+                        }
+                        Err(_) => decoded = false,
+                    }
+                }
+                decoded
+            };
+            self.fail_all(&failures);
+            let mut write_failures = Vec::new();
+            if ok {
+                let writes: Vec<IoReq<'_>> = plans
                     .iter()
-                    .zip(bufs.chunks_mut(s))
-                    .map(|(&x, b)| IoReq {
-                        slot: views[x].slot,
-                        drive: views[x].drive.clone().expect("readable shard has a drive"),
-                        offset: self.drive_offset(row, 0),
-                        buf: IoBuf::Read(b),
+                    .zip(out.chunks(s))
+                    .filter_map(|((row, views, target, _), b)| {
+                        let v = &views[*target];
+                        v.drive.clone().map(|drive| IoReq {
+                            slot: v.slot,
+                            drive,
+                            offset: self.drive_offset(*row, 0),
+                            buf: IoBuf::Write(b),
+                        })
                     })
                     .collect();
-                let failures = self.run(reqs);
-                if !failures.is_empty() {
-                    self.fail_all(&failures);
-                    self.pool.give(bufs);
-                    ok = false;
-                    break;
+                throttle.account(writes.len() as u64 * s as u64);
+                write_failures = self.queues.run(writes);
+                self.fail_all(&write_failures);
+                if write_failures.is_empty() {
+                    self.rebuild_row.store(row0 + rows.len() as u64, Ordering::Release);
                 }
-                let mut out = self.pool.take(s);
-                match self.codec.decoder(&inputs, &[target]) {
-                    Ok(dec) => {
-                        let ins: Vec<&[u8]> = bufs.chunks(s).collect();
-                        dec.apply(&ins, &mut [&mut out[..]]);
-                    }
-                    Err(_) => ok = false,
-                }
-                let target_view = &views[target];
-                if ok && let Some(d) = target_view.drive.clone() {
-                    let failures = self.run(vec![IoReq {
-                        slot: target_view.slot,
-                        drive: d,
-                        offset: self.drive_offset(row, 0),
-                        buf: IoBuf::Write(&out),
-                    }]);
-                    if !failures.is_empty() {
-                        self.fail_all(&failures);
-                        ok = false;
-                    }
-                }
-                self.pool.give(bufs);
-                self.pool.give(out);
-                if !ok {
-                    break;
-                }
-                self.rebuild_row.store(row + 1, Ordering::Release);
             }
+            self.pool.give(bufs);
+            self.pool.give(out);
             drop(guards);
-            if !ok {
-                // Too many drives gone or the new drive failed; the slot state says which.
-                std::thread::sleep(Duration::from_millis(50));
-                if self.read_slots()[slot].state != SlotState::Rebuilding {
-                    return;
-                }
+            if !ok || !write_failures.is_empty() {
+                // A survivor or the new drive failed (now marked): plan the step again, or
+                // stop if the slot itself is gone.
                 continue;
             }
             let done = self.rebuild_row.load(Ordering::Acquire);
@@ -1913,12 +2000,8 @@ impl Inner {
                 let _ = self.persist(|_| {});
                 last_checkpoint = done;
             }
-            // Throttle: with foreground IO running, take only `recon_prio` percent of the time.
-            let prio = self.lock_meta().recon_prio.clamp(1, 100) as u32;
-            if prio < 100 && self.foreground_ops.load(Ordering::Relaxed) != fg_before {
-                let pause = started.elapsed() * (100 - prio) / prio;
-                let g = self.wake.0.lock().unwrap_or_else(|e| e.into_inner());
-                let _ = self.wake.1.wait_timeout(g, pause.min(Duration::from_secs(1)));
+            if !throttle.wait(self) {
+                return;
             }
         }
         {
@@ -1928,6 +2011,59 @@ impl Inner {
             }
         }
         let _ = self.persist(|m| m.rebuild_slot = NO_SLOT);
+    }
+}
+
+/// Keeps a rebuild to `recon_prio` percent of the drive bandwidth while clients do IO,
+/// and lets it run at full speed when they do not. Bandwidth, not time: on a CPU-bound
+/// volume a rebuild's IO threads compete for the same cores as the clients', so only a
+/// byte budget bounds what it takes from them.
+struct Throttle {
+    window_start: Instant,
+    fg_at_start: u64,
+    mine: u64,
+}
+
+/// How long the clients must be silent before the rebuild takes everything.
+const THROTTLE_IDLE: Duration = Duration::from_millis(2);
+/// The throttle forgets history older than this.
+const THROTTLE_WINDOW: Duration = Duration::from_secs(1);
+
+impl Throttle {
+    fn new(inner: &Inner) -> Throttle {
+        Throttle { window_start: Instant::now(), fg_at_start: inner.foreground_bytes.load(Ordering::Relaxed), mine: 0 }
+    }
+
+    fn account(&mut self, bytes: u64) {
+        self.mine += bytes;
+    }
+
+    /// Wait until the rebuild is within its share. False when the volume is stopping.
+    fn wait(&mut self, inner: &Inner) -> bool {
+        loop {
+            if inner.stop.load(Ordering::Acquire) {
+                return false;
+            }
+            let prio = inner.lock_meta().recon_prio.clamp(1, 100) as u64;
+            let fg = inner.foreground_bytes.load(Ordering::Relaxed) - self.fg_at_start;
+            if prio >= 100 || self.mine * (100 - prio) <= fg * prio {
+                break;
+            }
+            let before = inner.foreground_bytes.load(Ordering::Relaxed);
+            {
+                let g = inner.wake.0.lock().unwrap_or_else(|e| e.into_inner());
+                let _ = inner.wake.1.wait_timeout(g, THROTTLE_IDLE);
+            }
+            if inner.foreground_bytes.load(Ordering::Relaxed) == before {
+                // Clients are idle: the bandwidth is the rebuild's.
+                *self = Throttle::new(inner);
+                break;
+            }
+        }
+        if self.window_start.elapsed() > THROTTLE_WINDOW {
+            *self = Throttle::new(inner);
+        }
+        true
     }
 }
 
