@@ -202,8 +202,12 @@ impl Geometry {
                 "{k} data strips per stripe; at most {DATA_STRIPS_MAX} (use RAID50/60 groups)"
             )));
         }
-        if m > PARITY_STRIPS_MAX && k > 1 {
-            return Err(RaidError::BadGeometry(format!("{m} parity strips; at most {PARITY_STRIPS_MAX}")));
+        if m > PARITY_STRIPS_MAX {
+            return Err(RaidError::BadGeometry(if k == 1 {
+                format!("level {level} keeps at most {} copies of each strip, got {}", PARITY_STRIPS_MAX + 1, m + 1)
+            } else {
+                format!("{m} parity strips; at most {PARITY_STRIPS_MAX}")
+            }));
         }
         Ok(Geometry { level, k, m, groups, strip_bytes, rows: 0 })
     }
@@ -307,5 +311,8 @@ mod tests {
         assert!(Geometry::new(Level::Raid50, 10, Some(4), 4096).is_err());
         assert!(Geometry::new(Level::Ec { n: 8, m: 5 }, 13, None, 4096).is_err());
         assert!(Geometry::new(Level::Raid5, 4, Some(2), 4096).is_err());
+        assert!(Geometry::new(Level::Raid1, 5, None, 4096).is_ok());
+        let e = Geometry::new(Level::Raid1, 6, None, 4096).unwrap_err().to_string();
+        assert!(e.contains("at most 5 copies"), "{e}");
     }
 }

@@ -141,6 +141,9 @@ pub struct BenchArgs {
     /// Strip size.
     #[arg(long, default_value = "128K", value_parser = parse_size)]
     strip: u64,
+    /// Run every phase this many times, interleaved, and keep the best of each.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Measure the parity and reconstruction kernels instead of volumes.
     #[arg(long)]
     kernel: bool,
@@ -329,6 +332,7 @@ fn bench(b: BenchArgs) -> CliResult {
         o.size = b.size;
         o.jobs = b.jobs;
         o.strip_bytes = b.strip;
+        o.rounds = b.rounds;
         run_volume_bench(&o, &mut out)?
     };
     println!("{}", serde_json::to_string(&figures)?);
