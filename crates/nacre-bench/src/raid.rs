@@ -349,7 +349,20 @@ fn round(
     }
     v6.close()?;
 
-    Ok(Round { w0, r0, w6, r6, wu, wd, rd, wr, rebuild_active, rebuild_secs, full_stripe_reads, rmw_reads: after.drive_reads - before.drive_reads })
+    Ok(Round {
+        w0,
+        r0,
+        w6,
+        r6,
+        wu,
+        wd,
+        rd,
+        wr,
+        rebuild_active,
+        rebuild_secs,
+        full_stripe_reads,
+        rmw_reads: after.drive_reads - before.drive_reads,
+    })
 }
 
 fn run_in(

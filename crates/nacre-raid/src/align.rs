@@ -75,22 +75,27 @@ pub fn is_aligned(buf: &[u8]) -> bool {
     (buf.as_ptr() as usize).is_multiple_of(SECTOR_BYTES) && buf.len().is_multiple_of(SECTOR_BYTES)
 }
 
-/// A bounded pool of aligned buffers. Buffers above `keep_max` are freed, not kept.
+/// A bounded pool of aligned buffers: at most `keep_max` buffers and `keep_bytes_max`
+/// bytes are kept; anything beyond is freed. `take` hands out the smallest buffer that
+/// fits, so a small request does not pin a stripe-sized buffer.
 pub struct BufPool {
-    free: Mutex<Vec<AlignedBuf>>,
+    free: Mutex<(Vec<AlignedBuf>, usize)>,
     keep_max: usize,
+    keep_bytes_max: usize,
 }
 
 impl BufPool {
-    pub fn new(keep_max: usize) -> BufPool {
-        BufPool { free: Mutex::new(Vec::new()), keep_max }
+    pub fn new(keep_max: usize, keep_bytes_max: usize) -> BufPool {
+        BufPool { free: Mutex::new((Vec::new(), 0)), keep_max, keep_bytes_max }
     }
 
     /// A buffer of exactly `len` visible bytes; contents are unspecified.
     pub fn take(&self, len: usize) -> AlignedBuf {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = free.iter().position(|b| b.capacity() >= len) {
-            let mut b = free.swap_remove(i);
+        let best = free.0.iter().enumerate().filter(|(_, b)| b.capacity() >= len).min_by_key(|(_, b)| b.capacity());
+        if let Some((i, _)) = best {
+            let mut b = free.0.swap_remove(i);
+            free.1 -= b.capacity();
             b.set_len(len);
             return b;
         }
@@ -100,8 +105,9 @@ impl BufPool {
 
     pub fn give(&self, buf: AlignedBuf) {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        if free.len() < self.keep_max {
-            free.push(buf);
+        if free.0.len() < self.keep_max && free.1 + buf.capacity() <= self.keep_bytes_max {
+            free.1 += buf.capacity();
+            free.0.push(buf);
         }
     }
 }

@@ -26,6 +26,11 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn size(&self) -> u64;
     /// Where the drive is, for messages (`/dev/nvme0n1`, `drives/d3`, `mem:2`).
     fn path(&self) -> &Path;
+    /// Identity of the underlying device or file (device and inode numbers), so that one
+    /// drive named by two paths is recognised; `None` where there is no such thing.
+    fn identity(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 /// A file or block device opened with O_DIRECT.
@@ -34,6 +39,7 @@ pub struct FileDrive {
     path: PathBuf,
     size: u64,
     direct: bool,
+    identity: (u64, u64),
 }
 
 impl FileDrive {
@@ -59,13 +65,26 @@ impl FileDrive {
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (open(0).map_err(|e| RaidError::io(path, e))?, false),
             Err(e) => return Err(RaidError::io(path, e)),
         };
+        // One owner per drive: a second process (or a second path to the same drive)
+        // writing superblocks and parity behind the first one's back corrupts both.
+        // SAFETY: plain syscall on an owned, open descriptor.
+        let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(RaidError::DriveBusy { path: path.to_path_buf() });
+            }
+            return Err(RaidError::io(path, e));
+        }
         // Block devices report length 0 in metadata; seeking to the end works for both.
         let size = {
             use std::io::Seek;
             let mut f = &file;
             f.seek(io::SeekFrom::End(0)).map_err(|e| RaidError::io(path, e))?
         };
-        Ok(FileDrive { file, path: path.to_path_buf(), size, direct })
+        use std::os::unix::fs::MetadataExt;
+        let identity = (meta.dev(), meta.ino());
+        Ok(FileDrive { file, path: path.to_path_buf(), size, direct, identity })
     }
 
     /// Create (or extend) a file drive of `size` bytes with its space allocated, so that
@@ -115,6 +134,10 @@ impl BlockDevice for FileDrive {
 
     fn path(&self) -> &Path {
         &self.path
+    }
+
+    fn identity(&self) -> Option<(u64, u64)> {
+        Some(self.identity)
     }
 }
 
@@ -204,5 +227,24 @@ impl BlockDevice for MemDrive {
 
     fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_drive_has_one_owner() {
+        let p = std::env::temp_dir().join(format!("nacre-flock-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let first = FileDrive::create_file(&p, 1 << 20).unwrap();
+        assert!(matches!(FileDrive::open(&p), Err(RaidError::DriveBusy { .. })));
+        drop(first);
+        let again = FileDrive::open(&p).unwrap();
+        assert_eq!(again.size(), 1 << 20);
+        drop(again);
+        let _ = std::fs::remove_file(&p);
+        assert!(matches!(FileDrive::open(&p), Err(RaidError::MissingDrive { .. })));
     }
 }

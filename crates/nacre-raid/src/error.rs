@@ -21,6 +21,8 @@ pub enum RaidError {
     MissingDrive { path: PathBuf },
     #[error("drive {path}: {source}")]
     DriveIo { path: PathBuf, source: io::Error },
+    #[error("drive {path} is in use: another process (or another path in this command) has it open")]
+    DriveBusy { path: PathBuf },
     #[error("drive {path} is listed twice")]
     DuplicateDrive { path: PathBuf },
     #[error("drive {path} already belongs to volume '{volume}' (use --force to overwrite it)")]

@@ -76,7 +76,18 @@ struct Job {
 
 impl Job {
     fn execute(self) {
-        let result = if self.write {
+        // A drive implementation that panics must still complete its job: the caller
+        // is parked on the batch and its buffers are borrowed until every job finishes.
+        let batch = self.batch.clone();
+        let (index, slot) = (self.index, self.slot);
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.perform())) {
+            Ok(result) => batch.finish(index, slot, result),
+            Err(_) => batch.finish(index, slot, Err(std::io::Error::other("drive IO panicked"))),
+        }
+    }
+
+    fn perform(&self) -> std::io::Result<()> {
+        if self.write {
             // SAFETY: `run` keeps the borrowed buffer alive and unaliased until this job
             // has called `finish`, and ptr/len came from a valid slice.
             let buf = unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) };
@@ -85,8 +96,7 @@ impl Job {
             // SAFETY: as above; the slice was a unique `&mut` borrow in the batch.
             let buf = unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) };
             self.drive.read_at(buf, self.offset)
-        };
-        self.batch.finish(self.index, self.slot, result);
+        }
     }
 }
 

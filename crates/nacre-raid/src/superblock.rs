@@ -126,7 +126,7 @@ pub fn crc32c(bytes: &[u8]) -> u32 {
 impl Superblock {
     pub fn geometry(&self) -> Result<Geometry, SbDecodeError> {
         let bad = |r: &str| SbDecodeError::Corrupt(r.to_string());
-        let width = (self.k + self.m) as usize;
+        let width = self.k as usize + self.m as usize;
         let g = Geometry {
             level: self.level,
             k: self.k as usize,
@@ -202,6 +202,10 @@ impl Superblock {
         if version != SB_VERSION {
             return Err(bad(format!("format version {version}, this build reads {SB_VERSION}")));
         }
+        let sb_bytes = u32::from_le_bytes(get(b, 12));
+        if sb_bytes as usize != SB_BYTES {
+            return Err(bad(format!("superblock size {sb_bytes}, expected {SB_BYTES}")));
+        }
         let name_raw = &b[32..32 + NAME_BYTES_MAX];
         let name_len = name_raw.iter().position(|&c| c == 0).unwrap_or(NAME_BYTES_MAX);
         let name = std::str::from_utf8(&name_raw[..name_len]).map_err(|_| bad("name is not UTF-8".into()))?.to_string();
@@ -242,6 +246,14 @@ impl Superblock {
             created_unix: u64::from_le_bytes(get(b, 192)),
             slots,
         };
+        // Bound every size before any arithmetic on it: a checksum is no authentication.
+        // At most 1 PiB per drive keeps every product of sizes below 2^64.
+        if sb.rows == 0 || sb.rows > (1 << 50) / sb.strip_bytes.max(1) as u64 {
+            return Err(bad(format!("rows {} out of range", sb.rows)));
+        }
+        if sb.rebuild_row > sb.rows {
+            return Err(bad(format!("rebuild checkpoint {} beyond {} rows", sb.rebuild_row, sb.rows)));
+        }
         let g = sb.geometry()?;
         if g.drive_count() != drive_count as usize {
             return Err(bad("drive count disagrees with the geometry".into()));

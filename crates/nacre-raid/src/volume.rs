@@ -60,8 +60,9 @@ const WRITE_BATCH_STRIPES_MAX: u64 = 8;
 const DEGRADED_BATCH_STRIPES_MAX: usize = 8;
 /// Requests gathered into one batch of healthy reads.
 const READ_BATCH_REQS_MAX: usize = 64;
-/// Aligned buffers kept for reuse (each up to a stripe's worth).
+/// Aligned buffers kept for reuse, and the bytes they may hold in all.
 const POOL_BUFFERS_MAX: usize = 64;
+const POOL_BYTES_MAX: usize = 128 << 20;
 
 /// How to create a volume.
 #[derive(Debug, Clone)]
@@ -218,6 +219,8 @@ struct Meta {
     clean: bool,
     recon_prio: u8,
     rebuild_slot: u16,
+    /// Rebuild checkpoint as last written to the superblocks.
+    rebuild_row: u64,
 }
 
 #[derive(Default)]
@@ -247,7 +250,11 @@ struct Inner {
     wil_bits: u64,
     slots: RwLock<Vec<Slot>>,
     meta: Mutex<Meta>,
+    /// Rows of the rebuilding slot written so far (ahead of the checkpoint).
     rebuild_row: AtomicU64,
+    /// Rows of the rebuilding slot that reads may use: the durable checkpoint only, so
+    /// that what a read trusts survives a crash.
+    rebuild_readable: AtomicU64,
     locks: StripeLocks,
     wil: Wil,
     queues: DriveQueues,
@@ -459,9 +466,14 @@ impl Volume {
                 .unwrap_or(0),
             slots: slots.clone(),
         };
-        // Zero the bitmap area, then write the superblocks: a drive with a superblock
-        // always has a valid bitmap behind it.
-        let zeros = AlignedBuf::zeroed(sb.wil_bits.div_ceil(8).div_ceil(SECTOR_BYTES as u64) as usize * SECTOR_BYTES);
+        // Write the bitmap area, then the superblocks: a drive with a superblock always has
+        // a valid bitmap behind it. Drives of unknown contents get every bit set, so that an
+        // initialization cut short by a crash is redone in full at the next assembly.
+        let mut zeros =
+            AlignedBuf::zeroed(sb.wil_bits.div_ceil(8).div_ceil(SECTOR_BYTES as u64) as usize * SECTOR_BYTES);
+        if !opts.assume_clean {
+            zeros.fill(0xff);
+        }
         for (i, d) in drives.iter().enumerate() {
             d.write_at(&zeros, WIL_OFFSET).map_err(|e| RaidError::io(d.path(), e))?;
             let mut own = sb.clone();
@@ -477,7 +489,11 @@ impl Volume {
         let vol = Volume::open(sb, slots, run)?;
         if !opts.assume_clean {
             // Old contents make parity meaningless: compute it once for the whole volume.
-            vol.resync(0..vol.inner.geo.stripes(), |_, _| {})?;
+            if let Err(e) = vol.resync(0..vol.inner.geo.stripes(), |_, _| {}) {
+                vol.halt_without_cleanup();
+                return Err(e);
+            }
+            vol.inner.clear_whole_bitmap()?;
         }
         Ok(vol)
     }
@@ -505,11 +521,14 @@ impl Volume {
             }
         }
         let uuid = match name {
-            Some(n) => volumes
-                .iter()
-                .find(|(_, v)| v == n)
-                .map(|(u, _)| *u)
-                .ok_or_else(|| RaidError::NoSuchVolume(n.to_string()))?,
+            Some(n) => match volumes.iter().filter(|(_, v)| v == n).collect::<Vec<_>>().as_slice() {
+                [(u, _)] => *u,
+                [] => return Err(RaidError::NoSuchVolume(n.to_string())),
+                many => {
+                    let uuids: Vec<String> = many.iter().map(|(u, _)| format_uuid(u)).collect();
+                    return Err(RaidError::AmbiguousVolume(format!("'{n}' twice: uuids {}", uuids.join(", "))));
+                }
+            },
             None => match volumes.as_slice() {
                 [(u, _)] => *u,
                 [] => return Err(RaidError::NoSuchVolume("(any)".into())),
@@ -536,10 +555,28 @@ impl Volume {
         let mut slots: Vec<Slot> =
             auth.slots.iter().map(|e| Slot { drive: None, tag: e.tag, state: e.state }).collect();
         let mut dirty_bitmaps: Vec<Arc<dyn BlockDevice>> = Vec::new();
+        let needed = DATA_OFFSET + auth.rows * auth.strip_bytes as u64;
         for (d, sb) in mine {
             let idx = sb.drive_index as usize;
-            let entry = auth.slots[idx];
             let stale = |reason: String| RaidError::StaleDrive { path: d.path().to_path_buf(), reason };
+            let same_shape = (sb.level, sb.k, sb.m, sb.groups, sb.drive_count, sb.strip_bytes, sb.rows)
+                == (auth.level, auth.k, auth.m, auth.groups, auth.drive_count, auth.strip_bytes, auth.rows)
+                && (sb.wil_region_stripes, sb.wil_bits) == (auth.wil_region_stripes, auth.wil_bits);
+            if !same_shape {
+                refused.push(RaidError::CorruptSuperblock {
+                    path: d.path().to_path_buf(),
+                    reason: format!(
+                        "its geometry disagrees with the volume's newest superblock (generation {})",
+                        auth.generation
+                    ),
+                });
+                continue;
+            }
+            if d.size() < needed {
+                refused.push(RaidError::DriveTooSmall { path: d.path().to_path_buf(), size: d.size(), needed });
+                continue;
+            }
+            let entry = auth.slots[idx];
             if sb.drive_tag != entry.tag {
                 refused.push(stale(format!(
                     "it was slot {idx} of '{}' at generation {}, but the slot now holds another drive (generation {})",
@@ -557,6 +594,31 @@ impl Volume {
                 slots[idx].drive = Some(d);
             }
         }
+        // Refuse to start a volume that would be offline, before anything is written: a
+        // mistyped drive list must not turn present-but-unlisted drives stale.
+        let w = (auth.k + auth.m) as usize;
+        for (g, group) in slots.chunks(w).enumerate() {
+            let usable = group.iter().filter(|s| s.drive.is_some() && s.state == SlotState::Online).count();
+            if usable < auth.k as usize {
+                let missing: Vec<String> = group
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.drive.is_none() || s.state != SlotState::Online)
+                    .map(|(i, s)| {
+                        let what = if s.drive.is_none() { "not found" } else { s.state.name() };
+                        format!("slot {} {what}", g * w + i)
+                    })
+                    .collect();
+                return Err(RaidError::Offline {
+                    volume: auth.name.clone(),
+                    reason: format!(
+                        "group {g} has {usable} of {} drives it needs ({}); nothing was written",
+                        auth.k,
+                        missing.join(", ")
+                    ),
+                });
+            }
+        }
         for s in &mut slots {
             if s.drive.is_none() && s.state != SlotState::Failed {
                 s.state = SlotState::Failed;
@@ -566,16 +628,27 @@ impl Volume {
         let vol = Volume::open(auth, slots, run)?;
         let mut resynced = 0;
         if !was_clean {
-            let stripes = vol.dirty_stripes_on_disk(&dirty_bitmaps);
-            for range in stripes {
+            for range in vol.dirty_stripes_on_disk(&dirty_bitmaps) {
                 resynced += range.end - range.start;
-                vol.resync(range, |_, _| {})?;
+                if let Err(e) = vol.resync(range, |_, _| {}) {
+                    // Leave the volume marked unclean: the next assembly resyncs again.
+                    vol.halt_without_cleanup();
+                    return Err(e);
+                }
             }
+            vol.inner.clear_whole_bitmap()?;
         }
         Ok(Assembled { volume: vol, refused, resynced_stripes: resynced })
     }
 
-    fn open(sb: Superblock, slots: Vec<Slot>, run: &VolumeOptions) -> Result<Volume> {
+    fn open(mut sb: Superblock, slots: Vec<Slot>, run: &VolumeOptions) -> Result<Volume> {
+        // A rebuild whose drive is gone cannot resume; its slot is simply failed.
+        if sb.rebuild_slot != NO_SLOT
+            && slots.get(sb.rebuild_slot as usize).is_none_or(|s| s.state != SlotState::Rebuilding || s.drive.is_none())
+        {
+            sb.rebuild_slot = NO_SLOT;
+            sb.rebuild_row = 0;
+        }
         let geo = sb
             .geometry()
             .map_err(|e| RaidError::CorruptSuperblock { path: PathBuf::from(&sb.name), reason: format!("{e:?}") })?;
@@ -595,11 +668,13 @@ impl Volume {
                 clean: sb.clean,
                 recon_prio: sb.recon_prio,
                 rebuild_slot: sb.rebuild_slot,
+                rebuild_row: sb.rebuild_row,
             }),
             rebuild_row: AtomicU64::new(sb.rebuild_row),
+            rebuild_readable: AtomicU64::new(sb.rebuild_row),
             locks: StripeLocks::new(),
             wil: Wil::new(sb.wil_region_stripes, sb.wil_bits),
-            pool: BufPool::new(POOL_BUFFERS_MAX),
+            pool: BufPool::new(POOL_BUFFERS_MAX, POOL_BYTES_MAX),
             stats: Counters::default(),
             stop: AtomicBool::new(false),
             wake: (Mutex::new(()), Condvar::new()),
@@ -770,7 +845,7 @@ impl Volume {
                 });
             }
             let group = slot / inner.geo.width();
-            let missing = inner.missing_in_group(&slots, group) + 1;
+            let missing = inner.missing_in_group(&slots, group) + usize::from(s.state == SlotState::Online);
             if missing > inner.geo.m {
                 return Err(RaidError::WouldGoOffline {
                     slot,
@@ -784,24 +859,34 @@ impl Volume {
     }
 
     /// Put `drive` in the place of failed slot `slot` and rebuild it in the background.
+    /// The newcomer must not carry a Nacre superblock (of this volume or another), so that
+    /// a mistyped path never overwrites a live drive.
     pub fn replace_drive(&self, slot: usize, drive: Arc<dyn BlockDevice>) -> Result<()> {
         let inner = &self.inner;
-        if inner.lock_meta().rebuild_slot != NO_SLOT {
-            return Err(RaidError::RebuildRunning(inner.name.clone()));
-        }
         // A rebuild whose drive just failed may still be on its way out.
         self.wait_rebuild();
         let needed = DATA_OFFSET + inner.geo.rows * inner.geo.strip_bytes;
         if drive.size() < needed {
             return Err(RaidError::DriveTooSmall { path: drive.path().to_path_buf(), size: drive.size(), needed });
         }
+        match read_superblock(drive.as_ref()) {
+            Err(RaidError::NoSuperblock { .. }) => {}
+            Ok(sb) => return Err(RaidError::DriveInUse { path: drive.path().to_path_buf(), volume: sb.name }),
+            Err(RaidError::CorruptSuperblock { .. }) => {
+                return Err(RaidError::DriveInUse { path: drive.path().to_path_buf(), volume: "(damaged)".into() });
+            }
+            Err(e) => return Err(e),
+        }
         {
-            let mut slots = inner.write_slots();
+            let slots = inner.read_slots();
             let count = slots.len();
-            if slots.iter().any(|s| s.drive.as_ref().is_some_and(|d| d.path() == drive.path())) {
+            let same = |d: &Arc<dyn BlockDevice>| {
+                d.path() == drive.path() || (d.identity().is_some() && d.identity() == drive.identity())
+            };
+            if slots.iter().any(|s| s.drive.as_ref().is_some_and(same)) {
                 return Err(RaidError::DriveInUse { path: drive.path().to_path_buf(), volume: inner.name.clone() });
             }
-            let s = slots.get_mut(slot).ok_or(RaidError::NoSuchSlot { slot, count })?;
+            let s = slots.get(slot).ok_or(RaidError::NoSuchSlot { slot, count })?;
             if s.state != SlotState::Failed {
                 return Err(RaidError::WrongDriveState {
                     slot,
@@ -810,18 +895,46 @@ impl Volume {
                     needed: "a failed slot (fail the drive first)",
                 });
             }
-            // Zero the bitmap area of the newcomer before it carries a superblock.
-            let zeros =
-                AlignedBuf::zeroed(inner.wil_bits.div_ceil(8).div_ceil(SECTOR_BYTES as u64) as usize * SECTOR_BYTES);
-            drive.write_at(&zeros, WIL_OFFSET).map_err(|e| RaidError::io(drive.path(), e))?;
+        }
+        // Zero the bitmap area of the newcomer before it carries a superblock.
+        let zeros =
+            AlignedBuf::zeroed(inner.wil_bits.div_ceil(8).div_ceil(SECTOR_BYTES as u64) as usize * SECTOR_BYTES);
+        drive.write_at(&zeros, WIL_OFFSET).map_err(|e| RaidError::io(drive.path(), e))?;
+        // Claim the rebuild under the metadata lock: one rebuild at a time.
+        let mut meta = inner.lock_meta();
+        if meta.rebuild_slot != NO_SLOT {
+            return Err(RaidError::RebuildRunning(inner.name.clone()));
+        }
+        {
+            let mut slots = inner.write_slots();
+            if slots[slot].state != SlotState::Failed {
+                return Err(RaidError::WrongDriveState {
+                    slot,
+                    state: slots[slot].state.name().into(),
+                    action: "replace",
+                    needed: "a failed slot",
+                });
+            }
+            // Progress and readability go to zero before the slot becomes writable, so no
+            // reader ever trusts the blank drive.
+            inner.rebuild_row.store(0, Ordering::Release);
+            inner.rebuild_readable.store(0, Ordering::Release);
+            let s = &mut slots[slot];
             s.drive = Some(drive);
             s.tag = u32::from_le_bytes(random_bytes());
             s.state = SlotState::Rebuilding;
         }
-        inner.rebuild_row.store(0, Ordering::Release);
-        inner.persist(|m| m.rebuild_slot = slot as u16)?;
+        meta.rebuild_slot = slot as u16;
+        meta.rebuild_row = 0;
+        inner.persist_locked(&mut meta, &[])?;
+        drop(meta);
         self.start_rebuild(slot);
         Ok(())
+    }
+
+    /// True while a rebuild thread runs.
+    pub fn rebuild_running(&self) -> bool {
+        self.inner.rebuild_running.load(Ordering::Acquire)
     }
 
     fn start_rebuild(&self, slot: usize) {
@@ -927,8 +1040,14 @@ impl Volume {
             let _ = t.join();
         }
         self.inner.clean_wil(true)?;
-        let rebuild_row = self.inner.rebuild_row.load(Ordering::Acquire);
-        self.inner.persist_with_row(|m| m.clean = true, rebuild_row)
+        // The rebuild thread has stopped: every row it counted is written.
+        let done = self.inner.rebuild_row.load(Ordering::Acquire);
+        self.inner.persist(|m| {
+            m.clean = true;
+            if m.rebuild_slot != NO_SLOT {
+                m.rebuild_row = done;
+            }
+        })
     }
 
     /// Render `show`'s table.
@@ -1095,7 +1214,7 @@ impl Inner {
     fn view(&self, stripe: u64) -> (u64, Vec<ShardView>) {
         let (group, row) = self.geo.stripe_home(stripe);
         let slots = self.read_slots();
-        let rebuilt = self.rebuild_row.load(Ordering::Acquire);
+        let rebuilt = self.rebuild_readable.load(Ordering::Acquire);
         let views = (0..self.geo.width())
             .map(|shard| {
                 let slot = group * self.geo.width() + self.geo.member(row, shard);
@@ -1122,22 +1241,26 @@ impl Inner {
 
     /// Persist the superblocks after `change` to the metadata; bumps the generation.
     fn persist(&self, change: impl FnOnce(&mut Meta)) -> Result<()> {
-        self.persist_with_row(change, self.rebuild_row.load(Ordering::Acquire))
-    }
-
-    fn persist_with_row(&self, change: impl FnOnce(&mut Meta), rebuild_row: u64) -> Result<()> {
         let mut meta = self.lock_meta();
         change(&mut meta);
-        // A drive that cannot take its superblock is failed, and the others are written
-        // again so that they record it; bounded by the number of drives.
+        self.persist_locked(&mut meta, &[])
+    }
+
+    /// Write every live drive's superblock from `meta` and the slot table, with the slot
+    /// states in `overrides` recorded instead of the in-memory ones (a state change is made
+    /// durable before it takes effect). A drive that cannot take its superblock is failed,
+    /// and the others are written again so that they record it; bounded by the drive count.
+    fn persist_locked(&self, meta: &mut Meta, overrides: &[(usize, SlotState)]) -> Result<()> {
         for _ in 0..=self.geo.drive_count() {
             meta.generation += 1;
             let slots = self.read_slots();
-            let table: Vec<SlotEntry> = slots.iter().map(|s| SlotEntry { tag: s.tag, state: s.state }).collect();
+            let state_of = |i: usize, s: &Slot| overrides.iter().find(|(j, _)| *j == i).map_or(s.state, |(_, st)| *st);
+            let table: Vec<SlotEntry> =
+                slots.iter().enumerate().map(|(i, s)| SlotEntry { tag: s.tag, state: state_of(i, s) }).collect();
             let mut failures = Vec::new();
             for (i, s) in slots.iter().enumerate() {
                 let Some(d) = s.drive.as_ref() else { continue };
-                if s.state == SlotState::Failed {
+                if table[i].state == SlotState::Failed {
                     continue;
                 }
                 let sb = Superblock {
@@ -1160,7 +1283,7 @@ impl Inner {
                     drive_index: i as u16,
                     drive_tag: s.tag,
                     rebuild_slot: meta.rebuild_slot,
-                    rebuild_row,
+                    rebuild_row: meta.rebuild_row,
                     created_unix: self.created_unix,
                     slots: table.clone(),
                 };
@@ -1178,27 +1301,31 @@ impl Inner {
                 slots[i].drive = None;
                 if meta.rebuild_slot == i as u16 {
                     meta.rebuild_slot = NO_SLOT;
+                    meta.rebuild_row = 0;
                 }
             }
         }
         Err(self.offline_error("superblocks could not be written"))
     }
 
-    /// Mark a slot failed (after IO errors or by command) and record it on the others.
+    /// Mark a slot failed (after IO errors or by command). The failure is on the other
+    /// drives before any writer may skip the slot: a write acknowledged without it must
+    /// not meet the stale drive again after a crash.
     fn fail_slot(&self, slot: usize) {
-        {
-            let mut slots = self.write_slots();
-            if slots[slot].state == SlotState::Failed {
-                return;
-            }
-            slots[slot].state = SlotState::Failed;
-            slots[slot].drive = None;
+        let mut meta = self.lock_meta();
+        if self.read_slots()[slot].state == SlotState::Failed {
+            return;
         }
-        let _ = self.persist(|m| {
-            if m.rebuild_slot == slot as u16 {
-                m.rebuild_slot = NO_SLOT;
-            }
-        });
+        if meta.rebuild_slot == slot as u16 {
+            meta.rebuild_slot = NO_SLOT;
+            meta.rebuild_row = 0;
+        }
+        // Offline or not, the slot is failed in memory; the error, if any, reaches the
+        // caller through the IO that needed the slot.
+        let _ = self.persist_locked(&mut meta, &[(slot, SlotState::Failed)]);
+        let mut slots = self.write_slots();
+        slots[slot].state = SlotState::Failed;
+        slots[slot].drive = None;
     }
 
     fn fail_all(&self, failures: &[IoFailure]) {
@@ -1257,6 +1384,15 @@ impl Inner {
             return Err(self.offline_error("drives failed while writing the write-intent bitmap"));
         }
         Ok(())
+    }
+
+    /// Clear every bit of the on-drive bitmap on every live drive, once a whole-volume
+    /// initialization or a resync has made the marked stripes consistent.
+    fn clear_whole_bitmap(&self) -> Result<()> {
+        let sectors = self.wil_bits.div_ceil(8).div_ceil(SECTOR_BYTES as u64);
+        let writes: Vec<BitmapWrite> =
+            (0..sectors).map(|sector| BitmapWrite { sector, bytes: vec![0; SECTOR_BYTES] }).collect();
+        self.write_bitmap(&writes)
     }
 
     fn clean_wil(&self, all: bool) -> Result<usize> {
@@ -1547,7 +1683,7 @@ impl Inner {
     fn write_stripe(&self, stripe: u64, a: u64, src: &[u8]) -> std::result::Result<(), StripeError> {
         let (k, m) = (self.geo.k, self.geo.m);
         let (row, views) = self.view(stripe);
-        if views.iter().filter(|v| v.writable).count() < k {
+        if views.iter().filter(|v| v.readable).count() < k {
             return Err(StripeError::Fatal(
                 self.offline_error(&format!("stripe {stripe} has fewer than {k} writable strips")),
             ));
@@ -1562,7 +1698,12 @@ impl Inner {
         let touched = |shard: usize| touches.iter().find(|t| t.shard == shard);
         let covers = |shard: usize| touched(shard).is_some_and(|t| t.lo <= u0 && t.hi >= u1);
         let readable_parity: Vec<usize> = (k..k + m).filter(|&p| views[p].readable).collect();
-        let rmw_ok = touches.iter().all(|t| views[t.shard].readable);
+        // Read-modify-write needs the old contents of everything it updates. A parity strip
+        // that is written but not yet trusted (a rebuilding drive above its checkpoint)
+        // cannot be updated that way, and skipping it would leave it stale behind a rebuild
+        // that has already passed this row: such stripes recompute all parity instead.
+        let rmw_ok = touches.iter().all(|t| views[t.shard].readable)
+            && (k..k + m).all(|p| views[p].readable || !views[p].writable);
         let rmw_reads = touches.len() + readable_parity.len();
         let rcw_needs: Vec<usize> = (0..k).filter(|&j| !covers(j)).collect();
         let rcw_ok = rcw_needs.iter().all(|&j| views[j].readable);
@@ -1736,7 +1877,7 @@ impl Inner {
         let sd = k * s;
         let n = src.len() / sd;
         let views: Vec<(u64, Vec<ShardView>)> = (first..first + n as u64).map(|st| self.view(st)).collect();
-        if let Some(bad) = views.iter().position(|(_, v)| v.iter().filter(|x| x.writable).count() < k) {
+        if let Some(bad) = views.iter().position(|(_, v)| v.iter().filter(|x| x.readable).count() < k) {
             let stripe = first + bad as u64;
             return Err(StripeError::Fatal(
                 self.offline_error(&format!("stripe {stripe} has fewer than {k} writable strips")),
@@ -1792,8 +1933,9 @@ impl Inner {
             return Ok(());
         }
         self.fail_all(failures);
+        // A rebuilding drive above its checkpoint holds nothing a reader may use.
         let (_, views) = self.view(stripe);
-        let alive = views.iter().filter(|v| v.writable).count();
+        let alive = views.iter().filter(|v| v.readable).count();
         if alive < self.geo.k {
             return Err(StripeError::Fatal(
                 self.offline_error(&format!("a write to stripe {stripe} lost too many drives")),
@@ -1918,6 +2060,7 @@ impl Inner {
             if row0 >= geo.rows {
                 break;
             }
+            let step_started = Instant::now();
             if self.stop.load(Ordering::Acquire) || self.read_slots()[slot].state != SlotState::Rebuilding {
                 return; // close() persists the checkpoint; a failed slot ends the rebuild
             }
@@ -2000,21 +2143,40 @@ impl Inner {
                 continue;
             }
             let done = self.rebuild_row.load(Ordering::Acquire);
-            if done - last_checkpoint >= REBUILD_CHECKPOINT_ROWS {
-                let _ = self.persist(|_| {});
+            if done - last_checkpoint >= REBUILD_CHECKPOINT_ROWS && self.checkpoint(slot, done) {
                 last_checkpoint = done;
             }
-            if !throttle.wait(self) {
+            if !throttle.wait(self, step_started.elapsed()) {
                 return;
             }
         }
-        {
+        // Done: the slot is online on the drives first, then in memory.
+        let mut meta = self.lock_meta();
+        if meta.rebuild_slot != slot as u16 || self.read_slots()[slot].state != SlotState::Rebuilding {
+            return;
+        }
+        meta.rebuild_slot = NO_SLOT;
+        meta.rebuild_row = 0;
+        if self.persist_locked(&mut meta, &[(slot, SlotState::Online)]).is_ok() {
             let mut slots = self.write_slots();
             if slots[slot].state == SlotState::Rebuilding {
                 slots[slot].state = SlotState::Online;
             }
         }
-        let _ = self.persist(|m| m.rebuild_slot = NO_SLOT);
+    }
+
+    /// Record rebuild progress on the drives; only then may reads use those rows.
+    fn checkpoint(&self, slot: usize, done: u64) -> bool {
+        let mut meta = self.lock_meta();
+        if meta.rebuild_slot != slot as u16 {
+            return false;
+        }
+        meta.rebuild_row = done;
+        let ok = self.persist_locked(&mut meta, &[]).is_ok();
+        if ok {
+            self.rebuild_readable.store(done, Ordering::Release);
+        }
+        ok
     }
 }
 
@@ -2042,15 +2204,19 @@ impl Throttle {
         self.mine += bytes;
     }
 
-    /// Wait until the rebuild is within its share. False when the volume is stopping.
-    fn wait(&mut self, inner: &Inner) -> bool {
+    /// Wait until the rebuild is within its share of bytes, or has paused long enough to
+    /// hold `recon_prio` percent of the time (a floor, so that light client IO cannot starve
+    /// a rebuild). False when the volume is stopping.
+    fn wait(&mut self, inner: &Inner, step: Duration) -> bool {
+        let paused = Instant::now();
         loop {
             if inner.stop.load(Ordering::Acquire) {
                 return false;
             }
             let prio = inner.lock_meta().recon_prio.clamp(1, 100) as u64;
             let fg = inner.foreground_bytes.load(Ordering::Relaxed) - self.fg_at_start;
-            if prio >= 100 || self.mine * (100 - prio) <= fg * prio {
+            let time_share_reached = paused.elapsed() * prio as u32 >= step * (100 - prio) as u32;
+            if prio >= 100 || self.mine * (100 - prio) <= fg * prio || time_share_reached {
                 break;
             }
             let before = inner.foreground_bytes.load(Ordering::Relaxed);

@@ -120,6 +120,9 @@ impl Wil {
     pub fn end(&self, region: usize) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.inflight[region] -= 1;
+        // A write that ends after a clean pass's sync may not be durable yet: the region
+        // must stay marked until a later pass has synced after it.
+        st.used[region] = true;
     }
 
     /// Clear regions idle since the previous pass. `sync` must make all completed data

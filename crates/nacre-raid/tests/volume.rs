@@ -374,3 +374,94 @@ fn write_intent_log_resyncs_only_dirty_regions() {
     asm.volume.read(0, &mut b).unwrap();
     assert!(b.iter().all(|&x| x == 1));
 }
+
+#[test]
+fn assembly_refuses_an_offline_volume_and_writes_nothing() {
+    let mut rng = Rng::new(seed("assembly_refuses_offline"));
+    let (v, drives) = mem_volume(Level::Raid6, 6, None, 8192, 2 * MIB);
+    let mut model = vec![0u8; v.capacity() as usize];
+    random_writes(&v, &mut model, &mut rng, 10);
+    v.close().unwrap();
+    let gen_before = nacre_raid::volume::read_superblock(drives[0].as_ref()).unwrap().generation;
+    // Three of six drives listed: RAID6 needs four.
+    let some = as_devices(&drives[..3]);
+    match Volume::assemble(some, Some("t"), &small_opts()) {
+        Err(RaidError::Offline { reason, .. }) => assert!(reason.contains("nothing was written"), "{reason}"),
+        Err(e) => panic!("expected Offline, got {e}"),
+        Ok(_) => panic!("expected Offline, got a volume"),
+    }
+    assert_eq!(nacre_raid::volume::read_superblock(drives[0].as_ref()).unwrap().generation, gen_before);
+    // With every drive back, nothing is stale and nothing is degraded.
+    let asm = Volume::assemble(as_devices(&drives), Some("t"), &small_opts()).unwrap();
+    assert!(asm.refused.is_empty(), "{:?}", asm.refused);
+    assert_eq!(asm.volume.status().state, VolumeState::Optimal);
+    check_all(&asm.volume, &model);
+}
+
+#[test]
+fn initialization_makes_parity_of_old_contents() {
+    let drives = mem_drives("old", 5, 2 * MIB);
+    for (i, d) in drives.iter().enumerate() {
+        d.write_at(&vec![i as u8 + 1; MIB as usize], MIB).unwrap();
+    }
+    let mut o = CreateOptions::new("init", Level::Raid5);
+    o.strip_bytes = 4096;
+    let v = Volume::create(as_devices(&drives), &o, &small_opts()).unwrap();
+    assert_eq!(v.scrub(false, |_, _| {}).unwrap().mismatches, 0, "initialization left parity inconsistent");
+    // Degraded reads now reconstruct the old contents exactly.
+    let mut before = vec![0u8; v.capacity() as usize];
+    v.read(0, &mut before).unwrap();
+    drives[1].set_failed(true);
+    let mut after = vec![0u8; v.capacity() as usize];
+    v.read(0, &mut after).unwrap();
+    assert!(before == after);
+}
+
+#[test]
+fn replace_refuses_drives_that_carry_a_superblock() {
+    let (v, drives) = mem_volume(Level::Raid6, 6, None, 8192, 2 * MIB);
+    let (other, other_drives) = mem_volume(Level::Raid1, 2, None, 8192, 2 * MIB);
+    other.close().unwrap();
+    v.fail_drive(1).unwrap();
+    let e = v.replace_drive(1, other_drives[0].clone() as Arc<dyn BlockDevice>).unwrap_err();
+    assert!(matches!(e, RaidError::DriveInUse { .. }), "{e}");
+    let e = v.replace_drive(1, drives[2].clone() as Arc<dyn BlockDevice>).unwrap_err();
+    assert!(matches!(e, RaidError::DriveInUse { .. }), "{e}");
+    let e = v.replace_drive(0, MemDrive::new("x", 2 * MIB) as Arc<dyn BlockDevice>).unwrap_err();
+    assert!(matches!(e, RaidError::WrongDriveState { .. }), "{e}");
+    let e = v.replace_drive(1, MemDrive::new("small", MIB) as Arc<dyn BlockDevice>).unwrap_err();
+    assert!(matches!(e, RaidError::DriveTooSmall { .. }), "{e}");
+}
+
+#[test]
+fn a_rebuild_cut_short_by_a_crash_resumes_from_its_checkpoint() {
+    let mut rng = Rng::new(seed("rebuild_resumes"));
+    let drives = mem_drives("r", 6, 16 * MIB);
+    let mut o = CreateOptions::new("r", Level::Raid6);
+    o.strip_bytes = 4096;
+    o.assume_clean = true;
+    o.recon_prio = 1;
+    let v = Volume::create(as_devices(&drives), &o, &small_opts()).unwrap();
+    let mut model = vec![0u8; v.capacity() as usize];
+    random_writes(&v, &mut model, &mut rng, 40);
+    v.fail_drive(2).unwrap();
+    let fresh = MemDrive::new("r2new", 16 * MIB);
+    v.replace_drive(2, fresh.clone() as Arc<dyn BlockDevice>).unwrap();
+    // Client writes slow the rebuild down (recon_prio 1), then the process "dies".
+    random_writes(&v, &mut model, &mut rng, 20);
+    let (_, done, total) = v.status().rebuild.expect("the rebuild is still running");
+    assert!(done < total);
+    v.halt_without_cleanup();
+    let mut all = as_devices(&drives);
+    all[2] = fresh as Arc<dyn BlockDevice>;
+    let asm = Volume::assemble(all, Some("r"), &small_opts()).unwrap();
+    assert!(asm.refused.is_empty(), "{:?}", asm.refused);
+    let v = asm.volume;
+    v.wait_rebuild();
+    assert_eq!(v.status().state, VolumeState::Optimal);
+    assert_eq!(v.scrub(false, |_, _| {}).unwrap().mismatches, 0);
+    // Lose two others: the rebuilt drive must carry its share.
+    drives[0].set_failed(true);
+    drives[4].set_failed(true);
+    check_all(&v, &model);
+}

@@ -183,6 +183,19 @@ fn open_drive(p: &Path) -> Result<Arc<dyn BlockDevice>, RaidError> {
     Ok(Arc::new(FileDrive::open(p)?) as Arc<dyn BlockDevice>)
 }
 
+/// Open drives named on the command line, refusing one named twice (by any path).
+fn open_drives(paths: &[PathBuf]) -> Result<Vec<Arc<dyn BlockDevice>>, RaidError> {
+    let mut seen: Vec<PathBuf> = Vec::new();
+    for p in paths {
+        let canon = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+        if seen.contains(&canon) {
+            return Err(RaidError::DuplicateDrive { path: p.clone() });
+        }
+        seen.push(canon);
+    }
+    paths.iter().map(|p| open_drive(p)).collect()
+}
+
 /// The candidate drives named by `--drives` or found in `--dir`.
 fn candidates(d: &DriveArgs) -> Result<Vec<Arc<dyn BlockDevice>>, Box<dyn std::error::Error>> {
     let mut paths = d.drives.clone();
@@ -199,7 +212,7 @@ fn candidates(d: &DriveArgs) -> Result<Vec<Arc<dyn BlockDevice>>, Box<dyn std::e
     if paths.is_empty() {
         return Err("no drives: give --drives a,b,c or --dir DIR".into());
     }
-    Ok(paths.iter().map(|p| open_drive(p)).collect::<Result<_, _>>()?)
+    Ok(open_drives(&paths)?)
 }
 
 fn assemble(f: &FindArgs) -> Result<Volume, Box<dyn std::error::Error>> {
@@ -255,7 +268,7 @@ fn create(a: CreateArgs) -> CliResult {
             return Err("no drives: give --drives a,b,c or --dir DIR --count N --size SIZE".into());
         }
         o.validate(a.drives.len())?;
-        a.drives.iter().map(|p| open_drive(p)).collect::<Result<_, _>>()?
+        open_drives(&a.drives)?
     };
     let paths: Vec<PathBuf> = drives.iter().map(|d| d.path().to_path_buf()).collect();
     let v = match Volume::create(drives, &o, &VolumeOptions::default()) {
@@ -275,20 +288,37 @@ fn create(a: CreateArgs) -> CliResult {
 }
 
 fn replace(find: &FindArgs, slot: usize, new: &Path, size: Option<u64>, prio: Option<u8>) -> CliResult {
+    if let Some(p) = prio
+        && !(1..=100).contains(&p)
+    {
+        return Err(format!("--recon-prio {p} is not within 1..=100").into());
+    }
     let v = assemble(find)?;
     if let Some(p) = prio {
         v.set_recon_prio(p)?;
     }
+    let created = size.is_some() && !new.exists();
     let drive = match size {
-        Some(size) if !new.exists() => Arc::new(FileDrive::create_file(new, size)?) as Arc<dyn BlockDevice>,
+        Some(size) if created => Arc::new(FileDrive::create_file(new, size)?) as Arc<dyn BlockDevice>,
         _ => open_drive(new)?,
     };
-    v.replace_drive(slot, drive)?;
+    if let Err(e) = v.replace_drive(slot, drive) {
+        if created {
+            let _ = std::fs::remove_file(new);
+        }
+        return Err(e.into());
+    }
     let mut err = std::io::stderr();
-    while let Some((_, done, total)) = v.status().rebuild {
-        let _ = write!(err, "\rrebuilding slot {slot}: {:5.1}%", done as f64 * 100.0 / total.max(1) as f64);
-        let _ = err.flush();
+    while v.rebuild_running() {
+        if let Some((_, done, total)) = v.status().rebuild {
+            let _ = write!(err, "\rrebuilding slot {slot}: {:5.1}%", done as f64 * 100.0 / total.max(1) as f64);
+            let _ = err.flush();
+        }
         std::thread::sleep(Duration::from_millis(200));
+    }
+    if v.status().drives.get(slot).is_some_and(|d| d.state != nacre_raid::SlotState::Online) {
+        let st = v.status();
+        return Err(format!("rebuild of slot {slot} stopped: volume is {}", st.state.name()).into());
     }
     let _ = writeln!(err, "\rrebuilding slot {slot}: done  ");
     print!("{}", v.render_status());
