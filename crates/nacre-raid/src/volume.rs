@@ -201,6 +201,16 @@ pub struct ScrubReport {
 
 /// The result of assembling: the volume and the drives that were turned away, each with
 /// the reason.
+/// Drives matched to the slots of one volume, before it is opened.
+struct Selection {
+    /// The newest superblock: the volume's authoritative description.
+    auth: Superblock,
+    slots: Vec<Slot>,
+    refused: Vec<RaidError>,
+    /// The drives accepted into slots (their bitmaps name the stripes to resync).
+    present: Vec<Arc<dyn BlockDevice>>,
+}
+
 pub struct Assembled {
     pub volume: Volume,
     pub refused: Vec<RaidError>,
@@ -498,13 +508,9 @@ impl Volume {
         Ok(vol)
     }
 
-    /// Find a volume among candidate drives and open it. With `name`, drives of other
-    /// volumes are refused (and reported); without it, the candidates must hold one volume.
-    pub fn assemble(
-        candidates: Vec<Arc<dyn BlockDevice>>,
-        name: Option<&str>,
-        run: &VolumeOptions,
-    ) -> Result<Assembled> {
+    /// Read the candidates' superblocks and match drives to the slots of one volume, the
+    /// way assembly does, without writing anything.
+    fn select(candidates: Vec<Arc<dyn BlockDevice>>, name: Option<&str>) -> Result<Selection> {
         let mut refused = Vec::new();
         let mut found: Vec<(Arc<dyn BlockDevice>, Superblock)> = Vec::new();
         for d in candidates {
@@ -594,6 +600,17 @@ impl Volume {
                 slots[idx].drive = Some(d);
             }
         }
+        Ok(Selection { auth, slots, refused, present: dirty_bitmaps })
+    }
+
+    /// Find a volume among candidate drives and open it. With `name`, drives of other
+    /// volumes are refused (and reported); without it, the candidates must hold one volume.
+    pub fn assemble(
+        candidates: Vec<Arc<dyn BlockDevice>>,
+        name: Option<&str>,
+        run: &VolumeOptions,
+    ) -> Result<Assembled> {
+        let Selection { auth, mut slots, refused, present: dirty_bitmaps } = Volume::select(candidates, name)?;
         // Refuse to start a volume that would be offline, before anything is written: a
         // mistyped drive list must not turn present-but-unlisted drives stale.
         let w = (auth.k + auth.m) as usize;
@@ -639,6 +656,66 @@ impl Volume {
             vol.inner.clear_whole_bitmap()?;
         }
         Ok(Assembled { volume: vol, refused, resynced_stripes: resynced })
+    }
+
+    /// What `show` prints, read from the superblocks and bitmaps alone: nothing is opened,
+    /// written or resynced. Slots whose drive is absent show as failed without a path.
+    pub fn inspect(candidates: Vec<Arc<dyn BlockDevice>>, name: Option<&str>) -> Result<(Status, Vec<RaidError>)> {
+        let Selection { auth, slots, refused, present } = Volume::select(candidates, name)?;
+        let geo = auth
+            .geometry()
+            .map_err(|e| RaidError::CorruptSuperblock { path: PathBuf::from(&auth.name), reason: format!("{e:?}") })?;
+        let w = geo.width();
+        let drives: Vec<DriveStatus> = slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| DriveStatus {
+                slot: i,
+                group: i / w,
+                path: s.drive.as_ref().map(|d| d.path().to_path_buf()),
+                state: if s.drive.is_some() { s.state } else { SlotState::Failed },
+            })
+            .collect();
+        let mut state = VolumeState::Optimal;
+        for g in drives.chunks(w) {
+            let failed = g.iter().filter(|d| d.state == SlotState::Failed).count();
+            let rebuilding = g.iter().any(|d| d.state == SlotState::Rebuilding);
+            state = match (failed, rebuilding, state) {
+                (f, _, _) if f > geo.m => VolumeState::Offline,
+                (_, _, VolumeState::Offline) => VolumeState::Offline,
+                (f, _, _) if f > 0 => VolumeState::Degraded,
+                (_, true, VolumeState::Optimal) => VolumeState::Rebuilding,
+                (_, _, s) => s,
+            };
+        }
+        let bitmap_bytes = auth.wil_bits.div_ceil(8).div_ceil(SECTOR_BYTES as u64) as usize * SECTOR_BYTES;
+        let mut union = vec![0u8; bitmap_bytes];
+        let mut buf = AlignedBuf::zeroed(bitmap_bytes);
+        for d in &present {
+            if d.read_at(&mut buf, WIL_OFFSET).is_ok() {
+                union.iter_mut().zip(buf.iter()).for_each(|(u, b)| *u |= *b);
+            }
+        }
+        let status = Status {
+            name: auth.name.clone(),
+            uuid: format_uuid(&auth.volume_uuid),
+            level: geo.level,
+            k: geo.k,
+            m: geo.m,
+            groups: geo.groups,
+            strip_bytes: geo.strip_bytes,
+            capacity: geo.capacity(),
+            state,
+            generation: auth.generation,
+            recon_prio: auth.recon_prio,
+            drives,
+            rebuild: (auth.rebuild_slot != NO_SLOT).then_some((auth.rebuild_slot as usize, auth.rebuild_row, geo.rows)),
+            scrub: None,
+            dirty_regions: if auth.clean { 0 } else { Wil::set_bits(&union, auth.wil_bits).len() },
+            wil_region_bytes: auth.wil_region_stripes * geo.stripe_data_bytes(),
+            stats: Stats::default(),
+        };
+        Ok((status, refused))
     }
 
     fn open(mut sb: Superblock, slots: Vec<Slot>, run: &VolumeOptions) -> Result<Volume> {
@@ -1065,7 +1142,11 @@ impl Drop for Volume {
 /// A table in the spirit of `xicli raid show`.
 pub fn render_status(st: &Status) -> String {
     let mut left = vec![
-        format!("size: {} GiB", st.capacity >> 30),
+        if st.capacity >= 10 << 30 {
+            format!("size: {} GiB", st.capacity >> 30)
+        } else {
+            format!("size: {} MiB", st.capacity >> 20)
+        },
         format!("level: {}", st.level),
         format!("strip_size: {}", st.strip_bytes >> 10),
         format!("block_size: {SECTOR_BYTES}"),

@@ -153,9 +153,12 @@ pub fn run(cmd: RaidCommand) -> CliResult {
     match cmd {
         RaidCommand::Create(a) => create(a),
         RaidCommand::Show(f) => {
-            let v = assemble(&f)?;
-            print!("{}", v.render_status());
-            v.close()?;
+            // Read-only: superblocks and bitmaps, nothing opened or written.
+            let (status, refused) = Volume::inspect(candidates(&f.drives)?, f.name.as_deref())?;
+            for r in &refused {
+                eprintln!("nacre: refused: {r}");
+            }
+            print!("{}", nacre_raid::volume::render_status(&status));
             Ok(())
         }
         RaidCommand::Assemble(f) => {

@@ -72,8 +72,11 @@ fn life_cycle_create_show_fail_replace_scrub() {
         "8M",
     ]);
     assert!(out.contains("level: 6") && out.contains("strip_size: 16") && out.contains("online"), "{out}");
+    let paths: Vec<String> = files(Path::new(&dir)).iter().map(|f| format!("{dir}/{f}")).collect();
+    let before = digest(&paths);
     let show = ok(&["raid", "show", "--dir", &dir]);
     assert!(show.contains("ost0") && show.contains("5 ") && show.contains("data/parity: 4+2"), "{show}");
+    assert_eq!(digest(&paths), before, "show must not write to the drives");
     let out = ok(&["raid", "fail", "--dir", &dir, "--slot", "2"]);
     assert!(out.contains("degraded"), "{out}");
     // The failed drive is still in the folder: assembly refuses it as stale.
