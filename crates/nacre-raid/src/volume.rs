@@ -665,29 +665,8 @@ impl Volume {
         let geo = auth
             .geometry()
             .map_err(|e| RaidError::CorruptSuperblock { path: PathBuf::from(&auth.name), reason: format!("{e:?}") })?;
-        let w = geo.width();
-        let drives: Vec<DriveStatus> = slots
-            .iter()
-            .enumerate()
-            .map(|(i, s)| DriveStatus {
-                slot: i,
-                group: i / w,
-                path: s.drive.as_ref().map(|d| d.path().to_path_buf()),
-                state: if s.drive.is_some() { s.state } else { SlotState::Failed },
-            })
-            .collect();
-        let mut state = VolumeState::Optimal;
-        for g in drives.chunks(w) {
-            let failed = g.iter().filter(|d| d.state == SlotState::Failed).count();
-            let rebuilding = g.iter().any(|d| d.state == SlotState::Rebuilding);
-            state = match (failed, rebuilding, state) {
-                (f, _, _) if f > geo.m => VolumeState::Offline,
-                (_, _, VolumeState::Offline) => VolumeState::Offline,
-                (f, _, _) if f > 0 => VolumeState::Degraded,
-                (_, true, VolumeState::Optimal) => VolumeState::Rebuilding,
-                (_, _, s) => s,
-            };
-        }
+        let drives = drive_statuses(&slots, geo.width());
+        let state = volume_state(&drives, geo.width(), geo.m);
         let bitmap_bytes = auth.wil_bits.div_ceil(8).div_ceil(SECTOR_BYTES as u64) as usize * SECTOR_BYTES;
         let mut union = vec![0u8; bitmap_bytes];
         let mut buf = AlignedBuf::zeroed(bitmap_bytes);
@@ -825,20 +804,10 @@ impl Volume {
         let inner = &self.inner;
         let meta = inner.lock_meta();
         let slots = inner.read_slots();
-        let w = inner.geo.width();
-        let drives: Vec<DriveStatus> = slots
-            .iter()
-            .enumerate()
-            .map(|(i, s)| DriveStatus {
-                slot: i,
-                group: i / w,
-                path: s.drive.as_ref().map(|d| d.path().to_path_buf()),
-                state: s.state,
-            })
-            .collect();
+        let drives = drive_statuses(&slots, inner.geo.width());
         let rebuild = (meta.rebuild_slot != NO_SLOT)
             .then(|| (meta.rebuild_slot as usize, inner.rebuild_row.load(Ordering::Acquire), inner.geo.rows));
-        let state = inner.state_of(&slots);
+        let state = volume_state(&drives, inner.geo.width(), inner.geo.m);
         let scrub_total = inner.scrub_total.load(Ordering::Acquire);
         Status {
             name: inner.name.clone(),
@@ -1139,6 +1108,37 @@ impl Drop for Volume {
     }
 }
 
+/// Slots as `show` lists them; a slot without a drive is failed whatever its record says.
+fn drive_statuses(slots: &[Slot], width: usize) -> Vec<DriveStatus> {
+    slots
+        .iter()
+        .enumerate()
+        .map(|(i, s)| DriveStatus {
+            slot: i,
+            group: i / width,
+            path: s.drive.as_ref().map(|d| d.path().to_path_buf()),
+            state: if s.drive.is_some() { s.state } else { SlotState::Failed },
+        })
+        .collect()
+}
+
+/// The worst group decides: more than `m` failed is offline, any failed is degraded.
+fn volume_state(drives: &[DriveStatus], width: usize, m: usize) -> VolumeState {
+    let mut worst = VolumeState::Optimal;
+    for group in drives.chunks(width) {
+        let failed = group.iter().filter(|d| d.state == SlotState::Failed).count();
+        if failed > m {
+            return VolumeState::Offline;
+        }
+        if failed > 0 {
+            worst = VolumeState::Degraded;
+        } else if worst == VolumeState::Optimal && group.iter().any(|d| d.state == SlotState::Rebuilding) {
+            worst = VolumeState::Rebuilding;
+        }
+    }
+    worst
+}
+
 /// A table in the spirit of `xicli raid show`.
 pub fn render_status(st: &Status) -> String {
     let mut left = vec![
@@ -1259,22 +1259,7 @@ impl Inner {
     }
 
     fn state_of(&self, slots: &[Slot]) -> VolumeState {
-        let mut worst = VolumeState::Optimal;
-        for g in 0..self.geo.groups {
-            let w = self.geo.width();
-            let group = &slots[g * w..(g + 1) * w];
-            let failed = group.iter().filter(|s| s.state == SlotState::Failed).count();
-            let rebuilding = group.iter().filter(|s| s.state == SlotState::Rebuilding).count();
-            if failed > self.geo.m {
-                return VolumeState::Offline;
-            }
-            if failed > 0 {
-                worst = VolumeState::Degraded;
-            } else if rebuilding > 0 && worst == VolumeState::Optimal {
-                worst = VolumeState::Rebuilding;
-            }
-        }
-        worst
+        volume_state(&drive_statuses(slots, self.geo.width()), self.geo.width(), self.geo.m)
     }
 
     fn offline_error(&self, reason: &str) -> RaidError {

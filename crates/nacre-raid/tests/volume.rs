@@ -188,19 +188,22 @@ fn model_based_random_io_with_failures_and_replacements() {
         let mut model = vec![0u8; v.capacity() as usize];
         let mut spare = 0;
         let mut armed: Vec<usize> = Vec::new();
+        // Can the volume lose `slot` too, counting drives already gone and faults armed?
+        let affordable = |v: &Volume, armed: &[usize], slot: usize| {
+            let mut gone: Vec<usize> =
+                v.status().drives.iter().filter(|d| d.state != SlotState::Online).map(|d| d.slot).collect();
+            gone.extend(armed.iter().copied());
+            gone.push(slot);
+            gone.sort();
+            gone.dedup();
+            gone.len() <= g.m
+        };
         for step in 0..60 {
             match rng.below(10) {
                 0 => {
                     // Fail a drive by command, if the volume can take it with the armed ones.
                     let slot = rng.below(n as u64) as usize;
-                    let st = v.status();
-                    let mut gone: Vec<usize> =
-                        st.drives.iter().filter(|d| d.state != SlotState::Online).map(|d| d.slot).collect();
-                    gone.extend(armed.iter().copied());
-                    gone.push(slot);
-                    gone.sort();
-                    gone.dedup();
-                    if gone.len() <= g.m {
+                    if affordable(&v, &armed, slot) {
                         let _ = v.fail_drive(slot);
                     }
                 }
@@ -208,14 +211,7 @@ fn model_based_random_io_with_failures_and_replacements() {
                     // A drive starts returning IO errors after a few more writes, if the
                     // volume can afford one more loss counting those already armed.
                     let slot = rng.below(n as u64) as usize;
-                    let st = v.status();
-                    let mut gone: Vec<usize> =
-                        st.drives.iter().filter(|d| d.state != SlotState::Online).map(|d| d.slot).collect();
-                    gone.extend(armed.iter().copied());
-                    gone.push(slot);
-                    gone.sort();
-                    gone.dedup();
-                    if gone.len() <= g.m {
+                    if affordable(&v, &armed, slot) {
                         drives[slot].fail_after_writes(rng.below(5) as i64);
                         armed.push(slot);
                     }
