@@ -318,6 +318,38 @@ mod tests {
         assert_eq!(Superblock::decode(&[0u8; SB_BYTES]), Err(SbDecodeError::NoMagic));
     }
 
+    /// Random damage with a valid checksum (what a buggy or hostile writer could leave)
+    /// must decode to an error or to a superblock whose sizes are all within bounds; it
+    /// must never panic.
+    #[test]
+    fn damaged_superblocks_never_panic() {
+        let seed =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.as_nanos() as u64);
+        eprintln!("damaged_superblocks_never_panic: seed {seed}");
+        let mut x = seed | 1;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let good = sample().encode();
+        for _ in 0..20_000 {
+            let mut b = good.clone();
+            for _ in 0..1 + next() % 4 {
+                let at = (next() % CRC_AT as u64) as usize;
+                b[at] = next() as u8;
+            }
+            let crc = crc32c(&b[..CRC_AT]);
+            b[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
+            if let Ok(sb) = Superblock::decode(&b) {
+                let g = sb.geometry().expect("a decoded superblock has a valid geometry");
+                assert!(g.capacity() > 0 && sb.rebuild_row <= sb.rows);
+                assert!((sb.drive_index as usize) < sb.slots.len());
+            }
+        }
+    }
+
     #[test]
     fn inconsistent_fields_are_refused() {
         let mut sb = sample();
