@@ -195,6 +195,10 @@ pub struct ScrubReport {
     /// Stripes whose shards disagreed.
     pub mismatches: u64,
     pub repaired: u64,
+    /// Mismatched stripes in which the one bad strip was identified (needs two or more
+    /// redundant strips); that strip is what a repair rewrites. Otherwise data is taken
+    /// as truth and parity is rewritten.
+    pub located: u64,
     /// Stripes that could not be checked (too many drives missing).
     pub unchecked: u64,
 }
@@ -2049,41 +2053,30 @@ impl Inner {
             }
             // Truth: the first k readable shards (data first). Recompute all data, then
             // all parity, and compare every readable shard that was not an input.
-            let inputs: Vec<usize> = present[..k].to_vec();
             let mut truth = self.pool.take((k + m) * s);
-            {
-                let shards: Vec<&[u8]> = read.chunks(s).collect();
-                let (tdata, tpar) = truth.split_at_mut(k * s);
-                let mut tdata: Vec<&mut [u8]> = tdata.chunks_mut(s).collect();
-                let missing: Vec<usize> = (0..k).filter(|j| !inputs.contains(j)).collect();
-                for &j in &inputs {
-                    if j < k {
-                        tdata[j].copy_from_slice(shards[j]);
-                    }
-                }
-                if !missing.is_empty() {
-                    let dec = self.codec.decoder(&inputs, &missing)?;
-                    let ins: Vec<&[u8]> = dec.inputs().iter().map(|&x| shards[x]).collect();
-                    let mut outs: Vec<&mut [u8]> = Vec::new();
-                    for (j, t) in tdata.iter_mut().enumerate() {
-                        if missing.contains(&j) {
-                            outs.push(&mut **t);
-                        }
-                    }
-                    dec.apply(&ins, &mut outs);
-                }
-                let ds: Vec<&[u8]> = tdata.iter().map(|x| &**x).collect();
-                let mut ps: Vec<&mut [u8]> = tpar.chunks_mut(s).collect();
-                self.codec.encode(&ds, &mut ps);
-            }
-            let bad: Vec<usize> = present
-                .iter()
-                .copied()
-                .filter(|x| !inputs.contains(x) && read[x * s..(x + 1) * s] != truth[x * s..(x + 1) * s])
-                .collect();
+            let mut bad = self.disagreeing(&read, &present, &present[..k], &mut truth)?;
             report.stripes_checked += 1;
             if !bad.is_empty() {
                 report.mismatches += 1;
+                // With two or more redundant strips, a single bad strip can be found: the
+                // one whose absence makes all the others agree. Then it is rewritten, not
+                // the parity (which would bake a corrupt data strip into the stripe).
+                if present.len() >= k + 2 {
+                    let mut located = Vec::new();
+                    let mut candidate = self.pool.take((k + m) * s);
+                    for &x in &present {
+                        let others: Vec<usize> = present.iter().copied().filter(|&y| y != x).collect();
+                        if self.disagreeing(&read, &others, &others[..k], &mut candidate)?.is_empty() {
+                            located.push(x);
+                            truth.copy_from_slice(&candidate);
+                        }
+                    }
+                    self.pool.give(candidate);
+                    if let [x] = located[..] {
+                        bad = vec![x];
+                        report.located += 1;
+                    }
+                }
                 if repair {
                     let reqs = bad
                         .iter()
@@ -2107,6 +2100,37 @@ impl Inner {
             return Ok(());
         }
         Err(self.offline_error(&format!("drives kept failing while scrubbing stripe {stripe}")))
+    }
+
+    /// Rebuild a whole stripe into `truth` from the shards `inputs` of `read` (k strips
+    /// each laid out at `shard * strip`), and list the shards of `check` that differ from
+    /// it (inputs agree by construction).
+    fn disagreeing(&self, read: &[u8], check: &[usize], inputs: &[usize], truth: &mut [u8]) -> Result<Vec<usize>> {
+        let (k, s) = (self.geo.k, self.geo.strip_bytes as usize);
+        {
+            let shards: Vec<&[u8]> = read.chunks(s).collect();
+            let (tdata, tpar) = truth.split_at_mut(k * s);
+            let mut tdata: Vec<&mut [u8]> = tdata.chunks_mut(s).collect();
+            let missing: Vec<usize> = (0..k).filter(|j| !inputs.contains(j)).collect();
+            for &j in inputs.iter().filter(|&&j| j < k) {
+                tdata[j].copy_from_slice(shards[j]);
+            }
+            if !missing.is_empty() {
+                let dec = self.codec.decoder(inputs, &missing)?;
+                let ins: Vec<&[u8]> = dec.inputs().iter().map(|&x| shards[x]).collect();
+                let mut outs: Vec<&mut [u8]> =
+                    tdata.iter_mut().enumerate().filter(|(j, _)| missing.contains(j)).map(|(_, t)| &mut **t).collect();
+                dec.apply(&ins, &mut outs);
+            }
+            let ds: Vec<&[u8]> = tdata.iter().map(|x| &**x).collect();
+            let mut ps: Vec<&mut [u8]> = tpar.chunks_mut(s).collect();
+            self.codec.encode(&ds, &mut ps);
+        }
+        Ok(check
+            .iter()
+            .copied()
+            .filter(|x| !inputs.contains(x) && read[x * s..(x + 1) * s] != truth[x * s..(x + 1) * s])
+            .collect())
     }
 
     /// Rebuild slot `slot` from the others, `REBUILD_STEP_BYTES` per member at a time:

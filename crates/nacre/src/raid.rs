@@ -338,10 +338,11 @@ fn scrub(find: &FindArgs, check_only: bool) -> CliResult {
     })?;
     let _ = writeln!(err);
     println!(
-        "scrub of '{}': {} stripes checked, {} with mismatched parity, {} repaired, {} not checkable (too many drives missing)",
+        "scrub of '{}': {} stripes checked, {} with mismatched parity ({} traced to one bad strip), {} repaired, {} not checkable (too many drives missing)",
         v.name(),
         report.stripes_checked,
         report.mismatches,
+        report.located,
         report.repaired,
         report.unchecked
     );
