@@ -13,6 +13,8 @@ pub const SB_VERSION: u32 = 1;
 pub const SB_BYTES: usize = 4096;
 /// Offsets of the two superblock copies.
 pub const SB_OFFSETS: [u64; 2] = [0, 4096];
+/// Reserved, zeroed at creation, up to the bitmap.
+pub const RESERVED_OFFSET: u64 = 8 << 10;
 /// Where the write-intent bitmap starts, and the most it may occupy.
 pub const WIL_OFFSET: u64 = 64 << 10;
 pub const WIL_BYTES_MAX: u64 = (1 << 20) - WIL_OFFSET;

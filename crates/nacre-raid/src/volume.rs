@@ -31,8 +31,8 @@ use crate::geometry::{Geometry, Level};
 use crate::ioq::{DriveQueues, IoBuf, IoFailure, IoReq};
 use crate::lock::StripeLocks;
 use crate::superblock::{
-    DATA_OFFSET, NAME_BYTES_MAX, NO_SLOT, SB_BYTES, SB_OFFSETS, SbDecodeError, SlotEntry, SlotState, Superblock,
-    WIL_BYTES_MAX, WIL_OFFSET,
+    DATA_OFFSET, NAME_BYTES_MAX, NO_SLOT, RESERVED_OFFSET, SB_BYTES, SB_OFFSETS, SbDecodeError, SlotEntry, SlotState,
+    Superblock, WIL_BYTES_MAX, WIL_OFFSET,
 };
 use crate::wil::{BitmapWrite, Wil};
 
@@ -488,7 +488,9 @@ impl Volume {
         if !opts.assume_clean {
             zeros.fill(0xff);
         }
+        let reserved = AlignedBuf::zeroed((WIL_OFFSET - RESERVED_OFFSET) as usize);
         for (i, d) in drives.iter().enumerate() {
+            d.write_at(&reserved, RESERVED_OFFSET).map_err(|e| RaidError::io(d.path(), e))?;
             d.write_at(&zeros, WIL_OFFSET).map_err(|e| RaidError::io(d.path(), e))?;
             let mut own = sb.clone();
             own.drive_index = i as u16;
@@ -949,6 +951,8 @@ impl Volume {
         // Zero the bitmap area of the newcomer before it carries a superblock.
         let zeros =
             AlignedBuf::zeroed(inner.wil_bits.div_ceil(8).div_ceil(SECTOR_BYTES as u64) as usize * SECTOR_BYTES);
+        let reserved = AlignedBuf::zeroed((WIL_OFFSET - RESERVED_OFFSET) as usize);
+        drive.write_at(&reserved, RESERVED_OFFSET).map_err(|e| RaidError::io(drive.path(), e))?;
         drive.write_at(&zeros, WIL_OFFSET).map_err(|e| RaidError::io(drive.path(), e))?;
         // Claim the rebuild under the metadata lock: one rebuild at a time.
         let mut meta = inner.lock_meta();
@@ -1707,7 +1711,7 @@ impl Inner {
         let mut regions = Vec::with_capacity(n as usize);
         let mut result = Ok(());
         for st in first..first + n {
-            match self.wil.begin(st, |w| self.write_bitmap(&[w])) {
+            match self.mark(st) {
                 Ok(r) => regions.push(r),
                 Err(e) => {
                     result = Err(e);
@@ -1723,14 +1727,29 @@ impl Inner {
             };
         }
         for r in regions {
-            self.wil.end(r);
+            self.unmark(r);
         }
         result
     }
 
+    /// Record a write to `stripe` in the write-intent log. Without parity (RAID0) there is
+    /// no write hole and nothing to record.
+    fn mark(&self, stripe: u64) -> Result<Option<usize>> {
+        if self.geo.m == 0 {
+            return Ok(None);
+        }
+        self.wil.begin(stripe, |w| self.write_bitmap(&[w])).map(Some)
+    }
+
+    fn unmark(&self, region: Option<usize>) {
+        if let Some(r) = region {
+            self.wil.end(r);
+        }
+    }
+
     fn write_stripe_locked(&self, stripe: u64, a: u64, src: &[u8]) -> Result<()> {
         let _guard = self.locks.lock(stripe);
-        let region = self.wil.begin(stripe, |w| self.write_bitmap(&[w]))?;
+        let region = self.mark(stripe)?;
         let mut result = Err(self.offline_error("drives kept failing during one write"));
         for _ in 0..=self.geo.drive_count() {
             match self.write_stripe(stripe, a, src) {
@@ -1745,7 +1764,7 @@ impl Inner {
                 }
             }
         }
-        self.wil.end(region);
+        self.unmark(region);
         result
     }
 

@@ -169,6 +169,7 @@ pub fn run(cmd: RaidCommand) -> CliResult {
             Ok(())
         }
         RaidCommand::Fail { find, slot } => {
+            check_slot(&find, slot)?;
             let v = assemble(&find)?;
             v.fail_drive(slot)?;
             println!("slot {slot} of '{}' failed; volume is {}", v.name(), v.status().state.name());
@@ -231,6 +232,15 @@ fn assemble(f: &FindArgs) -> Result<Volume, Box<dyn std::error::Error>> {
         );
     }
     Ok(asm.volume)
+}
+
+/// Refuse a slot number the volume does not have before anything is opened for writing.
+fn check_slot(f: &FindArgs, slot: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let (status, _) = Volume::inspect(candidates(&f.drives)?, f.name.as_deref())?;
+    if slot >= status.drives.len() {
+        return Err(RaidError::NoSuchSlot { slot, count: status.drives.len() }.into());
+    }
+    Ok(())
 }
 
 fn create(a: CreateArgs) -> CliResult {
@@ -296,6 +306,7 @@ fn replace(find: &FindArgs, slot: usize, new: &Path, size: Option<u64>, prio: Op
     {
         return Err(format!("--recon-prio {p} is not within 1..=100").into());
     }
+    check_slot(find, slot)?;
     let v = assemble(find)?;
     if let Some(p) = prio {
         v.set_recon_prio(p)?;

@@ -182,8 +182,13 @@ fn bad_repair_input_is_refused() {
         "raid", "create", "--name", "mdt0", "--level", "10", "--strip", "16K", "--dir", &dir, "--count", "4", "--size",
         "4M",
     ]);
+    let paths: Vec<String> = files(Path::new(&dir)).iter().map(|f| format!("{dir}/{f}")).collect();
+    let before = digest(&paths);
     let e = refused(&["raid", "fail", "--dir", &dir, "--slot", "9"]);
     assert!(e.contains("slot 9 does not exist"), "{e}");
+    let e = refused(&["raid", "replace", "--dir", &dir, "--slot", "0", "--new", &t.s("x"), "--recon-prio", "0"]);
+    assert!(e.contains("--recon-prio 0 is not within 1..=100"), "{e}");
+    assert_eq!(digest(&paths), before, "refusals wrote to the drives");
     ok(&["raid", "fail", "--dir", &dir, "--slot", "0"]);
     let e = refused(&["raid", "fail", "--dir", &dir, "--slot", "1"]);
     assert!(e.contains("would take volume 'mdt0' offline"), "{e}");
