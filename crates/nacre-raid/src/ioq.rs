@@ -22,10 +22,19 @@ use crate::drive::BlockDevice;
 /// Requests queued per drive slot before callers wait.
 pub const QUEUE_DEPTH_MAX: usize = 256;
 
-/// The buffer of one request: filled by a read, sent by a write.
+/// The buffer of one request: filled by a read, sent by a write; a flush has none.
 pub enum IoBuf<'a> {
     Read(&'a mut [u8]),
     Write(&'a [u8]),
+    /// Make the drive's completed writes durable (`BlockDevice::sync`).
+    Flush,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Read,
+    Write,
+    Flush,
 }
 
 /// One read or write of one drive slot.
@@ -65,7 +74,7 @@ impl Batch {
 
 struct Job {
     drive: Arc<dyn BlockDevice>,
-    write: bool,
+    kind: Kind,
     ptr: usize,
     len: usize,
     offset: u64,
@@ -87,7 +96,9 @@ impl Job {
     }
 
     fn perform(&self) -> std::io::Result<()> {
-        if self.write {
+        if self.kind == Kind::Flush {
+            self.drive.sync()
+        } else if self.kind == Kind::Write {
             // SAFETY: `run` keeps the borrowed buffer alive and unaliased until this job
             // has called `finish`, and ptr/len came from a valid slice.
             let buf = unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) };
@@ -142,13 +153,14 @@ impl DriveQueues {
         });
         let mut inline = None;
         for (index, req) in reqs.into_iter().enumerate() {
-            let (write, ptr, len) = match req.buf {
-                IoBuf::Read(b) => (false, b.as_mut_ptr() as usize, b.len()),
-                IoBuf::Write(b) => (true, b.as_ptr() as usize, b.len()),
+            let (kind, ptr, len) = match req.buf {
+                IoBuf::Read(b) => (Kind::Read, b.as_mut_ptr() as usize, b.len()),
+                IoBuf::Write(b) => (Kind::Write, b.as_ptr() as usize, b.len()),
+                IoBuf::Flush => (Kind::Flush, 0, 0),
             };
             let job = Job {
                 drive: req.drive,
-                write,
+                kind,
                 ptr,
                 len,
                 offset: req.offset,
