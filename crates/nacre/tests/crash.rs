@@ -55,6 +55,8 @@ fn sigkill_mid_write_then_assemble_scrub_and_verify() {
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
+        let seen = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let seen_by_reader = seen.clone();
         let reader = std::thread::spawn(move || {
             let mut acked = vec![None::<u64>; threads as usize];
             let mut geometry = None;
@@ -65,15 +67,22 @@ fn sigkill_mid_write_then_assemble_scrub_and_verify() {
                     ["ready", cap, stripe] => {
                         geometry = Some((cap.parse::<u64>().unwrap(), stripe.parse::<u64>().unwrap()))
                     }
-                    ["ack", t, seq] => acked[t.parse::<usize>().unwrap()] = Some(seq.parse().unwrap()),
+                    ["ack", t, seq] => {
+                        acked[t.parse::<usize>().unwrap()] = Some(seq.parse().unwrap());
+                        seen_by_reader.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                     _ => {} // a line cut by the kill
                 }
             }
             (geometry, acked)
         });
-        // Let it get going, then kill it at a random moment.
+        // Let it get going (however slow the machine), then kill it at a random moment.
         let start = Instant::now();
-        std::thread::sleep(Duration::from_millis(400 + (round_seed % 700)));
+        while seen.load(std::sync::atomic::Ordering::Relaxed) < 50 {
+            assert!(start.elapsed() < Duration::from_secs(120), "the writer acknowledged nothing for two minutes");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(round_seed % 500));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         let (geometry, acked) = reader.join().unwrap();
