@@ -44,6 +44,20 @@ const MAX_GROUP: usize = 4;
 /// allocation per call); 32 = the largest k Nacre uses.
 const MAX_INPUTS: usize = 32;
 
+/// The SIMD kernels walk raw pointers in their unrolled loops: gather them once, in
+/// fixed arrays (no allocation per call).
+fn raw_pointers(inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> ([*const u8; MAX_INPUTS], [*mut u8; MAX_GROUP]) {
+    let mut ins = [std::ptr::null::<u8>(); MAX_INPUTS];
+    for (p, i) in ins.iter_mut().zip(inputs) {
+        *p = i.as_ptr();
+    }
+    let mut outs = [std::ptr::null_mut::<u8>(); MAX_GROUP];
+    for (p, o) in outs.iter_mut().zip(outputs.iter_mut()) {
+        *p = o.as_mut_ptr();
+    }
+    (ins, outs)
+}
+
 /// An implementation of [`gf_dot`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {

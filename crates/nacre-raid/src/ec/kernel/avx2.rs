@@ -10,7 +10,7 @@
 use std::arch::x86_64::*;
 
 use super::super::gf;
-use super::{CoeffBlock, MAX_GROUP, MAX_INPUTS, scalar};
+use super::{CoeffBlock, MAX_GROUP, MAX_INPUTS, raw_pointers, scalar};
 
 /// Per coefficient: products with the 16 low nibbles, then with the 16 high
 /// nibbles.
@@ -54,14 +54,7 @@ pub(super) unsafe fn dot(
             tables[c * n_out + r] = NIBBLES[block.get(r, c) as usize];
         }
     }
-    let mut ins = [std::ptr::null::<u8>(); MAX_INPUTS];
-    for (p, i) in ins.iter_mut().zip(inputs) {
-        *p = i.as_ptr();
-    }
-    let mut outs = [std::ptr::null_mut::<u8>(); MAX_GROUP];
-    for (p, o) in outs.iter_mut().zip(outputs.iter_mut()) {
-        *p = o.as_mut_ptr();
-    }
+    let (ins, outs) = raw_pointers(inputs, outputs);
     let xor0 = block.row_is_xor(0);
     let vec_len = len / 32 * 32;
 

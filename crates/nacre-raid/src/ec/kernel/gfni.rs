@@ -32,7 +32,7 @@
 use std::arch::x86_64::*;
 
 use super::super::gf;
-use super::{CoeffBlock, MAX_GROUP, MAX_INPUTS};
+use super::{CoeffBlock, MAX_GROUP, MAX_INPUTS, raw_pointers};
 
 /// The bit matrix of "multiply by `c`" in the layout `vgf2p8affineqb`
 /// expects: result bit `i` is the parity of `x & byte[7 - i]`, so byte
@@ -108,14 +108,7 @@ pub(super) unsafe fn dot(
             mats[c * n_out + r] = MATRICES[block.get(r, c) as usize];
         }
     }
-    let mut ins = [std::ptr::null::<u8>(); MAX_INPUTS];
-    for (p, i) in ins.iter_mut().zip(inputs) {
-        *p = i.as_ptr();
-    }
-    let mut outs = [std::ptr::null_mut::<u8>(); MAX_GROUP];
-    for (p, o) in outs.iter_mut().zip(outputs.iter_mut()) {
-        *p = o.as_mut_ptr();
-    }
+    let (ins, outs) = raw_pointers(inputs, outputs);
     let ins = &ins[..n_in];
     let xor0 = block.row_is_xor(0);
 
