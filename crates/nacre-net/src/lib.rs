@@ -3,6 +3,8 @@
 //! policies (FIFO, TBF), fault injection and a selftest.
 //!
 //! In place so far: [`frame`], the wire header and a decoder that bounds every length it
-//! reads. The rest of the transport builds on it.
+//! reads, and [`credits`], peer and interface credit pools with LNet's counters. The
+//! connections, RPC, timeouts and policies build on them.
 
+pub mod credits;
 pub mod frame;
