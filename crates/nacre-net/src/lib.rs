@@ -2,9 +2,12 @@
 //! ptlrpc: endpoints (NIDs), framing, credits, bulk RPC with xids, adaptive timeouts, request
 //! policies (FIFO, TBF), fault injection and a selftest.
 //!
-//! In place so far: [`frame`], the wire header and a decoder that bounds every length it
-//! reads, and [`credits`], peer and interface credit pools with LNet's counters. The
-//! connections, RPC, timeouts and policies build on them.
+//! In place so far: [`nid`] (endpoint names), [`frame`] (the wire header and a decoder that
+//! bounds every length it reads), [`credits`] (peer and interface credit pools with LNet's
+//! counters) and [`at`] (adaptive timeout estimates). Connections, RPC, the pinger,
+//! request policies, fault injection and the selftest build on them.
 
+pub mod at;
 pub mod credits;
 pub mod frame;
+pub mod nid;

@@ -1,0 +1,108 @@
+//! NIDs: the names of endpoints, in Lustre's spelling with a port: `127.0.0.1@tcp:9000`,
+//! `[::1]@tcp:9000`, or `name@mem` for the in-memory transport that tests use where
+//! sockets add nothing.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
+
+/// LNet's acceptor port, used when a NID names none.
+pub const DEFAULT_PORT: u16 = 988;
+/// Longest name of an in-memory endpoint.
+const MEM_NAME_MAX: usize = 64;
+
+/// A network endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Nid {
+    Tcp(SocketAddr),
+    Mem(String),
+}
+
+/// Why text is not a NID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NidError {
+    pub text: String,
+    pub reason: &'static str,
+}
+
+impl fmt::Display for NidError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "bad NID {:?}: {} (expected ADDR@tcp[:PORT] or NAME@mem)", self.text, self.reason)
+    }
+}
+
+impl std::error::Error for NidError {}
+
+impl FromStr for Nid {
+    type Err = NidError;
+
+    fn from_str(s: &str) -> Result<Nid, NidError> {
+        let bad = |reason| NidError { text: s.to_string(), reason };
+        let (addr, rest) = s.trim().rsplit_once('@').ok_or(bad("no '@NET'"))?;
+        let (net, port) = match rest.split_once(':') {
+            Some((net, port)) => (net, Some(port)),
+            None => (rest, None),
+        };
+        match net {
+            "tcp" | "tcp0" => {
+                let port = match port {
+                    Some(p) => p.parse::<u16>().map_err(|_| bad("port is not a number from 0 to 65535"))?,
+                    None => DEFAULT_PORT,
+                };
+                let host = addr.strip_prefix('[').and_then(|a| a.strip_suffix(']')).unwrap_or(addr);
+                let ip: IpAddr = host.parse().map_err(|_| bad("address is not an IPv4 or IPv6 address"))?;
+                Ok(Nid::Tcp(SocketAddr::new(ip, port)))
+            }
+            "mem" => {
+                if port.is_some() {
+                    return Err(bad("in-memory endpoints have no port"));
+                }
+                let ok = !addr.is_empty()
+                    && addr.len() <= MEM_NAME_MAX
+                    && addr.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'));
+                if !ok {
+                    return Err(bad("name must be 1-64 characters of A-Z a-z 0-9 - _ ."));
+                }
+                Ok(Nid::Mem(addr.to_string()))
+            }
+            _ => Err(bad("unknown network type")),
+        }
+    }
+}
+
+impl fmt::Display for Nid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Nid::Tcp(SocketAddr::V4(a)) => write!(f, "{}@tcp:{}", a.ip(), a.port()),
+            Nid::Tcp(SocketAddr::V6(a)) => write!(f, "[{}]@tcp:{}", a.ip(), a.port()),
+            Nid::Mem(name) => write!(f, "{name}@mem"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_print() {
+        for s in ["127.0.0.1@tcp:9000", "[::1]@tcp:9000", "ost0@mem"] {
+            let n: Nid = s.parse().unwrap();
+            assert_eq!(n.to_string(), s);
+        }
+        assert_eq!("10.1.2.3@tcp".parse::<Nid>().unwrap().to_string(), "10.1.2.3@tcp:988");
+        assert_eq!("10.1.2.3@tcp0:1".parse::<Nid>().unwrap().to_string(), "10.1.2.3@tcp:1");
+    }
+
+    #[test]
+    fn bad_nids_name_the_problem() {
+        let e = |s: &str| s.parse::<Nid>().unwrap_err().reason;
+        assert_eq!(e("127.0.0.1"), "no '@NET'");
+        assert_eq!(e("127.0.0.1@o2ib"), "unknown network type");
+        assert_eq!(e("127.0.0.1@tcp:99999"), "port is not a number from 0 to 65535");
+        assert_eq!(e("host.example@tcp"), "address is not an IPv4 or IPv6 address");
+        assert_eq!(e("a b@mem"), "name must be 1-64 characters of A-Z a-z 0-9 - _ .");
+        assert_eq!(e("x@mem:3"), "in-memory endpoints have no port");
+        assert!("nope".parse::<Nid>().unwrap_err().to_string().contains("bad NID \"nope\""));
+    }
+}
