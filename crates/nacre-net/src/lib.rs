@@ -4,10 +4,12 @@
 //!
 //! In place so far: [`nid`] (endpoint names), [`frame`] (the wire header and a decoder that
 //! bounds every length it reads), [`credits`] (peer and interface credit pools with LNet's
-//! counters) and [`at`] (adaptive timeout estimates). Connections, RPC, the pinger,
-//! request policies, fault injection and the selftest build on them.
+//! counters), [`at`] (adaptive timeout estimates) and [`tbf`] (the token bucket request
+//! policy with run-time rules). Connections, RPC, the pinger, fault injection and the
+//! selftest build on them.
 
 pub mod at;
 pub mod credits;
 pub mod frame;
 pub mod nid;
+pub mod tbf;
