@@ -1,0 +1,185 @@
+//! Fault injection: delay, drop, duplicate or cut messages between given NIDs or of given
+//! opcodes, switchable at run time, so that every layer above can be tested against a
+//! network that misbehaves the way real ones do.
+//!
+//! Rules are strings, like `drop from=10.0.0.*@tcp* to=* opcode=4 p=0.5 count=10` or
+//! `delay ms=200 to=mds0@mem`. The first rule that matches a message and fires (with
+//! probability `p`, at most `count` times) decides its fate. Decisions come from a seeded
+//! generator, so a failing test replays exactly.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::nid::Nid;
+
+/// Rules held at once.
+const RULES_MAX: usize = 256;
+
+/// What happens to one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultAction {
+    Deliver,
+    Drop,
+    Delay(Duration),
+    /// Deliver it twice.
+    Duplicate,
+    /// Close the connection it travels on.
+    Cut,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct FaultRule {
+    id: u64,
+    action: FaultAction,
+    from: String,
+    to: String,
+    opcode: Option<u16>,
+    /// Probability in millionths.
+    p_micro: u64,
+    remaining: Option<u64>,
+}
+
+/// Why a rule string was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FaultRuleError(pub String);
+
+impl std::fmt::Display for FaultRuleError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "bad fault rule: {}", self.0)
+    }
+}
+
+impl std::error::Error for FaultRuleError {}
+
+struct State {
+    rules: Vec<FaultRule>,
+    rng: u64,
+    next_id: u64,
+}
+
+/// The fault rules of one transport instance.
+pub struct FaultInjector {
+    state: Mutex<State>,
+}
+
+fn glob(pattern: &str, text: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == text,
+        Some((head, tail)) => {
+            text.starts_with(head) && {
+                let rest = &text[head.len()..];
+                (0..=rest.len()).any(|i| rest.is_char_boundary(i) && glob(tail, &rest[i..]))
+            }
+        }
+    }
+}
+
+impl FaultInjector {
+    pub fn new(seed: u64) -> FaultInjector {
+        FaultInjector { state: Mutex::new(State { rules: Vec::new(), rng: seed, next_id: 1 }) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Add a rule; returns its id for [`FaultInjector::remove`].
+    pub fn add(&self, text: &str) -> Result<u64, FaultRuleError> {
+        let bad = |m: String| FaultRuleError(m);
+        let mut words = text.split_whitespace();
+        let verb = words.next().ok_or_else(|| bad("empty rule".into()))?;
+        let mut rule = FaultRule {
+            id: 0,
+            action: match verb {
+                "drop" => FaultAction::Drop,
+                "dup" => FaultAction::Duplicate,
+                "cut" => FaultAction::Cut,
+                "delay" => FaultAction::Delay(Duration::ZERO),
+                other => return Err(bad(format!("unknown action {other:?} (use drop, delay, dup or cut)"))),
+            },
+            from: "*".into(),
+            to: "*".into(),
+            opcode: None,
+            p_micro: 1_000_000,
+            remaining: None,
+        };
+        let mut delay_set = false;
+        for w in words {
+            let (k, v) = w.split_once('=').ok_or_else(|| bad(format!("expected key=value, got {w:?}")))?;
+            match k {
+                "from" => rule.from = v.to_string(),
+                "to" => rule.to = v.to_string(),
+                "opcode" => rule.opcode = Some(v.parse().map_err(|_| bad(format!("opcode {v:?} is not a number")))?),
+                "p" => {
+                    let p: f64 = v.parse().map_err(|_| bad(format!("p {v:?} is not a number")))?;
+                    if !(0.0..=1.0).contains(&p) {
+                        return Err(bad(format!("p {v} is not within 0..1")));
+                    }
+                    rule.p_micro = (p * 1e6).round() as u64;
+                }
+                "count" => rule.remaining = Some(v.parse().map_err(|_| bad(format!("count {v:?} is not a number")))?),
+                "ms" if matches!(rule.action, FaultAction::Delay(_)) => {
+                    let ms: u64 = v.parse().map_err(|_| bad(format!("ms {v:?} is not a number")))?;
+                    rule.action = FaultAction::Delay(Duration::from_millis(ms));
+                    delay_set = true;
+                }
+                _ => return Err(bad(format!("unknown key {k:?} for {verb}"))),
+            }
+        }
+        if matches!(rule.action, FaultAction::Delay(_)) && !delay_set {
+            return Err(bad("delay needs ms=N".into()));
+        }
+        let mut st = self.lock();
+        if st.rules.len() >= RULES_MAX {
+            return Err(bad(format!("at most {RULES_MAX} rules")));
+        }
+        rule.id = st.next_id;
+        st.next_id += 1;
+        let id = rule.id;
+        st.rules.push(rule);
+        Ok(id)
+    }
+
+    /// Remove a rule; false if there was none with this id.
+    pub fn remove(&self, id: u64) -> bool {
+        let mut st = self.lock();
+        let before = st.rules.len();
+        st.rules.retain(|r| r.id != id);
+        st.rules.len() != before
+    }
+
+    pub fn clear(&self) {
+        self.lock().rules.clear();
+    }
+
+    /// The fate of one message from `from` to `to`.
+    pub fn decide(&self, from: &Nid, to: &Nid, opcode: u16) -> FaultAction {
+        let mut st = self.lock();
+        if st.rules.is_empty() {
+            return FaultAction::Deliver;
+        }
+        let (from, to) = (from.to_string(), to.to_string());
+        let State { rules, rng, .. } = &mut *st;
+        for r in rules.iter_mut() {
+            let matches = glob(&r.from, &from)
+                && glob(&r.to, &to)
+                && r.opcode.is_none_or(|o| o == opcode)
+                && r.remaining != Some(0);
+            if !matches {
+                continue;
+            }
+            *rng = rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = *rng;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            if z % 1_000_000 < r.p_micro {
+                if let Some(n) = r.remaining.as_mut() {
+                    *n -= 1;
+                }
+                return r.action;
+            }
+        }
+        FaultAction::Deliver
+    }
+}
