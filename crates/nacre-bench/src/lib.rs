@@ -1,8 +1,9 @@
 //! `nacre-bench`: Nacre's benchmarks. Each prints a human table and returns its figures
 //! as JSON, which the CLI prints as the last line so that scripts can compare runs.
-//! The RAID benches live here now; the transport selftest and the IO500 phases join them
-//! with their issues.
+//! The RAID benches and the transport selftest live here; the IO500 phases join them with
+//! their issue.
 
 pub mod kernel;
+pub mod net;
 pub mod raid;
 pub mod torture;

@@ -198,7 +198,7 @@ impl FrameHeader {
 pub struct Frame {
     pub header: FrameHeader,
     pub body: Vec<u8>,
-    pub bulk: Vec<u8>,
+    pub bulk: crate::bulk::Bulk,
 }
 
 /// Incremental decoder over a byte stream: feed it what the socket gave, take frames out.
@@ -256,7 +256,7 @@ impl FrameDecoder {
         let mut body = std::mem::replace(&mut self.buf, rest);
         let bulk = body.split_off(h.body_len as usize);
         self.header = None;
-        Ok(Some(Frame { header: h, body, bulk }))
+        Ok(Some(Frame { header: h, body, bulk: bulk.into() }))
     }
 
     /// The stream ended: an error if it ended inside a frame.

@@ -11,6 +11,7 @@
 //! wired into the RPC path, early replies, resend, the pinger and the selftest come next.
 
 pub mod at;
+pub mod bulk;
 pub mod credits;
 pub mod fault;
 pub mod frame;

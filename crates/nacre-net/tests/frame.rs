@@ -54,7 +54,7 @@ fn frames_survive_any_cut_of_the_stream() {
         let h = header(&mut rng, body as u32, bulk as u32);
         let (b, k) = (rng.bytes(body), rng.bytes(bulk));
         stream.extend_from_slice(&encode_frame(&h, &b, &k));
-        sent.push(Frame { header: h, body: b, bulk: k });
+        sent.push(Frame { header: h, body: b, bulk: k.into() });
     }
     let mut dec = FrameDecoder::new(limits);
     let mut got = Vec::new();

@@ -1,6 +1,8 @@
 //! `nacre`: one command for everything Nacre does. Today: software RAID volumes
-//! (`nacre raid …`) and their benchmarks; the file system's services join as they land.
+//! (`nacre raid …`) and their benchmarks, and the transport selftest (`nacre net …`); the
+//! file system's services join as they land.
 
+mod net;
 mod raid;
 mod size;
 
@@ -18,12 +20,16 @@ enum Command {
     /// Software RAID volumes over drives (files or block devices).
     #[command(subcommand)]
     Raid(raid::RaidCommand),
+    /// The transport: selftest against plain sockets.
+    #[command(subcommand)]
+    Net(net::NetCommand),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Raid(cmd) => raid::run(cmd),
+        Command::Net(cmd) => net::run(cmd),
     };
     if let Err(e) = result {
         eprintln!("nacre: {e}");
