@@ -41,31 +41,45 @@ fn sink() -> Handler {
     Arc::new(|_frame| Box::pin(async move { (0, Vec::new(), Vec::new()) }))
 }
 
-/// Nacre RPC phase: `clients` connections, each sending `bulk`-byte requests back to back.
-async fn rpc_phase(addr: SocketAddr, clients: usize, bulk: usize, secs: f64) -> Result<(u64, f64), BenchError> {
-    let payload = Arc::new(vec![0x5au8; bulk]);
+/// Run `clients` client loops until `secs` have passed; each returns how many round trips
+/// it made. Returns the total and the elapsed seconds.
+async fn clients<F, Fut, E>(clients: usize, secs: f64, client: F) -> Result<(u64, f64), BenchError>
+where
+    F: Fn(Instant) -> Fut,
+    Fut: std::future::Future<Output = Result<u64, E>> + Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
     let mut set = tokio::task::JoinSet::new();
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let start = Instant::now();
     for _ in 0..clients {
-        let payload = payload.clone();
-        set.spawn(async move {
-            let opts = ClientOptions { max_rpcs_in_flight: 1, ..ClientOptions::default() };
-            let c = RpcClient::connect(addr, opts).await.map_err(|e| e.to_string())?;
-            let op = if payload.is_empty() { OP_PING } else { OP_WRITE };
-            let mut n = 0u64;
-            while Instant::now() < deadline {
-                c.call(op, &[], &payload).await.map_err(|e| e.to_string())?;
-                n += 1;
-            }
-            Ok::<u64, String>(n)
-        });
+        set.spawn(client(deadline));
     }
     let mut total = 0;
     while let Some(r) = set.join_next().await {
-        total += r.map_err(|e| BenchError::Bad(e.to_string()))?.map_err(BenchError::Bad)?;
+        total += r.map_err(|e| BenchError::Bad(e.to_string()))?.map_err(|e| BenchError::Bad(e.to_string()))?;
     }
     Ok((total, start.elapsed().as_secs_f64()))
+}
+
+/// Nacre RPC phase: `clients` connections, each sending `bulk`-byte requests back to back.
+async fn rpc_phase(addr: SocketAddr, n: usize, bulk: usize, secs: f64) -> Result<(u64, f64), BenchError> {
+    let payload = Arc::new(vec![0x5au8; bulk]);
+    clients(n, secs, move |deadline| {
+        let payload = payload.clone();
+        async move {
+            let opts = ClientOptions { max_rpcs_in_flight: 1, ..ClientOptions::default() };
+            let c = RpcClient::connect(addr, opts).await?;
+            let op = if payload.is_empty() { OP_PING } else { OP_WRITE };
+            let mut done = 0u64;
+            while Instant::now() < deadline {
+                c.call(op, &[], &payload).await?;
+                done += 1;
+            }
+            Ok::<u64, nacre_net::rpc::RpcError>(done)
+        }
+    })
+    .await
 }
 
 /// The raw reference: a 48-byte header plus the payload one way, a 48-byte answer back.
@@ -99,34 +113,27 @@ async fn raw_server(listener: TcpListener) {
     }
 }
 
-async fn raw_phase(addr: SocketAddr, clients: usize, bulk: usize, secs: f64) -> Result<(u64, f64), BenchError> {
+async fn raw_phase(addr: SocketAddr, n: usize, bulk: usize, secs: f64) -> Result<(u64, f64), BenchError> {
     let payload = Arc::new(vec![0x5au8; bulk]);
-    let mut set = tokio::task::JoinSet::new();
-    let deadline = Instant::now() + Duration::from_secs_f64(secs);
-    let start = Instant::now();
-    for _ in 0..clients {
+    clients(n, secs, move |deadline| {
         let payload = payload.clone();
-        set.spawn(async move {
+        async move {
             let mut s = TcpStream::connect(addr).await?;
             s.set_nodelay(true)?;
             let mut hdr = [0u8; HEADER_BYTES];
             hdr[28..32].copy_from_slice(&(payload.len() as u32).to_le_bytes());
             let mut answer = [0u8; HEADER_BYTES];
-            let mut n = 0u64;
+            let mut done = 0u64;
             while Instant::now() < deadline {
                 s.write_all(&hdr).await?;
                 s.write_all(&payload).await?;
                 s.read_exact(&mut answer).await?;
-                n += 1;
+                done += 1;
             }
-            Ok::<u64, std::io::Error>(n)
-        });
-    }
-    let mut total = 0;
-    while let Some(r) = set.join_next().await {
-        total += r.map_err(|e| BenchError::Bad(e.to_string()))??;
-    }
-    Ok((total, start.elapsed().as_secs_f64()))
+            Ok::<u64, std::io::Error>(done)
+        }
+    })
+    .await
 }
 
 fn ratio(a: f64, b: f64) -> f64 {

@@ -10,6 +10,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::glob::glob;
 use crate::nid::Nid;
 
 /// Rules held at once.
@@ -60,18 +61,6 @@ struct State {
 /// The fault rules of one transport instance.
 pub struct FaultInjector {
     state: Mutex<State>,
-}
-
-fn glob(pattern: &str, text: &str) -> bool {
-    match pattern.split_once('*') {
-        None => pattern == text,
-        Some((head, tail)) => {
-            text.starts_with(head) && {
-                let rest = &text[head.len()..];
-                (0..=rest.len()).any(|i| rest.is_char_boundary(i) && glob(tail, &rest[i..]))
-            }
-        }
-    }
 }
 
 impl FaultInjector {

@@ -15,6 +15,7 @@ pub mod bulk;
 pub mod credits;
 pub mod fault;
 pub mod frame;
+pub mod glob;
 pub mod nid;
 pub mod rpc;
 pub mod tbf;

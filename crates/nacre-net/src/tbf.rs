@@ -18,6 +18,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 
+use crate::glob::glob;
 use crate::nid::Nid;
 
 /// Burst a bucket may save up, in requests (Lustre's default depth is 3).
@@ -84,29 +85,6 @@ impl fmt::Display for TbfError {
 }
 
 impl std::error::Error for TbfError {}
-
-/// `*` matches any run of characters, `?` any one.
-fn glob(pattern: &str, text: &str) -> bool {
-    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
-    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
-    while ti < t.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some(pi);
-            mark = ti;
-            pi += 1;
-        } else if let Some(s) = star {
-            pi = s + 1;
-            mark += 1;
-            ti = mark;
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|&c| c == '*')
-}
 
 impl Rule {
     /// The bucket a request falls in under this rule, if it matches.
@@ -356,19 +334,5 @@ impl<R: Classify> Tbf<R> {
                 now_us + b.wait_us()
             })
             .min()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::glob;
-
-    #[test]
-    fn globs() {
-        assert!(glob("10.0.0.*@tcp*", "10.0.0.7@tcp:988"));
-        assert!(!glob("10.0.0.*@tcp", "10.0.1.7@tcp"));
-        assert!(glob("dd.?", "dd.0"));
-        assert!(glob("*", ""));
-        assert!(!glob("a*b", "acd"));
     }
 }
