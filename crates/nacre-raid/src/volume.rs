@@ -17,7 +17,7 @@
 //! crash at any point (the write-intent log names the stripes to resync).
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -1773,15 +1773,16 @@ impl Inner {
 
     /// One stripe write under its lock: plan, read what the plan needs, compute, write.
     fn write_stripe(&self, stripe: u64, a: u64, src: &[u8]) -> std::result::Result<(), StripeError> {
+        if a == 0 && src.len() as u64 == self.geo.stripe_data_bytes() {
+            // Takes its own view and makes its own check.
+            return self.write_full_stripes(stripe, src);
+        }
         let (k, m) = (self.geo.k, self.geo.m);
         let (row, views) = self.view(stripe);
         if views.iter().filter(|v| v.readable).count() < k {
             return Err(StripeError::Fatal(
                 self.offline_error(&format!("stripe {stripe} has fewer than {k} writable strips")),
             ));
-        }
-        if a == 0 && src.len() as u64 == self.geo.stripe_data_bytes() {
-            return self.write_full_stripes(stripe, src);
         }
         let touches = self.touches(a, src.len());
         let u0 = touches.iter().map(Touch::slo).min().unwrap_or(0);
@@ -2347,9 +2348,4 @@ impl Throttle {
         }
         true
     }
-}
-
-/// The volume's drives, by path, for messages.
-pub fn drive_paths(drives: &[Arc<dyn BlockDevice>]) -> Vec<&Path> {
-    drives.iter().map(|d| d.path()).collect()
 }

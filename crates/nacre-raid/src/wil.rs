@@ -44,7 +44,8 @@ pub struct BitmapWrite {
 }
 
 impl Wil {
-    /// `dirty` are regions found set on the drives at assembly (already resynced or not).
+    /// A log of `bits` regions of `region_stripes` stripes each, all clean in memory (the
+    /// volume resyncs and clears what the drives' bitmaps say before writing).
     pub fn new(region_stripes: u64, bits: u64) -> Wil {
         let n = bits as usize;
         Wil {
@@ -57,10 +58,6 @@ impl Wil {
 
     pub fn region_of(&self, stripe: u64) -> usize {
         (stripe / self.region_stripes) as usize
-    }
-
-    pub fn region_stripes(&self) -> u64 {
-        self.region_stripes
     }
 
     fn sector_bytes(regions: &[Region], sector: u64) -> Vec<u8> {
