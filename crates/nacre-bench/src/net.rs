@@ -1,15 +1,31 @@
-//! `nacre net selftest`: Nacre's lnet_selftest. Bulk write RPCs of 1, 4 and 16 MiB and small
-//! ping RPCs over loopback, each against the same pattern over plain TCP sockets in the
-//! same run (the raw reference): a 48-byte header and the payload one way, a 48-byte
-//! answer back. Figures are GB/s of payload and RPC/s; every ratio is Nacre over raw.
+//! `nacre net selftest`: Nacre's lnet_selftest. Bulk write and read RPCs of 1, 4 and 16 MiB
+//! and small RPCs from 8 clients over loopback, each against the same pattern over plain
+//! TCP sockets in the same run (the raw reference): a 64-byte header and the payload one
+//! way, a 64-byte header (and the payload, for reads) back. Figures are GB/s of payload and
+//! RPC/s, latency percentiles, and the credit low-water marks of both ends; every ratio is
+//! Nacre over raw.
+//!
+//! With `clients > 0` it also runs the 20,000-client lesson at this machine's scale: that
+//! many simulated clients (each its own identity and connection, in a child process so
+//! that each process stays within its descriptor limit) connect to one server, ping and
+//! send small RPCs for the phase, and the server's memory, credits and unanswered requests
+//! are reported.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use nacre_net::frame::{FrameLimits, HEADER_BYTES};
-use nacre_net::rpc::{ClientOptions, Handler, RpcClient, RpcServer, ServerOptions};
+use bytes::Bytes;
+use nacre_net::client::{Client, ClientConfig, Import};
+use nacre_net::credits::CreditStats;
+use nacre_net::frame::HEADER_BYTES;
+use nacre_net::nid::Nid;
+use nacre_net::rpc::{FIRST_SERVICE_OPCODE, RpcError};
+use nacre_net::server::{Handler, Reply, Server, ServerConfig};
+use nacre_net::transport::TcpTransport;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -21,72 +37,187 @@ use crate::raid::BenchError;
 pub struct SelftestOptions {
     /// Seconds per phase.
     pub seconds: f64,
-    /// Concurrent clients (connections) in the bulk phases.
+    /// Concurrent clients in the bulk phases.
     pub bulk_clients: usize,
-    /// Concurrent clients in the ping phase.
+    /// Concurrent clients in the small-RPC phase.
     pub ping_clients: usize,
+    /// Run the plain-socket reference (ratios need it).
+    pub raw: bool,
+    /// Simulated clients for the scale phase (0: skip it).
+    pub clients: usize,
+    /// The program that runs `net sim-clients` (the `nacre` binary).
+    pub sim_program: Option<PathBuf>,
 }
 
 impl Default for SelftestOptions {
     fn default() -> Self {
-        SelftestOptions { seconds: 2.0, bulk_clients: 4, ping_clients: 8 }
+        SelftestOptions { seconds: 2.0, bulk_clients: 4, ping_clients: 8, raw: true, clients: 0, sim_program: None }
     }
 }
 
-const OP_PING: u16 = 1;
-const OP_WRITE: u16 = 2;
+/// The selftest service: sink (bulk write), source (bulk read), noop (small RPC).
+const OP_SINK: u16 = FIRST_SERVICE_OPCODE;
+const OP_SOURCE: u16 = FIRST_SERVICE_OPCODE + 1;
+const OP_NOOP: u16 = FIRST_SERVICE_OPCODE + 2;
+const BULK_MAX: usize = 16 << 20;
 
-fn sink() -> Handler {
-    // Bulk arrives in the request; the reply carries nothing back.
-    Arc::new(|_frame| Box::pin(async move { (0, Vec::new(), Vec::new()) }))
+/// The handler of the selftest service. Reads are answered from one shared 16 MiB buffer
+/// (a slice of it per reply, no copy), as a server answers from its cache.
+pub fn selftest_handler() -> Handler {
+    let source = Bytes::from(vec![0xa5u8; BULK_MAX]);
+    Arc::new(move |req| {
+        let source = source.clone();
+        Box::pin(async move {
+            match req.header.opcode {
+                OP_SINK | OP_NOOP => Reply::default(),
+                OP_SOURCE => {
+                    let len = req.body.get(..4).map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
+                    if len > BULK_MAX {
+                        return Reply { status: -22, ..Reply::default() };
+                    }
+                    Reply { status: 0, body: Vec::new(), bulk: source.slice(..len) }
+                }
+                _ => Reply { status: -95, ..Reply::default() },
+            }
+        })
+    })
 }
 
-/// Run `clients` client loops until `secs` have passed; each returns how many round trips
-/// it made. Returns the total and the elapsed seconds.
-async fn clients<F, Fut, E>(clients: usize, secs: f64, client: F) -> Result<(u64, f64), BenchError>
+/// Start the selftest service on `nid` (port 0: any free one).
+pub async fn start_server(nid: &Nid) -> Result<Server, BenchError> {
+    let cfg = ServerConfig::default();
+    Server::start(Arc::new(TcpTransport), nid, selftest_handler(), cfg)
+        .await
+        .map_err(|e| BenchError::Bad(e.to_string()))
+}
+
+/// What one phase measured.
+struct Phase {
+    ops: u64,
+    secs: f64,
+    /// Latency of every call, microseconds.
+    lat: Vec<u32>,
+}
+
+impl Phase {
+    fn rate(&self) -> f64 {
+        if self.secs > 0.0 { self.ops as f64 / self.secs } else { 0.0 }
+    }
+
+    fn percentile(&mut self, p: f64) -> f64 {
+        if self.lat.is_empty() {
+            return 0.0;
+        }
+        self.lat.sort_unstable();
+        let i = ((self.lat.len() as f64 - 1.0) * p).round() as usize;
+        self.lat[i.min(self.lat.len() - 1)] as f64
+    }
+}
+
+/// Run `n` client loops until `secs` have passed; each returns its call latencies.
+async fn clients<F, Fut, E>(n: usize, secs: f64, client: F) -> Result<Phase, BenchError>
 where
     F: Fn(Instant) -> Fut,
-    Fut: std::future::Future<Output = Result<u64, E>> + Send + 'static,
+    Fut: std::future::Future<Output = Result<Vec<u32>, E>> + Send + 'static,
     E: std::fmt::Display + Send + 'static,
 {
     let mut set = tokio::task::JoinSet::new();
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let start = Instant::now();
-    for _ in 0..clients {
+    for _ in 0..n {
         set.spawn(client(deadline));
     }
-    let mut total = 0;
+    let mut lat = Vec::new();
     while let Some(r) = set.join_next().await {
-        total += r.map_err(|e| BenchError::Bad(e.to_string()))?.map_err(|e| BenchError::Bad(e.to_string()))?;
+        lat.extend(r.map_err(|e| BenchError::Bad(e.to_string()))?.map_err(|e| BenchError::Bad(e.to_string()))?);
     }
-    Ok((total, start.elapsed().as_secs_f64()))
+    Ok(Phase { ops: lat.len() as u64, secs: start.elapsed().as_secs_f64(), lat })
 }
 
-/// Nacre RPC phase: `clients` connections, each sending `bulk`-byte requests back to back.
-async fn rpc_phase(addr: SocketAddr, n: usize, bulk: usize, secs: f64) -> Result<(u64, f64), BenchError> {
-    let payload = Arc::new(vec![0x5au8; bulk]);
-    clients(n, secs, move |deadline| {
-        let payload = payload.clone();
+/// What a client loop sends.
+#[derive(Clone, Copy)]
+enum Pattern {
+    Write(usize),
+    Read(usize),
+    Small,
+}
+
+/// Nacre RPC phase: `n` clients, each its own endpoint, sending back to back.
+async fn rpc_phase(target: &Nid, n: usize, pattern: Pattern, secs: f64, lows: &Lows) -> Result<Phase, BenchError> {
+    let mut imports = Vec::new();
+    for _ in 0..n {
+        let c = Client::new(Arc::new(TcpTransport), ClientConfig::default());
+        let imp = c.connect(target).await.map_err(|e| BenchError::Bad(format!("connect to {target}: {e}")))?;
+        imports.push((c, imp));
+    }
+    let payload = Arc::new(match pattern {
+        Pattern::Write(b) => vec![0x5au8; b],
+        _ => Vec::new(),
+    });
+    let queue = Arc::new(std::sync::Mutex::new(imports.iter().map(|(_, i)| i.clone()).collect::<Vec<Arc<Import>>>()));
+    let phase = clients(n, secs, move |deadline| {
+        let (payload, queue) = (payload.clone(), queue.clone());
         async move {
-            let opts = ClientOptions { max_rpcs_in_flight: 1, ..ClientOptions::default() };
-            let c = RpcClient::connect(addr, opts).await?;
-            let op = if payload.is_empty() { OP_PING } else { OP_WRITE };
-            let mut done = 0u64;
+            let imp = queue.lock().unwrap_or_else(|e| e.into_inner()).pop().ok_or(RpcError::Closed)?;
+            let (op, body) = match pattern {
+                Pattern::Write(_) => (OP_SINK, Vec::new()),
+                Pattern::Read(b) => (OP_SOURCE, (b as u32).to_le_bytes().to_vec()),
+                Pattern::Small => (OP_NOOP, Vec::new()),
+            };
+            let mut lat = Vec::new();
             while Instant::now() < deadline {
-                c.call(op, &[], &payload).await?;
-                done += 1;
+                let t = Instant::now();
+                let r = imp.call(op, &body, &payload).await?;
+                if let Pattern::Read(b) = pattern
+                    && r.bulk.len() != b
+                {
+                    return Err(RpcError::Protocol(format!("read {} bytes of {b}", r.bulk.len())));
+                }
+                lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
             }
-            Ok::<u64, nacre_net::rpc::RpcError>(done)
+            Ok::<Vec<u32>, RpcError>(lat)
         }
     })
-    .await
+    .await?;
+    for (c, imp) in &imports {
+        lows.client_ni.merge(c.credit_stats());
+        lows.client_peer.merge(imp.stats().peer_credits);
+    }
+    Ok(phase)
 }
 
-/// The raw reference: a 48-byte header plus the payload one way, a 48-byte answer back.
-async fn raw_server(listener: TcpListener) {
+/// Lowest credit counters seen.
+struct Lows {
+    client_ni: Low,
+    client_peer: Low,
+}
+
+struct Low(AtomicU64, std::sync::Mutex<Option<CreditStats>>);
+
+impl Low {
+    fn new() -> Low {
+        Low(AtomicU64::new(0), std::sync::Mutex::new(None))
+    }
+    fn merge(&self, s: CreditStats) {
+        let mut m = self.1.lock().unwrap_or_else(|e| e.into_inner());
+        if m.is_none_or(|o| s.min_available < o.min_available) {
+            *m = Some(s);
+        }
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+    fn get(&self) -> Option<CreditStats> {
+        *self.1.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The raw reference server: a header, the `bulk_len` payload it announces, then a header
+/// back followed by `timeout_ms` bytes (the read length) from a shared buffer.
+pub async fn raw_server(listener: TcpListener) {
+    let source = Arc::new(vec![0xa5u8; BULK_MAX]);
     let mut conns = tokio::task::JoinSet::new();
     while let Ok((mut s, _)) = listener.accept().await {
         let _ = s.set_nodelay(true);
+        let source = source.clone();
         conns.spawn(async move {
             let mut hdr = [0u8; HEADER_BYTES];
             // The payload lands in a buffer of its full size, as a server that keeps the
@@ -97,14 +228,15 @@ async fn raw_server(listener: TcpListener) {
                     return;
                 }
                 let len = u32::from_le_bytes([hdr[28], hdr[29], hdr[30], hdr[31]]) as usize;
-                if len > 16 << 20 {
+                let read = u32::from_le_bytes([hdr[40], hdr[41], hdr[42], hdr[43]]) as usize;
+                if len > BULK_MAX || read > BULK_MAX {
                     return;
                 }
                 buf.resize(len, 0);
-                if s.read_exact(&mut buf).await.is_err() {
+                if s.read_exact(&mut buf).await.is_err() || s.write_all(&hdr).await.is_err() {
                     return;
                 }
-                if s.write_all(&hdr).await.is_err() {
+                if read > 0 && s.write_all(&source[..read]).await.is_err() {
                     return;
                 }
             }
@@ -113,8 +245,13 @@ async fn raw_server(listener: TcpListener) {
     }
 }
 
-async fn raw_phase(addr: SocketAddr, n: usize, bulk: usize, secs: f64) -> Result<(u64, f64), BenchError> {
-    let payload = Arc::new(vec![0x5au8; bulk]);
+async fn raw_phase(addr: SocketAddr, n: usize, pattern: Pattern, secs: f64) -> Result<Phase, BenchError> {
+    let (write, read) = match pattern {
+        Pattern::Write(b) => (b, 0),
+        Pattern::Read(b) => (0, b),
+        Pattern::Small => (0, 0),
+    };
+    let payload = Arc::new(vec![0x5au8; write]);
     clients(n, secs, move |deadline| {
         let payload = payload.clone();
         async move {
@@ -122,15 +259,19 @@ async fn raw_phase(addr: SocketAddr, n: usize, bulk: usize, secs: f64) -> Result
             s.set_nodelay(true)?;
             let mut hdr = [0u8; HEADER_BYTES];
             hdr[28..32].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+            hdr[40..44].copy_from_slice(&(read as u32).to_le_bytes());
             let mut answer = [0u8; HEADER_BYTES];
-            let mut done = 0u64;
+            let mut data = vec![0u8; read];
+            let mut lat = Vec::new();
             while Instant::now() < deadline {
+                let t = Instant::now();
                 s.write_all(&hdr).await?;
                 s.write_all(&payload).await?;
                 s.read_exact(&mut answer).await?;
-                done += 1;
+                s.read_exact(&mut data).await?;
+                lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
             }
-            Ok::<u64, std::io::Error>(done)
+            Ok::<Vec<u32>, std::io::Error>(lat)
         }
     })
     .await
@@ -140,51 +281,302 @@ fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 { (a / b * 1000.0).round() / 1000.0 } else { 0.0 }
 }
 
+/// `bulk_1m` → `bulk_ratio_1m`, `ping` → `ping_ratio`.
+fn ratio_key(key: &str) -> String {
+    match key.split_once('_') {
+        Some((a, b)) => format!("{a}_ratio_{b}"),
+        None => format!("{key}_ratio"),
+    }
+}
+
+fn low_text(s: Option<CreditStats>) -> String {
+    s.map_or("-".into(), |s| format!("{} of {}", s.min_available, s.max))
+}
+
 /// Run every phase; prints a table, returns the figures.
 pub async fn run_selftest(o: &SelftestOptions, out: &mut (dyn std::io::Write + Send)) -> Result<Value, BenchError> {
     let loopback: SocketAddr = "127.0.0.1:0".parse().map_err(|_| BenchError::Bad("loopback address".into()))?;
-    let opts =
-        ServerOptions { limits: FrameLimits { body_max: 64 << 10, bulk_max: 16 << 20 }, ..ServerOptions::default() };
-    let server = RpcServer::bind(loopback, sink(), opts).await.map_err(|e| BenchError::Bad(e.to_string()))?;
+    let server = start_server(&Nid::Tcp(loopback)).await?;
+    let target = server.nid();
     let raw = TcpListener::bind(loopback).await?;
     let raw_addr = raw.local_addr()?;
     let raw_task = tokio::spawn(raw_server(raw));
     let _ = writeln!(
         out,
-        "nacre net selftest: loopback, {} s per phase, {} bulk clients, {} ping clients, each against plain sockets",
-        o.seconds, o.bulk_clients, o.ping_clients
+        "nacre net selftest: server {target}, {} s per phase, {} bulk clients, {} small-RPC clients{}",
+        o.seconds,
+        o.bulk_clients,
+        o.ping_clients,
+        if o.raw { ", each against plain sockets" } else { "" }
     );
-    let mut table = String::from("\n| test | nacre | raw sockets | ratio |\n|---|---:|---:|---:|\n");
+    let lows = Lows { client_ni: Low::new(), client_peer: Low::new() };
+    let mut table = String::from(
+        "\n| test | nacre | raw sockets | ratio | nacre p50 / p99 µs | raw p50 / p99 µs |\n|---|---:|---:|---:|---:|---:|\n",
+    );
     let mut figures = serde_json::Map::new();
+    let mut phases: Vec<(String, String, Pattern, usize, f64)> = Vec::new();
     for (label, mib) in [("1m", 1usize), ("4m", 4), ("16m", 16)] {
-        let bytes = mib << 20;
-        let (n, t) = rpc_phase(server.local_addr(), o.bulk_clients, bytes, o.seconds).await?;
-        let (rn, rt) = raw_phase(raw_addr, o.bulk_clients, bytes, o.seconds).await?;
-        let (gbps, raw_gbps) = ((n as f64 * bytes as f64) / t / 1e9, (rn as f64 * bytes as f64) / rt / 1e9);
+        let bytes = (mib << 20) as f64;
+        phases.push((
+            format!("bulk write {mib} MiB (GB/s)"),
+            format!("bulk_{label}"),
+            Pattern::Write(mib << 20),
+            o.bulk_clients,
+            bytes,
+        ));
+    }
+    for (label, mib) in [("1m", 1usize), ("4m", 4), ("16m", 16)] {
+        let bytes = (mib << 20) as f64;
+        phases.push((
+            format!("bulk read {mib} MiB (GB/s)"),
+            format!("read_{label}"),
+            Pattern::Read(mib << 20),
+            o.bulk_clients,
+            bytes,
+        ));
+    }
+    phases.push((
+        format!("small RPC, {} clients (RPC/s)", o.ping_clients),
+        "ping".into(),
+        Pattern::Small,
+        o.ping_clients,
+        0.0,
+    ));
+    for (title, key, pattern, n, bytes) in phases {
+        let mut p = rpc_phase(&target, n, pattern, o.seconds, &lows).await?;
+        let scale = |r: f64| if bytes > 0.0 { r * bytes / 1e9 } else { r };
+        let v = scale(p.rate());
+        let (p50, p99) = (p.percentile(0.5), p.percentile(0.99));
+        let (rv, rp50, rp99) = if o.raw {
+            let mut r = raw_phase(raw_addr, n, pattern, o.seconds).await?;
+            (scale(r.rate()), r.percentile(0.5), r.percentile(0.99))
+        } else {
+            (0.0, 0.0, 0.0)
+        };
+        let fmt = |x: f64| if bytes > 0.0 { format!("{x:.2}") } else { format!("{x:.0}") };
         let _ = writeln!(
             table,
-            "| bulk write {mib} MiB (GB/s) | {gbps:.2} | {raw_gbps:.2} | {:.3} |",
-            ratio(gbps, raw_gbps)
+            "| {title} | {} | {} | {:.3} | {p50:.0} / {p99:.0} | {rp50:.0} / {rp99:.0} |",
+            fmt(v),
+            if o.raw { fmt(rv) } else { "-".into() },
+            ratio(v, rv)
         );
-        figures.insert(format!("bulk_gbps_{label}"), json!(gbps));
-        figures.insert(format!("raw_bulk_gbps_{label}"), json!(raw_gbps));
-        figures.insert(format!("bulk_ratio_{label}"), json!(ratio(gbps, raw_gbps)));
+        let unit = if bytes > 0.0 { "gbps" } else { "rpcs" };
+        figures.insert(format!("{key}_{unit}"), json!(v));
+        figures.insert(format!("{key}_p50_us"), json!(p50));
+        figures.insert(format!("{key}_p99_us"), json!(p99));
+        if o.raw {
+            figures.insert(format!("raw_{key}_{unit}"), json!(rv));
+            figures.insert(ratio_key(&key), json!(ratio(v, rv)));
+        }
     }
-    let (n, t) = rpc_phase(server.local_addr(), o.ping_clients, 0, o.seconds).await?;
-    let (rn, rt) = raw_phase(raw_addr, o.ping_clients, 0, o.seconds).await?;
-    let (rate, raw_rate) = (n as f64 / t, rn as f64 / rt);
-    let _ = writeln!(
-        table,
-        "| ping, {} clients (RPC/s) | {rate:.0} | {raw_rate:.0} | {:.3} |",
-        o.ping_clients,
-        ratio(rate, raw_rate)
-    );
-    figures.insert("ping_rpcs".into(), json!(rate));
-    figures.insert("raw_ping_rpcs".into(), json!(raw_rate));
-    figures.insert("ping_ratio".into(), json!(ratio(rate, raw_rate)));
     raw_task.abort();
     let _ = write!(out, "{table}");
+    let s = server.stats();
+    let (cni, cpeer) = (lows.client_ni.get(), lows.client_peer.get());
+    let _ = writeln!(
+        out,
+        "\ncredit low-water marks (negative: senders queued): server interface {} , server peer {} of {}, client interface {}, client peer {}",
+        low_text(Some(s.credits)),
+        s.peer_credits_min,
+        ServerConfig::default().peer_credits,
+        low_text(cni),
+        low_text(cpeer)
+    );
+    figures.insert("server_credits_min".into(), json!(s.credits.min_available));
+    figures.insert("server_peer_credits_min".into(), json!(s.peer_credits_min));
+    figures.insert("client_credits_min".into(), json!(cni.map(|c| c.min_available)));
+    figures.insert("client_peer_credits_min".into(), json!(cpeer.map(|c| c.min_available)));
+    figures.insert("req_buffers_peak".into(), json!(s.req_buffers_peak));
+    drop(server);
+    if o.clients > 0 {
+        let sim = run_scale(o, out).await?;
+        if let Value::Object(m) = sim {
+            figures.extend(m);
+        }
+    }
     figures.insert("bench".into(), json!("net-selftest"));
     figures.insert("seconds_per_phase".into(), json!(o.seconds));
     Ok(Value::Object(figures))
+}
+
+/// Resident and peak resident memory of this process, MiB.
+fn rss_mib() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(0.0, |kib| kib / 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The scale phase: a fresh server, `clients` simulated clients in a child process.
+async fn run_scale(o: &SelftestOptions, out: &mut (dyn std::io::Write + Send)) -> Result<Value, BenchError> {
+    let program = o.sim_program.clone().ok_or_else(|| BenchError::Bad("no program to run simulated clients".into()))?;
+    let cfg = ServerConfig { obd_timeout: SIM_OBD_TIMEOUT, ..ServerConfig::default() };
+    let (req_buffers_max, peer_credits) = (cfg.req_buffers_max, cfg.peer_credits);
+    let server = Server::start(
+        Arc::new(TcpTransport),
+        &"127.0.0.1@tcp:0".parse().map_err(|_| BenchError::Bad("nid".into()))?,
+        selftest_handler(),
+        cfg,
+    )
+    .await
+    .map_err(|e| BenchError::Bad(e.to_string()))?;
+    let (rss_before, _) = rss_mib();
+    let secs = o.seconds.max(SIM_MIN_SECONDS);
+    let _ = writeln!(
+        out,
+        "\nscale: {} simulated clients against one server for {secs:.0} s (clients in a child process)",
+        o.clients
+    );
+    let mut child = std::process::Command::new(&program)
+        .args(["net", "sim-clients", "--target", &server.nid().to_string(), "--clients", &o.clients.to_string()])
+        .args(["--seconds", &secs.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| BenchError::Bad(format!("cannot start {}: {e}", program.display())))?;
+    let stdout = child.stdout.take();
+    let reader = tokio::task::spawn_blocking(move || {
+        let mut text = String::new();
+        if let Some(mut s) = stdout {
+            let _ = std::io::Read::read_to_string(&mut s, &mut text);
+        }
+        let status = child.wait();
+        (text, status)
+    });
+    let (mut rss_peak, mut exports_peak, mut conns_peak) = (rss_before, 0usize, 0usize);
+    let mut credits_ok = true;
+    while !reader.is_finished() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let s = server.stats();
+        rss_peak = rss_peak.max(rss_mib().0);
+        exports_peak = exports_peak.max(s.exports);
+        conns_peak = conns_peak.max(s.connections);
+        credits_ok &= s.credits.available <= s.credits.max as i64
+            && s.req_buffers_in_use <= req_buffers_max
+            && s.req_buffers_peak <= req_buffers_max;
+    }
+    let (text, status) = reader.await.map_err(|e| BenchError::Bad(e.to_string()))?;
+    let status = status?;
+    let line = text.lines().last().unwrap_or("");
+    let sim: Value = serde_json::from_str(line)
+        .map_err(|e| BenchError::Bad(format!("simulated clients ({status}) printed no result: {e}: {line:?}")))?;
+    let s = server.stats();
+    let requests = sim["requests"].as_u64().unwrap_or(0);
+    let answered = sim["answered"].as_u64().unwrap_or(0);
+    let connected = sim["connected"].as_u64().unwrap_or(0);
+    let unanswered = requests.saturating_sub(answered) + (o.clients as u64).saturating_sub(connected);
+    let _ = writeln!(
+        out,
+        "scale: {connected} of {} clients connected (peak {conns_peak} connections, {exports_peak} exports), {requests} requests, {answered} answered, {} pings, server RSS {rss_peak:.0} MiB (before {rss_before:.0} MiB), request buffers peak {} of {req_buffers_max}, lowest peer credit {} of {peer_credits}, evictions {}",
+        o.clients, s.pings, s.req_buffers_peak, s.peer_credits_min, s.evictions
+    );
+    Ok(json!({
+        "clients": o.clients,
+        "clients_connected": connected,
+        "connections_peak": conns_peak,
+        "sim_requests": requests,
+        "sim_answered": answered,
+        "sim_rpcs": sim["rpcs"],
+        "sim_p99_us": sim["p99_us"],
+        "sim_resends": sim["resends"],
+        "sim_first_errors": sim["first_errors"],
+        "server_pings": s.pings,
+        "unanswered": unanswered,
+        "server_rss_mib": (rss_peak * 10.0).round() / 10.0,
+        "server_rss_before_mib": (rss_before * 10.0).round() / 10.0,
+        "credits_within_bounds": credits_ok,
+        "req_buffers_peak": s.req_buffers_peak,
+        "server_evictions": s.evictions,
+    }))
+}
+
+/// Health intervals of the scale phase: pings every 2 s when idle.
+const SIM_OBD_TIMEOUT: Duration = Duration::from_secs(8);
+const SIM_MIN_SECONDS: f64 = 10.0;
+/// Connects in progress at once (the listen backlog is 1024).
+const SIM_CONNECTS_AT_ONCE: usize = 256;
+
+/// `nacre net sim-clients`: `n` clients, each its own identity and connection, each
+/// sending one small RPC at a random moment of every 2 s for `secs` (pings fill the idle
+/// gaps). Prints one JSON line.
+pub async fn run_client_sim(target: &Nid, n: usize, secs: f64) -> Result<Value, BenchError> {
+    let cfg = ClientConfig { obd_timeout: SIM_OBD_TIMEOUT, max_rpcs_in_flight: 1, ..ClientConfig::default() };
+    let gate = Arc::new(tokio::sync::Semaphore::new(SIM_CONNECTS_AT_ONCE));
+    let (requests, answered, connected) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let resends = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(secs);
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let (cfg, gate, target) = (cfg.clone(), gate.clone(), target.clone());
+        let (requests, answered, connected, resends) =
+            (requests.clone(), answered.clone(), connected.clone(), resends.clone());
+        let errors = errors.clone();
+        set.spawn(async move {
+            let client = Client::new(Arc::new(TcpTransport), cfg);
+            let import = {
+                let _g = gate.acquire().await.ok()?;
+                client.connect(&target).await.ok()?
+            };
+            connected.fetch_add(1, Ordering::Relaxed);
+            let mut lat = Vec::new();
+            let mut rng = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            while Instant::now() < end {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                tokio::time::sleep(Duration::from_millis(rng % 2000)).await;
+                if Instant::now() >= end {
+                    break;
+                }
+                requests.fetch_add(1, Ordering::Relaxed);
+                let t = Instant::now();
+                match import.call(OP_NOOP, &[], &[]).await {
+                    Ok(_) => {
+                        answered.fetch_add(1, Ordering::Relaxed);
+                        lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                    }
+                    Err(e) => {
+                        let mut errs = errors.lock().unwrap_or_else(|e| e.into_inner());
+                        if errs.len() < 5 {
+                            errs.push(e.to_string());
+                        }
+                    }
+                }
+            }
+            resends.fetch_add(import.stats().resends, Ordering::Relaxed);
+            Some((lat, client, import))
+        });
+    }
+    let mut lat = Vec::new();
+    let mut keep = Vec::new();
+    while let Some(r) = set.join_next().await {
+        if let Ok(Some((l, c, i))) = r {
+            lat.extend(l);
+            keep.push((c, i));
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let mut p = Phase { ops: answered.load(Ordering::Relaxed), secs: elapsed, lat };
+    let p99 = p.percentile(0.99);
+    for (_, i) in &keep {
+        let _ = i.disconnect().await;
+    }
+    Ok(json!({
+        "connected": connected.load(Ordering::Relaxed),
+        "requests": requests.load(Ordering::Relaxed),
+        "answered": answered.load(Ordering::Relaxed),
+        "resends": resends.load(Ordering::Relaxed),
+        "rpcs": p.rate(),
+        "p99_us": p99,
+        "first_errors": *errors.lock().unwrap_or_else(|e| e.into_inner()),
+    }))
 }

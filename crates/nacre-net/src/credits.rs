@@ -23,7 +23,7 @@ pub struct CreditPool {
 }
 
 /// Counters of a pool, as `get-param` prints them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CreditStats {
     pub max: u32,
     /// Credits free now; negative: that many senders are queued.

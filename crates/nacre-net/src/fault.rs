@@ -8,6 +8,7 @@
 //! generator, so a failing test replays exactly.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::glob::glob;
@@ -61,11 +62,16 @@ struct State {
 /// The fault rules of one transport instance.
 pub struct FaultInjector {
     state: Mutex<State>,
+    /// Rules in force: the send path checks this before taking the lock.
+    rules: AtomicUsize,
 }
 
 impl FaultInjector {
     pub fn new(seed: u64) -> FaultInjector {
-        FaultInjector { state: Mutex::new(State { rules: Vec::new(), rng: seed, next_id: 1 }) }
+        FaultInjector {
+            state: Mutex::new(State { rules: Vec::new(), rng: seed, next_id: 1 }),
+            rules: AtomicUsize::new(0),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -126,6 +132,7 @@ impl FaultInjector {
         st.next_id += 1;
         let id = rule.id;
         st.rules.push(rule);
+        self.rules.store(st.rules.len(), Ordering::Release);
         Ok(id)
     }
 
@@ -134,15 +141,21 @@ impl FaultInjector {
         let mut st = self.lock();
         let before = st.rules.len();
         st.rules.retain(|r| r.id != id);
+        self.rules.store(st.rules.len(), Ordering::Release);
         st.rules.len() != before
     }
 
     pub fn clear(&self) {
-        self.lock().rules.clear();
+        let mut st = self.lock();
+        st.rules.clear();
+        self.rules.store(0, Ordering::Release);
     }
 
     /// The fate of one message from `from` to `to`.
     pub fn decide(&self, from: &Nid, to: &Nid, opcode: u16) -> FaultAction {
+        if self.rules.load(Ordering::Acquire) == 0 {
+            return FaultAction::Deliver;
+        }
         let mut st = self.lock();
         if st.rules.is_empty() {
             return FaultAction::Deliver;

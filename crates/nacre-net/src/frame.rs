@@ -1,7 +1,7 @@
 //! Framing: the fixed header in front of every message, and a decoder that turns a byte
 //! stream into frames without ever trusting a length it has not checked.
 //!
-//! A frame is a 48-byte header, then `body_len` bytes of control message, then `bulk_len`
+//! A frame is a 64-byte header, then `body_len` bytes of control message, then `bulk_len`
 //! bytes of bulk data (file data moved by an RPC, up to `bulk_max`). The header is
 //! little-endian and protected by its own CRC-32C, so that a garbage or hostile peer is
 //! caught at the first 48 bytes, before anything is allocated for it. The byte layout is in
@@ -15,8 +15,8 @@ use std::fmt;
 
 /// "NCRF" in ASCII, read as a little-endian u32.
 pub const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"NCRF");
-pub const FRAME_VERSION: u16 = 1;
-pub const HEADER_BYTES: usize = 48;
+pub const FRAME_VERSION: u16 = 2;
+pub const HEADER_BYTES: usize = 64;
 const CRC_AT: usize = HEADER_BYTES - 4;
 
 /// Largest bulk payload the format allows at all (16 MiB, Lustre's largest `brw_size`
@@ -40,7 +40,7 @@ pub mod flags {
 }
 
 /// The fixed header of a frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct FrameHeader {
     pub opcode: u16,
     pub flags: u16,
@@ -52,8 +52,15 @@ pub struct FrameHeader {
     pub bulk_len: u32,
     /// Identity of the job that issued the request (for jobstats and TBF rules), 0 if none.
     pub job_id: u64,
-    /// Milliseconds the sender will wait (requests) or the server asks for (early replies).
+    /// Requests: milliseconds the sender will wait. Early replies: the extension the
+    /// server asks for. Replies: the server's service-time estimate.
     pub timeout_ms: u32,
+    /// Requests: every xid below this one has had its reply, so the server may forget
+    /// the replies it keeps for resends. 0 in replies.
+    pub acked_xid: u64,
+    /// Replies: microseconds the server held the request, arrival to reply (lets the
+    /// client tell network time from service time). 0 in requests.
+    pub service_us: u32,
 }
 
 /// Limits a receiver enforces, below the format's own.
@@ -138,6 +145,9 @@ impl FrameHeader {
         b[28..32].copy_from_slice(&self.bulk_len.to_le_bytes());
         b[32..40].copy_from_slice(&self.job_id.to_le_bytes());
         b[40..44].copy_from_slice(&self.timeout_ms.to_le_bytes());
+        b[44..52].copy_from_slice(&self.acked_xid.to_le_bytes());
+        b[52..56].copy_from_slice(&self.service_us.to_le_bytes());
+        // 56..60 reserved, zero.
         let crc = crc32c(&b[..CRC_AT]);
         b[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
         b
@@ -172,6 +182,8 @@ impl FrameHeader {
             bulk_len: u32::from_le_bytes(get(b, 28)),
             job_id: u64::from_le_bytes(get(b, 32)),
             timeout_ms: u32::from_le_bytes(get(b, 40)),
+            acked_xid: u64::from_le_bytes(get(b, 44)),
+            service_us: u32::from_le_bytes(get(b, 52)),
         };
         if h.flags & !flags::KNOWN != 0 {
             return Err(FrameError::UnknownFlags(h.flags & !flags::KNOWN));

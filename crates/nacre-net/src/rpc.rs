@@ -1,31 +1,43 @@
-//! RPC over TCP: requests and replies matched by xid, bulk payloads read straight from the
-//! socket into their own buffer, bounded in-flight requests per client connection, and a
-//! server whose request buffers are bounded: when `req_buffers_max` requests are being
-//! handled, its connections stop reading, so TCP pushes back on the clients instead of
-//! the server running out of memory (CEA's OOM at 20,000 clients).
+//! RPC: what a client ([`crate::client`]) and a server ([`crate::server`]) share — the
+//! error type, the opcodes the transport keeps for itself, the connect handshake, and
+//! reading and writing whole frames on a stream.
 //!
-//! A connection reads a frame as header (checked, see [`crate::frame`]), then body, then
-//! bulk, each with `read_exact` into a buffer of the checked length; a malformed frame
-//! closes that connection with the reason, and nothing else. Every spawned task belongs to
-//! a `JoinSet` that is aborted when its owner is dropped.
+//! A frame is read as header (checked, see [`crate::frame`]), then body, then bulk, each
+//! straight into a buffer of the checked length; a malformed frame is an error that closes
+//! that connection and nothing else. A frame is written as header and body in one write
+//! and the bulk from the caller's own buffer, never copied into a message.
 
-use std::collections::HashMap;
-use std::future::Future;
+use std::fmt;
 use std::io;
-use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Mutex, Semaphore, oneshot};
-use tokio::task::JoinSet;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::bulk::BulkPool;
-use crate::frame::{Frame, FrameError, FrameHeader, FrameLimits, HEADER_BYTES, flags};
+use crate::frame::{Frame, FrameError, FrameHeader, FrameLimits, HEADER_BYTES};
+use crate::nid::Nid;
+
+/// Opcodes below this belong to the transport; services number theirs from here.
+pub const FIRST_SERVICE_OPCODE: u16 = 16;
+/// Open a connection: names the client and its export (see [`ConnectRequest`]).
+pub const OP_CONNECT: u16 = 1;
+/// Keep-alive; answered by the connection, never queued behind requests.
+pub const OP_PING: u16 = 2;
+/// The client is leaving: the server drops its export at once.
+pub const OP_DISCONNECT: u16 = 3;
+
+/// Reply statuses the transport itself sends (negative errnos, as Lustre's).
+pub mod status {
+    /// A request came before the connect handshake.
+    pub const ENOTCONN: i32 = -107;
+    /// Malformed connect handshake or a transport opcode that does not exist.
+    pub const EPROTO: i32 = -71;
+    /// The server has as many clients as it will take.
+    pub const EUSERS: i32 = -87;
+    /// A handler's reply was larger than the format allows.
+    pub const EOVERFLOW: i32 = -75;
+}
 
 /// Errors of an RPC call or of a connection.
 #[derive(Debug)]
@@ -33,22 +45,52 @@ pub enum RpcError {
     Io(io::Error),
     /// The peer sent something that is not a frame; the connection was closed.
     Frame(FrameError),
-    /// No reply within the deadline.
+    /// No reply within the deadline, after every resend allowed.
     Timeout {
         xid: u64,
         after: Duration,
+        attempts: u32,
     },
-    /// The connection closed before the reply came.
+    /// The connection closed before the reply came and no resend was allowed.
     Closed,
+    /// The server no longer knows this client (it was evicted, or the server restarted):
+    /// requests sent before are not resent, since their state on the server is gone.
+    Evicted {
+        target: Nid,
+    },
+    /// The server refused the connection, with the reason it gave.
+    Refused {
+        target: Nid,
+        status: i32,
+        reason: String,
+    },
+    /// The peer broke the protocol (a reply that cannot be decoded).
+    Protocol(String),
+    /// A request over the configured limits; nothing was sent.
+    TooLarge {
+        what: &'static str,
+        len: usize,
+        max: u32,
+    },
 }
 
-impl std::fmt::Display for RpcError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Display for RpcError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RpcError::Io(e) => write!(f, "connection error: {e}"),
             RpcError::Frame(e) => write!(f, "connection closed: {e}"),
-            RpcError::Timeout { xid, after } => write!(f, "request {xid} got no reply within {after:?}"),
+            RpcError::Timeout { xid, after, attempts } => {
+                write!(f, "request {xid} got no reply within {after:?} ({attempts} attempts)")
+            }
             RpcError::Closed => write!(f, "connection closed before the reply"),
+            RpcError::Evicted { target } => write!(f, "evicted by {target}: requests in flight were lost"),
+            RpcError::Refused { target, status, reason } => {
+                write!(f, "{target} refused the connection ({status}): {reason}")
+            }
+            RpcError::Protocol(m) => write!(f, "protocol error: {m}"),
+            RpcError::TooLarge { what, len, max } => {
+                write!(f, "request {what} of {len} bytes exceeds the maximum {max}")
+            }
         }
     }
 }
@@ -62,29 +104,50 @@ impl From<io::Error> for RpcError {
 }
 
 /// Read one frame: header first, then exactly the lengths it was allowed to claim.
-pub async fn read_frame(
-    r: &mut OwnedReadHalf,
+/// `Ok(None)` when the stream ends cleanly between frames.
+pub async fn read_frame<R: AsyncRead + Unpin + ?Sized>(
+    r: &mut R,
     limits: &FrameLimits,
     pool: &Arc<BulkPool>,
 ) -> Result<Option<Frame>, RpcError> {
+    let Some(header) = read_header(r, limits).await? else { return Ok(None) };
+    read_rest(r, header, pool).await.map(Some)
+}
+
+/// Read and check one header; `Ok(None)` at a clean end of stream.
+pub async fn read_header<R: AsyncRead + Unpin + ?Sized>(
+    r: &mut R,
+    limits: &FrameLimits,
+) -> Result<Option<FrameHeader>, RpcError> {
     let mut raw = [0u8; HEADER_BYTES];
-    match r.read_exact(&mut raw).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e.into()),
+    let mut have = 0;
+    while have < HEADER_BYTES {
+        match r.read(&mut raw[have..]).await? {
+            0 if have == 0 => return Ok(None),
+            0 => return Err(RpcError::Frame(FrameError::Truncated { have, need: HEADER_BYTES })),
+            n => have += n,
+        }
     }
-    let header = FrameHeader::decode(&raw, limits).map_err(RpcError::Frame)?;
-    let mut body = Vec::with_capacity(header.body_len as usize);
+    FrameHeader::decode(&raw, limits).map(Some).map_err(RpcError::Frame)
+}
+
+/// Read the body and bulk a checked header announced.
+pub async fn read_rest<R: AsyncRead + Unpin + ?Sized>(
+    r: &mut R,
+    header: FrameHeader,
+    pool: &Arc<BulkPool>,
+) -> Result<Frame, RpcError> {
+    let mut body = Vec::new();
     read_exactly(r, header.body_len as usize, &mut body).await?;
     let mut bulk = pool.take(header.bulk_len as usize);
     read_exactly(r, header.bulk_len as usize, &mut bulk).await?;
-    Ok(Some(Frame { header, body, bulk }))
+    Ok(Frame { header, body, bulk })
 }
 
 /// Read exactly `n` bytes (already checked against the limits) into `buf`, straight
-/// from the socket into its spare capacity: no zeroing pass over a 16 MiB bulk first
+/// from the stream into its spare capacity: no zeroing pass over a 16 MiB bulk first
 /// (measured: zeroed buffers cost a third of the bulk bandwidth on loopback).
-async fn read_exactly(r: &mut OwnedReadHalf, n: usize, buf: &mut Vec<u8>) -> io::Result<()> {
+async fn read_exactly<R: AsyncRead + Unpin + ?Sized>(r: &mut R, n: usize, buf: &mut Vec<u8>) -> io::Result<()> {
     buf.reserve(n);
     while buf.len() < n {
         let mut limited = (&mut *r).take((n - buf.len()) as u64);
@@ -95,230 +158,152 @@ async fn read_exactly(r: &mut OwnedReadHalf, n: usize, buf: &mut Vec<u8>) -> io:
     Ok(())
 }
 
-/// Write one frame; the bulk goes from its own buffer, never copied into a message.
-pub async fn write_frame(w: &mut OwnedWriteHalf, header: &FrameHeader, body: &[u8], bulk: &[u8]) -> io::Result<()> {
-    w.write_all(&header.encode()).await?;
-    w.write_all(body).await?;
-    w.write_all(bulk).await?;
-    Ok(())
+/// Write one frame: header and body in one write, then the bulk from its own buffer.
+pub async fn write_frame<W: AsyncWrite + Unpin + ?Sized>(
+    w: &mut W,
+    header: &FrameHeader,
+    body: &[u8],
+    bulk: &[u8],
+) -> io::Result<()> {
+    debug_assert_eq!(header.body_len as usize, body.len());
+    debug_assert_eq!(header.bulk_len as usize, bulk.len());
+    let mut head = Vec::with_capacity(HEADER_BYTES + body.len());
+    head.extend_from_slice(&header.encode());
+    head.extend_from_slice(body);
+    w.write_all(&head).await?;
+    if !bulk.is_empty() {
+        w.write_all(bulk).await?;
+    }
+    w.flush().await
 }
 
-/// Settings of a client connection.
-#[derive(Debug, Clone)]
-pub struct ClientOptions {
-    /// Requests outstanding on the connection (`max_rpcs_in_flight`).
-    pub max_rpcs_in_flight: usize,
-    pub limits: FrameLimits,
-    pub timeout: Duration,
+/// The body of a connect request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectRequest {
+    /// The client's identity, the same on every connection and reconnection.
+    pub client: u64,
+    /// The export the client believes it has (0: a new client).
+    pub cookie: u64,
 }
 
-impl Default for ClientOptions {
-    fn default() -> Self {
-        ClientOptions { max_rpcs_in_flight: 8, limits: FrameLimits::default(), timeout: Duration::from_secs(30) }
+/// The body of a connect reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectReply {
+    /// The export this connection belongs to.
+    pub cookie: u64,
+    /// The client asked for an export the server no longer has: it was evicted or the
+    /// server restarted, and what it had in flight is gone.
+    pub export_lost: bool,
+    /// The server's `obd_timeout` in milliseconds, so clients ping in step with it.
+    pub obd_timeout_ms: u32,
+}
+
+const CONNECT_MAGIC: u32 = u32::from_le_bytes(*b"NCCN");
+
+fn take<const N: usize>(b: &[u8], at: usize) -> Option<[u8; N]> {
+    b.get(at..at + N).and_then(|s| s.try_into().ok())
+}
+
+impl ConnectRequest {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(20);
+        b.extend_from_slice(&CONNECT_MAGIC.to_le_bytes());
+        b.extend_from_slice(&self.client.to_le_bytes());
+        b.extend_from_slice(&self.cookie.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<ConnectRequest, String> {
+        if b.len() != 20 {
+            return Err(format!("connect request of {} bytes, expected 20", b.len()));
+        }
+        let magic = take::<4>(b, 0).map(u32::from_le_bytes);
+        if magic != Some(CONNECT_MAGIC) {
+            return Err("connect request without its magic".into());
+        }
+        let client = take::<8>(b, 4).map(u64::from_le_bytes).unwrap_or(0);
+        let cookie = take::<8>(b, 12).map(u64::from_le_bytes).unwrap_or(0);
+        if client == 0 {
+            return Err("client id 0 is reserved".into());
+        }
+        Ok(ConnectRequest { client, cookie })
     }
 }
 
-type Pending = Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<Frame>>>>;
+impl ConnectReply {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(16);
+        b.extend_from_slice(&self.cookie.to_le_bytes());
+        b.extend_from_slice(&(self.export_lost as u32).to_le_bytes());
+        b.extend_from_slice(&self.obd_timeout_ms.to_le_bytes());
+        b
+    }
 
-/// One client connection to a server.
-pub struct RpcClient {
-    writer: Mutex<OwnedWriteHalf>,
-    pending: Pending,
-    next_xid: AtomicU64,
-    in_flight: Arc<Semaphore>,
-    opts: ClientOptions,
-    _tasks: JoinSet<()>,
-}
-
-impl RpcClient {
-    pub async fn connect(addr: SocketAddr, opts: ClientOptions) -> Result<RpcClient, RpcError> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        let (mut r, w) = stream.into_split();
-        let pending: Pending = Arc::default();
-        let mut tasks = JoinSet::new();
-        let (p, limits) = (pending.clone(), opts.limits);
-        tasks.spawn(async move {
-            // Replies go to their callers, so their buffers are not pooled here.
-            let pool = BulkPool::new(0);
-            // Replies are matched by xid; a reply nobody waits for (timed out) is dropped.
-            while let Ok(Some(frame)) = read_frame(&mut r, &limits, &pool).await {
-                if frame.header.flags & flags::EARLY != 0 {
-                    continue;
-                }
-                let waiter = p.lock().unwrap_or_else(|e| e.into_inner()).remove(&frame.header.xid);
-                if let Some(tx) = waiter {
-                    let _ = tx.send(frame);
-                }
-            }
-            // Connection gone: every waiter learns it at once.
-            p.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        });
-        Ok(RpcClient {
-            writer: Mutex::new(w),
-            pending,
-            next_xid: AtomicU64::new(1),
-            in_flight: Arc::new(Semaphore::new(opts.max_rpcs_in_flight.max(1))),
-            opts,
-            _tasks: tasks,
+    pub fn decode(b: &[u8]) -> Result<ConnectReply, String> {
+        if b.len() != 16 {
+            return Err(format!("connect reply of {} bytes, expected 16", b.len()));
+        }
+        Ok(ConnectReply {
+            cookie: take::<8>(b, 0).map(u64::from_le_bytes).unwrap_or(0),
+            export_lost: take::<4>(b, 8).map(u32::from_le_bytes).unwrap_or(0) & 1 != 0,
+            obd_timeout_ms: take::<4>(b, 12).map(u32::from_le_bytes).unwrap_or(0),
         })
     }
-
-    /// Send a request and wait for its reply.
-    pub async fn call(&self, opcode: u16, body: &[u8], bulk: &[u8]) -> Result<Frame, RpcError> {
-        let _slot = self.in_flight.acquire().await.map_err(|_| RpcError::Closed)?;
-        let xid = self.next_xid.fetch_add(1, Ordering::Relaxed);
-        let header = FrameHeader {
-            opcode,
-            flags: 0,
-            status: 0,
-            xid,
-            body_len: body.len() as u32,
-            bulk_len: bulk.len() as u32,
-            job_id: 0,
-            timeout_ms: self.opts.timeout.as_millis().min(u32::MAX as u128) as u32,
-        };
-        let (tx, rx) = oneshot::channel();
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(xid, tx);
-        let sent = {
-            let mut w = self.writer.lock().await;
-            write_frame(&mut w, &header, body, bulk).await
-        };
-        if let Err(e) = sent {
-            self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&xid);
-            return Err(e.into());
-        }
-        match tokio::time::timeout(self.opts.timeout, rx).await {
-            Ok(Ok(frame)) => Ok(frame),
-            Ok(Err(_)) => Err(RpcError::Closed),
-            Err(_) => {
-                self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&xid);
-                Err(RpcError::Timeout { xid, after: self.opts.timeout })
-            }
-        }
-    }
 }
 
-/// What a service does with a request: the reply's status, body and bulk.
-pub type Reply = (i32, Vec<u8>, Vec<u8>);
-type HandlerFuture = Pin<Box<dyn Future<Output = Reply> + Send>>;
-/// A service's request handler.
-pub type Handler = Arc<dyn Fn(Frame) -> HandlerFuture + Send + Sync>;
-
-/// Settings of a server.
+/// A small seeded generator (splitmix64) for jitter and ids; not for secrets.
 #[derive(Debug, Clone)]
-pub struct ServerOptions {
-    /// Requests being handled at once, over all connections (`req_buffers_max`).
-    pub req_buffers_max: usize,
-    pub limits: FrameLimits,
-}
+pub(crate) struct SplitMix(pub u64);
 
-impl Default for ServerOptions {
-    fn default() -> Self {
-        ServerOptions { req_buffers_max: 512, limits: FrameLimits::default() }
+impl SplitMix {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
     }
 }
 
-/// A listening RPC server. Dropping it stops it and every connection.
-pub struct RpcServer {
-    addr: SocketAddr,
-    buffers: Arc<Semaphore>,
-    opts: ServerOptions,
-    _tasks: JoinSet<()>,
+/// A seed that differs between processes and between calls: one splitmix stream per
+/// process, started from the clock and the pid. Successive calls step the stream's counter,
+/// and splitmix is a bijection of it, so no two calls in a process get the same seed (an
+/// xor of clock and counter would: client ids collided that way at 10,000 clients).
+pub(crate) fn fresh_seed() -> u64 {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static STATE: OnceLock<AtomicU64> = OnceLock::new();
+    let state = STATE.get_or_init(|| {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        AtomicU64::new(SplitMix(t).next() ^ (std::process::id() as u64).rotate_left(32))
+    });
+    let mut m = SplitMix(state.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed));
+    m.next()
 }
 
-impl RpcServer {
-    /// Listen on `addr` (port 0 picks a free one) and serve every request with `handler`.
-    pub async fn bind(addr: SocketAddr, handler: Handler, opts: ServerOptions) -> Result<RpcServer, RpcError> {
-        let listener = TcpListener::bind(addr).await?;
-        let addr = listener.local_addr()?;
-        let buffers = Arc::new(Semaphore::new(opts.req_buffers_max.max(1)));
-        let mut tasks = JoinSet::new();
-        let (b, limits) = (buffers.clone(), opts.limits);
-        // Enough kept buffers for every request buffer to hold a full bulk, at most 256 MiB.
-        let pool = BulkPool::new((opts.req_buffers_max * limits.bulk_max as usize).min(256 << 20));
-        tasks.spawn(async move {
-            let mut conns = JoinSet::new();
-            loop {
-                let stream = match listener.accept().await {
-                    Ok((stream, _peer)) => stream,
-                    Err(_) => {
-                        // Out of descriptors or similar: back off instead of spinning.
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                conns.spawn(serve_connection(stream, handler.clone(), b.clone(), limits, pool.clone()));
-                // Reap finished connections so the set does not grow with churn.
-                while conns.try_join_next().is_some() {}
-            }
-        });
-        Ok(RpcServer { addr, buffers, opts, _tasks: tasks })
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Request buffers in use now.
-    pub fn buffers_in_use(&self) -> usize {
-        self.opts.req_buffers_max.max(1) - self.buffers.available_permits()
-    }
-}
-
-/// One connection: wait for bytes, take a request buffer, then read the request. With
-/// every buffer taken the loop waits before reading, and the socket's receive window fills.
-async fn serve_connection(
-    stream: TcpStream,
-    handler: Handler,
-    buffers: Arc<Semaphore>,
-    limits: FrameLimits,
-    pool: Arc<BulkPool>,
-) {
-    let (mut r, w) = stream.into_split();
-    let w = Arc::new(Mutex::new(w));
-    let mut handlers = JoinSet::new();
-    loop {
-        // Wait for the peer to send before taking a buffer: an idle connection holds none,
-        // so 10,000 quiet clients cannot starve a busy one.
-        // (Readiness alone is not enough: it stays set after a read that drained the
-        // socket exactly, so peek until a byte is really there.)
-        match r.peek(&mut [0u8; 1]).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
+    #[test]
+    fn fresh_seeds_never_repeat_within_a_process() {
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..200_000 {
+            assert!(seen.insert(fresh_seed()), "a seed repeated");
         }
-        let Ok(permit) = buffers.clone().acquire_owned().await else { break };
-        let frame = match read_frame(&mut r, &limits, &pool).await {
-            Ok(Some(f)) => f,
-            Ok(None) => break,
-            Err(RpcError::Frame(e)) => {
-                // A peer that does not speak the protocol is cut off, with the reason.
-                eprintln!("nacre-net: closing connection: {e}");
-                break;
-            }
-            Err(_) => break,
-        };
-        let (handler, w) = (handler.clone(), w.clone());
-        handlers.spawn(async move {
-            let xid = frame.header.xid;
-            let opcode = frame.header.opcode;
-            let (status, body, bulk) = handler(frame).await;
-            let header = FrameHeader {
-                opcode,
-                flags: flags::REPLY,
-                status,
-                xid,
-                body_len: body.len() as u32,
-                bulk_len: bulk.len() as u32,
-                job_id: 0,
-                timeout_ms: 0,
-            };
-            let mut w = w.lock().await;
-            let _ = write_frame(&mut w, &header, &body, &bulk).await;
-            drop(permit);
-        });
-        while handlers.try_join_next().is_some() {}
     }
-    while handlers.join_next().await.is_some() {}
+
+    #[test]
+    fn connect_messages_round_trip_and_bad_ones_are_named() {
+        let r = ConnectRequest { client: 7, cookie: 9 };
+        assert_eq!(ConnectRequest::decode(&r.encode()), Ok(r));
+        assert!(ConnectRequest::decode(&r.encode()[..19]).unwrap_err().contains("19 bytes"));
+        assert!(ConnectRequest::decode(&ConnectRequest { client: 0, cookie: 1 }.encode()).unwrap_err().contains("0"));
+        let mut bad = r.encode();
+        bad[0] ^= 1;
+        assert!(ConnectRequest::decode(&bad).unwrap_err().contains("magic"));
+        let rep = ConnectReply { cookie: 3, export_lost: true, obd_timeout_ms: 100_000 };
+        assert_eq!(ConnectReply::decode(&rep.encode()), Ok(rep));
+        assert!(ConnectReply::decode(&[0; 3]).is_err());
+    }
 }

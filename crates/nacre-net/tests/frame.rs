@@ -39,6 +39,8 @@ fn header(rng: &mut Rng, body: u32, bulk: u32) -> FrameHeader {
         bulk_len: bulk,
         job_id: rng.next(),
         timeout_ms: rng.next() as u32,
+        acked_xid: rng.next(),
+        service_us: rng.next() as u32,
     }
 }
 
@@ -99,8 +101,8 @@ fn resealed(mut b: [u8; HEADER_BYTES], at: usize, bytes: &[u8]) -> [u8; HEADER_B
 fn every_kind_of_malformed_header_is_named() {
     let good = valid();
     assert!(matches!(refused(&resealed(good, 0, b"HTTP")), FrameError::BadMagic(_)));
-    assert_eq!(refused(&resealed(good, 4, &2u16.to_le_bytes())), FrameError::BadVersion(2));
-    assert_eq!(refused(&resealed(good, 6, &64u16.to_le_bytes())), FrameError::BadHeaderLen(64));
+    assert_eq!(refused(&resealed(good, 4, &1u16.to_le_bytes())), FrameError::BadVersion(1));
+    assert_eq!(refused(&resealed(good, 6, &48u16.to_le_bytes())), FrameError::BadHeaderLen(48));
     let mut flipped = good;
     flipped[20] ^= 1;
     assert!(matches!(refused(&flipped), FrameError::BadChecksum { .. }));
@@ -116,7 +118,7 @@ fn every_kind_of_malformed_header_is_named() {
     dec.feed(&good);
     assert_eq!(dec.next_frame().unwrap_err(), FrameError::BodyTooLong { len: 10, max: 4 });
     // Messages say what is wrong.
-    assert!(FrameError::BadVersion(2).to_string().contains("frame version 2"));
+    assert!(FrameError::BadVersion(1).to_string().contains("frame version 1"));
 }
 
 #[test]

@@ -1,87 +1,180 @@
-//! RPC over loopback TCP: bulk payloads come back byte for byte, in-flight requests stay
-//! under `max_rpcs_in_flight`, a flood stays under `req_buffers_max` on the server and
-//! still completes, and a peer sending garbage is cut off without harming the others.
+//! RPC end to end: bulk comes back byte for byte over TCP with several connections per
+//! peer, in-flight requests and request buffers stay bounded under a flood, a peer sending
+//! garbage is cut off alone, and — under injected loss, delay, duplication and cuts —
+//! resends run a request once, early replies keep a slow request alive, silent clients are
+//! evicted, a dead server is not pinged in a storm, and TBF rules hold a client to its rate.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use nacre_net::rpc::{ClientOptions, Handler, RpcClient, RpcError, RpcServer, ServerOptions};
+use nacre_net::at::AtConfig;
+use nacre_net::client::{Client, ClientConfig, Import, Request};
+use nacre_net::nid::Nid;
+use nacre_net::rpc::RpcError;
+use nacre_net::server::{Handler, Policy, Reply, Server, ServerConfig};
+use nacre_net::transport::{MemNetwork, TcpTransport, Transport};
 use tokio::io::AsyncWriteExt;
 
-fn echo(active: Arc<AtomicI64>, peak: Arc<AtomicI64>, delay: Duration) -> Handler {
-    Arc::new(move |frame| {
-        let (active, peak) = (active.clone(), peak.clone());
+const OP_ECHO: u16 = 20;
+const OP_SLOW: u16 = 21;
+
+/// Echoes body and bulk; counts runs per xid-free request and the peak concurrency.
+#[derive(Default)]
+struct Probe {
+    runs: AtomicU64,
+    active: AtomicI64,
+    peak: AtomicI64,
+    /// Requests of each client held by the server (queued or running), and the peak.
+    per_client: std::sync::Mutex<std::collections::HashMap<u64, (i64, i64)>>,
+}
+
+impl Probe {
+    fn client_peak(&self) -> i64 {
+        self.per_client.lock().unwrap().values().map(|v| v.1).max().unwrap_or(0)
+    }
+}
+
+fn echo(probe: Arc<Probe>, slow: Duration) -> Handler {
+    Arc::new(move |req| {
+        let probe = probe.clone();
         Box::pin(async move {
-            let now = active.fetch_add(1, Ordering::SeqCst) + 1;
-            peak.fetch_max(now, Ordering::SeqCst);
-            tokio::time::sleep(delay).await;
-            active.fetch_sub(1, Ordering::SeqCst);
-            (0, frame.body, frame.bulk.into_vec())
+            probe.runs.fetch_add(1, Ordering::SeqCst);
+            let now = probe.active.fetch_add(1, Ordering::SeqCst) + 1;
+            probe.peak.fetch_max(now, Ordering::SeqCst);
+            {
+                let mut m = probe.per_client.lock().unwrap();
+                let e = m.entry(req.client).or_default();
+                e.0 += 1;
+                e.1 = e.1.max(e.0);
+            }
+            if req.header.opcode == OP_SLOW {
+                tokio::time::sleep(slow).await;
+            }
+            probe.per_client.lock().unwrap().entry(req.client).or_default().0 -= 1;
+            probe.active.fetch_sub(1, Ordering::SeqCst);
+            Reply { status: 0, body: req.body, bulk: req.bulk.into_vec().into() }
         })
     })
 }
 
-fn loopback() -> std::net::SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
+fn fast_at(ms: u64) -> AtConfig {
+    AtConfig { at_min: Duration::from_millis(ms), ..AtConfig::default() }
+}
+
+async fn mem_pair(
+    ccfg: ClientConfig,
+    scfg: ServerConfig,
+    probe: Arc<Probe>,
+    slow: Duration,
+) -> (Server, Client, Arc<Import>) {
+    let net = MemNetwork::new();
+    let server_t: Arc<dyn Transport> = Arc::new(net.transport("oss0"));
+    let server = Server::start(server_t, &"oss0@mem".parse().unwrap(), echo(probe, slow), scfg).await.unwrap();
+    let client = Client::new(Arc::new(net.transport("client0")), ccfg);
+    let import = client.connect(&server.nid()).await.unwrap();
+    (server, client, import)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bulk_payloads_round_trip_exactly() {
-    let (a, p) = (Arc::new(AtomicI64::new(0)), Arc::new(AtomicI64::new(0)));
-    let server = RpcServer::bind(loopback(), echo(a, p, Duration::ZERO), ServerOptions::default()).await.unwrap();
-    let client = RpcClient::connect(server.local_addr(), ClientOptions::default()).await.unwrap();
+async fn bulk_round_trips_exactly_over_tcp_with_several_connections() {
+    let probe = Arc::new(Probe::default());
+    let nid: Nid = "127.0.0.1@tcp:0".parse().unwrap();
+    let server = Server::start(Arc::new(TcpTransport), &nid, echo(probe, Duration::ZERO), ServerConfig::default())
+        .await
+        .unwrap();
+    let cfg = ClientConfig { conns_per_peer: 3, ..ClientConfig::default() };
+    let client = Client::new(Arc::new(TcpTransport), cfg);
+    let import = client.connect(&server.nid()).await.unwrap();
     for size in [0usize, 1, 4096, 1 << 20, 16 << 20] {
         let bulk: Vec<u8> = (0..size).map(|i| (i * 131 + size) as u8).collect();
-        let reply = client.call(7, b"hello", &bulk).await.unwrap();
-        assert_eq!(reply.header.opcode, 7);
+        let reply = import.call(OP_ECHO, b"hello", &bulk).await.unwrap();
+        assert_eq!(reply.header.opcode, OP_ECHO);
         assert_eq!(reply.body, b"hello");
         assert!(*reply.bulk == bulk, "{size}-byte bulk came back different");
     }
+    let s = server.stats();
+    assert_eq!(s.connections, 3, "conns_per_peer connections, all used");
+    assert_eq!(s.exports, 1, "one client however many connections");
+    // Bulk over the maximum is refused before anything is sent.
+    let too_big = vec![0u8; (16 << 20) + 1];
+    let e = import.send(Request { no_resend: true, ..Request::new(OP_ECHO, b"", &too_big) }).await.unwrap_err();
+    assert!(matches!(e, RpcError::TooLarge { what: "bulk", .. }), "{e}");
+    assert_eq!(import.stats().requests, 5, "the oversized request was not counted as sent");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_flight_and_request_buffers_stay_bounded_under_a_flood() {
-    let (active, peak) = (Arc::new(AtomicI64::new(0)), Arc::new(AtomicI64::new(0)));
-    let opts = ServerOptions { req_buffers_max: 4, ..ServerOptions::default() };
-    let server =
-        RpcServer::bind(loopback(), echo(active.clone(), peak.clone(), Duration::from_millis(2)), opts).await.unwrap();
-    let mut clients = Vec::new();
-    for _ in 0..4 {
-        let o = ClientOptions { max_rpcs_in_flight: 8, ..ClientOptions::default() };
-        clients.push(Arc::new(RpcClient::connect(server.local_addr(), o).await.unwrap()));
+async fn a_flood_stays_within_request_buffers_threads_and_in_flight_bounds() {
+    let probe = Arc::new(Probe::default());
+    let scfg =
+        ServerConfig { req_buffers_max: 6, threads_max: 3, req_bulk_bytes_max: 1 << 20, ..ServerConfig::default() };
+    let net = MemNetwork::new();
+    let server = Server::start(
+        Arc::new(net.transport("oss0")),
+        &"oss0@mem".parse().unwrap(),
+        echo(probe.clone(), Duration::from_millis(2)),
+        scfg,
+    )
+    .await
+    .unwrap();
+    let mut imports = Vec::new();
+    for i in 0..8 {
+        let c = Client::new(
+            Arc::new(net.transport(&format!("c{i}"))),
+            ClientConfig { max_rpcs_in_flight: 16, ..ClientConfig::default() },
+        );
+        imports.push(c.connect(&server.nid()).await.unwrap());
     }
+    // 1,600 requests, a quarter of them with 256 KiB of bulk: far over every bound.
     let mut calls = tokio::task::JoinSet::new();
-    for i in 0..400u32 {
-        let c = clients[i as usize % 4].clone();
-        calls.spawn(async move { c.call(1, &i.to_le_bytes(), &[]).await.map(|r| (i, r)) });
+    let seed = 0x5eed_u64;
+    for i in 0..1600u64 {
+        let imp = imports[(i % 8) as usize].clone();
+        let bulk = if (i ^ seed).is_multiple_of(4) { vec![i as u8; 256 << 10] } else { Vec::new() };
+        calls.spawn(async move {
+            let r = imp.call(OP_SLOW, &i.to_le_bytes(), &bulk).await?;
+            Ok::<_, RpcError>((i, r, bulk))
+        });
     }
     let mut answered = 0;
     while let Some(r) = calls.join_next().await {
-        let (i, reply) = r.unwrap().unwrap();
+        let (i, reply, bulk) = r.unwrap().unwrap();
         assert_eq!(reply.body, i.to_le_bytes(), "reply matched to the wrong request");
+        assert!(*reply.bulk == bulk);
         answered += 1;
     }
-    assert_eq!(answered, 400, "every request answered");
-    assert!(peak.load(Ordering::SeqCst) <= 4, "handled {} at once with 4 buffers", peak.load(Ordering::SeqCst));
-    // A handler gives its buffer back just after its reply is written; idle connections
-    // hold none.
-    for _ in 0..100 {
-        if server.buffers_in_use() == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(answered, 1600, "every request answered");
+    let s = server.stats();
+    assert!(s.req_buffers_peak <= 6, "{} request buffers held with a maximum of 6", s.req_buffers_peak);
+    assert!(
+        probe.peak.load(Ordering::SeqCst) <= 3,
+        "{} handlers at once with threads_max 3",
+        probe.peak.load(Ordering::SeqCst)
+    );
+    assert_eq!(probe.runs.load(Ordering::SeqCst), 1600, "each request ran once");
+    assert!(probe.client_peak() <= 3, "threads_max bounds each client too");
+    assert!(s.credits.available <= s.credits.max as i64 && s.credits.max == 512);
+    for imp in &imports {
+        let st = imp.stats();
+        assert!(st.peer_credits.available <= st.peer_credits.max as i64);
+        assert_eq!(st.in_flight, 0);
     }
-    assert_eq!(server.buffers_in_use(), 0, "idle connections hold no request buffer");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(server.stats().req_buffers_in_use, 0, "every buffer returned");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_sending_garbage_is_cut_off_and_others_go_on() {
-    let (a, p) = (Arc::new(AtomicI64::new(0)), Arc::new(AtomicI64::new(0)));
-    let server = RpcServer::bind(loopback(), echo(a, p, Duration::ZERO), ServerOptions::default()).await.unwrap();
-    let good = RpcClient::connect(server.local_addr(), ClientOptions::default()).await.unwrap();
-    let mut bad = tokio::net::TcpStream::connect(server.local_addr()).await.unwrap();
-    bad.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n---------------------------").await.unwrap();
+    let probe = Arc::new(Probe::default());
+    let nid: Nid = "127.0.0.1@tcp:0".parse().unwrap();
+    let server = Server::start(Arc::new(TcpTransport), &nid, echo(probe, Duration::ZERO), ServerConfig::default())
+        .await
+        .unwrap();
+    let client = Client::new(Arc::new(TcpTransport), ClientConfig::default());
+    let good = client.connect(&server.nid()).await.unwrap();
+    let Nid::Tcp(addr) = server.nid() else { panic!("tcp server") };
+    let mut bad = tokio::net::TcpStream::connect(addr).await.unwrap();
+    bad.write_all(&[b'-'; 200]).await.unwrap();
     // The server closes the garbage connection: reading it ends.
     let mut buf = [0u8; 16];
     let n = tokio::time::timeout(Duration::from_secs(5), tokio::io::AsyncReadExt::read(&mut bad, &mut buf))
@@ -89,18 +182,241 @@ async fn a_peer_sending_garbage_is_cut_off_and_others_go_on() {
         .expect("server closes the connection")
         .unwrap_or(0);
     assert_eq!(n, 0);
-    assert_eq!(good.call(3, b"still here", &[]).await.unwrap().body, b"still here");
+    assert_eq!(good.call(OP_ECHO, b"still here", &[]).await.unwrap().body, b"still here");
+    assert_eq!(server.stats().malformed, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_server_times_out_and_a_dead_one_closes() {
-    let (a, p) = (Arc::new(AtomicI64::new(0)), Arc::new(AtomicI64::new(0)));
-    let server =
-        RpcServer::bind(loopback(), echo(a, p, Duration::from_secs(5)), ServerOptions::default()).await.unwrap();
-    let o = ClientOptions { timeout: Duration::from_millis(100), ..ClientOptions::default() };
-    let client = RpcClient::connect(server.local_addr(), o).await.unwrap();
-    assert!(matches!(client.call(1, b"x", &[]).await, Err(RpcError::Timeout { .. })));
+async fn a_lost_request_is_resent_and_runs_once() {
+    let probe = Arc::new(Probe::default());
+    let ccfg = ClientConfig { at: fast_at(150), ..ClientConfig::default() };
+    let (server, client, import) = mem_pair(ccfg, ServerConfig::default(), probe.clone(), Duration::ZERO).await;
+    client.faults().add(&format!("drop opcode={OP_ECHO} count=1")).unwrap();
+    let r = import.call(OP_ECHO, b"again", &[]).await.unwrap();
+    assert_eq!(r.body, b"again");
+    assert_eq!(probe.runs.load(Ordering::SeqCst), 1);
+    assert_eq!(import.stats().resends, 1);
+    assert_eq!(server.stats().resends, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_is_answered_from_the_reply_cache() {
+    let probe = Arc::new(Probe::default());
+    let ccfg = ClientConfig { at: fast_at(150), ..ClientConfig::default() };
+    let (server, _client, import) = mem_pair(ccfg, ServerConfig::default(), probe.clone(), Duration::ZERO).await;
+    server.faults().add(&format!("drop opcode={OP_ECHO} count=1")).unwrap();
+    let r = import.call(OP_ECHO, b"once", &[]).await.unwrap();
+    assert_eq!(r.body, b"once");
+    assert_eq!(probe.runs.load(Ordering::SeqCst), 1, "the resend did not run the request again");
+    assert_eq!(server.stats().replayed, 1);
+    // Duplicated requests run once too.
+    _client.faults().add(&format!("dup opcode={OP_ECHO} count=3")).unwrap();
+    for i in 0..3u8 {
+        assert_eq!(import.call(OP_ECHO, &[i], &[]).await.unwrap().body, [i]);
+    }
+    assert_eq!(probe.runs.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_connection_reconnects_to_the_same_export_and_resends() {
+    let probe = Arc::new(Probe::default());
+    let ccfg = ClientConfig { at: fast_at(2000), ..ClientConfig::default() };
+    let (server, _client, import) = mem_pair(ccfg, ServerConfig::default(), probe.clone(), Duration::ZERO).await;
+    // The server cuts the connection instead of sending the reply.
+    server.faults().add(&format!("cut opcode={OP_ECHO} count=1")).unwrap();
+    let t = Instant::now();
+    let r = import.call(OP_ECHO, b"cut", &[]).await.unwrap();
+    assert_eq!(r.body, b"cut");
+    assert!(t.elapsed() < Duration::from_millis(1900), "a closed connection is noticed before the deadline");
+    let (s, i) = (server.stats(), import.stats());
+    assert_eq!(probe.runs.load(Ordering::SeqCst), 1);
+    assert_eq!((s.replayed, s.exports, s.evictions), (1, 1, 0), "same export, reply from the cache");
+    assert_eq!((i.connects, i.evictions), (2, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_of_a_running_request_joins_it() {
+    let probe = Arc::new(Probe::default());
+    let ccfg = ClientConfig { at: fast_at(150), ..ClientConfig::default() };
+    // No early replies: the client gives up on each attempt after 150 ms.
+    let scfg = ServerConfig { at_extra: Duration::ZERO, ..ServerConfig::default() };
+    let (server, _c, import) = mem_pair(ccfg, scfg, probe.clone(), Duration::from_millis(400)).await;
+    let r = import.call(OP_SLOW, b"slow", &[]).await.unwrap();
+    assert_eq!(r.body, b"slow");
+    assert_eq!(probe.runs.load(Ordering::SeqCst), 1, "resends joined the running request");
+    assert!(server.stats().joined >= 1);
+    assert!(import.stats().resends >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_replies_keep_a_slow_request_alive_without_resends() {
+    let probe = Arc::new(Probe::default());
+    let ccfg = ClientConfig { at: fast_at(200), max_resends: 0, ..ClientConfig::default() };
+    let scfg = ServerConfig {
+        at_early_margin: Duration::from_millis(60),
+        at_extra: Duration::from_millis(300),
+        ..ServerConfig::default()
+    };
+    let (server, _c, import) = mem_pair(ccfg, scfg, probe.clone(), Duration::from_millis(900)).await;
+    let r = import.call(OP_SLOW, b"patience", &[]).await.unwrap();
+    assert_eq!(r.body, b"patience");
+    let (s, i) = (server.stats(), import.stats());
+    assert!(s.early_replies >= 2, "{} early replies for a 900 ms request with 200 ms deadlines", s.early_replies);
+    assert_eq!(i.early_replies, s.early_replies);
+    assert_eq!(i.resends, 0);
+    // The service time is learned: the next deadline covers it.
+    assert!(import.timeout() >= Duration::from_millis(900), "timeout {:?}", import.timeout());
+    // Delayed replies (by a fault rule) within the deadline are simply waited for.
+    server.faults().add(&format!("delay ms=100 opcode={OP_ECHO}")).unwrap();
+    assert_eq!(import.call(OP_ECHO, b"late", &[]).await.unwrap().body, b"late");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_past_every_resend_times_out_with_the_reason() {
+    let probe = Arc::new(Probe::default());
+    let ccfg = ClientConfig { at: fast_at(100), max_resends: 2, ..ClientConfig::default() };
+    let (_server, client, import) = mem_pair(ccfg, ServerConfig::default(), probe.clone(), Duration::ZERO).await;
+    client.faults().add(&format!("drop opcode={OP_ECHO}")).unwrap();
+    match import.call(OP_ECHO, b"void", &[]).await {
+        Err(RpcError::Timeout { attempts, .. }) => assert_eq!(attempts, 3),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert_eq!(probe.runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_client_is_evicted_and_told_so_when_it_returns() {
+    let probe = Arc::new(Probe::default());
+    let ccfg = ClientConfig { at: fast_at(200), ping: false, ..ClientConfig::default() };
+    let scfg = ServerConfig { obd_timeout: Duration::from_millis(300), ..ServerConfig::default() };
+    let (server, _c, import) = mem_pair(ccfg, scfg, probe, Duration::ZERO).await;
+    assert_eq!(import.call(OP_ECHO, b"hi", &[]).await.unwrap().body, b"hi");
+    let t = Instant::now();
+    while server.stats().evictions == 0 && t.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let s = server.stats();
+    assert_eq!((s.evictions, s.exports), (1, 0), "silent for 1.5 × obd_timeout: evicted");
+    assert!(matches!(import.call(OP_ECHO, b"back", &[]).await, Err(RpcError::Evicted { .. })));
+    assert_eq!(import.stats().evictions, 1);
+    // The import goes on with a new export.
+    assert_eq!(import.call(OP_ECHO, b"anew", &[]).await.unwrap().body, b"anew");
+    assert_eq!(server.stats().exports, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pinger_keeps_a_client_and_never_storms_a_dead_server() {
+    let probe = Arc::new(Probe::default());
+    // Pings every 100 ms; eviction after 600 ms of silence.
+    let ccfg = ClientConfig { at: fast_at(500), obd_timeout: Duration::from_millis(400), ..ClientConfig::default() };
+    let scfg = ServerConfig { obd_timeout: Duration::from_millis(400), ..ServerConfig::default() };
+    let (server, _c, import) = mem_pair(ccfg, scfg, probe, Duration::ZERO).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let s = server.stats();
+    assert_eq!(s.evictions, 0, "an idle client that pings is not evicted");
+    assert!(s.pings >= 5, "{} pings in 1.5 s at 100 ms", s.pings);
+    // The server goes away: failed pings are spaced by at least the 500 ms deadline.
     drop(server);
-    let err = client.call(1, b"x", &[]).await.unwrap_err();
-    assert!(matches!(err, RpcError::Closed | RpcError::Io(_) | RpcError::Timeout { .. }), "{err}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = import.stats().pings;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let st = import.stats();
+    let tried = st.pings - before;
+    assert!(tried <= 5, "{tried} pings to a dead server in 2 s with a 500 ms deadline");
+    assert!(st.ping_failures >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tbf_holds_a_client_to_its_rate_and_a_rule_change_reaches_queued_requests() {
+    let probe = Arc::new(Probe::default());
+    let net = MemNetwork::new();
+    let server = Server::start(
+        Arc::new(net.transport("mds0")),
+        &"mds0@mem".parse().unwrap(),
+        echo(probe, Duration::ZERO),
+        ServerConfig::default(),
+    )
+    .await
+    .unwrap();
+    assert!(server.tbf_rule("start slow nid={greedy@mem} rate=20").is_err(), "rules need the tbf policy");
+    server.set_policy(Policy::Tbf);
+    server.tbf_rule("start slow nid={greedy@mem} rate=20").unwrap();
+    let cfg = ClientConfig { max_rpcs_in_flight: 32, at: fast_at(10_000), ..ClientConfig::default() };
+    let greedy = Client::new(Arc::new(net.transport("greedy")), cfg.clone()).connect(&server.nid()).await.unwrap();
+    let polite = Client::new(Arc::new(net.transport("polite")), cfg).connect(&server.nid()).await.unwrap();
+    let done = Arc::new(AtomicU64::new(0));
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..32 {
+        let (g, d) = (greedy.clone(), done.clone());
+        set.spawn(async move {
+            while g.call(OP_ECHO, b"g", &[]).await.is_ok() {
+                d.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    }
+    let t = Instant::now();
+    let mut polite_done = 0;
+    while t.elapsed() < Duration::from_millis(1000) {
+        polite.call(OP_ECHO, b"p", &[]).await.unwrap();
+        polite_done += 1;
+    }
+    let greedy_done = done.load(Ordering::SeqCst);
+    let secs = t.elapsed().as_secs_f64();
+    // 20/s plus the bucket's depth of 3.
+    assert!(greedy_done as f64 <= 20.0 * secs + 4.0, "greedy got {greedy_done} in {secs:.2} s at 20/s");
+    assert!(polite_done > greedy_done, "the unlimited client is not held back ({polite_done} vs {greedy_done})");
+    assert!(server.stats().queued > 0, "greedy requests wait in the queue");
+    // Raising the rate frees the queued requests at the new rate.
+    server.tbf_rule("change slow rate=100000").unwrap();
+    let before = done.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(done.load(Ordering::SeqCst) - before > 100, "the queue drained after the change");
+    set.abort_all();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connects_beyond_exports_max_are_refused_with_the_reason() {
+    let probe = Arc::new(Probe::default());
+    let net = MemNetwork::new();
+    let scfg = ServerConfig { exports_max: 2, ..ServerConfig::default() };
+    let server =
+        Server::start(Arc::new(net.transport("s")), &"s@mem".parse().unwrap(), echo(probe, Duration::ZERO), scfg)
+            .await
+            .unwrap();
+    let mut kept = Vec::new();
+    for i in 0..2 {
+        kept.push(
+            Client::new(Arc::new(net.transport(&format!("c{i}"))), ClientConfig::default())
+                .connect(&server.nid())
+                .await
+                .unwrap(),
+        );
+    }
+    let third = Client::new(Arc::new(net.transport("c2")), ClientConfig::default());
+    match third.connect(&server.nid()).await {
+        Err(RpcError::Refused { reason, .. }) => assert!(reason.contains("2 clients"), "{reason}"),
+        Err(e) => panic!("expected a refusal, got {e}"),
+        Ok(_) => panic!("a third client was taken with exports_max 2"),
+    }
+    assert_eq!(server.stats().refused, 1);
+    // One leaves cleanly: its place is free at once.
+    kept[0].disconnect().await.unwrap();
+    assert!(third.connect(&server.nid()).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_rpcs_in_flight_bounds_what_one_client_has_outstanding() {
+    let probe = Arc::new(Probe::default());
+    let ccfg = ClientConfig { max_rpcs_in_flight: 4, ..ClientConfig::default() };
+    let (_s, _c, import) = mem_pair(ccfg, ServerConfig::default(), probe.clone(), Duration::from_millis(5)).await;
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..200u32 {
+        let imp = import.clone();
+        set.spawn(async move { imp.call(OP_SLOW, &i.to_le_bytes(), &[]).await.map(|r| r.body == i.to_le_bytes()) });
+    }
+    while let Some(r) = set.join_next().await {
+        assert!(r.unwrap().unwrap());
+    }
+    assert_eq!(probe.client_peak(), 4, "the server held exactly max_rpcs_in_flight of this client at most");
+    assert_eq!(import.stats().in_flight, 0);
 }

@@ -1,0 +1,641 @@
+//! The client side of RPC. A [`Client`] is one endpoint with its identity, its interface
+//! credits and its fault rules; an [`Import`] (Lustre's word) is its link to one server:
+//! `conns_per_peer` connections, `max_rpcs_in_flight` requests outstanding, peer credits,
+//! adaptive timeouts, resends and a pinger.
+//!
+//! A call takes an in-flight slot, then for each attempt a peer credit and an interface
+//! credit while its frame goes onto the wire (LNet's tx credits: a negative low-water mark
+//! says senders queued). It waits until the deadline — learned from past replies, never
+//! under `at_min` — which an early reply from a busy server pushes out. When the deadline
+//! passes or the connection drops, the same xid is sent again, flagged as a resend, over a
+//! live connection (reconnecting if need be), up to `max_resends` times; the server answers
+//! a resend from its reply cache instead of running the request twice. If on reconnecting
+//! the server no longer knows the client (evicted, or restarted), requests in flight fail
+//! with [`RpcError::Evicted`] rather than being resent into a state that is gone.
+//!
+//! The pinger sends a ping to an idle server every `obd_timeout/4` with ±10% jitter (so
+//! 10,000 clients that connected together do not ping together), and after a failed ping
+//! waits at least the request deadline before the next: a dead server costs one ping per
+//! deadline, not a storm.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Semaphore, oneshot, watch};
+use tokio::task::AbortHandle;
+
+use crate::at::{AtConfig, AtEstimate};
+use crate::bulk::BulkPool;
+use crate::credits::{CreditPool, CreditStats, acquire_send};
+use crate::fault::{FaultAction, FaultInjector};
+use crate::frame::{BODY_BYTES_LIMIT, BULK_BYTES_LIMIT, Frame, FrameHeader, FrameLimits, flags};
+use crate::nid::Nid;
+use crate::rpc::{
+    ConnectReply, ConnectRequest, OP_CONNECT, OP_DISCONNECT, OP_PING, RpcError, SplitMix, fresh_seed, read_frame,
+    write_frame,
+};
+use crate::transport::{Transport, WriteHalf};
+
+/// Settings of a client, named after Lustre's and LNet's tunables.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Requests outstanding to one server (`osc.*.max_rpcs_in_flight`).
+    pub max_rpcs_in_flight: usize,
+    /// Connections to each server; requests go round-robin over them (`conns_per_peer`).
+    pub conns_per_peer: usize,
+    /// Messages being sent to one peer at once (`peer_credits`).
+    pub peer_credits: u32,
+    /// Messages being sent through this endpoint at once, all peers together (`credits`).
+    pub credits: u32,
+    pub limits: FrameLimits,
+    pub at: AtConfig,
+    /// The base of every health interval (Lustre's `timeout`, 100 s by default).
+    pub obd_timeout: Duration,
+    /// Ping idle servers every `obd_timeout/4`.
+    pub ping: bool,
+    /// Resends of one request before it fails.
+    pub max_resends: u32,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            max_rpcs_in_flight: 8,
+            conns_per_peer: 1,
+            peer_credits: 16,
+            credits: 512,
+            limits: FrameLimits::default(),
+            at: AtConfig::default(),
+            obd_timeout: Duration::from_secs(100),
+            ping: true,
+            max_resends: 3,
+        }
+    }
+}
+
+/// One RPC to send.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Request<'a> {
+    pub opcode: u16,
+    pub body: &'a [u8],
+    pub bulk: &'a [u8],
+    /// The job that issues it (jobstats, TBF rules); 0 if none.
+    pub job_id: u64,
+    /// Fail at the first deadline or lost connection instead of resending (pings).
+    pub no_resend: bool,
+}
+
+impl<'a> Request<'a> {
+    pub fn new(opcode: u16, body: &'a [u8], bulk: &'a [u8]) -> Request<'a> {
+        Request { opcode, body, bulk, ..Request::default() }
+    }
+}
+
+struct Shared {
+    transport: Arc<dyn Transport>,
+    cfg: ClientConfig,
+    id: u64,
+    ni: Arc<CreditPool>,
+    faults: Arc<FaultInjector>,
+    epoch: Instant,
+}
+
+impl Shared {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+}
+
+/// A client endpoint. Cheap to clone; imports keep what they need.
+#[derive(Clone)]
+pub struct Client {
+    shared: Arc<Shared>,
+}
+
+impl Client {
+    pub fn new(transport: Arc<dyn Transport>, cfg: ClientConfig) -> Client {
+        let mut ids = SplitMix(fresh_seed());
+        let id = ids.next().max(1);
+        Client {
+            shared: Arc::new(Shared {
+                transport,
+                ni: CreditPool::new(cfg.credits),
+                faults: Arc::new(FaultInjector::new(ids.next())),
+                cfg,
+                id,
+                epoch: Instant::now(),
+            }),
+        }
+    }
+
+    /// The identity this client presents to servers.
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    /// Fault rules applied to everything this client sends.
+    pub fn faults(&self) -> &Arc<FaultInjector> {
+        &self.shared.faults
+    }
+
+    /// Interface credit counters.
+    pub fn credit_stats(&self) -> CreditStats {
+        self.shared.ni.stats()
+    }
+
+    /// Connect to a server: the first connection is opened (and its errors returned)
+    /// now, the others of `conns_per_peer` as requests need them.
+    pub async fn connect(&self, target: &Nid) -> Result<Arc<Import>, RpcError> {
+        let cfg = &self.shared.cfg;
+        let now = self.shared.now_ms();
+        let import = Arc::new(Import {
+            target: target.clone(),
+            shared: self.shared.clone(),
+            peer: CreditPool::new(cfg.peer_credits),
+            in_flight: Semaphore::new(cfg.max_rpcs_in_flight.max(1)),
+            next_xid: AtomicU64::new(1),
+            pending: Arc::default(),
+            link: tokio::sync::Mutex::new(Link { cookie: 0, generation: 0 }),
+            conns: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(0),
+            rr: AtomicUsize::new(0),
+            at: Mutex::new(AtState {
+                service: AtEstimate::new(cfg.at.at_history, now),
+                network: AtEstimate::new(cfg.at.at_history, now),
+            }),
+            last_sent_ms: AtomicU64::new(now),
+            counters: Arc::default(),
+            pinger: Mutex::new(None),
+        });
+        import.connection().await?;
+        if cfg.ping {
+            let handle = tokio::spawn(pinger(Arc::downgrade(&import), self.shared.id ^ import_seed(target)));
+            *import.pinger.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle.abort_handle());
+        }
+        Ok(import)
+    }
+}
+
+fn import_seed(nid: &Nid) -> u64 {
+    nid.to_string().bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+/// A caller waiting for its reply.
+struct Waiter {
+    tx: Option<oneshot::Sender<Frame>>,
+    /// Milliseconds (of the client's clock) after which the caller gives up on this
+    /// attempt; early replies move it out.
+    deadline_ms: Arc<AtomicU64>,
+}
+
+type Pending = Arc<Mutex<BTreeMap<u64, Waiter>>>;
+
+struct Link {
+    cookie: u64,
+    generation: u64,
+}
+
+struct AtState {
+    service: AtEstimate,
+    network: AtEstimate,
+}
+
+/// One live connection of an import.
+struct Conn {
+    writer: tokio::sync::Mutex<WriteHalf>,
+    local: Nid,
+    closed: watch::Receiver<bool>,
+    reader: AbortHandle,
+    generation: u64,
+}
+
+impl Conn {
+    fn is_closed(&self) -> bool {
+        *self.closed.borrow() || self.closed.has_changed().is_err()
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+#[derive(Default)]
+struct ImportCounters {
+    requests: AtomicU64,
+    replies: AtomicU64,
+    resends: AtomicU64,
+    timeouts: AtomicU64,
+    early_replies: AtomicU64,
+    connects: AtomicU64,
+    evictions: AtomicU64,
+    pings: AtomicU64,
+    ping_failures: AtomicU64,
+}
+
+/// Counters of an import, as `get-param` prints them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImportStats {
+    pub requests: u64,
+    pub replies: u64,
+    pub resends: u64,
+    pub timeouts: u64,
+    pub early_replies: u64,
+    pub connects: u64,
+    pub evictions: u64,
+    pub pings: u64,
+    pub ping_failures: u64,
+    pub in_flight: usize,
+    pub peer_credits: CreditStats,
+    /// The deadline a request sent now would get.
+    pub timeout: Duration,
+}
+
+/// A client's link to one server.
+pub struct Import {
+    target: Nid,
+    shared: Arc<Shared>,
+    peer: Arc<CreditPool>,
+    in_flight: Semaphore,
+    next_xid: AtomicU64,
+    pending: Pending,
+    /// Held while (re)connecting, so one caller reconnects and the others wait for it.
+    link: tokio::sync::Mutex<Link>,
+    conns: Mutex<Vec<Arc<Conn>>>,
+    /// Bumped when the server hands out a new export in place of one it lost.
+    generation: AtomicU64,
+    rr: AtomicUsize,
+    at: Mutex<AtState>,
+    last_sent_ms: AtomicU64,
+    counters: Arc<ImportCounters>,
+    pinger: Mutex<Option<AbortHandle>>,
+}
+
+impl Drop for Import {
+    fn drop(&mut self) {
+        if let Some(p) = self.pinger.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            p.abort();
+        }
+    }
+}
+
+impl Import {
+    pub fn target(&self) -> &Nid {
+        &self.target
+    }
+
+    /// Send a request and wait for its reply.
+    pub async fn call(&self, opcode: u16, body: &[u8], bulk: &[u8]) -> Result<Frame, RpcError> {
+        self.send(Request::new(opcode, body, bulk)).await
+    }
+
+    /// Ping the server once (no resend).
+    pub async fn ping(&self) -> Result<(), RpcError> {
+        self.counters.pings.fetch_add(1, Ordering::Relaxed);
+        let r = self.send(Request { opcode: OP_PING, no_resend: true, ..Request::default() }).await;
+        if r.is_err() {
+            self.counters.ping_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        r.map(|_| ())
+    }
+
+    /// Tell the server this client is leaving, so it drops the export now instead of
+    /// evicting it later.
+    pub async fn disconnect(&self) -> Result<(), RpcError> {
+        self.send(Request { opcode: OP_DISCONNECT, no_resend: true, ..Request::default() }).await?;
+        self.conns.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        Ok(())
+    }
+
+    /// The deadline a request sent now gets: service plus network estimate, 125% of it
+    /// as Lustre's `at_est2timeout` does, within `[at_min, at_max]`.
+    pub fn timeout(&self) -> Duration {
+        let now = self.shared.now_ms();
+        let mut at = self.at.lock().unwrap_or_else(|e| e.into_inner());
+        let est = at.service.estimate(now).saturating_add(at.network.estimate(now));
+        let cfg = &self.shared.cfg.at;
+        (est + est / 4).clamp(cfg.at_min, cfg.at_max.max(cfg.at_min))
+    }
+
+    pub fn stats(&self) -> ImportStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ImportStats {
+            requests: get(&c.requests),
+            replies: get(&c.replies),
+            resends: get(&c.resends),
+            timeouts: get(&c.timeouts),
+            early_replies: get(&c.early_replies),
+            connects: get(&c.connects),
+            evictions: get(&c.evictions),
+            pings: get(&c.pings),
+            ping_failures: get(&c.ping_failures),
+            in_flight: self.shared.cfg.max_rpcs_in_flight.max(1) - self.in_flight.available_permits(),
+            peer_credits: self.peer.stats(),
+            timeout: self.timeout(),
+        }
+    }
+
+    /// Send a request and wait for its reply, resending as the module docs say.
+    pub async fn send(&self, req: Request<'_>) -> Result<Frame, RpcError> {
+        let cfg = &self.shared.cfg;
+        let (body_max, bulk_max) =
+            (cfg.limits.body_max.min(BODY_BYTES_LIMIT), cfg.limits.bulk_max.min(BULK_BYTES_LIMIT));
+        if req.body.len() > body_max as usize {
+            return Err(RpcError::TooLarge { what: "body", len: req.body.len(), max: body_max });
+        }
+        if req.bulk.len() > bulk_max as usize {
+            return Err(RpcError::TooLarge { what: "bulk", len: req.bulk.len(), max: bulk_max });
+        }
+        let _slot = self.in_flight.acquire().await.map_err(|_| RpcError::Closed)?;
+        let xid = self.next_xid.fetch_add(1, Ordering::Relaxed);
+        let generation = self.generation.load(Ordering::Acquire);
+        let (tx, mut rx) = oneshot::channel();
+        let deadline_ms = Arc::new(AtomicU64::new(u64::MAX));
+        self.lock_pending().insert(xid, Waiter { tx: Some(tx), deadline_ms: deadline_ms.clone() });
+        let _forget = Forget { pending: &self.pending, xid };
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let last_try = req.no_resend || attempts > cfg.max_resends;
+            let conn = match self.connection().await {
+                Ok(c) => c,
+                Err(e @ RpcError::Evicted { .. }) => return Err(e),
+                Err(e) if last_try => return Err(e),
+                Err(_) => {
+                    // The server is unreachable: wait a deadline before trying again, so
+                    // a dead server is not hammered with connects.
+                    tokio::time::sleep(self.timeout()).await;
+                    continue;
+                }
+            };
+            if conn.generation != generation {
+                return Err(RpcError::Evicted { target: self.target.clone() });
+            }
+            let timeout = self.timeout();
+            let sent_ms = self.shared.now_ms();
+            deadline_ms.store(sent_ms + timeout.as_millis() as u64, Ordering::Release);
+            let header = FrameHeader {
+                opcode: req.opcode,
+                flags: if attempts > 1 { flags::RESEND } else { 0 },
+                xid,
+                body_len: req.body.len() as u32,
+                bulk_len: req.bulk.len() as u32,
+                job_id: req.job_id,
+                timeout_ms: timeout.as_millis().min(u32::MAX as u128) as u32,
+                acked_xid: self.lock_pending().keys().next().copied().unwrap_or(xid),
+                ..FrameHeader::default()
+            };
+            if attempts > 1 {
+                self.counters.resends.fetch_add(1, Ordering::Relaxed);
+            }
+            self.last_sent_ms.store(sent_ms, Ordering::Relaxed);
+            let sent_at = Instant::now();
+            if self.transmit(&conn, &header, req.body, req.bulk).await.is_err() {
+                self.drop_connection(&conn);
+                if last_try {
+                    return Err(RpcError::Closed);
+                }
+                continue;
+            }
+            match self.wait(&conn, &mut rx, &deadline_ms).await {
+                Some(frame) => {
+                    self.learn(sent_at.elapsed(), &frame.header);
+                    self.counters.replies.fetch_add(1, Ordering::Relaxed);
+                    return Ok(frame);
+                }
+                None if last_try => {
+                    self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+                    return Err(if conn.is_closed() {
+                        RpcError::Closed
+                    } else {
+                        RpcError::Timeout { xid, after: started.elapsed(), attempts }
+                    });
+                }
+                None => {}
+            }
+        }
+    }
+
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Waiter>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wait for the reply, the deadline (as early replies move it) or the connection's end.
+    async fn wait(&self, conn: &Conn, rx: &mut oneshot::Receiver<Frame>, deadline_ms: &AtomicU64) -> Option<Frame> {
+        let mut closed = conn.closed.clone();
+        loop {
+            let due = deadline_ms.load(Ordering::Acquire);
+            let at = self.shared.epoch + Duration::from_millis(due);
+            tokio::select! {
+                r = &mut *rx => return r.ok(),
+                _ = tokio::time::sleep_until(at.into()) => {
+                    if deadline_ms.load(Ordering::Acquire) <= due {
+                        return None;
+                    }
+                }
+                _ = closed.wait_for(|c| *c) => {
+                    // A reply may have raced the close.
+                    return rx.try_recv().ok();
+                }
+            }
+        }
+    }
+
+    /// Put one frame on the wire under peer and interface credits, through the fault rules.
+    async fn transmit(&self, conn: &Conn, header: &FrameHeader, body: &[u8], bulk: &[u8]) -> std::io::Result<()> {
+        let _credits = acquire_send(&self.peer, &self.shared.ni).await;
+        let copies = match self.shared.faults.decide(&conn.local, &self.target, header.opcode) {
+            FaultAction::Deliver => 1,
+            FaultAction::Drop => 0,
+            FaultAction::Duplicate => 2,
+            FaultAction::Delay(d) => {
+                tokio::time::sleep(d).await;
+                1
+            }
+            FaultAction::Cut => {
+                let mut w = conn.writer.lock().await;
+                let _ = tokio::io::AsyncWriteExt::shutdown(&mut *w).await;
+                return Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "cut by a fault rule"));
+            }
+        };
+        let mut w = conn.writer.lock().await;
+        for _ in 0..copies {
+            write_frame(&mut *w, header, body, bulk).await?;
+        }
+        Ok(())
+    }
+
+    /// Learn from a reply: the server's service estimate, and the round trip less the
+    /// time the server held the request as network time.
+    fn learn(&self, rtt: Duration, h: &FrameHeader) {
+        let now = self.shared.now_ms();
+        let mut at = self.at.lock().unwrap_or_else(|e| e.into_inner());
+        at.service.observe(now, Duration::from_millis(h.timeout_ms as u64));
+        at.network.observe(now, rtt.saturating_sub(Duration::from_micros(h.service_us as u64)));
+    }
+
+    /// A live connection, round-robin over `conns_per_peer`; opens what is missing.
+    async fn connection(&self) -> Result<Arc<Conn>, RpcError> {
+        let want = self.shared.cfg.conns_per_peer.max(1);
+        {
+            let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+            if conns.len() == want && conns.iter().all(|c| !c.is_closed()) {
+                let i = self.rr.fetch_add(1, Ordering::Relaxed) % want;
+                return Ok(conns[i].clone());
+            }
+        }
+        let mut link = self.link.lock().await;
+        self.conns.lock().unwrap_or_else(|e| e.into_inner()).retain(|c| !c.is_closed());
+        loop {
+            let have = self.conns.lock().unwrap_or_else(|e| e.into_inner()).len();
+            if have >= want {
+                break;
+            }
+            let conn = self.open(&mut link).await?;
+            let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+            // Links to an export the server lost are dropped; callers that sent on them
+            // learn it from the generation.
+            conns.retain(|c| c.generation == conn.generation);
+            conns.push(conn);
+        }
+        let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let i = self.rr.fetch_add(1, Ordering::Relaxed) % conns.len().max(1);
+        conns.get(i).cloned().ok_or(RpcError::Closed)
+    }
+
+    /// Open one connection and run the connect handshake on it.
+    async fn open(&self, link: &mut Link) -> Result<Arc<Conn>, RpcError> {
+        let s = &self.shared;
+        let mut stream = s.transport.connect(&self.target).await?;
+        let req = ConnectRequest { client: s.id, cookie: link.cookie }.encode();
+        let header = FrameHeader {
+            opcode: OP_CONNECT,
+            xid: 0,
+            body_len: req.len() as u32,
+            timeout_ms: self.timeout().as_millis() as u32,
+            ..FrameHeader::default()
+        };
+        write_frame(&mut *stream.write, &header, &req, &[]).await?;
+        let pool = BulkPool::new(0);
+        let reply = tokio::time::timeout(self.timeout(), read_frame(&mut *stream.read, &s.cfg.limits, &pool))
+            .await
+            .map_err(|_| RpcError::Timeout { xid: 0, after: self.timeout(), attempts: 1 })??
+            .ok_or(RpcError::Closed)?;
+        if reply.header.status != 0 {
+            let reason = String::from_utf8_lossy(&reply.body).into_owned();
+            return Err(RpcError::Refused { target: self.target.clone(), status: reply.header.status, reason });
+        }
+        let r = ConnectReply::decode(&reply.body).map_err(RpcError::Protocol)?;
+        self.counters.connects.fetch_add(1, Ordering::Relaxed);
+        if r.export_lost {
+            link.generation += 1;
+            self.generation.store(link.generation, Ordering::Release);
+            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        link.cookie = r.cookie;
+        let (closed_tx, closed) = watch::channel(false);
+        let reader = tokio::spawn(read_replies(
+            stream.read,
+            self.pending.clone(),
+            s.cfg.limits,
+            s.epoch,
+            closed_tx,
+            self.counters.clone(),
+        ));
+        let conn = Conn {
+            writer: tokio::sync::Mutex::new(stream.write),
+            local: stream.local,
+            closed,
+            reader: reader.abort_handle(),
+            generation: link.generation,
+        };
+        Ok(Arc::new(conn))
+    }
+
+    fn drop_connection(&self, conn: &Arc<Conn>) {
+        conn.reader.abort();
+        self.conns.lock().unwrap_or_else(|e| e.into_inner()).retain(|c| !Arc::ptr_eq(c, conn));
+    }
+
+    /// Counters that a test reads to prove the pinger and resends behave.
+    pub fn last_sent(&self) -> Duration {
+        Duration::from_millis(self.shared.now_ms().saturating_sub(self.last_sent_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// Removes a caller's waiter however its call ends (reply, error or cancellation).
+struct Forget<'a> {
+    pending: &'a Pending,
+    xid: u64,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.xid);
+    }
+}
+
+/// The reading side of a connection: replies to their callers, early replies to their
+/// deadlines; anything else from the server is dropped.
+async fn read_replies(
+    mut read: crate::transport::ReadHalf,
+    pending: Pending,
+    limits: FrameLimits,
+    epoch: Instant,
+    closed: watch::Sender<bool>,
+    counters: Arc<ImportCounters>,
+) {
+    // Replies go to their callers, so their buffers are not pooled here.
+    let pool = BulkPool::new(0);
+    while let Ok(Some(frame)) = read_frame(&mut *read, &limits, &pool).await {
+        let h = frame.header;
+        if h.flags & flags::REPLY == 0 {
+            continue;
+        }
+        let mut p = pending.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(w) = p.get_mut(&h.xid) else { continue };
+        if h.flags & flags::EARLY != 0 {
+            let now = epoch.elapsed().as_millis() as u64;
+            w.deadline_ms.fetch_max(now + h.timeout_ms as u64, Ordering::AcqRel);
+            counters.early_replies.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        if let Some(tx) = w.tx.take() {
+            let _ = tx.send(frame);
+        }
+    }
+    let _ = closed.send(true);
+}
+
+/// Ping the import's server whenever it has been idle for `obd_timeout/4`.
+async fn pinger(import: Weak<Import>, seed: u64) {
+    let mut rng = SplitMix(seed);
+    let interval = match import.upgrade() {
+        Some(i) => i.shared.cfg.obd_timeout / 4,
+        None => return,
+    };
+    loop {
+        // ±10% jitter.
+        let tenth = interval.as_micros() as u64 / 10;
+        let jitter = if tenth > 0 { rng.next() % (2 * tenth) } else { 0 };
+        let sleep = interval.saturating_sub(Duration::from_micros(tenth)) + Duration::from_micros(jitter);
+        tokio::time::sleep(sleep).await;
+        let Some(imp) = import.upgrade() else { return };
+        if imp.last_sent() < interval {
+            continue;
+        }
+        let started = Instant::now();
+        if imp.ping().await.is_err() {
+            // Never sooner than the transport's own timeout.
+            let rest = imp.timeout().saturating_sub(started.elapsed());
+            drop(imp);
+            tokio::time::sleep(rest).await;
+        }
+    }
+}

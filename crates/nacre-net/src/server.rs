@@ -1,0 +1,1044 @@
+//! The server side of RPC: a [`Server`] listens on a NID and runs one service's handler.
+//!
+//! A connection begins with the connect handshake, which ties it to the client's
+//! **export** (Lustre's word): the client's identity, its reply cache and its peer credits,
+//! shared by all its connections and kept across reconnects. Then, per request:
+//!
+//! 1. The header is read (48 bytes on the stack; nothing is allocated for a peer that has
+//!    not yet proven it speaks the protocol). Pings are answered right there.
+//! 2. A request buffer (`req_buffers_max` in all) and the bulk's bytes (`req_bulk_bytes_max`
+//!    in all) are taken; with none free the connection stops reading, so TCP pushes back on
+//!    its client instead of the server running out of memory (CEA's OOM at 20,000 clients).
+//! 3. The reply cache decides: a new xid goes on; a resend of a request still running only
+//!    redirects its reply to the new connection; a resend of a finished one gets the cached
+//!    reply; an xid the client has already acknowledged is dropped.
+//! 4. The request waits in the policy queue (FIFO or TBF, switchable at run time) until
+//!    the policy lets it start and one of `threads_max` service slots is free.
+//! 5. The reply goes back under peer and interface credits, carrying the server's
+//!    service-time estimate, and is kept for resends until the client acknowledges it.
+//!
+//! A watchdog sends early replies for requests (queued or running) whose client deadline
+//! is within `at_early_margin`, asking for `at_extra` more, up to `at_max`; and it evicts
+//! clients silent for 1.5 × `obd_timeout` (6 missed pings), closing their connections and
+//! dropping their state.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::JoinSet;
+
+use crate::at::{AtConfig, AtEstimate};
+use crate::bulk::{Bulk, BulkPool};
+use crate::credits::{CreditPool, CreditStats, acquire_send};
+use crate::fault::{FaultAction, FaultInjector};
+use crate::frame::{BODY_BYTES_LIMIT, BULK_BYTES_LIMIT, FrameHeader, FrameLimits, flags};
+use crate::nid::Nid;
+use crate::rpc::{
+    ConnectReply, ConnectRequest, FIRST_SERVICE_OPCODE, OP_CONNECT, OP_DISCONNECT, OP_PING, RpcError, fresh_seed,
+    read_header, read_rest, status, write_frame,
+};
+use crate::tbf::{Classify, RuleCommand, Tbf, TbfError};
+use crate::transport::{BoxFuture, Stream, Transport, WriteHalf};
+
+/// Settings of a server, named after Lustre's tunables.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Requests held at once, read but not yet answered (`req_buffers_max`).
+    pub req_buffers_max: usize,
+    /// Bulk bytes those requests may hold together.
+    pub req_bulk_bytes_max: usize,
+    /// Requests running in the handler at once (`threads_max`); the rest wait in the
+    /// policy queue.
+    pub threads_max: usize,
+    /// Messages being sent to one client at once (`peer_credits`).
+    pub peer_credits: u32,
+    /// Messages being sent through this endpoint at once (`credits`).
+    pub credits: u32,
+    pub limits: FrameLimits,
+    pub at: AtConfig,
+    /// What an early reply asks for (Lustre's `at_extra`, 30 s); zero turns early
+    /// replies off.
+    pub at_extra: Duration,
+    /// How long before a client's deadline the early reply goes (`at_early_margin`, 5 s).
+    pub at_early_margin: Duration,
+    /// The base of health intervals: clients silent for 1.5× this are evicted.
+    pub obd_timeout: Duration,
+    /// Clients (exports) the server takes; a connect beyond is refused with `EUSERS`.
+    pub exports_max: usize,
+    /// Finished replies kept per client for resends, beyond those it acknowledged.
+    pub reply_cache_max: usize,
+    /// Bytes of reply bodies kept for resends, all clients together.
+    pub reply_cache_bytes_max: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            req_buffers_max: 512,
+            req_bulk_bytes_max: 256 << 20,
+            threads_max: 64,
+            peer_credits: 16,
+            credits: 512,
+            limits: FrameLimits::default(),
+            at: AtConfig::default(),
+            at_extra: Duration::from_secs(30),
+            at_early_margin: Duration::from_secs(5),
+            obd_timeout: Duration::from_secs(100),
+            exports_max: 100_000,
+            reply_cache_max: 64,
+            reply_cache_bytes_max: 64 << 20,
+        }
+    }
+}
+
+/// A request as the handler sees it.
+pub struct Incoming {
+    pub header: crate::frame::FrameHeader,
+    pub body: Vec<u8>,
+    pub bulk: Bulk,
+    pub peer: Nid,
+    /// The client's identity (stable across its connections).
+    pub client: u64,
+}
+
+/// What the handler answers.
+#[derive(Debug, Default)]
+pub struct Reply {
+    /// 0 or a negative errno.
+    pub status: i32,
+    pub body: Vec<u8>,
+    /// Shared, so a server can answer reads from its own buffers without a copy.
+    pub bulk: bytes::Bytes,
+}
+
+/// A service's request handler.
+pub type Handler = Arc<dyn Fn(Incoming) -> BoxFuture<'static, Reply> + Send + Sync>;
+
+/// The request policy of a service (Lustre's NRS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    Fifo,
+    Tbf,
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Policy, String> {
+        match s.trim() {
+            "fifo" => Ok(Policy::Fifo),
+            "tbf" => Ok(Policy::Tbf),
+            other => Err(format!("unknown request policy {other:?} (use fifo or tbf)")),
+        }
+    }
+}
+
+/// Counters of a server, as `get-param` prints them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ServerStats {
+    pub connections: usize,
+    pub exports: usize,
+    pub connects: u64,
+    pub requests: u64,
+    pub replies: u64,
+    pub pings: u64,
+    /// Requests flagged as resends.
+    pub resends: u64,
+    /// Resends answered from the reply cache.
+    pub replayed: u64,
+    /// Resends of a request still running (its reply was redirected).
+    pub joined: u64,
+    /// Requests the client had already acknowledged (dropped).
+    pub stale: u64,
+    pub early_replies: u64,
+    pub evictions: u64,
+    /// Connections closed for a malformed frame or a protocol violation.
+    pub malformed: u64,
+    /// Connects refused because `exports_max` clients are connected.
+    pub refused: u64,
+    pub req_buffers_max: usize,
+    pub req_buffers_in_use: usize,
+    pub req_buffers_peak: usize,
+    pub queued: usize,
+    pub reply_cache_bytes: usize,
+    pub credits: CreditStats,
+    /// The lowest peer-credit low-water mark over connected clients.
+    pub peer_credits_min: i64,
+    /// The service-time estimate replies carry.
+    pub service_estimate: Duration,
+}
+
+#[derive(Default)]
+struct Counters {
+    connections: AtomicUsize,
+    connects: AtomicU64,
+    requests: AtomicU64,
+    replies: AtomicU64,
+    pings: AtomicU64,
+    resends: AtomicU64,
+    replayed: AtomicU64,
+    joined: AtomicU64,
+    stale: AtomicU64,
+    early_replies: AtomicU64,
+    evictions: AtomicU64,
+    malformed: AtomicU64,
+    refused: AtomicU64,
+    buffers_peak: AtomicUsize,
+}
+
+/// A running server. Dropping it stops it and closes every connection.
+pub struct Server {
+    shared: Arc<Shared>,
+    _tasks: JoinSet<()>,
+}
+
+struct Shared {
+    nid: Nid,
+    cfg: ServerConfig,
+    handler: Handler,
+    faults: Arc<FaultInjector>,
+    ni: Arc<CreditPool>,
+    buffers: Arc<Semaphore>,
+    bulk_bytes: Arc<Semaphore>,
+    threads: Arc<Semaphore>,
+    pool: Arc<BulkPool>,
+    exports: Mutex<HashMap<u64, Arc<Export>>>,
+    next_cookie: AtomicU64,
+    queue: Mutex<Queue>,
+    queue_changed: Notify,
+    early: Mutex<BTreeMap<(u64, u64), Early>>,
+    early_seq: AtomicU64,
+    service_at: Mutex<AtEstimate>,
+    cache_bytes: AtomicUsize,
+    counters: Counters,
+    epoch: Instant,
+    stop: watch::Sender<bool>,
+}
+
+/// A client as the server knows it.
+struct Export {
+    client: u64,
+    cookie: u64,
+    peer: Nid,
+    credits: Arc<CreditPool>,
+    last_heard_ms: AtomicU64,
+    slots: Mutex<Slots>,
+    /// Set when the export is evicted or the client disconnects: its connections close.
+    gone: watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct Slots {
+    map: BTreeMap<u64, Slot>,
+    /// Every xid below this has had its reply (the highest `acked_xid` seen).
+    acked: u64,
+    done: usize,
+}
+
+enum Slot {
+    /// In the queue or the handler; the reply goes to `route`.
+    Running { route: Arc<Route> },
+    /// Finished; a resend gets this reply again.
+    Done { header: FrameHeader, body: Arc<Vec<u8>> },
+    /// Finished with bulk (or over the cache budget): a resend runs again, which is right
+    /// for reads and the only thing possible for replies not kept.
+    Rerun,
+}
+
+/// The sending side of one connection.
+struct Route {
+    writer: tokio::sync::Mutex<WriteHalf>,
+    peer: Nid,
+    /// Set by a `cut` fault rule: this connection closes.
+    cut: watch::Sender<bool>,
+}
+
+struct Early {
+    export: Weak<Export>,
+    xid: u64,
+    opcode: u16,
+    arrival_ms: u64,
+}
+
+/// A request waiting in the policy queue.
+struct Queued {
+    header: FrameHeader,
+    body: Vec<u8>,
+    bulk: Bulk,
+    peer: Nid,
+    job: String,
+    export: Arc<Export>,
+    arrival: Instant,
+    early_key: Option<(u64, u64)>,
+    _buffer: OwnedSemaphorePermit,
+    _bulk_bytes: Option<OwnedSemaphorePermit>,
+}
+
+impl Classify for Queued {
+    fn nid(&self) -> &Nid {
+        &self.peer
+    }
+    fn job_id(&self) -> &str {
+        &self.job
+    }
+    fn opcode(&self) -> u16 {
+        self.header.opcode
+    }
+}
+
+enum Queue {
+    Fifo(VecDeque<Queued>),
+    Tbf(Tbf<Queued>),
+}
+
+impl Queue {
+    fn len(&self) -> usize {
+        match self {
+            Queue::Fifo(q) => q.len(),
+            Queue::Tbf(t) => t.len(),
+        }
+    }
+
+    fn push(&mut self, q: Queued, now_us: u64) {
+        match self {
+            Queue::Fifo(f) => f.push_back(q),
+            // Capacity is req_buffers_max and every queued request holds a buffer, so the
+            // queue cannot be full.
+            Queue::Tbf(t) => {
+                if let Err(e) = t.enqueue(q, now_us) {
+                    eprintln!("nacre-net: request dropped: {e}");
+                }
+            }
+        }
+    }
+
+    fn pop(&mut self, now_us: u64) -> Option<Queued> {
+        match self {
+            Queue::Fifo(f) => f.pop_front(),
+            Queue::Tbf(t) => t.dequeue(now_us),
+        }
+    }
+
+    fn next_ready_us(&mut self, now_us: u64) -> Option<u64> {
+        match self {
+            Queue::Fifo(f) => (!f.is_empty()).then_some(now_us),
+            Queue::Tbf(t) => t.next_ready_us(now_us),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Server {
+    /// Listen on `nid` (port 0 picks a free one) and serve every request with `handler`.
+    pub async fn start(
+        transport: Arc<dyn Transport>,
+        nid: &Nid,
+        handler: Handler,
+        cfg: ServerConfig,
+    ) -> Result<Server, RpcError> {
+        let mut listener = transport.listen(nid).await?;
+        let now = Instant::now();
+        let (stop, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            nid: listener.nid(),
+            handler,
+            faults: Arc::new(FaultInjector::new(fresh_seed())),
+            ni: CreditPool::new(cfg.credits),
+            buffers: Arc::new(Semaphore::new(cfg.req_buffers_max.max(1))),
+            bulk_bytes: Arc::new(Semaphore::new(cfg.req_bulk_bytes_max.max(cfg.limits.bulk_max as usize))),
+            threads: Arc::new(Semaphore::new(cfg.threads_max.max(1))),
+            // Keep enough free bulk buffers for the bulk budget, at most 256 MiB.
+            pool: BulkPool::new(cfg.req_bulk_bytes_max.min(256 << 20)),
+            exports: Mutex::new(HashMap::new()),
+            next_cookie: AtomicU64::new(fresh_seed() | 1),
+            queue: Mutex::new(Queue::Fifo(VecDeque::new())),
+            queue_changed: Notify::new(),
+            early: Mutex::new(BTreeMap::new()),
+            early_seq: AtomicU64::new(0),
+            service_at: Mutex::new(AtEstimate::new(cfg.at.at_history, 0)),
+            cache_bytes: AtomicUsize::new(0),
+            counters: Counters::default(),
+            epoch: now,
+            stop,
+            cfg,
+        });
+        let mut tasks = JoinSet::new();
+        let s = shared.clone();
+        tasks.spawn(async move {
+            let mut conns = JoinSet::new();
+            loop {
+                match listener.accept().await {
+                    Ok(stream) => {
+                        conns.spawn(s.clone().serve(stream));
+                    }
+                    // Out of descriptors or similar: back off instead of spinning.
+                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
+                // Reap finished connections so the set does not grow with churn.
+                while conns.try_join_next().is_some() {}
+            }
+        });
+        tasks.spawn(shared.clone().watchdog());
+        tasks.spawn(shared.clone().timed_dispatch());
+        Ok(Server { shared, _tasks: tasks })
+    }
+
+    pub fn nid(&self) -> Nid {
+        self.shared.nid.clone()
+    }
+
+    /// Fault rules applied to everything this server sends.
+    pub fn faults(&self) -> &Arc<FaultInjector> {
+        &self.shared.faults
+    }
+
+    /// Switch the request policy; queued requests move to the new one.
+    pub fn set_policy(&self, policy: Policy) {
+        let now = self.shared.now_us();
+        let mut q = lock(&self.shared.queue);
+        let mut old: Vec<Queued> = Vec::new();
+        while let Some(r) = q.pop(u64::MAX) {
+            old.push(r);
+        }
+        *q = match policy {
+            Policy::Fifo => Queue::Fifo(VecDeque::new()),
+            Policy::Tbf => Queue::Tbf(Tbf::new(self.shared.cfg.req_buffers_max.max(1))),
+        };
+        for r in old {
+            q.push(r, now);
+        }
+        drop(q);
+        self.shared.dispatch();
+    }
+
+    pub fn policy(&self) -> Policy {
+        match &*lock(&self.shared.queue) {
+            Queue::Fifo(_) => Policy::Fifo,
+            Queue::Tbf(_) => Policy::Tbf,
+        }
+    }
+
+    /// Apply a TBF rule command (`start NAME nid={…} rate=N`, `change NAME rate=N`,
+    /// `stop NAME`); it applies to queued requests too. The policy must be TBF.
+    pub fn tbf_rule(&self, text: &str) -> Result<(), TbfError> {
+        let cmd: RuleCommand = text.parse()?;
+        let now = self.shared.now_us();
+        {
+            let mut q = lock(&self.shared.queue);
+            match &mut *q {
+                Queue::Tbf(t) => t.command(cmd, now)?,
+                Queue::Fifo(_) => {
+                    return Err(TbfError::Syntax("the request policy is fifo; set it to tbf first".into()));
+                }
+            }
+        }
+        self.shared.dispatch();
+        self.shared.queue_changed.notify_one();
+        Ok(())
+    }
+
+    /// Evict a client now (as `lctl evict_client`); false if it is not connected.
+    pub fn evict(&self, client: u64) -> bool {
+        let export = lock(&self.shared.exports).get(&client).cloned();
+        match export {
+            Some(e) => {
+                self.shared.drop_export(&e, "evicted by request");
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn stats(&self) -> ServerStats {
+        let s = &self.shared;
+        let c = &s.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (exports, peer_min) = {
+            let ex = lock(&s.exports);
+            let min = ex.values().map(|e| e.credits.stats().min_available).min();
+            (ex.len(), min.unwrap_or(s.cfg.peer_credits as i64))
+        };
+        let max = s.cfg.req_buffers_max.max(1);
+        ServerStats {
+            connections: c.connections.load(Ordering::Relaxed),
+            exports,
+            connects: get(&c.connects),
+            requests: get(&c.requests),
+            replies: get(&c.replies),
+            pings: get(&c.pings),
+            resends: get(&c.resends),
+            replayed: get(&c.replayed),
+            joined: get(&c.joined),
+            stale: get(&c.stale),
+            early_replies: get(&c.early_replies),
+            evictions: get(&c.evictions),
+            malformed: get(&c.malformed),
+            refused: get(&c.refused),
+            req_buffers_max: max,
+            req_buffers_in_use: max - s.buffers.available_permits(),
+            req_buffers_peak: c.buffers_peak.load(Ordering::Relaxed),
+            queued: lock(&s.queue).len(),
+            reply_cache_bytes: s.cache_bytes.load(Ordering::Relaxed),
+            credits: s.ni.stats(),
+            peer_credits_min: peer_min,
+            service_estimate: lock(&s.service_at).estimate(s.now_ms()),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.shared.stop.send(true);
+    }
+}
+
+/// Why a connection ended, for the log.
+enum End {
+    Quiet,
+    Malformed(String),
+}
+
+impl Shared {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+
+    /// One connection, from the handshake to its end.
+    async fn serve(self: Arc<Self>, stream: Stream) {
+        self.counters.connections.fetch_add(1, Ordering::Relaxed);
+        let Stream { mut read, write, peer, .. } = stream;
+        let (cut, _) = watch::channel(false);
+        let route = Arc::new(Route { writer: tokio::sync::Mutex::new(write), peer: peer.clone(), cut });
+        let (mut stop, mut cut) = (self.stop.subscribe(), route.cut.subscribe());
+        let end = tokio::select! {
+            end = self.clone().converse(&mut read, &route) => end,
+            _ = stop.wait_for(|s| *s) => End::Quiet,
+            _ = cut.wait_for(|c| *c) => End::Quiet,
+        };
+        if let End::Malformed(why) = end {
+            self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+            eprintln!("nacre-net: {}: closing connection from {peer}: {why}", self.nid);
+        }
+        let mut w = route.writer.lock().await;
+        let _ = tokio::io::AsyncWriteExt::shutdown(&mut *w).await;
+        self.counters.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    async fn converse(self: Arc<Self>, read: &mut crate::transport::ReadHalf, route: &Arc<Route>) -> End {
+        let limits = self.cfg.limits;
+        // The handshake must come within obd_timeout, or the connection is not worth a task.
+        let first = match tokio::time::timeout(self.cfg.obd_timeout, read_header(&mut **read, &limits)).await {
+            Ok(Ok(Some(h))) => h,
+            Ok(Ok(None)) | Err(_) => return End::Quiet,
+            Ok(Err(e)) => return End::Malformed(e.to_string()),
+        };
+        if first.opcode != OP_CONNECT || first.flags & flags::REPLY != 0 {
+            let why = format!("opcode {} before the connect handshake", first.opcode);
+            self.refuse(route, &first, status::ENOTCONN, &why).await;
+            return End::Malformed(why);
+        }
+        let frame = match read_rest(&mut **read, first, &self.pool).await {
+            Ok(f) => f,
+            Err(e) => return End::Malformed(e.to_string()),
+        };
+        let req = match ConnectRequest::decode(&frame.body) {
+            Ok(r) => r,
+            Err(why) => {
+                self.refuse(route, &first, status::EPROTO, &why).await;
+                return End::Malformed(why);
+            }
+        };
+        let (export, lost) = match self.attach(&req, &route.peer) {
+            Ok(x) => x,
+            Err(why) => {
+                self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                self.refuse(route, &first, status::EUSERS, &why).await;
+                return End::Quiet;
+            }
+        };
+        let body = ConnectReply {
+            cookie: export.cookie,
+            export_lost: lost,
+            obd_timeout_ms: self.cfg.obd_timeout.as_millis().min(u32::MAX as u128) as u32,
+        }
+        .encode();
+        self.reply_now(&export, route, &first, 0, &body).await;
+        let mut gone = export.gone.subscribe();
+        loop {
+            let h = tokio::select! {
+                h = read_header(&mut **read, &limits) => h,
+                _ = gone.wait_for(|g| *g) => return End::Quiet,
+            };
+            let h = match h {
+                Ok(Some(h)) => h,
+                Ok(None) => return End::Quiet,
+                Err(RpcError::Frame(e)) => return End::Malformed(e.to_string()),
+                Err(_) => return End::Quiet,
+            };
+            export.last_heard_ms.store(self.now_ms(), Ordering::Relaxed);
+            if h.flags & (flags::REPLY | flags::EARLY) != 0 {
+                return End::Malformed(format!("a reply (xid {}) where a request was expected", h.xid));
+            }
+            if h.opcode < FIRST_SERVICE_OPCODE {
+                // Transport opcodes carry no bulk and small bodies: read them whole.
+                if h.bulk_len != 0 {
+                    return End::Malformed(format!("transport opcode {} with bulk", h.opcode));
+                }
+                if let Err(e) = read_rest(&mut **read, h, &self.pool).await {
+                    return End::Malformed(e.to_string());
+                }
+                match h.opcode {
+                    OP_PING => {
+                        self.counters.pings.fetch_add(1, Ordering::Relaxed);
+                        self.reply_now(&export, route, &h, 0, &[]).await;
+                    }
+                    OP_DISCONNECT => {
+                        self.reply_now(&export, route, &h, 0, &[]).await;
+                        self.drop_export(&export, "");
+                        return End::Quiet;
+                    }
+                    op => {
+                        let why = format!("transport opcode {op} is not known here");
+                        self.refuse(route, &h, status::EPROTO, &why).await;
+                        return End::Malformed(why);
+                    }
+                }
+                continue;
+            }
+            // Request buffers and bulk bytes: waiting here stops reading this socket.
+            let Ok(buffer) = self.buffers.clone().acquire_owned().await else { return End::Quiet };
+            let in_use = self.cfg.req_buffers_max.max(1) - self.buffers.available_permits();
+            self.counters.buffers_peak.fetch_max(in_use, Ordering::Relaxed);
+            let bulk_bytes = if h.bulk_len > 0 {
+                match self.bulk_bytes.clone().acquire_many_owned(h.bulk_len).await {
+                    Ok(p) => Some(p),
+                    Err(_) => return End::Quiet,
+                }
+            } else {
+                None
+            };
+            let frame = match read_rest(&mut **read, h, &self.pool).await {
+                Ok(f) => f,
+                Err(RpcError::Frame(e)) => return End::Malformed(e.to_string()),
+                Err(_) => return End::Quiet,
+            };
+            self.counters.requests.fetch_add(1, Ordering::Relaxed);
+            if h.flags & flags::RESEND != 0 {
+                self.counters.resends.fetch_add(1, Ordering::Relaxed);
+            }
+            match self.admit(&export, &h, route) {
+                Admit::New => {}
+                Admit::Joined => {
+                    self.counters.joined.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                Admit::Stale => {
+                    self.counters.stale.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                Admit::Cached(header, body) => {
+                    self.counters.replayed.fetch_add(1, Ordering::Relaxed);
+                    let route = route.clone();
+                    self.send(&export, &route, &header, &body, &[]).await;
+                    continue;
+                }
+            }
+            let early_key = self.arm_early(&export, &h);
+            let job = if h.job_id == 0 { String::new() } else { h.job_id.to_string() };
+            let queued = Queued {
+                header: h,
+                body: frame.body,
+                bulk: frame.bulk,
+                peer: route.peer.clone(),
+                job,
+                export: export.clone(),
+                arrival: Instant::now(),
+                early_key,
+                _buffer: buffer,
+                _bulk_bytes: bulk_bytes,
+            };
+            lock(&self.queue).push(queued, self.now_us());
+            self.dispatch();
+            self.queue_changed.notify_one();
+        }
+    }
+
+    /// Find or make the export a connect names. A known client with the right cookie
+    /// gets its export back (another connection, or a reconnect); any other cookie
+    /// replaces it: the client restarted, or asks for an export that was evicted.
+    fn attach(&self, req: &ConnectRequest, peer: &Nid) -> Result<(Arc<Export>, bool), String> {
+        let mut exports = lock(&self.exports);
+        if let Some(e) = exports.get(&req.client) {
+            if e.cookie == req.cookie {
+                e.last_heard_ms.store(self.now_ms(), Ordering::Relaxed);
+                return Ok((e.clone(), false));
+            }
+            let _ = e.gone.send(true);
+            exports.remove(&req.client);
+        } else if exports.len() >= self.cfg.exports_max {
+            return Err(format!("{} clients connected, the most this server takes", exports.len()));
+        }
+        let (gone, _) = watch::channel(false);
+        let e = Arc::new(Export {
+            client: req.client,
+            cookie: self.next_cookie.fetch_add(2, Ordering::Relaxed),
+            peer: peer.clone(),
+            credits: CreditPool::new(self.cfg.peer_credits),
+            last_heard_ms: AtomicU64::new(self.now_ms()),
+            slots: Mutex::new(Slots::default()),
+            gone,
+        });
+        exports.insert(req.client, e.clone());
+        self.counters.connects.fetch_add(1, Ordering::Relaxed);
+        Ok((e, req.cookie != 0))
+    }
+
+    fn drop_export(&self, export: &Arc<Export>, why: &str) {
+        let removed = {
+            let mut exports = lock(&self.exports);
+            match exports.get(&export.client) {
+                Some(e) if Arc::ptr_eq(e, export) => exports.remove(&export.client).is_some(),
+                _ => false,
+            }
+        };
+        let _ = export.gone.send(true);
+        let mut slots = lock(&export.slots);
+        let freed: usize = slots.map.values().map(cached_bytes).sum();
+        self.cache_bytes.fetch_sub(freed, Ordering::Relaxed);
+        slots.map.clear();
+        if removed && !why.is_empty() {
+            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+            eprintln!("nacre-net: {}: client {:016x} at {}: {why}", self.nid, export.client, export.peer);
+        }
+    }
+
+    /// The reply cache's verdict on a request.
+    fn admit(&self, export: &Export, h: &FrameHeader, route: &Arc<Route>) -> Admit {
+        let mut s = lock(&export.slots);
+        if h.acked_xid > s.acked {
+            s.acked = h.acked_xid;
+            self.prune(&mut s, export);
+        }
+        let acked = s.acked;
+        match s.map.get_mut(&h.xid) {
+            Some(Slot::Running { route: r }) => {
+                *r = route.clone();
+                return Admit::Joined;
+            }
+            Some(Slot::Done { header, body }) => return Admit::Cached(*header, body.clone()),
+            Some(Slot::Rerun) => {
+                s.done -= 1;
+            }
+            None if h.xid < acked => return Admit::Stale,
+            None => {}
+        }
+        s.map.insert(h.xid, Slot::Running { route: route.clone() });
+        Admit::New
+    }
+
+    /// Forget acknowledged replies, and the oldest beyond `reply_cache_max`.
+    fn prune(&self, s: &mut Slots, _export: &Export) {
+        let acked = s.acked;
+        let mut freed = 0;
+        let mut dropped = 0;
+        s.map.retain(|&xid, slot| {
+            let keep = xid >= acked || matches!(slot, Slot::Running { .. });
+            if !keep {
+                freed += cached_bytes(slot);
+                dropped += 1;
+            }
+            keep
+        });
+        s.done -= dropped;
+        while s.done > self.cfg.reply_cache_max {
+            let oldest = s.map.iter().find(|(_, v)| !matches!(v, Slot::Running { .. })).map(|(k, _)| *k);
+            let Some(k) = oldest else { break };
+            if let Some(slot) = s.map.remove(&k) {
+                freed += cached_bytes(&slot);
+            }
+            s.done -= 1;
+        }
+        self.cache_bytes.fetch_sub(freed, Ordering::Relaxed);
+    }
+
+    /// Schedule the early reply of a request whose client will wait `timeout_ms`.
+    fn arm_early(&self, export: &Arc<Export>, h: &FrameHeader) -> Option<(u64, u64)> {
+        if h.timeout_ms == 0 || self.cfg.at_extra.is_zero() {
+            return None;
+        }
+        let now = self.now_ms();
+        let t = h.timeout_ms as u64;
+        let margin = self.cfg.at_early_margin.as_millis() as u64;
+        let key = (now + t.saturating_sub(margin).max(t / 2), self.early_seq.fetch_add(1, Ordering::Relaxed));
+        let entry = Early { export: Arc::downgrade(export), xid: h.xid, opcode: h.opcode, arrival_ms: now };
+        lock(&self.early).insert(key, entry);
+        Some(key)
+    }
+
+    /// Start what the policy lets start, while service slots are free.
+    fn dispatch(self: &Arc<Self>) {
+        loop {
+            let Ok(thread) = self.threads.clone().try_acquire_owned() else { return };
+            let next = lock(&self.queue).pop(self.now_us());
+            let Some(q) = next else { return };
+            tokio::spawn(self.clone().run(q, thread));
+        }
+    }
+
+    /// Wake when a rate-limited request may start.
+    async fn timed_dispatch(self: Arc<Self>) {
+        loop {
+            let now = self.now_us();
+            let next = lock(&self.queue).next_ready_us(now);
+            match next {
+                Some(t) if t <= now => {
+                    self.dispatch();
+                    // Busy threads will dispatch as they finish; wait for a change.
+                    tokio::select! {
+                        _ = self.queue_changed.notified() => {}
+                        _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                    }
+                }
+                Some(t) => {
+                    tokio::select! {
+                        _ = self.queue_changed.notified() => {}
+                        _ = tokio::time::sleep(Duration::from_micros(t - now)) => {}
+                    }
+                    self.dispatch();
+                }
+                None => self.queue_changed.notified().await,
+            }
+        }
+    }
+
+    /// Run one request and send its reply.
+    async fn run(self: Arc<Self>, q: Queued, thread: OwnedSemaphorePermit) {
+        let Queued { header: h, body, bulk, peer, export, arrival, early_key, _buffer, _bulk_bytes, .. } = q;
+        let mut guard = Finish { shared: &self, export: &export, xid: h.xid, early_key, done: false, _thread: thread };
+        let incoming = Incoming { header: h, body, bulk, peer, client: export.client };
+        let mut reply = (self.handler)(incoming).await;
+        if reply.body.len() > BODY_BYTES_LIMIT as usize || reply.bulk.len() > BULK_BYTES_LIMIT as usize {
+            eprintln!(
+                "nacre-net: {}: reply to opcode {} too large ({} + {} bytes), sent as EOVERFLOW",
+                self.nid,
+                h.opcode,
+                reply.body.len(),
+                reply.bulk.len()
+            );
+            reply = Reply { status: status::EOVERFLOW, ..Reply::default() };
+        }
+        let service = arrival.elapsed();
+        let estimate = {
+            let mut at = lock(&self.service_at);
+            at.observe(self.now_ms(), service);
+            at.estimate(self.now_ms())
+        };
+        let header = FrameHeader {
+            opcode: h.opcode,
+            flags: flags::REPLY,
+            status: reply.status,
+            xid: h.xid,
+            body_len: reply.body.len() as u32,
+            bulk_len: reply.bulk.len() as u32,
+            timeout_ms: estimate.as_millis().min(u32::MAX as u128) as u32,
+            service_us: service.as_micros().min(u32::MAX as u128) as u32,
+            ..FrameHeader::default()
+        };
+        let body = Arc::new(reply.body);
+        let route = self.complete(&export, &header, &body, reply.bulk.is_empty());
+        guard.done = true;
+        if let Some(route) = route {
+            self.send(&export, &route, &header, &body, &reply.bulk).await;
+            self.counters.replies.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(guard);
+        drop(_buffer);
+        drop(_bulk_bytes);
+        self.dispatch();
+    }
+
+    /// Record a finished request in the reply cache; returns where its reply goes.
+    fn complete(
+        &self,
+        export: &Export,
+        header: &FrameHeader,
+        body: &Arc<Vec<u8>>,
+        cacheable: bool,
+    ) -> Option<Arc<Route>> {
+        let mut s = lock(&export.slots);
+        let slot = s.map.get_mut(&header.xid)?;
+        let Slot::Running { route } = slot else { return None };
+        let route = route.clone();
+        let bytes = body.len() + crate::frame::HEADER_BYTES;
+        let fits = self.cache_bytes.load(Ordering::Relaxed) + bytes <= self.cfg.reply_cache_bytes_max;
+        *slot = if cacheable && fits {
+            self.cache_bytes.fetch_add(bytes, Ordering::Relaxed);
+            Slot::Done { header: *header, body: body.clone() }
+        } else {
+            Slot::Rerun
+        };
+        s.done += 1;
+        if s.done > self.cfg.reply_cache_max {
+            self.prune(&mut s, export);
+        }
+        Some(route)
+    }
+
+    /// Answer a transport request (connect, ping) on its own connection, uncached.
+    async fn reply_now(&self, export: &Export, route: &Arc<Route>, h: &FrameHeader, status: i32, body: &[u8]) {
+        let header = FrameHeader {
+            opcode: h.opcode,
+            flags: flags::REPLY,
+            status,
+            xid: h.xid,
+            body_len: body.len() as u32,
+            timeout_ms: lock(&self.service_at).estimate(self.now_ms()).as_millis() as u32,
+            ..FrameHeader::default()
+        };
+        self.send(export, route, &header, body, &[]).await;
+    }
+
+    /// Refuse a connection with a status and the reason, before it has an export.
+    async fn refuse(&self, route: &Route, h: &FrameHeader, status: i32, why: &str) {
+        let header = FrameHeader {
+            opcode: h.opcode,
+            flags: flags::REPLY,
+            status,
+            xid: h.xid,
+            body_len: why.len() as u32,
+            ..FrameHeader::default()
+        };
+        let mut w = route.writer.lock().await;
+        let _ = write_frame(&mut *w, &header, why.as_bytes(), &[]).await;
+    }
+
+    /// Put one frame on the wire under credits, through the fault rules. A failed write
+    /// is left to the client's resend.
+    async fn send(&self, export: &Export, route: &Route, header: &FrameHeader, body: &[u8], bulk: &[u8]) {
+        let _credits = acquire_send(&export.credits, &self.ni).await;
+        let copies = match self.faults.decide(&self.nid, &route.peer, header.opcode) {
+            FaultAction::Deliver => 1,
+            FaultAction::Drop => 0,
+            FaultAction::Duplicate => 2,
+            FaultAction::Delay(d) => {
+                tokio::time::sleep(d).await;
+                1
+            }
+            FaultAction::Cut => {
+                let _ = route.cut.send(true);
+                return;
+            }
+        };
+        let mut w = route.writer.lock().await;
+        for _ in 0..copies {
+            if write_frame(&mut *w, header, body, bulk).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Early replies and evictions.
+    async fn watchdog(self: Arc<Self>) {
+        let tick = (self.cfg.at_early_margin / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let evict_after = self.cfg.obd_timeout.as_millis() as u64 * 3 / 2;
+        let mut last_scan = 0;
+        loop {
+            tokio::time::sleep(tick).await;
+            let now = self.now_ms();
+            self.send_early_replies(now);
+            if now.saturating_sub(last_scan) >= (evict_after / 8).clamp(10, 1000) {
+                last_scan = now;
+                let silent: Vec<Arc<Export>> = lock(&self.exports)
+                    .values()
+                    .filter(|e| now.saturating_sub(e.last_heard_ms.load(Ordering::Relaxed)) > evict_after)
+                    .cloned()
+                    .collect();
+                for e in silent {
+                    let secs = now.saturating_sub(e.last_heard_ms.load(Ordering::Relaxed)) as f64 / 1000.0;
+                    self.drop_export(&e, &format!("evicted, silent for {secs:.1} s"));
+                }
+            }
+        }
+    }
+
+    fn send_early_replies(self: &Arc<Self>, now: u64) {
+        let due: Vec<Early> = {
+            let mut early = lock(&self.early);
+            let later = early.split_off(&(now + 1, 0));
+            std::mem::replace(&mut *early, later).into_values().collect()
+        };
+        let extra = self.cfg.at_extra.as_millis() as u64;
+        let margin = self.cfg.at_early_margin.as_millis() as u64;
+        let at_max = self.cfg.at.at_max.as_millis() as u64;
+        for e in due {
+            let Some(export) = e.export.upgrade() else { continue };
+            let route = match lock(&export.slots).map.get(&e.xid) {
+                Some(Slot::Running { route }) => route.clone(),
+                _ => continue,
+            };
+            if now.saturating_sub(e.arrival_ms) + extra > at_max {
+                // Past at_max the client may give up and resend; the resend joins.
+                continue;
+            }
+            let header = FrameHeader {
+                opcode: e.opcode,
+                flags: flags::REPLY | flags::EARLY,
+                xid: e.xid,
+                timeout_ms: extra.min(u32::MAX as u64) as u32,
+                ..FrameHeader::default()
+            };
+            let key =
+                (now + extra.saturating_sub(margin).max(extra / 2), self.early_seq.fetch_add(1, Ordering::Relaxed));
+            lock(&self.early).insert(key, e);
+            self.counters.early_replies.fetch_add(1, Ordering::Relaxed);
+            let s = self.clone();
+            tokio::spawn(async move { s.send(&export, &route, &header, &[], &[]).await });
+        }
+    }
+}
+
+enum Admit {
+    New,
+    Joined,
+    Stale,
+    Cached(FrameHeader, Arc<Vec<u8>>),
+}
+
+fn cached_bytes(slot: &Slot) -> usize {
+    match slot {
+        Slot::Done { body, .. } => body.len() + crate::frame::HEADER_BYTES,
+        _ => 0,
+    }
+}
+
+/// Ends a request however its handler ends (a panic included): the early reply is
+/// disarmed, an unfinished slot is forgotten (a resend runs it again), the service slot
+/// is released and the queue is served.
+struct Finish<'a> {
+    shared: &'a Arc<Shared>,
+    export: &'a Export,
+    xid: u64,
+    early_key: Option<(u64, u64)>,
+    done: bool,
+    _thread: OwnedSemaphorePermit,
+}
+
+impl Drop for Finish<'_> {
+    fn drop(&mut self) {
+        if let Some(k) = self.early_key {
+            lock(&self.shared.early).remove(&k);
+        }
+        if !self.done {
+            lock(&self.export.slots).map.remove(&self.xid);
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! Transports: how bytes get from one endpoint to another. The RPC layer sees only a
+//! [`Transport`] that connects to and listens on [`Nid`]s and hands out byte streams, so an
+//! RDMA or in-memory transport can be added without touching a service.
+//!
+//! Two are here: [`TcpTransport`] (sockets with `TCP_NODELAY`, one stream per connection;
+//! the RPC layer opens `conns_per_peer` of them to each peer) and [`MemTransport`]
+//! (in-process pipes between named endpoints of one [`MemNetwork`], for tests where
+//! sockets add nothing but time).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use crate::nid::Nid;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+pub type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// One connection: its two directions and the endpoints at each end.
+pub struct Stream {
+    pub read: ReadHalf,
+    pub write: WriteHalf,
+    pub local: Nid,
+    pub peer: Nid,
+}
+
+/// Something that connects to and listens on NIDs.
+pub trait Transport: Send + Sync + 'static {
+    fn connect<'a>(&'a self, to: &'a Nid) -> BoxFuture<'a, io::Result<Stream>>;
+    fn listen<'a>(&'a self, on: &'a Nid) -> BoxFuture<'a, io::Result<Box<dyn Listener>>>;
+}
+
+/// A listening endpoint.
+pub trait Listener: Send {
+    fn accept(&mut self) -> BoxFuture<'_, io::Result<Stream>>;
+    /// The NID it listens on (with the port filled in if 0 was asked for).
+    fn nid(&self) -> Nid;
+}
+
+fn unreachable_nid(kind: &str, nid: &Nid) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, format!("the {kind} transport cannot reach {nid}"))
+}
+
+/// TCP sockets.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TcpTransport;
+
+impl Transport for TcpTransport {
+    fn connect<'a>(&'a self, to: &'a Nid) -> BoxFuture<'a, io::Result<Stream>> {
+        Box::pin(async move {
+            let Nid::Tcp(addr) = to else { return Err(unreachable_nid("tcp", to)) };
+            let s = TcpStream::connect(addr).await?;
+            tcp_stream(s)
+        })
+    }
+
+    fn listen<'a>(&'a self, on: &'a Nid) -> BoxFuture<'a, io::Result<Box<dyn Listener>>> {
+        Box::pin(async move {
+            let Nid::Tcp(addr) = on else { return Err(unreachable_nid("tcp", on)) };
+            let l = TcpListener::bind(addr).await?;
+            let nid = Nid::Tcp(l.local_addr()?);
+            Ok(Box::new(TcpListen { l, nid }) as Box<dyn Listener>)
+        })
+    }
+}
+
+fn tcp_stream(s: TcpStream) -> io::Result<Stream> {
+    s.set_nodelay(true)?;
+    let (local, peer) = (Nid::Tcp(s.local_addr()?), Nid::Tcp(s.peer_addr()?));
+    let (r, w) = s.into_split();
+    Ok(Stream { read: Box::new(r), write: Box::new(w), local, peer })
+}
+
+struct TcpListen {
+    l: TcpListener,
+    nid: Nid,
+}
+
+impl Listener for TcpListen {
+    fn accept(&mut self) -> BoxFuture<'_, io::Result<Stream>> {
+        Box::pin(async move {
+            let (s, _) = self.l.accept().await?;
+            tcp_stream(s)
+        })
+    }
+
+    fn nid(&self) -> Nid {
+        self.nid.clone()
+    }
+}
+
+/// Bytes a pipe of the in-memory transport buffers in each direction.
+const MEM_PIPE_BYTES: usize = 256 << 10;
+/// Connections waiting to be accepted by one in-memory listener (its backlog).
+const MEM_BACKLOG: usize = 1024;
+
+/// The in-process network that [`MemTransport`] endpoints share.
+#[derive(Default, Clone)]
+pub struct MemNetwork {
+    listeners: Arc<Mutex<HashMap<String, mpsc::Sender<Stream>>>>,
+}
+
+impl MemNetwork {
+    pub fn new() -> MemNetwork {
+        MemNetwork::default()
+    }
+
+    /// A transport whose connections come from `name@mem`.
+    pub fn transport(&self, name: &str) -> MemTransport {
+        MemTransport { net: self.clone(), local: Nid::Mem(name.to_string()) }
+    }
+}
+
+/// One endpoint of a [`MemNetwork`].
+#[derive(Clone)]
+pub struct MemTransport {
+    net: MemNetwork,
+    local: Nid,
+}
+
+impl Transport for MemTransport {
+    fn connect<'a>(&'a self, to: &'a Nid) -> BoxFuture<'a, io::Result<Stream>> {
+        Box::pin(async move {
+            let Nid::Mem(name) = to else { return Err(unreachable_nid("in-memory", to)) };
+            let tx = self.net.listeners.lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned();
+            let tx =
+                tx.ok_or_else(|| io::Error::new(io::ErrorKind::ConnectionRefused, format!("nothing listens on {to}")))?;
+            let (a, b) = tokio::io::duplex(MEM_PIPE_BYTES);
+            let (ar, aw) = tokio::io::split(a);
+            let (br, bw) = tokio::io::split(b);
+            let theirs =
+                Stream { read: Box::new(br), write: Box::new(bw), local: to.clone(), peer: self.local.clone() };
+            tx.send(theirs)
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::ConnectionRefused, format!("{to} stopped")))?;
+            Ok(Stream { read: Box::new(ar), write: Box::new(aw), local: self.local.clone(), peer: to.clone() })
+        })
+    }
+
+    fn listen<'a>(&'a self, on: &'a Nid) -> BoxFuture<'a, io::Result<Box<dyn Listener>>> {
+        Box::pin(async move {
+            let Nid::Mem(name) = on else { return Err(unreachable_nid("in-memory", on)) };
+            let mut map = self.net.listeners.lock().unwrap_or_else(|e| e.into_inner());
+            if map.get(name).is_some_and(|tx| !tx.is_closed()) {
+                return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("{on} is already listening")));
+            }
+            let (tx, rx) = mpsc::channel(MEM_BACKLOG);
+            map.insert(name.clone(), tx);
+            Ok(Box::new(MemListen { rx, nid: on.clone(), net: self.net.clone() }) as Box<dyn Listener>)
+        })
+    }
+}
+
+struct MemListen {
+    rx: mpsc::Receiver<Stream>,
+    nid: Nid,
+    net: MemNetwork,
+}
+
+impl Listener for MemListen {
+    fn accept(&mut self) -> BoxFuture<'_, io::Result<Stream>> {
+        Box::pin(async move {
+            self.rx.recv().await.ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "listener closed"))
+        })
+    }
+
+    fn nid(&self) -> Nid {
+        self.nid.clone()
+    }
+}
+
+impl Drop for MemListen {
+    fn drop(&mut self) {
+        // Close first: then the registered sender reports closed if it is ours, and a
+        // newer listener on the same name is left alone.
+        self.rx.close();
+        if let Nid::Mem(name) = &self.nid {
+            let mut map = self.net.listeners.lock().unwrap_or_else(|e| e.into_inner());
+            if map.get(name).is_some_and(|tx| tx.is_closed()) {
+                map.remove(name);
+            }
+        }
+    }
+}
