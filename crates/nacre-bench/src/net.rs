@@ -47,11 +47,22 @@ pub struct SelftestOptions {
     pub clients: usize,
     /// The program that runs `net sim-clients` (the `nacre` binary).
     pub sim_program: Option<PathBuf>,
+    /// A running `nacre net serve` to test instead of a server started here; its
+    /// plain-socket reference listens on the next port.
+    pub target: Option<Nid>,
 }
 
 impl Default for SelftestOptions {
     fn default() -> Self {
-        SelftestOptions { seconds: 2.0, bulk_clients: 4, ping_clients: 8, raw: true, clients: 0, sim_program: None }
+        SelftestOptions {
+            seconds: 2.0,
+            bulk_clients: 4,
+            ping_clients: 8,
+            raw: true,
+            clients: 0,
+            sim_program: None,
+            target: None,
+        }
     }
 }
 
@@ -296,11 +307,21 @@ fn low_text(s: Option<CreditStats>) -> String {
 /// Run every phase; prints a table, returns the figures.
 pub async fn run_selftest(o: &SelftestOptions, out: &mut (dyn std::io::Write + Send)) -> Result<Value, BenchError> {
     let loopback: SocketAddr = "127.0.0.1:0".parse().map_err(|_| BenchError::Bad("loopback address".into()))?;
-    let server = start_server(&Nid::Tcp(loopback)).await?;
-    let target = server.nid();
-    let raw = TcpListener::bind(loopback).await?;
-    let raw_addr = raw.local_addr()?;
-    let raw_task = tokio::spawn(raw_server(raw));
+    // The server: ours, or the one named by --target (then only its client-side figures).
+    let (server, target, raw_addr, raw_task) = match &o.target {
+        Some(t @ Nid::Tcp(addr)) => {
+            let raw = SocketAddr::new(addr.ip(), addr.port().wrapping_add(1));
+            (None, t.clone(), raw, None)
+        }
+        Some(other) => return Err(BenchError::Bad(format!("selftest targets tcp NIDs, not {other}"))),
+        None => {
+            let server = start_server(&Nid::Tcp(loopback)).await?;
+            let target = server.nid();
+            let raw = TcpListener::bind(loopback).await?;
+            let raw_addr = raw.local_addr()?;
+            (Some(server), target, raw_addr, Some(tokio::spawn(raw_server(raw))))
+        }
+    };
     let _ = writeln!(
         out,
         "nacre net selftest: server {target}, {} s per phase, {} bulk clients, {} small-RPC clients{}",
@@ -370,24 +391,34 @@ pub async fn run_selftest(o: &SelftestOptions, out: &mut (dyn std::io::Write + S
             figures.insert(ratio_key(&key), json!(ratio(v, rv)));
         }
     }
-    raw_task.abort();
+    if let Some(t) = raw_task {
+        t.abort();
+    }
     let _ = write!(out, "{table}");
-    let s = server.stats();
     let (cni, cpeer) = (lows.client_ni.get(), lows.client_peer.get());
+    let server_lows = match &server {
+        Some(server) => {
+            let s = server.stats();
+            figures.insert("server_credits_min".into(), json!(s.credits.min_available));
+            figures.insert("server_peer_credits_min".into(), json!(s.peer_credits_min));
+            figures.insert("req_buffers_peak".into(), json!(s.req_buffers_peak));
+            format!(
+                "server interface {}, server peer {} of {}, ",
+                low_text(Some(s.credits)),
+                s.peer_credits_min,
+                ServerConfig::default().peer_credits
+            )
+        }
+        None => String::new(),
+    };
     let _ = writeln!(
         out,
-        "\ncredit low-water marks (negative: senders queued): server interface {} , server peer {} of {}, client interface {}, client peer {}",
-        low_text(Some(s.credits)),
-        s.peer_credits_min,
-        ServerConfig::default().peer_credits,
+        "\ncredit low-water marks (negative: senders queued): {server_lows}client interface {}, client peer {}",
         low_text(cni),
         low_text(cpeer)
     );
-    figures.insert("server_credits_min".into(), json!(s.credits.min_available));
-    figures.insert("server_peer_credits_min".into(), json!(s.peer_credits_min));
     figures.insert("client_credits_min".into(), json!(cni.map(|c| c.min_available)));
     figures.insert("client_peer_credits_min".into(), json!(cpeer.map(|c| c.min_available)));
-    figures.insert("req_buffers_peak".into(), json!(s.req_buffers_peak));
     drop(server);
     if o.clients > 0 {
         let sim = run_scale(o, out).await?;
@@ -414,28 +445,34 @@ fn rss_mib() -> (f64, f64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-/// The scale phase: a fresh server, `clients` simulated clients in a child process.
+/// The scale phase: a fresh server (or the --target one, then with client-side figures
+/// only), `clients` simulated clients in a child process.
 async fn run_scale(o: &SelftestOptions, out: &mut (dyn std::io::Write + Send)) -> Result<Value, BenchError> {
     let program = o.sim_program.clone().ok_or_else(|| BenchError::Bad("no program to run simulated clients".into()))?;
     let cfg = ServerConfig { obd_timeout: SIM_OBD_TIMEOUT, ..ServerConfig::default() };
     let (req_buffers_max, peer_credits) = (cfg.req_buffers_max, cfg.peer_credits);
-    let server = Server::start(
-        Arc::new(TcpTransport),
-        &"127.0.0.1@tcp:0".parse().map_err(|_| BenchError::Bad("nid".into()))?,
-        selftest_handler(),
-        cfg,
-    )
-    .await
-    .map_err(|e| BenchError::Bad(e.to_string()))?;
+    let server = match &o.target {
+        Some(_) => None,
+        None => {
+            let nid = Nid::Tcp(SocketAddr::from(([127, 0, 0, 1], 0)));
+            let s = Server::start(Arc::new(TcpTransport), &nid, selftest_handler(), cfg);
+            Some(s.await.map_err(|e| BenchError::Bad(e.to_string()))?)
+        }
+    };
+    let target = match (&server, &o.target) {
+        (Some(s), _) => s.nid(),
+        (None, Some(t)) => t.clone(),
+        (None, None) => return Err(BenchError::Bad("no server to test".into())),
+    };
     let (rss_before, _) = rss_mib();
     let secs = o.seconds.max(SIM_MIN_SECONDS);
     let _ = writeln!(
         out,
-        "\nscale: {} simulated clients against one server for {secs:.0} s (clients in a child process)",
+        "\nscale: {} simulated clients against {target} for {secs:.0} s (clients in a child process)",
         o.clients
     );
     let mut child = std::process::Command::new(&program)
-        .args(["net", "sim-clients", "--target", &server.nid().to_string(), "--clients", &o.clients.to_string()])
+        .args(["net", "sim-clients", "--target", &target.to_string(), "--clients", &o.clients.to_string()])
         .args(["--seconds", &secs.to_string()])
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -453,47 +490,57 @@ async fn run_scale(o: &SelftestOptions, out: &mut (dyn std::io::Write + Send)) -
     let mut credits_ok = true;
     while !reader.is_finished() {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let s = server.stats();
-        rss_peak = rss_peak.max(rss_mib().0);
-        exports_peak = exports_peak.max(s.exports);
-        conns_peak = conns_peak.max(s.connections);
-        credits_ok &= s.credits.available <= s.credits.max as i64
-            && s.req_buffers_in_use <= req_buffers_max
-            && s.req_buffers_peak <= req_buffers_max;
+        if let Some(server) = &server {
+            let s = server.stats();
+            rss_peak = rss_peak.max(rss_mib().0);
+            exports_peak = exports_peak.max(s.exports);
+            conns_peak = conns_peak.max(s.connections);
+            credits_ok &= s.credits.available <= s.credits.max as i64
+                && s.req_buffers_in_use <= req_buffers_max
+                && s.req_buffers_peak <= req_buffers_max;
+        }
     }
     let (text, status) = reader.await.map_err(|e| BenchError::Bad(e.to_string()))?;
     let status = status?;
     let line = text.lines().last().unwrap_or("");
     let sim: Value = serde_json::from_str(line)
         .map_err(|e| BenchError::Bad(format!("simulated clients ({status}) printed no result: {e}: {line:?}")))?;
-    let s = server.stats();
     let requests = sim["requests"].as_u64().unwrap_or(0);
     let answered = sim["answered"].as_u64().unwrap_or(0);
     let connected = sim["connected"].as_u64().unwrap_or(0);
     let unanswered = requests.saturating_sub(answered) + (o.clients as u64).saturating_sub(connected);
     let _ = writeln!(
         out,
-        "scale: {connected} of {} clients connected (peak {conns_peak} connections, {exports_peak} exports), {requests} requests, {answered} answered, {} pings, server RSS {rss_peak:.0} MiB (before {rss_before:.0} MiB), request buffers peak {} of {req_buffers_max}, lowest peer credit {} of {peer_credits}, evictions {}",
-        o.clients, s.pings, s.req_buffers_peak, s.peer_credits_min, s.evictions
+        "scale: {connected} of {} clients connected, {requests} requests, {answered} answered",
+        o.clients
     );
-    Ok(json!({
+    let mut figures = json!({
         "clients": o.clients,
         "clients_connected": connected,
-        "connections_peak": conns_peak,
         "sim_requests": requests,
         "sim_answered": answered,
         "sim_rpcs": sim["rpcs"],
         "sim_p99_us": sim["p99_us"],
         "sim_resends": sim["resends"],
         "sim_first_errors": sim["first_errors"],
-        "server_pings": s.pings,
         "unanswered": unanswered,
-        "server_rss_mib": (rss_peak * 10.0).round() / 10.0,
-        "server_rss_before_mib": (rss_before * 10.0).round() / 10.0,
-        "credits_within_bounds": credits_ok,
-        "req_buffers_peak": s.req_buffers_peak,
-        "server_evictions": s.evictions,
-    }))
+    });
+    if let (Some(server), Value::Object(m)) = (&server, &mut figures) {
+        let s = server.stats();
+        let _ = writeln!(
+            out,
+            "scale: server peak {conns_peak} connections and {exports_peak} clients, {} pings, RSS {rss_peak:.0} MiB at most (before {rss_before:.0} MiB), request buffers peak {} of {req_buffers_max}, lowest peer credit {} of {peer_credits}, evictions {}",
+            s.pings, s.req_buffers_peak, s.peer_credits_min, s.evictions
+        );
+        m.insert("connections_peak".into(), json!(conns_peak));
+        m.insert("server_pings".into(), json!(s.pings));
+        m.insert("server_rss_mib".into(), json!((rss_peak * 10.0).round() / 10.0));
+        m.insert("server_rss_before_mib".into(), json!((rss_before * 10.0).round() / 10.0));
+        m.insert("credits_within_bounds".into(), json!(credits_ok));
+        m.insert("scale_req_buffers_peak".into(), json!(s.req_buffers_peak));
+        m.insert("server_evictions".into(), json!(s.evictions));
+    }
+    Ok(figures)
 }
 
 /// Health intervals of the scale phase: pings every 2 s when idle.

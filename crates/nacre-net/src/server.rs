@@ -628,6 +628,9 @@ impl Shared {
             };
             let frame = match read_rest(&mut **read, h, &self.pool).await {
                 Ok(f) => f,
+                Err(RpcError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    return End::Malformed(format!("stream ended inside request {} (opcode {})", h.xid, h.opcode));
+                }
                 Err(RpcError::Frame(e)) => return End::Malformed(e.to_string()),
                 Err(_) => return End::Quiet,
             };

@@ -420,3 +420,82 @@ async fn max_rpcs_in_flight_bounds_what_one_client_has_outstanding() {
     assert_eq!(probe.client_peak(), 4, "the server held exactly max_rpcs_in_flight of this client at most");
     assert_eq!(import.stats().in_flight, 0);
 }
+
+/// A raw TCP connection to `server` that has done the connect handshake by hand.
+async fn raw_connected(server: &Server, client: u64) -> tokio::net::TcpStream {
+    use nacre_net::frame::{FrameHeader, encode_frame};
+    use nacre_net::rpc::{ConnectRequest, OP_CONNECT};
+    let Nid::Tcp(addr) = server.nid() else { panic!("tcp server") };
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let body = ConnectRequest { client, cookie: 0 }.encode();
+    let h = FrameHeader { opcode: OP_CONNECT, body_len: body.len() as u32, ..FrameHeader::default() };
+    s.write_all(&encode_frame(&h, &body, &[])).await.unwrap();
+    let mut reply = [0u8; nacre_net::frame::HEADER_BYTES + 16];
+    tokio::io::AsyncReadExt::read_exact(&mut s, &mut reply).await.unwrap();
+    s
+}
+
+/// Wait until the server closes `s`; returns what it sent first.
+async fn closed_by_server(mut s: tokio::net::TcpStream) -> Vec<u8> {
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), tokio::io::AsyncReadExt::read_to_end(&mut s, &mut got))
+        .await
+        .expect("the server closes the connection")
+        .ok();
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_input_of_every_kind_closes_only_that_connection() {
+    use nacre_net::frame::{BULK_BYTES_LIMIT, FrameHeader, HEADER_BYTES, encode_frame, flags};
+    let probe = Arc::new(Probe::default());
+    let nid: Nid = "127.0.0.1@tcp:0".parse().unwrap();
+    let server =
+        Server::start(Arc::new(TcpTransport), &nid, echo(probe.clone(), Duration::ZERO), ServerConfig::default())
+            .await
+            .unwrap();
+    let good = Client::new(Arc::new(TcpTransport), ClientConfig::default()).connect(&server.nid()).await.unwrap();
+    let Nid::Tcp(addr) = server.nid() else { panic!() };
+
+    // A request before the handshake: refused with ENOTCONN and the reason, then closed.
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let h = FrameHeader { opcode: OP_ECHO, xid: 5, ..FrameHeader::default() };
+    s.write_all(&encode_frame(&h, &[], &[])).await.unwrap();
+    let got = closed_by_server(s).await;
+    let mut raw = [0u8; HEADER_BYTES];
+    raw.copy_from_slice(&got[..HEADER_BYTES]);
+    let reply = FrameHeader::decode(&raw, &Default::default()).unwrap();
+    assert_eq!(reply.status, nacre_net::rpc::status::ENOTCONN);
+    assert!(String::from_utf8_lossy(&got[HEADER_BYTES..]).contains("before the connect handshake"));
+
+    // After the handshake: a bulk over the limit, a wrong version, a reply where a
+    // request belongs, a transport opcode with bulk, and a stream cut inside a frame.
+    let over = FrameHeader { opcode: OP_ECHO, xid: 1, bulk_len: BULK_BYTES_LIMIT + 1, ..FrameHeader::default() };
+    let mut wrong_version = FrameHeader { opcode: OP_ECHO, xid: 1, ..FrameHeader::default() }.encode();
+    wrong_version[4] = 9;
+    let reply_flag = FrameHeader { opcode: OP_ECHO, xid: 1, flags: flags::REPLY, ..FrameHeader::default() };
+    let ping_bulk = FrameHeader { opcode: nacre_net::rpc::OP_PING, xid: 1, bulk_len: 8, ..FrameHeader::default() };
+    let cut = FrameHeader { opcode: OP_ECHO, xid: 1, body_len: 1000, ..FrameHeader::default() };
+    let cases: Vec<Vec<u8>> = vec![
+        over.encode().to_vec(),
+        wrong_version.to_vec(),
+        reply_flag.encode().to_vec(),
+        encode_frame(&ping_bulk, &[], &[0; 8]),
+        [cut.encode().as_slice(), &[1u8; 10]].concat(),
+    ];
+    let n = cases.len() as u64;
+    for (i, bytes) in cases.into_iter().enumerate() {
+        let mut s = raw_connected(&server, 100 + i as u64).await;
+        s.write_all(&bytes).await.unwrap();
+        if i == 4 {
+            s.shutdown().await.unwrap();
+        }
+        closed_by_server(s).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let st = server.stats();
+    assert_eq!(st.malformed, n + 1, "each bad connection closed with a reason");
+    assert_eq!(st.req_buffers_in_use, 0, "nothing held for the bad connections");
+    assert_eq!(probe.runs.load(Ordering::SeqCst), 0, "no malformed request reached the handler");
+    assert_eq!(good.call(OP_ECHO, b"unharmed", &[]).await.unwrap().body, b"unharmed");
+}

@@ -26,6 +26,9 @@ pub enum NetCommand {
         /// Simulated clients for the scale phase (e.g. 10000); 0 skips it.
         #[arg(long, default_value_t = 0)]
         clients: usize,
+        /// Test a running `nacre net serve` instead of a server started here.
+        #[arg(long)]
+        target: Option<Nid>,
     },
     /// Serve the selftest service on a NID (and the plain-socket reference on the next
     /// port) until stopped, for selftests between machines.
@@ -53,7 +56,7 @@ const SIM_CLIENTS_MAX: usize = 15_000;
 pub fn run(cmd: NetCommand) -> Result<(), Box<dyn std::error::Error>> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cmd {
-        NetCommand::Selftest { seconds, bulk_clients, ping_clients, no_raw, clients } => {
+        NetCommand::Selftest { seconds, bulk_clients, ping_clients, no_raw, clients, target } => {
             if !(seconds > 0.0 && seconds <= 3600.0) || bulk_clients == 0 || ping_clients == 0 {
                 return Err("--seconds must be within (0, 3600] and client counts positive".into());
             }
@@ -67,6 +70,7 @@ pub fn run(cmd: NetCommand) -> Result<(), Box<dyn std::error::Error>> {
                 raw: !no_raw,
                 clients,
                 sim_program: std::env::current_exe().ok(),
+                target,
             };
             let mut out = std::io::stdout();
             let figures = rt.block_on(run_selftest(&o, &mut out))?;
