@@ -35,8 +35,11 @@ use crate::raid::BenchError;
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct SelftestOptions {
-    /// Seconds per phase.
+    /// Seconds per phase and round.
     pub seconds: f64,
+    /// Rounds: each phase runs Nacre then raw this many times, interleaved, and the best
+    /// of each side is kept (the machine's noise moves single runs by 20–30%).
+    pub rounds: usize,
     /// Concurrent clients in the bulk phases.
     pub bulk_clients: usize,
     /// Concurrent clients in the small-RPC phase.
@@ -55,7 +58,8 @@ pub struct SelftestOptions {
 impl Default for SelftestOptions {
     fn default() -> Self {
         SelftestOptions {
-            seconds: 2.0,
+            seconds: 1.0,
+            rounds: 3,
             bulk_clients: 4,
             ping_clients: 8,
             raw: true,
@@ -324,7 +328,8 @@ pub async fn run_selftest(o: &SelftestOptions, out: &mut (dyn std::io::Write + S
     };
     let _ = writeln!(
         out,
-        "nacre net selftest: server {target}, {} s per phase, {} bulk clients, {} small-RPC clients{}",
+        "nacre net selftest: server {target}, {} rounds of {} s per phase (best kept), {} bulk clients, {} small-RPC clients{}",
+        o.rounds,
         o.seconds,
         o.bulk_clients,
         o.ping_clients,
@@ -364,15 +369,26 @@ pub async fn run_selftest(o: &SelftestOptions, out: &mut (dyn std::io::Write + S
         0.0,
     ));
     for (title, key, pattern, n, bytes) in phases {
-        let mut p = rpc_phase(&target, n, pattern, o.seconds, &lows).await?;
+        let (mut best, mut best_raw): (Option<Phase>, Option<Phase>) = (None, None);
+        for _ in 0..o.rounds.max(1) {
+            let p = rpc_phase(&target, n, pattern, o.seconds, &lows).await?;
+            if best.as_ref().is_none_or(|b| p.rate() > b.rate()) {
+                best = Some(p);
+            }
+            if o.raw {
+                let r = raw_phase(raw_addr, n, pattern, o.seconds).await?;
+                if best_raw.as_ref().is_none_or(|b| r.rate() > b.rate()) {
+                    best_raw = Some(r);
+                }
+            }
+        }
+        let mut p = best.ok_or_else(|| BenchError::Bad("no round ran".into()))?;
         let scale = |r: f64| if bytes > 0.0 { r * bytes / 1e9 } else { r };
         let v = scale(p.rate());
         let (p50, p99) = (p.percentile(0.5), p.percentile(0.99));
-        let (rv, rp50, rp99) = if o.raw {
-            let mut r = raw_phase(raw_addr, n, pattern, o.seconds).await?;
-            (scale(r.rate()), r.percentile(0.5), r.percentile(0.99))
-        } else {
-            (0.0, 0.0, 0.0)
+        let (rv, rp50, rp99) = match best_raw {
+            Some(mut r) => (scale(r.rate()), r.percentile(0.5), r.percentile(0.99)),
+            None => (0.0, 0.0, 0.0),
         };
         let fmt = |x: f64| if bytes > 0.0 { format!("{x:.2}") } else { format!("{x:.0}") };
         let _ = writeln!(
@@ -428,6 +444,7 @@ pub async fn run_selftest(o: &SelftestOptions, out: &mut (dyn std::io::Write + S
     }
     figures.insert("bench".into(), json!("net-selftest"));
     figures.insert("seconds_per_phase".into(), json!(o.seconds));
+    figures.insert("rounds".into(), json!(o.rounds));
     Ok(Value::Object(figures))
 }
 

@@ -166,6 +166,7 @@ impl Client {
                 network: AtEstimate::new(cfg.at.at_history, now),
             }),
             last_sent_ms: AtomicU64::new(now),
+            server_obd_timeout_ms: AtomicU64::new(0),
             counters: Arc::default(),
             pinger: Mutex::new(None),
         });
@@ -270,6 +271,8 @@ pub struct Import {
     rr: AtomicUsize,
     at: Mutex<AtState>,
     last_sent_ms: AtomicU64,
+    /// The server's `obd_timeout` as its connect reply gave it (0: not known yet).
+    server_obd_timeout_ms: AtomicU64,
     counters: Arc<ImportCounters>,
     pinger: Mutex<Option<AbortHandle>>,
 }
@@ -539,6 +542,7 @@ impl Import {
             self.counters.evictions.fetch_add(1, Ordering::Relaxed);
         }
         link.cookie = r.cookie;
+        self.server_obd_timeout_ms.store(r.obd_timeout_ms as u64, Ordering::Relaxed);
         let (closed_tx, closed) = watch::channel(false);
         let reader = tokio::spawn(read_replies(
             stream.read,
@@ -563,7 +567,15 @@ impl Import {
         self.conns.lock().unwrap_or_else(|e| e.into_inner()).retain(|c| !Arc::ptr_eq(c, conn));
     }
 
-    /// Counters that a test reads to prove the pinger and resends behave.
+    /// How often the pinger pings when idle: a quarter of the shorter of this client's
+    /// and the server's `obd_timeout`, so a client is never evicted for following its own.
+    pub fn ping_interval(&self) -> Duration {
+        let ours = self.shared.cfg.obd_timeout;
+        let theirs = Duration::from_millis(self.server_obd_timeout_ms.load(Ordering::Relaxed));
+        (if theirs.is_zero() { ours } else { ours.min(theirs) }) / 4
+    }
+
+    /// Time since this import last sent anything.
     pub fn last_sent(&self) -> Duration {
         Duration::from_millis(self.shared.now_ms().saturating_sub(self.last_sent_ms.load(Ordering::Relaxed)))
     }
@@ -616,11 +628,8 @@ async fn read_replies(
 /// Ping the import's server whenever it has been idle for `obd_timeout/4`.
 async fn pinger(import: Weak<Import>, seed: u64) {
     let mut rng = SplitMix(seed);
-    let interval = match import.upgrade() {
-        Some(i) => i.shared.cfg.obd_timeout / 4,
-        None => return,
-    };
     loop {
+        let Some(interval) = import.upgrade().map(|i| i.ping_interval()) else { return };
         // ±10% jitter.
         let tenth = interval.as_micros() as u64 / 10;
         let jitter = if tenth > 0 { rng.next() % (2 * tenth) } else { 0 };

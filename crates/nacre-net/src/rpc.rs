@@ -167,10 +167,14 @@ pub async fn write_frame<W: AsyncWrite + Unpin + ?Sized>(
 ) -> io::Result<()> {
     debug_assert_eq!(header.body_len as usize, body.len());
     debug_assert_eq!(header.bulk_len as usize, bulk.len());
-    let mut head = Vec::with_capacity(HEADER_BYTES + body.len());
-    head.extend_from_slice(&header.encode());
-    head.extend_from_slice(body);
-    w.write_all(&head).await?;
+    if body.is_empty() {
+        w.write_all(&header.encode()).await?;
+    } else {
+        let mut head = Vec::with_capacity(HEADER_BYTES + body.len());
+        head.extend_from_slice(&header.encode());
+        head.extend_from_slice(body);
+        w.write_all(&head).await?;
+    }
     if !bulk.is_empty() {
         w.write_all(bulk).await?;
     }

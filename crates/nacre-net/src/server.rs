@@ -161,6 +161,8 @@ pub struct ServerStats {
     pub req_buffers_max: usize,
     pub req_buffers_in_use: usize,
     pub req_buffers_peak: usize,
+    /// Most bulk bytes held by requests at once (bounded by `req_bulk_bytes_max`).
+    pub req_bulk_bytes_peak: usize,
     pub queued: usize,
     pub reply_cache_bytes: usize,
     pub credits: CreditStats,
@@ -186,6 +188,7 @@ struct Counters {
     malformed: AtomicU64,
     refused: AtomicU64,
     buffers_peak: AtomicUsize,
+    bulk_bytes_peak: AtomicUsize,
 }
 
 /// A running server. Dropping it stops it and closes every connection.
@@ -350,7 +353,7 @@ impl Server {
             faults: Arc::new(FaultInjector::new(fresh_seed())),
             ni: CreditPool::new(cfg.credits),
             buffers: Arc::new(Semaphore::new(cfg.req_buffers_max.max(1))),
-            bulk_bytes: Arc::new(Semaphore::new(cfg.req_bulk_bytes_max.max(cfg.limits.bulk_max as usize))),
+            bulk_bytes: Arc::new(Semaphore::new(bulk_budget(&cfg))),
             threads: Arc::new(Semaphore::new(cfg.threads_max.max(1))),
             // Keep enough free bulk buffers for the bulk budget, at most 256 MiB.
             pool: BulkPool::new(cfg.req_bulk_bytes_max.min(256 << 20)),
@@ -414,6 +417,7 @@ impl Server {
         }
         drop(q);
         self.shared.dispatch();
+        self.shared.queue_changed.notify_one();
     }
 
     pub fn policy(&self) -> Policy {
@@ -482,6 +486,7 @@ impl Server {
             req_buffers_max: max,
             req_buffers_in_use: max - s.buffers.available_permits(),
             req_buffers_peak: c.buffers_peak.load(Ordering::Relaxed),
+            req_bulk_bytes_peak: c.bulk_bytes_peak.load(Ordering::Relaxed),
             queued: lock(&s.queue).len(),
             reply_cache_bytes: s.cache_bytes.load(Ordering::Relaxed),
             credits: s.ni.stats(),
@@ -503,7 +508,20 @@ enum End {
     Malformed(String),
 }
 
+/// Longest a new connection may take to send its connect request.
+const HANDSHAKE_WAIT_MAX: Duration = Duration::from_secs(20);
+
+/// Bulk bytes requests may hold: the configured budget, and at least one largest bulk so
+/// that any valid request can be taken.
+fn bulk_budget(cfg: &ServerConfig) -> usize {
+    cfg.req_bulk_bytes_max.max(cfg.limits.bulk_max.min(BULK_BYTES_LIMIT) as usize)
+}
+
 impl Shared {
+    fn bulk_budget(&self) -> usize {
+        bulk_budget(&self.cfg)
+    }
+
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }
@@ -535,8 +553,10 @@ impl Shared {
 
     async fn converse(self: Arc<Self>, read: &mut crate::transport::ReadHalf, route: &Arc<Route>) -> End {
         let limits = self.cfg.limits;
-        // The handshake must come within obd_timeout, or the connection is not worth a task.
-        let first = match tokio::time::timeout(self.cfg.obd_timeout, read_header(&mut **read, &limits)).await {
+        // The handshake must come soon, or the connection is not worth a task and a
+        // descriptor.
+        let wait = self.cfg.obd_timeout.min(HANDSHAKE_WAIT_MAX);
+        let first = match tokio::time::timeout(wait, read_header(&mut **read, &limits)).await {
             Ok(Ok(Some(h))) => h,
             Ok(Ok(None)) | Err(_) => return End::Quiet,
             Ok(Err(e)) => return End::Malformed(e.to_string()),
@@ -620,7 +640,11 @@ impl Shared {
             self.counters.buffers_peak.fetch_max(in_use, Ordering::Relaxed);
             let bulk_bytes = if h.bulk_len > 0 {
                 match self.bulk_bytes.clone().acquire_many_owned(h.bulk_len).await {
-                    Ok(p) => Some(p),
+                    Ok(p) => {
+                        let held = self.bulk_budget() - self.bulk_bytes.available_permits();
+                        self.counters.bulk_bytes_peak.fetch_max(held, Ordering::Relaxed);
+                        Some(p)
+                    }
                     Err(_) => return End::Quiet,
                 }
             } else {
@@ -669,9 +693,17 @@ impl Shared {
                 _buffer: buffer,
                 _bulk_bytes: bulk_bytes,
             };
-            lock(&self.queue).push(queued, self.now_us());
+            let timed = {
+                let mut q = lock(&self.queue);
+                q.push(queued, self.now_us());
+                matches!(*q, Queue::Tbf(_))
+            };
             self.dispatch();
-            self.queue_changed.notify_one();
+            // Only a rate-limited queue needs the timer task; FIFO starts requests here and
+            // as others finish.
+            if timed {
+                self.queue_changed.notify_one();
+            }
         }
     }
 

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use nacre_net::at::AtConfig;
 use nacre_net::client::{Client, ClientConfig, Import, Request};
+use nacre_net::frame::FrameLimits;
 use nacre_net::nid::Nid;
 use nacre_net::rpc::RpcError;
 use nacre_net::server::{Handler, Policy, Reply, Server, ServerConfig};
@@ -106,8 +107,13 @@ async fn bulk_round_trips_exactly_over_tcp_with_several_connections() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_stays_within_request_buffers_threads_and_in_flight_bounds() {
     let probe = Arc::new(Probe::default());
-    let scfg =
-        ServerConfig { req_buffers_max: 6, threads_max: 3, req_bulk_bytes_max: 1 << 20, ..ServerConfig::default() };
+    let scfg = ServerConfig {
+        req_buffers_max: 6,
+        threads_max: 3,
+        req_bulk_bytes_max: 1 << 20,
+        limits: FrameLimits { body_max: 4096, bulk_max: 512 << 10 },
+        ..ServerConfig::default()
+    };
     let net = MemNetwork::new();
     let server = Server::start(
         Arc::new(net.transport("oss0")),
@@ -146,6 +152,8 @@ async fn a_flood_stays_within_request_buffers_threads_and_in_flight_bounds() {
     assert_eq!(answered, 1600, "every request answered");
     let s = server.stats();
     assert!(s.req_buffers_peak <= 6, "{} request buffers held with a maximum of 6", s.req_buffers_peak);
+    assert!(s.req_bulk_bytes_peak <= 1 << 20, "{} bulk bytes held with a budget of 1 MiB", s.req_bulk_bytes_peak);
+    assert!(s.req_bulk_bytes_peak >= 256 << 10, "the flood did carry bulk");
     assert!(
         probe.peak.load(Ordering::SeqCst) <= 3,
         "{} handlers at once with threads_max 3",
@@ -498,4 +506,28 @@ async fn malformed_input_of_every_kind_closes_only_that_connection() {
     assert_eq!(st.req_buffers_in_use, 0, "nothing held for the bad connections");
     assert_eq!(probe.runs.load(Ordering::SeqCst), 0, "no malformed request reached the handler");
     assert_eq!(good.call(OP_ECHO, b"unharmed", &[]).await.unwrap().body, b"unharmed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_rules_by_nid_hit_only_the_named_peer_and_can_be_lifted() {
+    let probe = Arc::new(Probe::default());
+    let net = MemNetwork::new();
+    let server = Server::start(
+        Arc::new(net.transport("oss0")),
+        &"oss0@mem".parse().unwrap(),
+        echo(probe, Duration::ZERO),
+        ServerConfig::default(),
+    )
+    .await
+    .unwrap();
+    let cfg = ClientConfig { at: fast_at(100), max_resends: 1, ..ClientConfig::default() };
+    let c1 = Client::new(Arc::new(net.transport("c1")), cfg.clone()).connect(&server.nid()).await.unwrap();
+    let c2 = Client::new(Arc::new(net.transport("c2")), cfg).connect(&server.nid()).await.unwrap();
+    let rule = server.faults().add("drop from=oss0@mem to=c1@mem").unwrap();
+    assert!(matches!(c1.call(OP_ECHO, b"1", &[]).await, Err(RpcError::Timeout { .. })), "replies to c1 dropped");
+    assert_eq!(c2.call(OP_ECHO, b"2", &[]).await.unwrap().body, b"2", "c2 untouched");
+    assert!(server.faults().remove(rule));
+    assert_eq!(c1.call(OP_ECHO, b"1", &[]).await.unwrap().body, b"1", "lifted at run time");
+    // A client learns the server's obd_timeout and pings at a quarter of the shorter one.
+    assert_eq!(c1.ping_interval(), Duration::from_secs(25));
 }

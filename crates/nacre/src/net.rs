@@ -11,9 +11,12 @@ pub enum NetCommand {
     /// plain sockets in the same run; with --clients N, N simulated clients against one
     /// server. Prints a table and one JSON line.
     Selftest {
-        /// Seconds per phase (the scale phase runs at least 10).
-        #[arg(long, default_value_t = 2.0)]
+        /// Seconds per phase and round (the scale phase runs at least 10).
+        #[arg(long, default_value_t = 1.0)]
         seconds: f64,
+        /// Rounds per phase, Nacre and raw interleaved; the best of each side is kept.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
         /// Concurrent bulk clients.
         #[arg(long, default_value_t = 4)]
         bulk_clients: usize,
@@ -56,15 +59,19 @@ const SIM_CLIENTS_MAX: usize = 15_000;
 pub fn run(cmd: NetCommand) -> Result<(), Box<dyn std::error::Error>> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cmd {
-        NetCommand::Selftest { seconds, bulk_clients, ping_clients, no_raw, clients, target } => {
+        NetCommand::Selftest { seconds, rounds, bulk_clients, ping_clients, no_raw, clients, target } => {
             if !(seconds > 0.0 && seconds <= 3600.0) || bulk_clients == 0 || ping_clients == 0 {
                 return Err("--seconds must be within (0, 3600] and client counts positive".into());
+            }
+            if !(1..=100).contains(&rounds) {
+                return Err(format!("--rounds {rounds}: use 1 to 100").into());
             }
             if clients > SIM_CLIENTS_MAX {
                 return Err(format!("--clients {clients}: at most {SIM_CLIENTS_MAX} from one machine").into());
             }
             let o = SelftestOptions {
                 seconds,
+                rounds,
                 bulk_clients,
                 ping_clients,
                 raw: !no_raw,
