@@ -42,6 +42,8 @@ pub struct SelftestOptions {
     pub rounds: usize,
     /// Concurrent clients in the bulk phases.
     pub bulk_clients: usize,
+    /// Bulk RPC sizes in bytes (figures are named by size: `bulk_ratio_1m`, `_64k`).
+    pub bulk_sizes: Vec<usize>,
     /// Concurrent clients in the small-RPC phase.
     pub ping_clients: usize,
     /// Run the plain-socket reference (ratios need it).
@@ -61,6 +63,7 @@ impl Default for SelftestOptions {
             seconds: 1.0,
             rounds: 3,
             bulk_clients: 4,
+            bulk_sizes: vec![1 << 20, 4 << 20, 16 << 20],
             ping_clients: 8,
             raw: true,
             clients: 0,
@@ -296,6 +299,18 @@ fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 { (a / b * 1000.0).round() / 1000.0 } else { 0.0 }
 }
 
+/// A size as the table shows it and as figure names carry it: (`1 MiB`, `1m`),
+/// (`64 KiB`, `64k`), (`100000 B`, `100000b`).
+fn size_label(b: usize) -> (String, String) {
+    if b % (1 << 20) == 0 {
+        (format!("{} MiB", b >> 20), format!("{}m", b >> 20))
+    } else if b % 1024 == 0 {
+        (format!("{} KiB", b >> 10), format!("{}k", b >> 10))
+    } else {
+        (format!("{b} B"), format!("{b}b"))
+    }
+}
+
 /// `bulk_1m` → `bulk_ratio_1m`, `ping` → `ping_ratio`.
 fn ratio_key(key: &str) -> String {
     match key.split_once('_') {
@@ -341,25 +356,19 @@ pub async fn run_selftest(o: &SelftestOptions, out: &mut (dyn std::io::Write + S
     );
     let mut figures = serde_json::Map::new();
     let mut phases: Vec<(String, String, Pattern, usize, f64)> = Vec::new();
-    for (label, mib) in [("1m", 1usize), ("4m", 4), ("16m", 16)] {
-        let bytes = (mib << 20) as f64;
-        phases.push((
-            format!("bulk write {mib} MiB (GB/s)"),
-            format!("bulk_{label}"),
-            Pattern::Write(mib << 20),
-            o.bulk_clients,
-            bytes,
-        ));
-    }
-    for (label, mib) in [("1m", 1usize), ("4m", 4), ("16m", 16)] {
-        let bytes = (mib << 20) as f64;
-        phases.push((
-            format!("bulk read {mib} MiB (GB/s)"),
-            format!("read_{label}"),
-            Pattern::Read(mib << 20),
-            o.bulk_clients,
-            bytes,
-        ));
+    for read in [false, true] {
+        for &b in &o.bulk_sizes {
+            let (kind, key, pattern) =
+                if read { ("read", "read", Pattern::Read(b)) } else { ("write", "bulk", Pattern::Write(b)) };
+            let (title, label) = size_label(b);
+            phases.push((
+                format!("bulk {kind} {title} (GB/s)"),
+                format!("{key}_{label}"),
+                pattern,
+                o.bulk_clients,
+                b as f64,
+            ));
+        }
     }
     phases.push((
         format!("small RPC, {} clients (RPC/s)", o.ping_clients),

@@ -11,7 +11,6 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::glob::glob;
 use crate::nid::Nid;
 
 /// Rules held at once.
@@ -160,11 +159,10 @@ impl FaultInjector {
         if st.rules.is_empty() {
             return FaultAction::Deliver;
         }
-        let (from, to) = (from.to_string(), to.to_string());
         let State { rules, rng, .. } = &mut *st;
         for r in rules.iter_mut() {
-            let matches = glob(&r.from, &from)
-                && glob(&r.to, &to)
+            let matches = from.matches(&r.from)
+                && to.matches(&r.to)
                 && r.opcode.is_none_or(|o| o == opcode)
                 && r.remaining != Some(0);
             if !matches {

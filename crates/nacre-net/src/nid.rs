@@ -80,9 +80,40 @@ impl fmt::Display for Nid {
     }
 }
 
+impl Nid {
+    /// The endpoint without its port (`10.0.0.5@tcp`, `oss0@mem`): what names a client
+    /// host in rules, since a client's connections come from passing ports.
+    pub fn host(&self) -> String {
+        match self {
+            Nid::Tcp(SocketAddr::V4(a)) => format!("{}@tcp", a.ip()),
+            Nid::Tcp(SocketAddr::V6(a)) => format!("[{}]@tcp", a.ip()),
+            Nid::Mem(name) => format!("{name}@mem"),
+        }
+    }
+
+    /// Does a rule's glob pattern name this endpoint? A pattern with a port
+    /// (`…@tcp:9000`) is matched against the whole NID, any other against [`Nid::host`].
+    pub fn matches(&self, pattern: &str) -> bool {
+        let with_port = pattern.rsplit_once('@').is_some_and(|(_, net)| net.contains(':'));
+        if with_port { crate::glob::glob(pattern, &self.to_string()) } else { crate::glob::glob(pattern, &self.host()) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn patterns_without_a_port_name_the_host() {
+        let n: Nid = "10.0.1.5@tcp:45678".parse().unwrap();
+        assert_eq!(n.host(), "10.0.1.5@tcp");
+        assert!(n.matches("10.0.1.5@tcp"));
+        assert!(n.matches("10.0.1.*"));
+        assert!(n.matches("10.0.1.5@tcp:45678"));
+        assert!(!n.matches("10.0.1.5@tcp:988"));
+        assert!(!n.matches("10.0.2.*"));
+        assert!("oss0@mem".parse::<Nid>().unwrap().matches("oss*@mem"));
+    }
 
     #[test]
     fn parse_and_print() {

@@ -91,8 +91,8 @@ impl Rule {
     fn bucket_key<R: Classify>(&self, r: &R) -> Option<String> {
         match &self.matcher {
             Matcher::Nid(pats) => {
-                let nid = r.nid().to_string();
-                pats.iter().any(|p| glob(p, &nid)).then_some(nid)
+                // One bucket per client host, however many connections it has.
+                pats.iter().any(|p| r.nid().matches(p)).then(|| r.nid().host())
             }
             Matcher::JobId(pats) => pats.iter().any(|p| glob(p, r.job_id())).then(|| r.job_id().to_string()),
             Matcher::Opcode(ops) => ops.contains(&r.opcode()).then(|| r.opcode().to_string()),

@@ -5,6 +5,8 @@ use clap::Subcommand;
 use nacre_bench::net::{SelftestOptions, raw_server, run_client_sim, run_selftest, start_server};
 use nacre_net::nid::Nid;
 
+use crate::size::parse_size;
+
 #[derive(Subcommand)]
 pub enum NetCommand {
     /// Bulk write and read RPCs (1, 4, 16 MiB) and small RPCs over loopback, each against
@@ -20,6 +22,9 @@ pub enum NetCommand {
         /// Concurrent bulk clients.
         #[arg(long, default_value_t = 4)]
         bulk_clients: usize,
+        /// Bulk RPC sizes, 4 KiB to 16 MiB each.
+        #[arg(long, value_delimiter = ',', default_value = "1M,4M,16M", value_parser = parse_size)]
+        sizes: Vec<u64>,
         /// Concurrent small-RPC clients.
         #[arg(long, default_value_t = 8)]
         ping_clients: usize,
@@ -59,7 +64,10 @@ const SIM_CLIENTS_MAX: usize = 15_000;
 pub fn run(cmd: NetCommand) -> Result<(), Box<dyn std::error::Error>> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cmd {
-        NetCommand::Selftest { seconds, rounds, bulk_clients, ping_clients, no_raw, clients, target } => {
+        NetCommand::Selftest { seconds, rounds, bulk_clients, sizes, ping_clients, no_raw, clients, target } => {
+            if let Some(bad) = sizes.iter().find(|&&b| !(4096..=16 << 20).contains(&b)) {
+                return Err(format!("--sizes: {bad} bytes is outside 4K..16M (the largest bulk RPC)").into());
+            }
             if !(seconds > 0.0 && seconds <= 3600.0) || bulk_clients == 0 || ping_clients == 0 {
                 return Err("--seconds must be within (0, 3600] and client counts positive".into());
             }
@@ -73,6 +81,7 @@ pub fn run(cmd: NetCommand) -> Result<(), Box<dyn std::error::Error>> {
                 seconds,
                 rounds,
                 bulk_clients,
+                bulk_sizes: sizes.iter().map(|&b| b as usize).collect(),
                 ping_clients,
                 raw: !no_raw,
                 clients,
