@@ -302,9 +302,9 @@ fn ratio(a: f64, b: f64) -> f64 {
 /// A size as the table shows it and as figure names carry it: (`1 MiB`, `1m`),
 /// (`64 KiB`, `64k`), (`100000 B`, `100000b`).
 fn size_label(b: usize) -> (String, String) {
-    if b % (1 << 20) == 0 {
+    if b.is_multiple_of(1 << 20) {
         (format!("{} MiB", b >> 20), format!("{}m", b >> 20))
-    } else if b % 1024 == 0 {
+    } else if b.is_multiple_of(1024) {
         (format!("{} KiB", b >> 10), format!("{}k", b >> 10))
     } else {
         (format!("{b} B"), format!("{b}b"))
