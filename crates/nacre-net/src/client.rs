@@ -29,7 +29,7 @@ use tokio::task::AbortHandle;
 use crate::at::{AtConfig, AtEstimate};
 use crate::bulk::BulkPool;
 use crate::credits::{CreditPool, CreditStats, acquire_send};
-use crate::fault::{FaultAction, FaultInjector};
+use crate::fault::{self, FaultInjector};
 use crate::frame::{BODY_BYTES_LIMIT, BULK_BYTES_LIMIT, Frame, FrameHeader, FrameLimits, flags};
 use crate::nid::Nid;
 use crate::rpc::{
@@ -453,19 +453,11 @@ impl Import {
     /// Put one frame on the wire under peer and interface credits, through the fault rules.
     async fn transmit(&self, conn: &Conn, header: &FrameHeader, body: &[u8], bulk: &[u8]) -> std::io::Result<()> {
         let _credits = acquire_send(&self.peer, &self.shared.ni).await;
-        let copies = match self.shared.faults.decide(&conn.local, &self.target, header.opcode) {
-            FaultAction::Deliver => 1,
-            FaultAction::Drop => 0,
-            FaultAction::Duplicate => 2,
-            FaultAction::Delay(d) => {
-                tokio::time::sleep(d).await;
-                1
-            }
-            FaultAction::Cut => {
-                let mut w = conn.writer.lock().await;
-                let _ = tokio::io::AsyncWriteExt::shutdown(&mut *w).await;
-                return Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "cut by a fault rule"));
-            }
+        let action = self.shared.faults.decide(&conn.local, &self.target, header.opcode);
+        let Some(copies) = fault::copies(action).await else {
+            let mut w = conn.writer.lock().await;
+            let _ = tokio::io::AsyncWriteExt::shutdown(&mut *w).await;
+            return Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "cut by a fault rule"));
         };
         let mut w = conn.writer.lock().await;
         for _ in 0..copies {

@@ -168,11 +168,9 @@ impl FaultInjector {
             if !matches {
                 continue;
             }
-            *rng = rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = *rng;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^= z >> 31;
+            let mut m = crate::rpc::SplitMix(*rng);
+            let z = m.next();
+            *rng = m.0;
             if z % 1_000_000 < r.p_micro {
                 if let Some(n) = r.remaining.as_mut() {
                     *n -= 1;
@@ -181,5 +179,20 @@ impl FaultInjector {
             }
         }
         FaultAction::Deliver
+    }
+}
+
+/// What a sender does with a message under `action`: `Some(n)` — write it `n` times (0 for
+/// a drop), after the delay if there is one; `None` — cut the connection instead.
+pub async fn copies(action: FaultAction) -> Option<usize> {
+    match action {
+        FaultAction::Deliver => Some(1),
+        FaultAction::Drop => Some(0),
+        FaultAction::Duplicate => Some(2),
+        FaultAction::Delay(d) => {
+            tokio::time::sleep(d).await;
+            Some(1)
+        }
+        FaultAction::Cut => None,
     }
 }

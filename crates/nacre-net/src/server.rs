@@ -33,7 +33,7 @@ use tokio::task::JoinSet;
 use crate::at::{AtConfig, AtEstimate};
 use crate::bulk::{Bulk, BulkPool};
 use crate::credits::{CreditPool, CreditStats, acquire_send};
-use crate::fault::{FaultAction, FaultInjector};
+use crate::fault::{self, FaultInjector};
 use crate::frame::{BODY_BYTES_LIMIT, BULK_BYTES_LIMIT, FrameHeader, FrameLimits, flags};
 use crate::nid::Nid;
 use crate::rpc::{
@@ -960,18 +960,9 @@ impl Shared {
     /// is left to the client's resend.
     async fn send(&self, export: &Export, route: &Route, header: &FrameHeader, body: &[u8], bulk: &[u8]) {
         let _credits = acquire_send(&export.credits, &self.ni).await;
-        let copies = match self.faults.decide(&self.nid, &route.peer, header.opcode) {
-            FaultAction::Deliver => 1,
-            FaultAction::Drop => 0,
-            FaultAction::Duplicate => 2,
-            FaultAction::Delay(d) => {
-                tokio::time::sleep(d).await;
-                1
-            }
-            FaultAction::Cut => {
-                let _ = route.cut.send(true);
-                return;
-            }
+        let Some(copies) = fault::copies(self.faults.decide(&self.nid, &route.peer, header.opcode)).await else {
+            let _ = route.cut.send(true);
+            return;
         };
         let mut w = route.writer.lock().await;
         for _ in 0..copies {
