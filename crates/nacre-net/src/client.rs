@@ -18,7 +18,7 @@
 //! waits at least the request deadline before the next: a dead server costs one ping per
 //! deadline, not a storm.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -94,6 +94,9 @@ impl<'a> Request<'a> {
 }
 
 struct Shared {
+    /// One import per server: imports share the client's identity, so two would take
+    /// each other's export.
+    imports: Mutex<HashMap<Nid, Weak<Import>>>,
     transport: Arc<dyn Transport>,
     cfg: ClientConfig,
     id: u64,
@@ -120,6 +123,7 @@ impl Client {
         let id = ids.next().max(1);
         Client {
             shared: Arc::new(Shared {
+                imports: Mutex::new(HashMap::new()),
                 transport,
                 ni: CreditPool::new(cfg.credits),
                 faults: Arc::new(FaultInjector::new(ids.next())),
@@ -148,6 +152,12 @@ impl Client {
     /// Connect to a server: the first connection is opened (and its errors returned)
     /// now, the others of `conns_per_peer` as requests need them.
     pub async fn connect(&self, target: &Nid) -> Result<Arc<Import>, RpcError> {
+        let existing =
+            self.shared.imports.lock().unwrap_or_else(|e| e.into_inner()).get(target).and_then(Weak::upgrade);
+        if let Some(import) = existing {
+            import.connection().await?;
+            return Ok(import);
+        }
         let cfg = &self.shared.cfg;
         let now = self.shared.now_ms();
         let import = Arc::new(Import {
@@ -169,8 +179,14 @@ impl Client {
             server_obd_timeout_ms: AtomicU64::new(0),
             counters: Arc::default(),
             pinger: Mutex::new(None),
+            closed: std::sync::atomic::AtomicBool::new(false),
         });
         import.connection().await?;
+        {
+            let mut imports = self.shared.imports.lock().unwrap_or_else(|e| e.into_inner());
+            imports.retain(|_, w| w.strong_count() > 0);
+            imports.insert(target.clone(), Arc::downgrade(&import));
+        }
         if cfg.ping {
             let handle = tokio::spawn(pinger(Arc::downgrade(&import), self.shared.id ^ import_seed(target)));
             *import.pinger.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle.abort_handle());
@@ -205,6 +221,8 @@ struct AtState {
 
 /// One live connection of an import.
 struct Conn {
+    /// A frame was left half written: nothing more goes on this connection.
+    broken: std::sync::atomic::AtomicBool,
     writer: tokio::sync::Mutex<WriteHalf>,
     local: Nid,
     closed: watch::Receiver<bool>,
@@ -214,7 +232,7 @@ struct Conn {
 
 impl Conn {
     fn is_closed(&self) -> bool {
-        *self.closed.borrow() || self.closed.has_changed().is_err()
+        self.broken.load(Ordering::Acquire) || *self.closed.borrow() || self.closed.has_changed().is_err()
     }
 }
 
@@ -275,6 +293,8 @@ pub struct Import {
     server_obd_timeout_ms: AtomicU64,
     counters: Arc<ImportCounters>,
     pinger: Mutex<Option<AbortHandle>>,
+    /// Set by `disconnect`: the import sends nothing more.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for Import {
@@ -308,9 +328,14 @@ impl Import {
     /// Tell the server this client is leaving, so it drops the export now instead of
     /// evicting it later.
     pub async fn disconnect(&self) -> Result<(), RpcError> {
-        self.send(Request { opcode: OP_DISCONNECT, no_resend: true, ..Request::default() }).await?;
+        if let Some(p) = self.pinger.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            p.abort();
+        }
+        let r = self.send(Request { opcode: OP_DISCONNECT, no_resend: true, ..Request::default() }).await;
+        self.closed.store(true, Ordering::Release);
+        self.in_flight.close();
         self.conns.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        Ok(())
+        r.map(|_| ())
     }
 
     /// The deadline a request sent now gets: service plus network estimate, 125% of it
@@ -353,12 +378,26 @@ impl Import {
         if req.bulk.len() > bulk_max as usize {
             return Err(RpcError::TooLarge { what: "bulk", len: req.bulk.len(), max: bulk_max });
         }
-        let _slot = self.in_flight.acquire().await.map_err(|_| RpcError::Closed)?;
-        let xid = self.next_xid.fetch_add(1, Ordering::Relaxed);
+        if self.closed.load(Ordering::Acquire) {
+            return Err(RpcError::Closed);
+        }
+        // Pings do not wait behind requests for a slot: a client whose slots are all
+        // held by slow requests must still be heard, or it would be evicted.
+        let _slot = match req.opcode {
+            OP_PING => None,
+            _ => Some(self.in_flight.acquire().await.map_err(|_| RpcError::Closed)?),
+        };
         let generation = self.generation.load(Ordering::Acquire);
         let (tx, mut rx) = oneshot::channel();
         let deadline_ms = Arc::new(AtomicU64::new(u64::MAX));
-        self.lock_pending().insert(xid, Waiter { tx: Some(tx), deadline_ms: deadline_ms.clone() });
+        let xid = {
+            // The xid is taken and registered together, so a request sent meanwhile never
+            // acknowledges an xid that is not yet waiting.
+            let mut p = self.lock_pending();
+            let xid = self.next_xid.fetch_add(1, Ordering::Relaxed);
+            p.insert(xid, Waiter { tx: Some(tx), deadline_ms: deadline_ms.clone() });
+            xid
+        };
         let _forget = Forget { pending: &self.pending, xid };
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
@@ -460,9 +499,14 @@ impl Import {
             return Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "cut by a fault rule"));
         };
         let mut w = conn.writer.lock().await;
+        // A call cancelled in the middle of a frame must not leave half of it on a
+        // connection others go on using: the server would read the next frame's bytes as
+        // this one's rest. Until the frame is whole, dropping this guard breaks the link.
+        let guard = BreakOnDrop(conn);
         for _ in 0..copies {
             write_frame(&mut *w, header, body, bulk).await?;
         }
+        std::mem::forget(guard);
         Ok(())
     }
 
@@ -507,7 +551,9 @@ impl Import {
     /// Open one connection and run the connect handshake on it.
     async fn open(&self, link: &mut Link) -> Result<Arc<Conn>, RpcError> {
         let s = &self.shared;
-        let mut stream = s.transport.connect(&self.target).await?;
+        let mut stream = tokio::time::timeout(self.timeout(), s.transport.connect(&self.target))
+            .await
+            .map_err(|_| RpcError::Timeout { xid: 0, after: self.timeout(), attempts: 1 })??;
         let req = ConnectRequest { client: s.id, cookie: link.cookie }.encode();
         let header = FrameHeader {
             opcode: OP_CONNECT,
@@ -545,6 +591,7 @@ impl Import {
             self.counters.clone(),
         ));
         let conn = Conn {
+            broken: std::sync::atomic::AtomicBool::new(false),
             writer: tokio::sync::Mutex::new(stream.write),
             local: stream.local,
             closed,
@@ -570,6 +617,16 @@ impl Import {
     /// Time since this import last sent anything.
     pub fn last_sent(&self) -> Duration {
         Duration::from_millis(self.shared.now_ms().saturating_sub(self.last_sent_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// Breaks a connection if dropped (see [`Import::transmit`]).
+struct BreakOnDrop<'a>(&'a Conn);
+
+impl Drop for BreakOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.broken.store(true, Ordering::Release);
+        self.0.reader.abort();
     }
 }
 

@@ -202,6 +202,9 @@ pub struct ConnectReply {
     pub obd_timeout_ms: u32,
 }
 
+/// Bytes of an encoded [`ConnectRequest`]; a connect header must announce exactly this.
+pub const CONNECT_REQUEST_BYTES: usize = 20;
+
 const CONNECT_MAGIC: u32 = u32::from_le_bytes(*b"NCCN");
 
 fn take<const N: usize>(b: &[u8], at: usize) -> Option<[u8; N]> {
@@ -218,8 +221,8 @@ impl ConnectRequest {
     }
 
     pub fn decode(b: &[u8]) -> Result<ConnectRequest, String> {
-        if b.len() != 20 {
-            return Err(format!("connect request of {} bytes, expected 20", b.len()));
+        if b.len() != CONNECT_REQUEST_BYTES {
+            return Err(format!("connect request of {} bytes, expected {CONNECT_REQUEST_BYTES}", b.len()));
         }
         let magic = take::<4>(b, 0).map(u32::from_le_bytes);
         if magic != Some(CONNECT_MAGIC) {

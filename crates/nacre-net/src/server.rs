@@ -37,8 +37,8 @@ use crate::fault::{self, FaultInjector};
 use crate::frame::{BODY_BYTES_LIMIT, BULK_BYTES_LIMIT, FrameHeader, FrameLimits, flags};
 use crate::nid::Nid;
 use crate::rpc::{
-    ConnectReply, ConnectRequest, FIRST_SERVICE_OPCODE, OP_CONNECT, OP_DISCONNECT, OP_PING, RpcError, fresh_seed,
-    read_header, read_rest, status, write_frame,
+    CONNECT_REQUEST_BYTES, ConnectReply, ConnectRequest, FIRST_SERVICE_OPCODE, OP_CONNECT, OP_DISCONNECT, OP_PING,
+    RpcError, fresh_seed, read_header, read_rest, status, write_frame,
 };
 use crate::tbf::{Classify, RuleCommand, Tbf, TbfError};
 use crate::transport::{BoxFuture, Stream, Transport, WriteHalf};
@@ -68,7 +68,11 @@ pub struct ServerConfig {
     pub obd_timeout: Duration,
     /// Clients (exports) the server takes; a connect beyond is refused with `EUSERS`.
     pub exports_max: usize,
-    /// Finished replies kept per client for resends, beyond those it acknowledged.
+    /// Connections open at once; more are closed as they are accepted.
+    pub connections_max: usize,
+    /// Finished replies kept per client for resends, beyond those it acknowledged. Past
+    /// it the oldest go first: a resend of one of those (its reply lost, and over this
+    /// many newer requests finished since) runs again.
     pub reply_cache_max: usize,
     /// Bytes of reply bodies kept for resends, all clients together.
     pub reply_cache_bytes_max: usize,
@@ -88,7 +92,8 @@ impl Default for ServerConfig {
             at_early_margin: Duration::from_secs(5),
             obd_timeout: Duration::from_secs(100),
             exports_max: 100_000,
-            reply_cache_max: 64,
+            connections_max: 50_000,
+            reply_cache_max: 256,
             reply_cache_bytes_max: 64 << 20,
         }
     }
@@ -228,8 +233,25 @@ struct Export {
     credits: Arc<CreditPool>,
     last_heard_ms: AtomicU64,
     slots: Mutex<Slots>,
-    /// Set when the export is evicted or the client disconnects: its connections close.
+    /// Set when the export is evicted, replaced or disconnected: its connections close.
     gone: watch::Sender<bool>,
+    /// Connections of this client waiting for a request buffer (it is not silent, only
+    /// held back).
+    waiting: AtomicUsize,
+}
+
+impl Export {
+    fn is_gone(&self) -> bool {
+        *self.gone.borrow()
+    }
+
+    /// The server owes this client something: requests queued or running, or read and
+    /// waiting for a buffer. A busy client is never evicted for silence (its pings may be
+    /// stuck behind its own requests in a socket the server stopped reading).
+    fn busy(&self) -> bool {
+        self.waiting.load(Ordering::Relaxed) > 0
+            || lock(&self.slots).map.values().any(|s| matches!(s, Slot::Running { .. }))
+    }
 }
 
 #[derive(Default)]
@@ -304,16 +326,23 @@ impl Queue {
         }
     }
 
-    fn push(&mut self, q: Queued, now_us: u64) {
+    /// Queue a request; gives it back if the queue is full (it cannot be: every queued
+    /// request holds one of `req_buffers_max` buffers, the queue's capacity).
+    fn push(&mut self, q: Queued, now_us: u64) -> Result<(), Box<Queued>> {
         match self {
             Queue::Fifo(f) => f.push_back(q),
-            // Capacity is req_buffers_max and every queued request holds a buffer, so the
-            // queue cannot be full.
+            Queue::Tbf(t) if t.len() >= t.capacity() => return Err(Box::new(q)),
             Queue::Tbf(t) => {
-                if let Err(e) = t.enqueue(q, now_us) {
-                    eprintln!("nacre-net: request dropped: {e}");
-                }
+                let _ = t.enqueue(q, now_us);
             }
+        }
+        Ok(())
+    }
+
+    fn drain(&mut self) -> Vec<Queued> {
+        match self {
+            Queue::Fifo(f) => f.drain(..).collect(),
+            Queue::Tbf(t) => t.drain_all(),
         }
     }
 
@@ -376,11 +405,17 @@ impl Server {
             let mut conns = JoinSet::new();
             loop {
                 match listener.accept().await {
+                    Ok(stream) if s.counters.connections.load(Ordering::Relaxed) >= s.cfg.connections_max => {
+                        s.counters.refused.fetch_add(1, Ordering::Relaxed);
+                        drop(stream);
+                    }
                     Ok(stream) => {
                         conns.spawn(s.clone().serve(stream));
                     }
-                    // Out of descriptors or similar: back off instead of spinning.
-                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                    // Out of descriptors or memory: back off instead of spinning. Errors
+                    // of one connection (a peer that reset at once) need no pause.
+                    Err(e) if is_resource_error(&e) => tokio::time::sleep(Duration::from_millis(10)).await,
+                    Err(_) => {}
                 }
                 // Reap finished connections so the set does not grow with churn.
                 while conns.try_join_next().is_some() {}
@@ -404,18 +439,21 @@ impl Server {
     pub fn set_policy(&self, policy: Policy) {
         let now = self.shared.now_us();
         let mut q = lock(&self.shared.queue);
-        let mut old: Vec<Queued> = Vec::new();
-        while let Some(r) = q.pop(u64::MAX) {
-            old.push(r);
-        }
+        let old = q.drain();
         *q = match policy {
             Policy::Fifo => Queue::Fifo(VecDeque::new()),
             Policy::Tbf => Queue::Tbf(Tbf::new(self.shared.cfg.req_buffers_max.max(1))),
         };
+        let mut refused = Vec::new();
         for r in old {
-            q.push(r, now);
+            if let Err(r) = q.push(r, now) {
+                refused.push(r);
+            }
         }
         drop(q);
+        for r in refused {
+            self.shared.abandon(r);
+        }
         self.shared.dispatch();
         self.shared.queue_changed.notify_one();
     }
@@ -508,6 +546,11 @@ enum End {
     Malformed(String),
 }
 
+/// Out of descriptors (ENFILE, EMFILE), buffers (ENOBUFS) or memory (ENOMEM).
+fn is_resource_error(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(23 | 24 | 105 | 12))
+}
+
 /// Longest a new connection may take to send its connect request.
 const HANDSHAKE_WAIT_MAX: Duration = Duration::from_secs(20);
 
@@ -546,8 +589,9 @@ impl Shared {
             self.counters.malformed.fetch_add(1, Ordering::Relaxed);
             eprintln!("nacre-net: {}: closing connection from {peer}: {why}", self.nid);
         }
-        let mut w = route.writer.lock().await;
-        let _ = tokio::io::AsyncWriteExt::shutdown(&mut *w).await;
+        if let Ok(mut w) = tokio::time::timeout(Duration::from_secs(1), route.writer.lock()).await {
+            let _ = tokio::time::timeout(Duration::from_secs(1), tokio::io::AsyncWriteExt::shutdown(&mut *w)).await;
+        }
         self.counters.connections.fetch_sub(1, Ordering::Relaxed);
     }
 
@@ -566,9 +610,16 @@ impl Shared {
             self.refuse(route, &first, status::ENOTCONN, &why).await;
             return End::Malformed(why);
         }
-        let frame = match read_rest(&mut **read, first, &self.pool).await {
-            Ok(f) => f,
-            Err(e) => return End::Malformed(e.to_string()),
+        // Nothing is allocated for a peer before it has connected but the connect itself.
+        if first.bulk_len != 0 || first.body_len as usize != CONNECT_REQUEST_BYTES {
+            let why = format!("connect request of {} + {} bytes", first.body_len, first.bulk_len);
+            self.refuse(route, &first, status::EPROTO, &why).await;
+            return End::Malformed(why);
+        }
+        let frame = match tokio::time::timeout(wait, read_rest(&mut **read, first, &self.pool)).await {
+            Ok(Ok(f)) => f,
+            Ok(Err(e)) => return End::Malformed(e.to_string()),
+            Err(_) => return End::Malformed("connect request not finished in time".into()),
         };
         let req = match ConnectRequest::decode(&frame.body) {
             Ok(r) => r,
@@ -635,21 +686,10 @@ impl Shared {
                 continue;
             }
             // Request buffers and bulk bytes: waiting here stops reading this socket.
-            let Ok(buffer) = self.buffers.clone().acquire_owned().await else { return End::Quiet };
-            let in_use = self.cfg.req_buffers_max.max(1) - self.buffers.available_permits();
-            self.counters.buffers_peak.fetch_max(in_use, Ordering::Relaxed);
-            let bulk_bytes = if h.bulk_len > 0 {
-                match self.bulk_bytes.clone().acquire_many_owned(h.bulk_len).await {
-                    Ok(p) => {
-                        let held = self.bulk_budget() - self.bulk_bytes.available_permits();
-                        self.counters.bulk_bytes_peak.fetch_max(held, Ordering::Relaxed);
-                        Some(p)
-                    }
-                    Err(_) => return End::Quiet,
-                }
-            } else {
-                None
-            };
+            export.waiting.fetch_add(1, Ordering::Relaxed);
+            let held = self.hold_buffers(&h).await;
+            export.waiting.fetch_sub(1, Ordering::Relaxed);
+            let Some((buffer, bulk_bytes)) = held else { return End::Quiet };
             let frame = match read_rest(&mut **read, h, &self.pool).await {
                 Ok(f) => f,
                 Err(RpcError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
@@ -693,11 +733,14 @@ impl Shared {
                 _buffer: buffer,
                 _bulk_bytes: bulk_bytes,
             };
-            let timed = {
+            let (timed, refused) = {
                 let mut q = lock(&self.queue);
-                q.push(queued, self.now_us());
-                matches!(*q, Queue::Tbf(_))
+                let r = q.push(queued, self.now_us()).err();
+                (matches!(*q, Queue::Tbf(_)), r)
             };
+            if let Some(r) = refused {
+                self.abandon(r);
+            }
             self.dispatch();
             // Only a rate-limited queue needs the timer task; FIFO starts requests here and
             // as others finish.
@@ -705,6 +748,20 @@ impl Shared {
                 self.queue_changed.notify_one();
             }
         }
+    }
+
+    /// A request buffer and the bulk's bytes for a request whose header was read.
+    async fn hold_buffers(&self, h: &FrameHeader) -> Option<(OwnedSemaphorePermit, Option<OwnedSemaphorePermit>)> {
+        let buffer = self.buffers.clone().acquire_owned().await.ok()?;
+        let in_use = self.cfg.req_buffers_max.max(1) - self.buffers.available_permits();
+        self.counters.buffers_peak.fetch_max(in_use, Ordering::Relaxed);
+        if h.bulk_len == 0 {
+            return Some((buffer, None));
+        }
+        let bytes = self.bulk_bytes.clone().acquire_many_owned(h.bulk_len).await.ok()?;
+        let held = self.bulk_budget() - self.bulk_bytes.available_permits();
+        self.counters.bulk_bytes_peak.fetch_max(held, Ordering::Relaxed);
+        Some((buffer, Some(bytes)))
     }
 
     /// Find or make the export a connect names. A known client with the right cookie
@@ -717,8 +774,9 @@ impl Shared {
                 e.last_heard_ms.store(self.now_ms(), Ordering::Relaxed);
                 return Ok((e.clone(), false));
             }
-            let _ = e.gone.send(true);
+            let old = e.clone();
             exports.remove(&req.client);
+            self.retire(&old);
         } else if exports.len() >= self.cfg.exports_max {
             return Err(format!("{} clients connected, the most this server takes", exports.len()));
         }
@@ -731,6 +789,7 @@ impl Shared {
             last_heard_ms: AtomicU64::new(self.now_ms()),
             slots: Mutex::new(Slots::default()),
             gone,
+            waiting: AtomicUsize::new(0),
         });
         exports.insert(req.client, e.clone());
         self.counters.connects.fetch_add(1, Ordering::Relaxed);
@@ -745,20 +804,31 @@ impl Shared {
                 _ => false,
             }
         };
-        let _ = export.gone.send(true);
-        let mut slots = lock(&export.slots);
-        let freed: usize = slots.map.values().map(cached_bytes).sum();
-        self.cache_bytes.fetch_sub(freed, Ordering::Relaxed);
-        slots.map.clear();
+        self.retire(export);
         if removed && !why.is_empty() {
             self.counters.evictions.fetch_add(1, Ordering::Relaxed);
             eprintln!("nacre-net: {}: client {:016x} at {}: {why}", self.nid, export.client, export.peer);
         }
     }
 
+    /// An export leaves: its connections close and its reply cache is given back.
+    fn retire(&self, export: &Export) {
+        let mut slots = lock(&export.slots);
+        let _ = export.gone.send(true);
+        let freed: usize = slots.map.values().map(cached_bytes).sum();
+        self.cache_bytes.fetch_sub(freed, Ordering::Relaxed);
+        slots.map.clear();
+        slots.done = 0;
+    }
+
     /// The reply cache's verdict on a request.
     fn admit(&self, export: &Export, h: &FrameHeader, route: &Arc<Route>) -> Admit {
         let mut s = lock(&export.slots);
+        // Checked under the slots lock, which retiring takes too: nothing is admitted to
+        // an export after its slots were cleared.
+        if export.is_gone() {
+            return Admit::Stale;
+        }
         if h.acked_xid > s.acked {
             s.acked = h.acked_xid;
             self.prune(&mut s, export);
@@ -803,6 +873,19 @@ impl Shared {
             s.done -= 1;
         }
         self.cache_bytes.fetch_sub(freed, Ordering::Relaxed);
+    }
+
+    /// Forget a request that will not run: its slot (a resend runs it anew) and its early
+    /// reply.
+    fn abandon(&self, q: Box<Queued>) {
+        if let Some(k) = q.early_key {
+            lock(&self.early).remove(&k);
+        }
+        let mut s = lock(&q.export.slots);
+        if matches!(s.map.get(&q.header.xid), Some(Slot::Running { .. })) {
+            s.map.remove(&q.header.xid);
+        }
+        eprintln!("nacre-net: {}: request {} of {} dropped: queue full", self.nid, q.header.xid, q.peer);
     }
 
     /// Schedule the early reply of a request whose client will wait `timeout_ms`.
@@ -858,10 +941,15 @@ impl Shared {
     /// Run one request and send its reply.
     async fn run(self: Arc<Self>, q: Queued, thread: OwnedSemaphorePermit) {
         let Queued { header: h, body, bulk, peer, export, arrival, early_key, _buffer, _bulk_bytes, .. } = q;
-        let mut guard = Finish { shared: &self, export: &export, xid: h.xid, early_key, done: false, _thread: thread };
+        let mut guard =
+            Finish { shared: &self, export: &export, xid: h.xid, early_key, done: false, thread: Some(thread) };
         let incoming = Incoming { header: h, body, bulk, peer, client: export.client };
         let mut reply = (self.handler)(incoming).await;
-        if reply.body.len() > BODY_BYTES_LIMIT as usize || reply.bulk.len() > BULK_BYTES_LIMIT as usize {
+        let (body_max, bulk_max) = (
+            self.cfg.limits.body_max.min(BODY_BYTES_LIMIT) as usize,
+            self.cfg.limits.bulk_max.min(BULK_BYTES_LIMIT) as usize,
+        );
+        if reply.body.len() > body_max || reply.bulk.len() > bulk_max {
             eprintln!(
                 "nacre-net: {}: reply to opcode {} too large ({} + {} bytes), sent as EOVERFLOW",
                 self.nid,
@@ -891,6 +979,9 @@ impl Shared {
         let body = Arc::new(reply.body);
         let route = self.complete(&export, &header, &body, reply.bulk.is_empty());
         guard.done = true;
+        // The service slot goes to the next request now, not after a slow client read
+        // its reply.
+        guard.release_thread();
         if let Some(route) = route {
             self.send(&export, &route, &header, &body, &reply.bulk).await;
             self.counters.replies.fetch_add(1, Ordering::Relaxed);
@@ -898,7 +989,6 @@ impl Shared {
         drop(guard);
         drop(_buffer);
         drop(_bulk_bytes);
-        self.dispatch();
     }
 
     /// Record a finished request in the reply cache; returns where its reply goes.
@@ -910,6 +1000,9 @@ impl Shared {
         cacheable: bool,
     ) -> Option<Arc<Route>> {
         let mut s = lock(&export.slots);
+        if export.is_gone() {
+            return None;
+        }
         let slot = s.map.get_mut(&header.xid)?;
         let Slot::Running { route } = slot else { return None };
         let route = route.clone();
@@ -956,26 +1049,42 @@ impl Shared {
         let _ = write_frame(&mut *w, &header, why.as_bytes(), &[]).await;
     }
 
-    /// Put one frame on the wire under credits, through the fault rules. A failed write
-    /// is left to the client's resend.
+    /// Put one frame on the wire under credits, through the fault rules. A write that does
+    /// not finish within `obd_timeout` (a client that stopped reading) cuts the
+    /// connection; so does a failed one. Either way the client's resend gets the reply
+    /// from the cache over a new connection.
     async fn send(&self, export: &Export, route: &Route, header: &FrameHeader, body: &[u8], bulk: &[u8]) {
-        let _credits = acquire_send(&export.credits, &self.ni).await;
         let Some(copies) = fault::copies(self.faults.decide(&self.nid, &route.peer, header.opcode)).await else {
             let _ = route.cut.send(true);
             return;
         };
-        let mut w = route.writer.lock().await;
-        for _ in 0..copies {
-            if write_frame(&mut *w, header, body, bulk).await.is_err() {
-                return;
+        let (mut cut, mut gone) = (route.cut.subscribe(), export.gone.subscribe());
+        let write = async {
+            let _credits = acquire_send(&export.credits, &self.ni).await;
+            let mut w = route.writer.lock().await;
+            for _ in 0..copies {
+                write_frame(&mut *w, header, body, bulk).await?;
             }
+            Ok::<(), std::io::Error>(())
+        };
+        tokio::select! {
+            r = tokio::time::timeout(self.cfg.obd_timeout, write) => {
+                if !matches!(r, Ok(Ok(()))) {
+                    let _ = route.cut.send(true);
+                }
+            }
+            _ = cut.wait_for(|c| *c) => {}
+            _ = gone.wait_for(|g| *g) => {}
         }
     }
 
     /// Early replies and evictions.
     async fn watchdog(self: Arc<Self>) {
-        let tick = (self.cfg.at_early_margin / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
         let evict_after = self.cfg.obd_timeout.as_millis() as u64 * 3 / 2;
+        // Often enough for both early replies and evictions to be on time within 1/8.
+        let tick = (self.cfg.at_early_margin / 4)
+            .min(Duration::from_millis(evict_after / 8))
+            .clamp(Duration::from_millis(10), Duration::from_secs(1));
         let mut last_scan = 0;
         loop {
             tokio::time::sleep(tick).await;
@@ -988,6 +1097,7 @@ impl Shared {
                     .filter(|e| now.saturating_sub(e.last_heard_ms.load(Ordering::Relaxed)) > evict_after)
                     .cloned()
                     .collect();
+                let silent: Vec<Arc<Export>> = silent.into_iter().filter(|e| !e.busy()).collect();
                 for e in silent {
                     let secs = now.saturating_sub(e.last_heard_ms.load(Ordering::Relaxed)) as f64 / 1000.0;
                     self.drop_export(&e, &format!("evicted, silent for {secs:.1} s"));
@@ -1055,7 +1165,16 @@ struct Finish<'a> {
     xid: u64,
     early_key: Option<(u64, u64)>,
     done: bool,
-    _thread: OwnedSemaphorePermit,
+    thread: Option<OwnedSemaphorePermit>,
+}
+
+impl Finish<'_> {
+    /// Give the service slot back and start what waits for one.
+    fn release_thread(&mut self) {
+        if self.thread.take().is_some() {
+            self.shared.dispatch();
+        }
+    }
 }
 
 impl Drop for Finish<'_> {
@@ -1066,5 +1185,6 @@ impl Drop for Finish<'_> {
         if !self.done {
             lock(&self.export.slots).map.remove(&self.xid);
         }
+        self.release_thread();
     }
 }

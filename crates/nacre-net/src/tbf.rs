@@ -25,6 +25,10 @@ use crate::nid::Nid;
 pub const BUCKET_DEPTH: u64 = 3;
 /// Longest rule name.
 const RULE_NAME_MAX: usize = 32;
+/// Most buckets kept at once; see [`Tbf::enqueue`].
+pub const BUCKETS_MAX: usize = 4096;
+/// The bucket key that requests of a rule share once there are `BUCKETS_MAX` buckets.
+const OVERFLOW_KEY: &str = "*overflow*";
 /// Patterns per rule.
 const PATTERNS_MAX: usize = 64;
 
@@ -172,7 +176,7 @@ impl<R> Bucket<R> {
         let dt = now_us.saturating_sub(self.last_us);
         self.last_us = now_us.max(self.last_us);
         let cap = BUCKET_DEPTH * 1_000_000;
-        self.tokens_micro = (self.tokens_micro + dt.saturating_mul(self.rate)).min(cap);
+        self.tokens_micro = self.tokens_micro.saturating_add(dt.saturating_mul(self.rate)).min(cap);
     }
 
     /// Microseconds until this bucket has a whole token.
@@ -198,6 +202,11 @@ impl<R: Classify> Tbf<R> {
 
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+
+    /// Requests it may hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     pub fn len(&self) -> usize {
@@ -259,8 +268,13 @@ impl<R: Classify> Tbf<R> {
     fn place(&mut self, r: R, now_us: u64) {
         self.queued += 1;
         for rule in &self.rules {
-            if let Some(k) = rule.bucket_key(&r) {
+            if let Some(mut k) = rule.bucket_key(&r) {
                 let rate = rule.rate;
+                // Clients choose their job ids: past BUCKETS_MAX, new keys of a rule share
+                // one bucket instead of growing the table.
+                if self.buckets.len() >= BUCKETS_MAX && !self.buckets.contains_key(&(rule.name.clone(), k.clone())) {
+                    k = OVERFLOW_KEY.to_string();
+                }
                 self.buckets
                     .entry((rule.name.clone(), k))
                     .or_insert_with(|| Bucket::new(rate, now_us))
@@ -287,6 +301,16 @@ impl<R: Classify> Tbf<R> {
         }
         self.place(r, now_us);
         Ok(())
+    }
+
+    /// Take every queued request out, in no particular order (switching policies).
+    pub fn drain_all(&mut self) -> Vec<R> {
+        let mut all: Vec<R> = self.free.drain(..).collect();
+        for b in self.buckets.values_mut() {
+            all.extend(b.queue.drain(..));
+        }
+        self.queued = 0;
+        all
     }
 
     /// The next request allowed to run now: unlimited requests first, then the bucket with

@@ -478,6 +478,12 @@ async fn malformed_input_of_every_kind_closes_only_that_connection() {
 
     // After the handshake: a bulk over the limit, a wrong version, a reply where a
     // request belongs, a transport opcode with bulk, and a stream cut inside a frame.
+    // A connect that claims a bulk: refused before anything is read for it.
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let h =
+        FrameHeader { opcode: nacre_net::rpc::OP_CONNECT, body_len: 20, bulk_len: 16 << 20, ..FrameHeader::default() };
+    s.write_all(&h.encode()).await.unwrap();
+    assert!(String::from_utf8_lossy(&closed_by_server(s).await).contains("connect request of 20 + 16777216 bytes"));
     let over = FrameHeader { opcode: OP_ECHO, xid: 1, bulk_len: BULK_BYTES_LIMIT + 1, ..FrameHeader::default() };
     let mut wrong_version = FrameHeader { opcode: OP_ECHO, xid: 1, ..FrameHeader::default() }.encode();
     wrong_version[4] = 9;
@@ -502,7 +508,7 @@ async fn malformed_input_of_every_kind_closes_only_that_connection() {
     }
     tokio::time::sleep(Duration::from_millis(50)).await;
     let st = server.stats();
-    assert_eq!(st.malformed, n + 1, "each bad connection closed with a reason");
+    assert_eq!(st.malformed, n + 2, "each bad connection closed with a reason");
     assert_eq!(st.req_buffers_in_use, 0, "nothing held for the bad connections");
     assert_eq!(probe.runs.load(Ordering::SeqCst), 0, "no malformed request reached the handler");
     assert_eq!(good.call(OP_ECHO, b"unharmed", &[]).await.unwrap().body, b"unharmed");
@@ -530,4 +536,117 @@ async fn fault_rules_by_nid_hit_only_the_named_peer_and_can_be_lifted() {
     assert_eq!(c1.call(OP_ECHO, b"1", &[]).await.unwrap().body, b"1", "lifted at run time");
     // A client learns the server's obd_timeout and pings at a quarter of the shorter one.
     assert_eq!(c1.ping_interval(), Duration::from_secs(25));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_client_is_not_evicted_and_switching_policy_loses_no_queued_request() {
+    let probe = Arc::new(Probe::default());
+    let net = MemNetwork::new();
+    // Evict after 450 ms of silence; the client does not ping.
+    let scfg = ServerConfig { obd_timeout: Duration::from_millis(300), ..ServerConfig::default() };
+    let server = Server::start(
+        Arc::new(net.transport("ost0")),
+        &"ost0@mem".parse().unwrap(),
+        echo(probe.clone(), Duration::ZERO),
+        scfg,
+    )
+    .await
+    .unwrap();
+    server.set_policy(Policy::Tbf);
+    server.tbf_rule("start crawl nid={c@mem} rate=5").unwrap();
+    let ccfg = ClientConfig { ping: false, max_rpcs_in_flight: 8, at: fast_at(10_000), ..ClientConfig::default() };
+    let import = Client::new(Arc::new(net.transport("c")), ccfg).connect(&server.nid()).await.unwrap();
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..8u32 {
+        let imp = import.clone();
+        set.spawn(async move { imp.call(OP_ECHO, &i.to_le_bytes(), &[]).await.map(|r| r.body == i.to_le_bytes()) });
+    }
+    // 8 requests at 5/s (3 at once from the bucket): over a second in the queue, twice
+    // the eviction time, and the client sends nothing meanwhile.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(server.stats().evictions, 0, "a client with queued requests is not silent");
+    assert!(server.stats().queued > 0);
+    // Back to FIFO: the queued requests move over and run at once.
+    server.set_policy(Policy::Fifo);
+    while let Some(r) = set.join_next().await {
+        assert!(r.unwrap().unwrap());
+    }
+    assert_eq!(probe.runs.load(Ordering::SeqCst), 8);
+    assert_eq!(server.stats().queued, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_does_not_strand_the_queue() {
+    const OP_BOOM: u16 = 30;
+    let runs = Arc::new(AtomicU64::new(0));
+    let r = runs.clone();
+    let handler: Handler = Arc::new(move |req| {
+        let r = r.clone();
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(req.header.opcode != OP_BOOM, "handler bug on purpose");
+            r.fetch_add(1, Ordering::SeqCst);
+            Reply { body: req.body, ..Reply::default() }
+        })
+    });
+    let net = MemNetwork::new();
+    let scfg = ServerConfig { threads_max: 1, ..ServerConfig::default() };
+    let server = Server::start(Arc::new(net.transport("s")), &"s@mem".parse().unwrap(), handler, scfg).await.unwrap();
+    let ccfg = ClientConfig { at: fast_at(300), max_resends: 0, ..ClientConfig::default() };
+    let import = Client::new(Arc::new(net.transport("c")), ccfg).connect(&server.nid()).await.unwrap();
+    let boom = {
+        let imp = import.clone();
+        tokio::spawn(async move { imp.call(OP_BOOM, b"x", &[]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // Queued behind the panicking request on the one service slot.
+    assert_eq!(import.call(OP_ECHO, b"after", &[]).await.unwrap().body, b"after");
+    assert!(boom.await.unwrap().is_err(), "the panicked request gets no reply");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_cancelled_mid_frame_never_feeds_garbage_to_the_server() {
+    let bad = Arc::new(AtomicU64::new(0));
+    let b = bad.clone();
+    // Every bulk is one repeated byte; anything else was stitched from two frames.
+    let handler: Handler = Arc::new(move |req| {
+        let b = b.clone();
+        Box::pin(async move {
+            if req.bulk.first().is_some_and(|&x| req.bulk.iter().any(|&y| y != x)) {
+                b.fetch_add(1, Ordering::SeqCst);
+            }
+            Reply { body: req.body, ..Reply::default() }
+        })
+    });
+    let net = MemNetwork::new();
+    let server =
+        Server::start(Arc::new(net.transport("s")), &"s@mem".parse().unwrap(), handler, ServerConfig::default())
+            .await
+            .unwrap();
+    let import =
+        Client::new(Arc::new(net.transport("c")), ClientConfig::default()).connect(&server.nid()).await.unwrap();
+    for i in 0..20u8 {
+        let big = vec![i; 8 << 20];
+        let _ = tokio::time::timeout(Duration::from_micros(300), import.call(OP_ECHO, b"big", &big)).await;
+        let small = vec![i.wrapping_add(100); 4096];
+        assert_eq!(import.call(OP_ECHO, &[i], &small).await.unwrap().body, [i]);
+    }
+    assert_eq!(bad.load(Ordering::SeqCst), 0, "no request was stitched from two frames");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_is_final_and_the_pinger_stops() {
+    let probe = Arc::new(Probe::default());
+    let ccfg = ClientConfig { obd_timeout: Duration::from_millis(200), ..ClientConfig::default() };
+    let (server, client, import) = mem_pair(ccfg, ServerConfig::default(), probe, Duration::ZERO).await;
+    import.disconnect().await.unwrap();
+    assert_eq!(server.stats().exports, 0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(server.stats().exports, 0, "no ping brought the export back");
+    assert!(matches!(import.call(OP_ECHO, b"x", &[]).await, Err(RpcError::Closed)));
+    // The same client can connect again: a new import.
+    drop(import);
+    let again = client.connect(&server.nid()).await.unwrap();
+    assert_eq!(again.call(OP_ECHO, b"y", &[]).await.unwrap().body, b"y");
 }

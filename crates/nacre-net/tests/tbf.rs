@@ -3,7 +3,7 @@
 //! and bad rule strings are refused with the reason.
 
 use nacre_net::nid::Nid;
-use nacre_net::tbf::{Classify, RuleCommand, Tbf, TbfError};
+use nacre_net::tbf::{BUCKETS_MAX, Classify, RuleCommand, Tbf, TbfError};
 
 #[derive(Debug, Clone, PartialEq)]
 struct Req {
@@ -146,4 +146,22 @@ fn idle_buckets_do_not_accumulate() {
         now += 1_000;
         assert!(t.bucket_count() <= 2 * t.len() + 64 + 1, "{} buckets for {} queued", t.bucket_count(), t.len());
     }
+}
+
+#[test]
+fn clients_cannot_grow_the_bucket_table_past_its_cap_and_draining_loses_nothing() {
+    let mut t: Tbf<Req> = Tbf::new(100_000);
+    t.command(cmd("start jobs jobid={*} rate=1"), 0).unwrap();
+    // Every request a new job id, all queued at once.
+    for i in 0..(BUCKETS_MAX as u32 + 500) {
+        t.enqueue(req("10.0.0.1@tcp", &format!("job{i}"), 4, i), 0).unwrap();
+    }
+    assert!(t.bucket_count() <= BUCKETS_MAX + 1, "{} buckets", t.bucket_count());
+    // A bucket's tokens do not overflow after a long idle time at a high rate.
+    t.command(cmd("change jobs rate=18446744073709551615"), 0).unwrap();
+    assert!(t.dequeue(u64::MAX / 2).is_some());
+    let left = t.len();
+    let all = t.drain_all();
+    assert_eq!(all.len(), left, "every queued request comes out");
+    assert!(t.is_empty());
 }
