@@ -1,0 +1,192 @@
+//! A redb database kept on a byte range of a RAID volume, so that every byte a target owns
+//! is on its drives (a partner server that opens the drives can serve it, and the RAID
+//! protects the index like the data).
+//!
+//! redb asks its backend for a length that grows and shrinks; a volume has a fixed size. The
+//! region therefore starts with two 4 KiB header slots holding the database's length (with
+//! a sequence number and a CRC-32C); a length change writes the slot after the newest,
+//! so a torn header write leaves the other slot intact. The database bytes follow.
+//!
+//! `sync_data` flushes the volume's drives when [`SyncMode::Drives`] is chosen. With
+//! [`SyncMode::Ordered`] it only orders: every write has reached the drives (O_DIRECT) when
+//! it returns, which is what survives `kill -9` of the server; power loss needs a flush,
+//! which the target does on `sync` and on its commit interval.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use nacre_raid::volume::Volume;
+
+const SLOT_BYTES: u64 = 4096;
+const HEADER_MAGIC: u32 = u32::from_le_bytes(*b"NCDB");
+const HEADER_VERSION: u32 = 1;
+/// Bytes zeroed per write when the database grows.
+const ZERO_STEP: usize = 1 << 20;
+
+/// How `sync_data` makes a commit durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncMode {
+    /// Flush the drives at every commit: durable against power loss.
+    Drives,
+    /// Writes are on the drives when they return; flushes happen on `sync` and on an
+    /// interval. Durable against a crash of the server process at every commit.
+    Ordered,
+}
+
+#[derive(Debug)]
+struct Header {
+    seq: u64,
+    len: u64,
+}
+
+/// redb storage on `[base, base + size)` of a volume.
+pub struct VolumeBackend {
+    volume: Arc<Volume>,
+    base: u64,
+    size: u64,
+    header: Mutex<Header>,
+    flush_drives: AtomicBool,
+}
+
+impl std::fmt::Debug for VolumeBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "VolumeBackend({} at {}+{})", self.volume.name(), self.base, self.size)
+    }
+}
+
+fn other<E: std::fmt::Display>(e: E) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+fn crc32c(b: &[u8]) -> u32 {
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, b) as u32
+}
+
+impl VolumeBackend {
+    /// Open the database region `[base, base + size)`. A region that has never held one
+    /// (no valid header slot) is a database of length 0.
+    pub fn open(volume: Arc<Volume>, base: u64, size: u64, mode: SyncMode) -> io::Result<VolumeBackend> {
+        if size <= 2 * SLOT_BYTES || base.checked_add(size).is_none_or(|end| end > volume.capacity()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("database region {base}+{size} does not fit volume of {} bytes", volume.capacity()),
+            ));
+        }
+        let mut best: Option<Header> = None;
+        for slot in 0..2 {
+            let mut b = vec![0u8; SLOT_BYTES as usize];
+            volume.read(base + slot * SLOT_BYTES, &mut b).map_err(other)?;
+            if let Some(h) = decode_header(&b)
+                && best.as_ref().is_none_or(|x| h.seq > x.seq)
+            {
+                best = Some(h);
+            }
+        }
+        let header = best.unwrap_or(Header { seq: 0, len: 0 });
+        if header.len > size - 2 * SLOT_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("database header claims {} bytes in a region of {}", header.len, size - 2 * SLOT_BYTES),
+            ));
+        }
+        Ok(VolumeBackend {
+            volume,
+            base,
+            size,
+            header: Mutex::new(header),
+            flush_drives: AtomicBool::new(mode == SyncMode::Drives),
+        })
+    }
+
+    /// Bytes the database may grow to.
+    pub fn capacity(&self) -> u64 {
+        self.size - 2 * SLOT_BYTES
+    }
+
+    pub fn set_mode(&self, mode: SyncMode) {
+        self.flush_drives.store(mode == SyncMode::Drives, Ordering::Release);
+    }
+
+    fn data_at(&self) -> u64 {
+        self.base + 2 * SLOT_BYTES
+    }
+
+    fn write_header(&self, h: &mut Header, len: u64) -> io::Result<()> {
+        let seq = h.seq + 1;
+        let mut b = vec![0u8; SLOT_BYTES as usize];
+        b[0..4].copy_from_slice(&HEADER_MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&HEADER_VERSION.to_le_bytes());
+        b[8..16].copy_from_slice(&seq.to_le_bytes());
+        b[16..24].copy_from_slice(&len.to_le_bytes());
+        let crc = crc32c(&b[..24]);
+        b[24..28].copy_from_slice(&crc.to_le_bytes());
+        self.volume.write(self.base + (seq % 2) * SLOT_BYTES, &b).map_err(other)?;
+        *h = Header { seq, len };
+        Ok(())
+    }
+}
+
+fn decode_header(b: &[u8]) -> Option<Header> {
+    let word = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    let long = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or([0; 8]));
+    if b.len() < 28 || word(0) != HEADER_MAGIC || word(4) != HEADER_VERSION || word(24) != crc32c(&b[..24]) {
+        return None;
+    }
+    Some(Header { seq: long(8), len: long(16) })
+}
+
+impl redb::StorageBackend for VolumeBackend {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.header.lock().unwrap_or_else(|e| e.into_inner()).len)
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        let len = self.len()?;
+        if offset.checked_add(out.len() as u64).is_none_or(|end| end > len) {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("read of {} bytes at {offset} past the database's {len}", out.len()),
+            ));
+        }
+        self.volume.read(self.data_at() + offset, out).map_err(other)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        if len > self.capacity() {
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                format!("the index needs {len} bytes; its region holds {}", self.capacity()),
+            ));
+        }
+        let mut h = self.header.lock().unwrap_or_else(|e| e.into_inner());
+        // New bytes must read as zero: the region may hold anything from before.
+        let zeros = vec![0u8; ZERO_STEP];
+        let mut at = h.len;
+        while at < len {
+            let n = ((len - at) as usize).min(ZERO_STEP);
+            self.volume.write(self.data_at() + at, &zeros[..n]).map_err(other)?;
+            at += n as u64;
+        }
+        self.write_header(&mut h, len)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        if self.flush_drives.load(Ordering::Acquire) {
+            self.volume.flush().map_err(other)?;
+        }
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let len = self.len()?;
+        if offset.checked_add(data.len() as u64).is_none_or(|end| end > len) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("write of {} bytes at {offset} past the database's {len}", data.len()),
+            ));
+        }
+        self.volume.write(self.data_at() + offset, data).map_err(other)
+    }
+}

@@ -1,0 +1,18 @@
+//! `nacre-osd`: the object store of an OST, after Lustre's OSD.
+//!
+//! A [`Target`] keeps objects on two RAID volumes: their bytes on a parity volume (RAID6
+//! 8+2 by default) in chunks of one full stripe, and the index — objects, chunk maps, free
+//! space — in redb on a mirrored volume (RAID1/10) through [`backend::VolumeBackend`], so
+//! small index IO never disturbs large data writes and everything the target owns is on
+//! its drives. See [`target`] for the layout, crash consistency and memory bounds.
+
+pub mod backend;
+pub mod error;
+mod locks;
+pub mod object;
+pub mod target;
+
+pub use backend::SyncMode;
+pub use error::{OsdError, Result};
+pub use object::{ObjectAttr, SetAttr};
+pub use target::{CheckReport, StatFs, Target, TargetOptions, TargetStats};

@@ -1,0 +1,912 @@
+//! A target (an OST): objects whose data lives on a parity volume and whose index lives in
+//! redb on a mirrored volume.
+//!
+//! **Chunks.** The data volume is cut into chunks of one full stripe (8 × 128 KiB = 1 MiB
+//! on RAID6 8+2); an object maps chunk indexes to physical chunks. A write that fills a new
+//! chunk is one full-stripe write (no parity read); a run of new chunks is allocated as one
+//! contiguous extent when free space allows, so a 16 MiB write is one 16 MiB volume write.
+//! A partial write into a new chunk writes the whole chunk, zero-filled; a write into a
+//! chunk already mapped goes in place (the volume does the read-modify-write).
+//!
+//! **Crash consistency.** New chunks are written before the transaction that maps them
+//! commits, and free space is only taken from the free table in that same transaction: a
+//! crash before the commit leaves the chunk free and nothing pointing at it; a crash after
+//! leaves it mapped and written. Chunks are given back (truncate, punch, destroy) in the
+//! transaction that unmaps them, under an exclusive object lock that waits for running
+//! reads. Bytes past an object's size are zero on the drives, always, so growing the size
+//! (a write past a gap, a truncate up) exposes zeros with no IO: new chunks are written
+//! zero-filled around their data; a write that goes in place past the size first commits
+//! the larger size (a crash then shows zeros there, never stale bytes) and concurrent
+//! extending writers cannot zero each other's data; a truncate down zeroes the tail of its
+//! last chunk before it commits. A write is acknowledged after its data and its index commit are on the drives:
+//! that survives `kill -9` of the server; with [`SyncMode::Drives`] also power loss,
+//! otherwise power loss keeps what the last `sync` flushed.
+//!
+//! **Memory.** Nothing per object is kept in memory: the index is on the volume and only
+//! running operations hold locks or reservations.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use nacre_raid::volume::Volume;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+use crate::backend::{SyncMode, VolumeBackend};
+use crate::error::{OsdError, Result};
+use crate::locks::Locks;
+use crate::object::{ObjectAttr, SetAttr};
+
+const OBJECTS: TableDefinition<u64, &[u8]> = TableDefinition::new("objects");
+/// (object, chunk index) → physical chunk.
+const MAP: TableDefinition<(u64, u64), u64> = TableDefinition::new("map");
+/// First physical chunk of a free extent → its length in chunks.
+const FREE: TableDefinition<u64, u64> = TableDefinition::new("free");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+const FORMAT: u64 = 1;
+const FIRST_OID: u64 = 1;
+/// Largest batch of objects one create makes (Lustre precreates up to 20,000 at a time).
+pub const CREATE_BATCH_MAX: u32 = 65_536;
+
+/// Settings of a target.
+#[derive(Debug, Clone, Copy)]
+pub struct TargetOptions {
+    pub sync: SyncMode,
+    /// No object grows past this (Lustre's ldiskfs OSTs stop at 16 TiB).
+    pub max_object_bytes: u64,
+    /// redb's page cache.
+    pub cache_bytes: usize,
+}
+
+impl Default for TargetOptions {
+    fn default() -> Self {
+        TargetOptions { sync: SyncMode::Ordered, max_object_bytes: 16 << 40, cache_bytes: 64 << 20 }
+    }
+}
+
+/// Space and object counts, exact (`statfs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatFs {
+    pub chunk_bytes: u64,
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    pub objects: u64,
+    /// Bytes the index occupies and may grow to.
+    pub index_bytes: u64,
+    pub index_capacity: u64,
+}
+
+/// What `check` found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckReport {
+    pub objects: u64,
+    pub mapped_chunks: u64,
+    pub free_chunks: u64,
+    /// Every inconsistency, named; empty means clean.
+    pub problems: Vec<String>,
+}
+
+impl CheckReport {
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    writes: AtomicU64,
+    write_bytes: AtomicU64,
+    reads: AtomicU64,
+    read_bytes: AtomicU64,
+    chunks_allocated: AtomicU64,
+    in_place_writes: AtomicU64,
+}
+
+/// Counters of a target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TargetStats {
+    pub writes: u64,
+    pub write_bytes: u64,
+    pub reads: u64,
+    pub read_bytes: u64,
+    /// New chunks written whole (full-stripe writes).
+    pub chunks_allocated: u64,
+    /// Pieces written into chunks already mapped (in place).
+    pub in_place_writes: u64,
+}
+
+/// Chunks taken from the free table by running writes, not yet committed.
+#[derive(Default)]
+struct Reserved {
+    extents: BTreeMap<u64, u64>,
+    cursor: u64,
+}
+
+pub struct Target {
+    data: Arc<Volume>,
+    meta: Arc<Volume>,
+    db: Database,
+    chunk_bytes: u64,
+    chunks: u64,
+    opts: TargetOptions,
+    locks: Locks,
+    reserved: Mutex<Reserved>,
+    counters: Counters,
+}
+
+fn now_ns() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// The redb region on the mirrored volume: all of it but what is kept for the small-write
+/// log of a later format.
+fn index_region(meta: &Volume) -> u64 {
+    meta.capacity() - (meta.capacity() / 4).min(4 << 30)
+}
+
+impl Target {
+    /// Make a new target on two volumes: `data` (parity, the objects' bytes) and `meta`
+    /// (mirrored, the index). Whatever the index region held is forgotten.
+    pub fn format(data: Arc<Volume>, meta: Arc<Volume>, opts: TargetOptions) -> Result<Target> {
+        let chunk_bytes = data.geometry().stripe_data_bytes();
+        let chunks = data.capacity() / chunk_bytes;
+        if chunks == 0 {
+            return Err(OsdError::NotATarget(format!(
+                "data volume of {} bytes holds no whole stripe",
+                data.capacity()
+            )));
+        }
+        // Zero the index region's header slots: a new database starts from nothing.
+        meta.write(0, &[0u8; 8192])?;
+        let target = Target::open_db(data, meta, opts, chunk_bytes, chunks)?;
+        let txn = target.db.begin_write()?;
+        {
+            let mut m = txn.open_table(META)?;
+            if m.get("format")?.is_some() {
+                return Err(OsdError::NotATarget("the index region already holds a target".into()));
+            }
+            m.insert("format", FORMAT)?;
+            m.insert("chunk_bytes", chunk_bytes)?;
+            m.insert("chunks", chunks)?;
+            m.insert("next_oid", FIRST_OID)?;
+            m.insert("free_chunks", chunks)?;
+            m.insert("objects", 0)?;
+            let mut f = txn.open_table(FREE)?;
+            f.insert(0, chunks)?;
+            txn.open_table(OBJECTS)?;
+            txn.open_table(MAP)?;
+        }
+        txn.commit()?;
+        Ok(target)
+    }
+
+    /// Open an existing target; refuses volumes that hold none or one of another shape.
+    pub fn open(data: Arc<Volume>, meta: Arc<Volume>, opts: TargetOptions) -> Result<Target> {
+        let chunk_bytes = data.geometry().stripe_data_bytes();
+        let chunks = data.capacity() / chunk_bytes;
+        let target = Target::open_db(data, meta, opts, chunk_bytes, chunks)?;
+        let (format, cb, n) = {
+            let txn = target.db.begin_read()?;
+            let m = txn.open_table(META).map_err(|e| OsdError::NotATarget(format!("no target index ({e})")))?;
+            let get = |k: &str| -> Result<u64> { Ok(m.get(k)?.map(|v| v.value()).unwrap_or(0)) };
+            (get("format")?, get("chunk_bytes")?, get("chunks")?)
+        };
+        if format != FORMAT {
+            return Err(OsdError::NotATarget(format!("index format {format}, this build reads {FORMAT}")));
+        }
+        if cb != chunk_bytes || n != chunks {
+            return Err(OsdError::NotATarget(format!(
+                "index made for {n} chunks of {cb} bytes; the data volume has {chunks} of {chunk_bytes}"
+            )));
+        }
+        Ok(target)
+    }
+
+    fn open_db(
+        data: Arc<Volume>,
+        meta: Arc<Volume>,
+        opts: TargetOptions,
+        chunk_bytes: u64,
+        chunks: u64,
+    ) -> Result<Target> {
+        let backend = VolumeBackend::open(meta.clone(), 0, index_region(&meta), opts.sync)?;
+        let db = Database::builder().set_cache_size(opts.cache_bytes).create_with_backend(backend)?;
+        Ok(Target {
+            data,
+            meta,
+            db,
+            chunk_bytes,
+            chunks,
+            opts,
+            locks: Locks::default(),
+            reserved: Mutex::new(Reserved::default()),
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn chunk_bytes(&self) -> u64 {
+        self.chunk_bytes
+    }
+
+    pub fn max_object_bytes(&self) -> u64 {
+        self.opts.max_object_bytes
+    }
+
+    /// Make `count` new empty objects; returns their ids (consecutive).
+    pub fn create(&self, count: u32) -> Result<Range<u64>> {
+        if count == 0 || count > CREATE_BATCH_MAX {
+            return Err(OsdError::Invalid(format!("create of {count} objects (1 to {CREATE_BATCH_MAX})")));
+        }
+        let now = now_ns();
+        let attr = ObjectAttr { mtime_ns: now, atime_ns: now, ctime_ns: now, ..ObjectAttr::default() }.encode();
+        let txn = self.db.begin_write()?;
+        let first;
+        {
+            let mut m = txn.open_table(META)?;
+            first = m.get("next_oid")?.map(|v| v.value()).unwrap_or(FIRST_OID);
+            let objects = m.get("objects")?.map(|v| v.value()).unwrap_or(0);
+            m.insert("next_oid", first + count as u64)?;
+            m.insert("objects", objects + count as u64)?;
+            let mut o = txn.open_table(OBJECTS)?;
+            for oid in first..first + count as u64 {
+                o.insert(oid, attr.as_slice())?;
+            }
+        }
+        txn.commit()?;
+        Ok(first..first + count as u64)
+    }
+
+    pub fn getattr(&self, oid: u64) -> Result<ObjectAttr> {
+        let txn = self.db.begin_read()?;
+        let o = txn.open_table(OBJECTS)?;
+        let v = o.get(oid)?.ok_or(OsdError::NoSuchObject(oid))?;
+        ObjectAttr::decode(oid, v.value())
+    }
+
+    pub fn setattr(&self, oid: u64, s: &SetAttr) -> Result<ObjectAttr> {
+        let _g = self.locks.shared(oid);
+        let txn = self.db.begin_write()?;
+        let attr;
+        {
+            let mut o = txn.open_table(OBJECTS)?;
+            let mut a = {
+                let v = o.get(oid)?.ok_or(OsdError::NoSuchObject(oid))?;
+                ObjectAttr::decode(oid, v.value())?
+            };
+            a.apply(s);
+            if s.ctime_ns.is_none() {
+                a.ctime_ns = now_ns();
+            }
+            o.insert(oid, a.encode().as_slice())?;
+            attr = a;
+        }
+        txn.commit()?;
+        Ok(attr)
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        let max = self.opts.max_object_bytes;
+        match offset.checked_add(len) {
+            Some(end) if end <= max => Ok(()),
+            _ => Err(OsdError::TooLarge { offset, len, max }),
+        }
+    }
+
+    /// The physical chunks of `oid`'s chunk indexes `first..=last` (None: a hole).
+    fn mapping(&self, oid: u64, first: u64, last: u64) -> Result<Vec<Option<u64>>> {
+        let txn = self.db.begin_read()?;
+        let map = txn.open_table(MAP)?;
+        let mut out = vec![None; (last - first + 1) as usize];
+        for e in map.range((oid, first)..=(oid, last))? {
+            let (k, v) = e?;
+            out[(k.value().1 - first) as usize] = Some(v.value());
+        }
+        Ok(out)
+    }
+
+    /// Write `data` at `offset` of object `oid`.
+    pub fn write(&self, oid: u64, offset: u64, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.check_range(offset, data.len() as u64)?;
+        let _g = self.locks.shared(oid);
+        let attr = self.getattr(oid)?;
+        let cb = self.chunk_bytes;
+        let end = offset + data.len() as u64;
+        let (first, last) = (offset / cb, (end - 1) / cb);
+        let mut map = self.mapping(oid, first, last)?;
+        let holes: Vec<u64> = (first..=last).filter(|c| map[(c - first) as usize].is_none()).collect();
+        let _chunk_locks = self.locks.chunks(oid, holes.clone());
+        if !holes.is_empty() {
+            // Another writer may have filled some while we waited for the chunk locks.
+            map = self.mapping(oid, first, last)?;
+        }
+        let holes: Vec<u64> = (first..=last).filter(|c| map[(c - first) as usize].is_none()).collect();
+        let reservation = self.reserve(holes.len() as u64)?;
+        // In-place bytes past the committed size: make them part of the object first.
+        let in_place_end = (first..=last)
+            .filter(|&c| map[(c - first) as usize].is_some())
+            .map(|c| end.min((c + 1) * cb))
+            .max()
+            .unwrap_or(0);
+        if in_place_end > attr.size {
+            self.grow(oid, in_place_end)?;
+        }
+        let mut new_phys = reservation.chunks().into_iter();
+        let mut fresh: Vec<(u64, u64)> = Vec::with_capacity(holes.len());
+        for &c in &holes {
+            if let Some(p) = new_phys.next() {
+                map[(c - first) as usize] = Some(p);
+                fresh.push((c, p));
+            }
+        }
+        self.write_chunks(offset, data, first, &map, &fresh)?;
+        if self.opts.sync == SyncMode::Drives {
+            self.data.flush()?;
+        }
+        // Commit: map the new chunks, take them from the free table, grow the size.
+        let txn = self.db.begin_write()?;
+        {
+            let mut o = txn.open_table(OBJECTS)?;
+            let mut a = {
+                let v = o.get(oid)?.ok_or(OsdError::NoSuchObject(oid))?;
+                ObjectAttr::decode(oid, v.value())?
+            };
+            a.size = a.size.max(end);
+            a.space += fresh.len() as u64 * cb;
+            a.mtime_ns = now_ns();
+            a.ctime_ns = a.mtime_ns;
+            o.insert(oid, a.encode().as_slice())?;
+            if !fresh.is_empty() {
+                let mut m = txn.open_table(MAP)?;
+                for &(c, p) in &fresh {
+                    m.insert((oid, c), p)?;
+                }
+                take_free(&txn, &reservation.extents)?;
+            }
+        }
+        txn.commit()?;
+        drop(reservation);
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        self.counters.write_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.counters.chunks_allocated.fetch_add(fresh.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The volume writes of one object write: runs of chunks that are physically
+    /// contiguous and either all new (written whole, zero-filled around the data) or all
+    /// mapped (written in place) go as one volume write each.
+    fn write_chunks(
+        &self,
+        offset: u64,
+        data: &[u8],
+        first: u64,
+        map: &[Option<u64>],
+        fresh: &[(u64, u64)],
+    ) -> Result<()> {
+        let cb = self.chunk_bytes;
+        let end = offset + data.len() as u64;
+        let is_new = |c: u64| fresh.binary_search_by_key(&c, |&(ci, _)| ci).is_ok();
+        let mut c = first;
+        let last = (end - 1) / cb;
+        while c <= last {
+            let phys =
+                map[(c - first) as usize].ok_or_else(|| OsdError::Corrupt("unmapped chunk after allocation".into()))?;
+            let new = is_new(c);
+            // A run: chunks physically contiguous and of one kind. New chunks join a run only
+            // when the data covers them whole (then the run is one slice of the caller's
+            // data); a partly covered new chunk is written alone, zero-filled.
+            let covered = |c: u64| c * cb >= offset && (c + 1) * cb <= end;
+            let mut n = 1;
+            if !new || covered(c) {
+                while c + n <= last
+                    && map[(c + n - first) as usize] == Some(phys + n)
+                    && is_new(c + n) == new
+                    && (!new || covered(c + n))
+                {
+                    n += 1;
+                }
+            }
+            let run_start = c * cb;
+            let run_end = (c + n) * cb;
+            let (lo, hi) = (offset.max(run_start), end.min(run_end));
+            let piece = &data[(lo - offset) as usize..(hi - offset) as usize];
+            if new && (lo != run_start || hi != run_end) {
+                // A new chunk not covered whole: zero-fill around the piece.
+                let mut image = vec![0u8; (run_end - run_start) as usize];
+                image[(lo - run_start) as usize..(hi - run_start) as usize].copy_from_slice(piece);
+                self.data.write(phys * cb, &image)?;
+            } else if new {
+                self.data.write(phys * cb, piece)?;
+            } else {
+                self.data.write(phys * cb + (lo - run_start), piece)?;
+                self.counters.in_place_writes.fetch_add(1, Ordering::Relaxed);
+            }
+            c += n;
+        }
+        Ok(())
+    }
+
+    /// Commit `size = max(size, to)` on its own.
+    fn grow(&self, oid: u64, to: u64) -> Result<()> {
+        let txn = self.db.begin_write()?;
+        {
+            let mut o = txn.open_table(OBJECTS)?;
+            let mut a = {
+                let v = o.get(oid)?.ok_or(OsdError::NoSuchObject(oid))?;
+                ObjectAttr::decode(oid, v.value())?
+            };
+            if a.size >= to {
+                return Ok(());
+            }
+            a.size = to;
+            o.insert(oid, a.encode().as_slice())?;
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Read up to `buf.len()` bytes at `offset`; returns how many (short at the end of the
+    /// object). Holes read as zeros.
+    pub fn read(&self, oid: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let _g = self.locks.shared(oid);
+        let attr = self.getattr(oid)?;
+        if offset >= attr.size || buf.is_empty() {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(attr.size - offset) as usize;
+        let cb = self.chunk_bytes;
+        let end = offset + n as u64;
+        let (first, last) = (offset / cb, (end - 1) / cb);
+        let map = self.mapping(oid, first, last)?;
+        let mut c = first;
+        while c <= last {
+            let here = map[(c - first) as usize];
+            let mut k = 1;
+            while c + k <= last {
+                let next = map[(c + k - first) as usize];
+                let contiguous = match (here, next) {
+                    (Some(p), Some(q)) => q == p + k,
+                    (None, None) => true,
+                    _ => false,
+                };
+                if !contiguous {
+                    break;
+                }
+                k += 1;
+            }
+            let (lo, hi) = (offset.max(c * cb), end.min((c + k) * cb));
+            let out = &mut buf[(lo - offset) as usize..(hi - offset) as usize];
+            match here {
+                Some(p) => self.data.read(p * cb + (lo - c * cb), out)?,
+                None => out.fill(0),
+            }
+            c += k;
+        }
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        self.counters.read_bytes.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// Set the size of `oid`: chunks wholly past a smaller size are freed; bytes a larger
+    /// size exposes read as zero.
+    pub fn truncate(&self, oid: u64, size: u64) -> Result<ObjectAttr> {
+        self.check_range(size, 0)?;
+        let _g = self.locks.exclusive(oid);
+        let attr = self.getattr(oid)?;
+        let cb = self.chunk_bytes;
+        // Shrinking: the kept part of the last chunk's tail goes back to zero first.
+        if size < attr.size && !size.is_multiple_of(cb) {
+            let c = size / cb;
+            if let Some(Some(p)) = self.mapping(oid, c, c)?.first().copied() {
+                let stop = attr.size.min((c + 1) * cb);
+                self.data.write(p * cb + (size - c * cb), &vec![0u8; (stop - size) as usize])?;
+            }
+        }
+        let keep = size.div_ceil(cb);
+        self.commit_unmap(oid, keep, u64::MAX, |a| {
+            a.size = size;
+        })
+    }
+
+    /// Free the space of `[start, end)` of `oid` (it reads as zeros); the size is kept.
+    pub fn punch(&self, oid: u64, start: u64, end: u64) -> Result<ObjectAttr> {
+        if end < start {
+            return Err(OsdError::Invalid(format!("punch from {start} to {end}")));
+        }
+        self.check_range(start, end - start)?;
+        let _g = self.locks.exclusive(oid);
+        let attr = self.getattr(oid)?;
+        let end = end.min(attr.size.max(start));
+        if end == start {
+            return Ok(attr);
+        }
+        let cb = self.chunk_bytes;
+        let (full_lo, full_hi) = (start.div_ceil(cb), end / cb);
+        // Partial chunks at the edges: zeros in place.
+        let edges = if full_lo > full_hi {
+            vec![(start, end)]
+        } else {
+            vec![(start, (full_lo * cb).min(end)), ((full_hi * cb).max(start), end)]
+        };
+        for (lo, hi) in edges {
+            if hi <= lo {
+                continue;
+            }
+            let c = lo / cb;
+            if let Some(Some(p)) = self.mapping(oid, c, c)?.first().copied() {
+                self.data.write(p * cb + (lo - c * cb), &vec![0u8; (hi - lo) as usize])?;
+            }
+        }
+        if full_lo < full_hi {
+            return self.commit_unmap(oid, full_lo, full_hi, |_| {});
+        }
+        Ok(attr)
+    }
+
+    /// Remove `oid` and give back its space.
+    pub fn destroy(&self, oid: u64) -> Result<()> {
+        let _g = self.locks.exclusive(oid);
+        self.getattr(oid)?;
+        self.commit_unmap(oid, 0, u64::MAX, |_| {})?;
+        let txn = self.db.begin_write()?;
+        {
+            let mut o = txn.open_table(OBJECTS)?;
+            if o.remove(oid)?.is_none() {
+                return Err(OsdError::NoSuchObject(oid));
+            }
+            let mut m = txn.open_table(META)?;
+            let n = m.get("objects")?.map(|v| v.value()).unwrap_or(1);
+            m.insert("objects", n.saturating_sub(1))?;
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// One transaction: unmap chunk indexes `[from, to)` of `oid`, give them to the free
+    /// table, and update the attributes with `change`.
+    fn commit_unmap(&self, oid: u64, from: u64, to: u64, change: impl FnOnce(&mut ObjectAttr)) -> Result<ObjectAttr> {
+        let txn = self.db.begin_write()?;
+        let attr;
+        {
+            let mut map = txn.open_table(MAP)?;
+            let mut freed = Vec::new();
+            {
+                let gone = map.extract_from_if((oid, from)..(oid, to), |_, _| true)?;
+                for e in gone {
+                    let (_, v) = e?;
+                    freed.push(v.value());
+                }
+            }
+            let mut o = txn.open_table(OBJECTS)?;
+            let mut a = {
+                let v = o.get(oid)?.ok_or(OsdError::NoSuchObject(oid))?;
+                ObjectAttr::decode(oid, v.value())?
+            };
+            a.space = a.space.saturating_sub(freed.len() as u64 * self.chunk_bytes);
+            change(&mut a);
+            a.mtime_ns = now_ns();
+            a.ctime_ns = a.mtime_ns;
+            o.insert(oid, a.encode().as_slice())?;
+            attr = a;
+            give_free(&txn, freed)?;
+        }
+        txn.commit()?;
+        Ok(attr)
+    }
+
+    /// Take `n` free chunks for a running write: contiguous when possible, next-fit from
+    /// where the last reservation ended (streaming writes land one after another).
+    fn reserve(&self, n: u64) -> Result<Reservation<'_>> {
+        let mut r = self.reserved.lock().unwrap_or_else(|e| e.into_inner());
+        if n == 0 {
+            return Ok(Reservation { target: self, extents: Vec::new() });
+        }
+        let txn = self.db.begin_read()?;
+        let free = txn.open_table(FREE)?;
+        let mut got: Vec<(u64, u64)> = Vec::new();
+        let mut need = n;
+        let cursor = r.cursor;
+        // Two passes: from the cursor to the end, then from the start.
+        for pass in 0..2 {
+            let iter = if pass == 0 { free.range(cursor..)? } else { free.range(..cursor)? };
+            for e in iter {
+                let (s, l) = e?;
+                let (mut s, end) = (s.value(), s.value() + l.value());
+                if pass == 0 && s < cursor {
+                    s = cursor;
+                }
+                // Skip what other running writes hold.
+                while s < end && need > 0 {
+                    if let Some((&rs, &rl)) = r.extents.range(..=s).next_back()
+                        && rs + rl > s
+                    {
+                        s = rs + rl;
+                        continue;
+                    }
+                    let next_reserved = r.extents.range(s..).next().map_or(end, |(&rs, _)| rs.min(end));
+                    let take = (next_reserved - s).min(need);
+                    if take == 0 {
+                        break;
+                    }
+                    got.push((s, take));
+                    need -= take;
+                    s += take;
+                }
+                if need == 0 {
+                    break;
+                }
+            }
+            if need == 0 {
+                break;
+            }
+        }
+        if need > 0 {
+            let held: u64 = r.extents.values().sum();
+            let free_chunks = self.free_chunks_in(&txn)?.saturating_sub(held);
+            return Err(OsdError::NoSpace { need: n * self.chunk_bytes, free: free_chunks * self.chunk_bytes });
+        }
+        for &(s, l) in &got {
+            r.extents.insert(s, l);
+        }
+        if let Some(&(s, l)) = got.last() {
+            r.cursor = (s + l) % self.chunks.max(1);
+        }
+        Ok(Reservation { target: self, extents: got })
+    }
+
+    fn free_chunks_in(&self, txn: &redb::ReadTransaction) -> Result<u64> {
+        let m = txn.open_table(META)?;
+        Ok(m.get("free_chunks")?.map(|v| v.value()).unwrap_or(0))
+    }
+
+    /// Space and counts, exact: free space is what the free table holds, less what
+    /// running writes have reserved.
+    pub fn statfs(&self) -> Result<StatFs> {
+        let txn = self.db.begin_read()?;
+        let m = txn.open_table(META)?;
+        let get = |k: &str| -> Result<u64> { Ok(m.get(k)?.map(|v| v.value()).unwrap_or(0)) };
+        let held: u64 = self.reserved.lock().unwrap_or_else(|e| e.into_inner()).extents.values().sum();
+        let index_bytes = redb::StorageBackend::len(&VolumeBackend::open(
+            self.meta.clone(),
+            0,
+            index_region(&self.meta),
+            SyncMode::Ordered,
+        )?)?;
+        Ok(StatFs {
+            chunk_bytes: self.chunk_bytes,
+            total_bytes: self.chunks * self.chunk_bytes,
+            free_bytes: get("free_chunks")?.saturating_sub(held) * self.chunk_bytes,
+            objects: get("objects")?,
+            index_bytes,
+            index_capacity: index_region(&self.meta) - 8192,
+        })
+    }
+
+    /// Make everything written so far durable on the drives (Lustre's OST sync).
+    pub fn sync(&self) -> Result<()> {
+        self.data.flush()?;
+        self.meta.flush()?;
+        Ok(())
+    }
+
+    pub fn stats(&self) -> TargetStats {
+        let c = &self.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        TargetStats {
+            writes: g(&c.writes),
+            write_bytes: g(&c.write_bytes),
+            reads: g(&c.reads),
+            read_bytes: g(&c.read_bytes),
+            chunks_allocated: g(&c.chunks_allocated),
+            in_place_writes: g(&c.in_place_writes),
+        }
+    }
+
+    /// Check the index against itself (an fsck): every mapped chunk inside the volume and
+    /// used once, by an object that exists, below its size; free extents inside the volume
+    /// and disjoint from mapped chunks; every chunk either mapped or free (no leak); the
+    /// counters equal to what they count; each object's space equal to its chunks.
+    pub fn check(&self) -> Result<CheckReport> {
+        let mut rep = CheckReport::default();
+        let mut problem = |p: String| {
+            if rep.problems.len() < 100 {
+                rep.problems.push(p);
+            }
+        };
+        let txn = self.db.begin_read()?;
+        let objects = txn.open_table(OBJECTS)?;
+        let map = txn.open_table(MAP)?;
+        let free = txn.open_table(FREE)?;
+        let meta = txn.open_table(META)?;
+        let mut used = vec![0u64; self.chunks.div_ceil(64) as usize];
+        let mark = |p: u64, used: &mut Vec<u64>| -> bool {
+            let (w, b) = ((p / 64) as usize, p % 64);
+            let seen = used[w] & (1 << b) != 0;
+            used[w] |= 1 << b;
+            seen
+        };
+        let mut per_object: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut mapped = 0u64;
+        for e in map.iter()? {
+            let (k, v) = e?;
+            let ((oid, c), p) = (k.value(), v.value());
+            mapped += 1;
+            if p >= self.chunks {
+                problem(format!("object {oid:#x} chunk {c} maps to chunk {p}, past the volume's {}", self.chunks));
+                continue;
+            }
+            if mark(p, &mut used) {
+                problem(format!("chunk {p} is mapped twice (again by object {oid:#x} chunk {c})"));
+            }
+            *per_object.entry(oid).or_default() += 1;
+            match objects.get(oid)? {
+                None => problem(format!("chunk {p} belongs to object {oid:#x}, which does not exist")),
+                Some(a) => {
+                    let a = ObjectAttr::decode(oid, a.value())?;
+                    if c * self.chunk_bytes >= a.size {
+                        problem(format!("object {oid:#x} of size {} maps chunk {c}, past its end", a.size));
+                    }
+                }
+            }
+        }
+        let mut free_chunks = 0u64;
+        for e in free.iter()? {
+            let (s, l) = e?;
+            let (s, l) = (s.value(), l.value());
+            if l == 0 || s.checked_add(l).is_none_or(|end| end > self.chunks) {
+                problem(format!("free extent {s}+{l} is outside the volume's {} chunks", self.chunks));
+                continue;
+            }
+            free_chunks += l;
+            for p in s..s + l {
+                if mark(p, &mut used) {
+                    problem(format!("chunk {p} is both free and mapped (or free twice)"));
+                }
+            }
+        }
+        let leaked = self.chunks - used.iter().map(|w| w.count_ones() as u64).sum::<u64>();
+        if leaked > 0 {
+            problem(format!("{leaked} chunks are neither mapped nor free (leaked)"));
+        }
+        let mut count = 0u64;
+        let mut max_oid = 0;
+        for e in objects.iter()? {
+            let (k, v) = e?;
+            let oid = k.value();
+            count += 1;
+            max_oid = max_oid.max(oid);
+            let a = ObjectAttr::decode(oid, v.value())?;
+            let chunks = per_object.get(&oid).copied().unwrap_or(0);
+            // Bytes past the size in the last chunk must be zero.
+            if !a.size.is_multiple_of(self.chunk_bytes)
+                && let Some(p) = map.get((oid, a.size / self.chunk_bytes))?.map(|v| v.value())
+                && p < self.chunks
+            {
+                let from = a.size % self.chunk_bytes;
+                let mut tail = vec![0u8; (self.chunk_bytes - from) as usize];
+                self.data.read(p * self.chunk_bytes + from, &mut tail)?;
+                if let Some(i) = tail.iter().position(|&b| b != 0) {
+                    problem(format!(
+                        "object {oid:#x}: byte {} past its size {} is not zero",
+                        a.size + i as u64,
+                        a.size
+                    ));
+                }
+            }
+            if a.space != chunks * self.chunk_bytes {
+                problem(format!("object {oid:#x} says it holds {} bytes; it maps {chunks} chunks", a.space));
+            }
+        }
+        let get = |k: &str| -> Result<u64> { Ok(meta.get(k)?.map(|v| v.value()).unwrap_or(0)) };
+        if get("free_chunks")? != free_chunks {
+            problem(format!("free chunk counter {} but the free table holds {free_chunks}", get("free_chunks")?));
+        }
+        if get("objects")? != count {
+            problem(format!("object counter {} but {count} objects exist", get("objects")?));
+        }
+        if count > 0 && get("next_oid")? <= max_oid {
+            problem(format!("next object id {} is not past the largest, {max_oid:#x}", get("next_oid")?));
+        }
+        rep.objects = count;
+        rep.mapped_chunks = mapped;
+        rep.free_chunks = free_chunks;
+        Ok(rep)
+    }
+
+    /// Locks held now (bounded by running operations).
+    pub fn locks_held(&self) -> usize {
+        self.locks.held()
+    }
+}
+
+/// Chunks reserved by one write; given back to the pool of free chunks when dropped
+/// (after the commit took them from the free table, or on failure).
+struct Reservation<'a> {
+    target: &'a Target,
+    extents: Vec<(u64, u64)>,
+}
+
+impl Reservation<'_> {
+    fn chunks(&self) -> Vec<u64> {
+        self.extents.iter().flat_map(|&(s, l)| s..s + l).collect()
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        let mut r = self.target.reserved.lock().unwrap_or_else(|e| e.into_inner());
+        for (s, _) in &self.extents {
+            r.extents.remove(s);
+        }
+    }
+}
+
+/// Remove reserved extents from the free table (each lies inside one free extent).
+fn take_free(txn: &redb::WriteTransaction, extents: &[(u64, u64)]) -> Result<()> {
+    let mut free = txn.open_table(FREE)?;
+    let mut taken = 0;
+    for &(s, l) in extents {
+        let (fs, fl) = {
+            let mut it = free.range(..=s)?;
+            let (k, v) = it.next_back().ok_or_else(|| OsdError::Corrupt(format!("chunk {s} is not free")))??;
+            (k.value(), v.value())
+        };
+        if fs + fl < s + l {
+            return Err(OsdError::Corrupt(format!("chunks {s}+{l} are not all free")));
+        }
+        free.remove(fs)?;
+        if s > fs {
+            free.insert(fs, s - fs)?;
+        }
+        if fs + fl > s + l {
+            free.insert(s + l, fs + fl - (s + l))?;
+        }
+        taken += l;
+    }
+    let mut m = txn.open_table(META)?;
+    let n = m.get("free_chunks")?.map(|v| v.value()).unwrap_or(0);
+    m.insert("free_chunks", n.saturating_sub(taken))?;
+    Ok(())
+}
+
+/// Give chunks back to the free table, merging with neighbours.
+fn give_free(txn: &redb::WriteTransaction, mut chunks: Vec<u64>) -> Result<()> {
+    if chunks.is_empty() {
+        return Ok(());
+    }
+    chunks.sort_unstable();
+    let mut free = txn.open_table(FREE)?;
+    let n = chunks.len() as u64;
+    let mut i = 0;
+    while i < chunks.len() {
+        let mut j = i + 1;
+        while j < chunks.len() && chunks[j] == chunks[j - 1] + 1 {
+            j += 1;
+        }
+        let (mut s, mut l) = (chunks[i], (j - i) as u64);
+        let before = free.range(..s)?.next_back().transpose()?.map(|(k, v)| (k.value(), v.value()));
+        if let Some((ps, pl)) = before
+            && ps + pl == s
+        {
+            free.remove(ps)?;
+            s = ps;
+            l += pl;
+        }
+        let after = free.get(s + l)?.map(|v| v.value());
+        if let Some(al) = after {
+            free.remove(s + l)?;
+            l += al;
+        }
+        free.insert(s, l)?;
+        i = j;
+    }
+    let mut m = txn.open_table(META)?;
+    let f = m.get("free_chunks")?.map(|v| v.value()).unwrap_or(0);
+    m.insert("free_chunks", f + n)?;
+    Ok(())
+}
