@@ -5,5 +5,6 @@
 
 pub mod kernel;
 pub mod net;
+pub mod ost;
 pub mod raid;
 pub mod torture;

@@ -91,7 +91,7 @@ enum Phase {
 
 /// Stamp each 4 KiB sector of `buf` (which will land at volume offset `off`) with its
 /// offset and a per-run salt.
-fn stamp(buf: &mut [u8], off: u64, salt: u64) {
+pub(crate) fn stamp(buf: &mut [u8], off: u64, salt: u64) {
     for (i, sector) in buf.chunks_mut(4096).enumerate() {
         let at = off + (i as u64) * 4096;
         sector[..8].copy_from_slice(&at.to_le_bytes());
@@ -99,7 +99,7 @@ fn stamp(buf: &mut [u8], off: u64, salt: u64) {
     }
 }
 
-fn check(buf: &[u8], off: u64, salt: u64) -> Result<(), BenchError> {
+pub(crate) fn check(buf: &[u8], off: u64, salt: u64) -> Result<(), BenchError> {
     for (i, sector) in buf.chunks(4096).enumerate() {
         let at = off + (i as u64) * 4096;
         if sector[..8] != at.to_le_bytes() || sector[8..16] != salt.to_le_bytes() {
@@ -175,11 +175,11 @@ fn make_drive(path: &Path, size: u64) -> Result<Arc<dyn BlockDevice>, BenchError
     Ok(Arc::new(d))
 }
 
-fn make_drives(dir: &Path, n: usize, size: u64) -> Result<Vec<Arc<dyn BlockDevice>>, BenchError> {
+pub(crate) fn make_drives(dir: &Path, n: usize, size: u64) -> Result<Vec<Arc<dyn BlockDevice>>, BenchError> {
     (0..n).map(|i| make_drive(&dir.join(format!("drive{i}")), size)).collect()
 }
 
-fn create(drives: &[Arc<dyn BlockDevice>], level: Level, strip: u64) -> Result<Volume, BenchError> {
+pub(crate) fn create(drives: &[Arc<dyn BlockDevice>], level: Level, strip: u64) -> Result<Volume, BenchError> {
     let mut o = CreateOptions::new("bench", level);
     o.strip_bytes = strip;
     o.force = true;
@@ -189,7 +189,7 @@ fn create(drives: &[Arc<dyn BlockDevice>], level: Level, strip: u64) -> Result<V
     Ok(Volume::create(drives.to_vec(), &o, &VolumeOptions::default())?)
 }
 
-fn peak(v: &[f64]) -> f64 {
+pub(crate) fn peak(v: &[f64]) -> f64 {
     v.iter().copied().fold(0.0, f64::max)
 }
 
@@ -207,7 +207,7 @@ fn median_ratio(a: &[f64], b: &[f64]) -> f64 {
     (mid * 1000.0).round() / 1000.0
 }
 
-fn ratio(a: f64, b: f64) -> f64 {
+pub(crate) fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 { (a / b * 1000.0).round() / 1000.0 } else { 0.0 }
 }
 

@@ -2,6 +2,7 @@
 //! (`nacre raid …`) and their benchmarks, and the transport selftest (`nacre net …`); the
 //! file system's services join as they land.
 
+mod bench;
 mod net;
 mod raid;
 mod size;
@@ -23,6 +24,9 @@ enum Command {
     /// The transport: selftest against plain sockets.
     #[command(subcommand)]
     Net(net::NetCommand),
+    /// Benchmarks of the services' layers (`ost`: the object store).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 fn main() {
@@ -30,6 +34,7 @@ fn main() {
     let result = match cli.command {
         Command::Raid(cmd) => raid::run(cmd),
         Command::Net(cmd) => net::run(cmd),
+        Command::Bench(cmd) => bench::run(cmd),
     };
     if let Err(e) = result {
         eprintln!("nacre: {e}");

@@ -1,0 +1,235 @@
+//! `nacre bench ost`: Nacre's obdfilter-survey. One target on file drives — RAID6 8+2 for
+//! data, RAID1 for the index — and, in the same run, the raw data volume:
+//!
+//! - raw write / read: `threads` streams of `brw`-byte IOs straight to the volume;
+//! - object write / rewrite / read: the same streams into one object per thread;
+//! - small writes: `threads` writers interleaving 47,008-byte pieces (IO500's ior-hard
+//!   transfer) into one shared object.
+//!
+//! Every read checks what it gets. Rounds interleave raw and object phases and keep the
+//! best of each, because the shared disk moves single runs a lot.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use nacre_osd::{Target, TargetOptions};
+use nacre_raid::align::AlignedBuf;
+use nacre_raid::{Level, Volume};
+use serde_json::{Value, json};
+
+use crate::raid::{BenchError, check, create, make_drives, peak, ratio, stamp};
+
+/// IO500's ior-hard transfer size.
+pub const SMALL_WRITE_BYTES: usize = 47_008;
+
+#[derive(Debug, Clone)]
+pub struct OstBenchOptions {
+    pub dir: PathBuf,
+    /// Bytes each large phase moves.
+    pub size: u64,
+    pub threads: usize,
+    pub rounds: usize,
+    /// Bytes per large IO (Lustre's `brw_size`).
+    pub brw: u64,
+    pub strip: u64,
+}
+
+impl OstBenchOptions {
+    pub fn new(dir: PathBuf) -> OstBenchOptions {
+        OstBenchOptions { dir, size: 1 << 30, threads: 8, rounds: 3, brw: 16 << 20, strip: 128 << 10 }
+    }
+}
+
+/// Run `threads` jobs between two barriers; returns the seconds between them.
+fn timed<F>(threads: usize, job: F) -> Result<f64, BenchError>
+where
+    F: Fn(usize) -> Result<(), BenchError> + Sync,
+{
+    let barrier = Barrier::new(threads + 1);
+    let mut elapsed = Duration::ZERO;
+    let results: Vec<Result<(), BenchError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|j| {
+                let (barrier, job) = (&barrier, &job);
+                s.spawn(move || {
+                    barrier.wait();
+                    let r = job(j);
+                    barrier.wait();
+                    r
+                })
+            })
+            .collect();
+        barrier.wait();
+        let t = Instant::now();
+        barrier.wait();
+        elapsed = t.elapsed();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(BenchError::Bad("job panicked".into())))).collect()
+    });
+    for r in results {
+        r?;
+    }
+    Ok(elapsed.as_secs_f64())
+}
+
+/// Large streams straight to the volume: thread `j` owns `[j × per, (j+1) × per)`.
+fn raw(v: &Volume, o: &OstBenchOptions, write: bool, salt: u64) -> Result<f64, BenchError> {
+    let per = o.size / o.threads as u64 / o.brw * o.brw;
+    let secs = timed(o.threads, |j| {
+        let mut buf = AlignedBuf::zeroed(o.brw as usize);
+        for n in 0..per / o.brw {
+            let off = j as u64 * per + n * o.brw;
+            if write {
+                stamp(&mut buf, off, salt);
+                v.write(off, &buf)?;
+            } else {
+                v.read(off, &mut buf)?;
+                check(&buf, off, salt)?;
+            }
+        }
+        Ok(())
+    })?;
+    Ok((per * o.threads as u64) as f64 / secs / 1e9)
+}
+
+/// Large streams into objects: thread `j` writes or reads object `oids[j]` from 0.
+fn objects(t: &Target, oids: &[u64], o: &OstBenchOptions, write: bool, salt: u64) -> Result<f64, BenchError> {
+    let per = o.size / o.threads as u64 / o.brw * o.brw;
+    let secs = timed(o.threads, |j| {
+        let oid = oids[j];
+        let mut buf = AlignedBuf::zeroed(o.brw as usize);
+        for n in 0..per / o.brw {
+            let off = n * o.brw;
+            // Stamped with the object in the high bits, so objects never look alike.
+            let tag = (oid << 40) | off;
+            if write {
+                stamp(&mut buf, tag, salt);
+                t.write(oid, off, &buf).map_err(|e| BenchError::Bad(e.to_string()))?;
+            } else {
+                let got = t.read(oid, off, &mut buf).map_err(|e| BenchError::Bad(e.to_string()))?;
+                if got != buf.len() {
+                    return Err(BenchError::Verify(format!("object {oid:#x}: short read at {off}")));
+                }
+                check(&buf, tag, salt)?;
+            }
+        }
+        Ok(())
+    })?;
+    Ok((per * o.threads as u64) as f64 / secs / 1e9)
+}
+
+/// Interleaved 47,008-byte writes into one object; returns GB/s, after checking the object.
+fn small_writes(t: &Target, oid: u64, o: &OstBenchOptions) -> Result<f64, BenchError> {
+    let pieces_per_thread = (o.size / 8 / SMALL_WRITE_BYTES as u64 / o.threads as u64).max(1);
+    let piece = |i: u64| -> Vec<u8> { (0..SMALL_WRITE_BYTES as u64).map(|b| ((i * 7 + b) % 251) as u8).collect() };
+    let secs = timed(o.threads, |j| {
+        for k in 0..pieces_per_thread {
+            let i = k * o.threads as u64 + j as u64;
+            t.write(oid, i * SMALL_WRITE_BYTES as u64, &piece(i)).map_err(|e| BenchError::Bad(e.to_string()))?;
+        }
+        Ok(())
+    })?;
+    let total = pieces_per_thread * o.threads as u64;
+    let mut buf = vec![0u8; SMALL_WRITE_BYTES];
+    for i in 0..total {
+        let n = t.read(oid, i * SMALL_WRITE_BYTES as u64, &mut buf).map_err(|e| BenchError::Bad(e.to_string()))?;
+        if n != buf.len() || buf != piece(i) {
+            return Err(BenchError::Verify(format!("small write {i} of object {oid:#x} reads back different")));
+        }
+    }
+    Ok((total * SMALL_WRITE_BYTES as u64) as f64 / secs / 1e9)
+}
+
+/// Run the bench; prints progress and a table, returns the figures.
+pub fn run_ost_bench(o: &OstBenchOptions, out: &mut dyn std::io::Write) -> Result<Value, BenchError> {
+    if o.threads == 0 || (o.size / o.threads as u64) < o.brw {
+        return Err(BenchError::Bad(format!(
+            "--size {} is too small for {} threads of {}-byte IOs",
+            o.size, o.threads, o.brw
+        )));
+    }
+    std::fs::create_dir_all(&o.dir)?;
+    let work = o.dir.join(format!("nacre-bench-ost-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let result = run_in(o, &work, out);
+    let _ = std::fs::remove_dir_all(&work);
+    result
+}
+
+fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Write) -> Result<Value, BenchError> {
+    // Each data drive holds an eighth of a phase plus a quarter spare (chunks are whole
+    // stripes; the small-write object needs its own).
+    let data_drive = (o.size / 8 + o.size / 32).div_ceil(1 << 20) * (1 << 20) + (64 << 20);
+    let _ = writeln!(
+        out,
+        "nacre bench ost: RAID6 8+2 data ({} MiB drives, {} KiB strips) + RAID1 index in {}, {} threads, {} MiB IOs, {} MiB per phase, {} rounds",
+        data_drive >> 20,
+        o.strip >> 10,
+        o.dir.display(),
+        o.threads,
+        o.brw >> 20,
+        o.size >> 20,
+        o.rounds
+    );
+    let (data_dir, index_dir) = (work.join("data"), work.join("index"));
+    std::fs::create_dir_all(&data_dir)?;
+    std::fs::create_dir_all(&index_dir)?;
+    let data = Arc::new(create(&make_drives(&data_dir, 10, data_drive)?, Level::Raid6, o.strip)?);
+    let meta = Arc::new(create(&make_drives(&index_dir, 2, 256 << 20)?, Level::Raid1, 64 << 10)?);
+    let mut f: [Vec<f64>; 6] = Default::default();
+    for round in 0..o.rounds.max(1) {
+        let salt = 0x5eed + round as u64;
+        f[0].push(raw(&data, o, true, salt)?);
+        f[1].push(raw(&data, o, false, salt)?);
+        let t = Target::format(data.clone(), meta.clone(), TargetOptions::default())
+            .map_err(|e| BenchError::Bad(e.to_string()))?;
+        let oids: Vec<u64> = t.create(o.threads as u32 + 1).map_err(|e| BenchError::Bad(e.to_string()))?.collect();
+        f[2].push(objects(&t, &oids, o, true, salt)?);
+        f[3].push(objects(&t, &oids, o, true, salt + 1)?);
+        f[4].push(objects(&t, &oids, o, false, salt + 1)?);
+        f[5].push(small_writes(&t, oids[o.threads], o)?);
+        let report = t.check().map_err(|e| BenchError::Bad(e.to_string()))?;
+        if !report.is_clean() {
+            return Err(BenchError::Verify(format!("check after round {round}: {:?}", report.problems)));
+        }
+        let _ = writeln!(
+            out,
+            "round {}: raw write {:.2} read {:.2} | object write {:.2} rewrite {:.2} read {:.2} | 47,008-byte writes {:.3} GB/s",
+            round + 1,
+            f[0][round],
+            f[1][round],
+            f[2][round],
+            f[3][round],
+            f[4][round],
+            f[5][round]
+        );
+    }
+    let b: Vec<f64> = f.iter().map(|v| peak(v)).collect();
+    let (write_ratio, read_ratio, rewrite_ratio, small_ratio) =
+        (ratio(b[2], b[0]), ratio(b[4], b[1]), ratio(b[3], b[0]), ratio(b[5], b[2]));
+    let _ = writeln!(out, "\n| phase | GB/s (best of {}) | ratio | target |\n|---|---:|---:|---:|", o.rounds);
+    let _ = writeln!(out, "| raw volume write | {:.2} | | |", b[0]);
+    let _ = writeln!(out, "| raw volume read | {:.2} | | |", b[1]);
+    let _ = writeln!(out, "| object write | {:.2} | {write_ratio:.3} of raw write | ≥ 0.9 |", b[2]);
+    let _ = writeln!(out, "| object rewrite | {:.2} | {rewrite_ratio:.3} of raw write | |", b[3]);
+    let _ = writeln!(out, "| object read | {:.2} | {read_ratio:.3} of raw read | ≥ 0.9 |", b[4]);
+    let _ = writeln!(out, "| 47,008-byte writes | {:.3} | {small_ratio:.3} of object write | ≥ 0.3 |", b[5]);
+    Ok(json!({
+        "bench": "ost",
+        "dir": o.dir.display().to_string(),
+        "size": o.size,
+        "threads": o.threads,
+        "rounds": o.rounds,
+        "brw_size": o.brw,
+        "raw_write_gbps": b[0],
+        "raw_read_gbps": b[1],
+        "write_gbps": b[2],
+        "rewrite_gbps": b[3],
+        "read_gbps": b[4],
+        "small_write_gbps": b[5],
+        "write_ratio": write_ratio,
+        "read_ratio": read_ratio,
+        "rewrite_ratio": rewrite_ratio,
+        "small_write_ratio": small_ratio,
+    }))
+}

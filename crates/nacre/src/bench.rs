@@ -1,0 +1,53 @@
+//! `nacre bench …`: benchmarks of the services' layers, each against its raw reference in
+//! the same run. `ost` is the object store's obdfilter-survey.
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+use nacre_bench::ost::{OstBenchOptions, run_ost_bench};
+
+use crate::size::parse_size;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Object write, rewrite and read on a target (RAID6 8+2 data, RAID1 index) against
+    /// the raw data volume, and 47,008-byte interleaved writes; one JSON line at the end.
+    Ost {
+        /// Folder for the drive files (removed afterwards).
+        #[arg(long, default_value = "/tmp")]
+        dir: PathBuf,
+        /// Bytes each large phase moves.
+        #[arg(long, default_value = "1G", value_parser = parse_size)]
+        size: u64,
+        /// Threads (one object each).
+        #[arg(long, default_value_t = 8)]
+        threads: usize,
+        /// Rounds; the best of each phase is kept.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Bytes per large IO (`brw_size`).
+        #[arg(long, default_value = "16M", value_parser = parse_size)]
+        brw_size: u64,
+    },
+}
+
+pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
+    match cmd {
+        BenchCommand::Ost { dir, size, threads, rounds, brw_size } => {
+            if !(1..=256).contains(&threads) || !(1..=100).contains(&rounds) {
+                return Err("--threads must be 1 to 256 and --rounds 1 to 100".into());
+            }
+            if !(4096..=16 << 20).contains(&brw_size) || !brw_size.is_multiple_of(4096) {
+                return Err(format!("--brw-size {brw_size}: a multiple of 4K from 4K to 16M").into());
+            }
+            let mut o = OstBenchOptions::new(dir);
+            o.size = size;
+            o.threads = threads;
+            o.rounds = rounds;
+            o.brw = brw_size;
+            let figures = run_ost_bench(&o, &mut std::io::stdout())?;
+            println!("{}", serde_json::to_string(&figures)?);
+            Ok(())
+        }
+    }
+}
