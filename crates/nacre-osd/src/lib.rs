@@ -8,6 +8,7 @@
 
 pub mod backend;
 pub mod error;
+mod journal;
 mod locks;
 pub mod object;
 pub mod target;

@@ -25,7 +25,7 @@
 //! **Memory.** Nothing per object is kept in memory: the index is on the volume and only
 //! running operations hold locks or reservations.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -36,6 +36,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::backend::{SyncMode, VolumeBackend};
 use crate::error::{OsdError, Result};
+use crate::journal::{AppendError, Journal};
 use crate::locks::Locks;
 use crate::object::{ObjectAttr, SetAttr};
 
@@ -45,6 +46,12 @@ const MAP: TableDefinition<(u64, u64), u64> = TableDefinition::new("map");
 /// First physical chunk of a free extent → its length in chunks.
 const FREE: TableDefinition<u64, u64> = TableDefinition::new("free");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// (object, chunk) → the highest journal sequence destaged into it: replay skips older
+/// pieces, which may have been overwritten since. Only entries at or after the journal's
+/// tail are kept (older records are never replayed), so the table is bounded by the journal.
+const DESTAGED: TableDefinition<(u64, u64), u64> = TableDefinition::new("destaged");
+/// The same entries by sequence, for pruning behind the tail.
+const DESTAGED_BY_SEQ: TableDefinition<u64, (u64, u64)> = TableDefinition::new("destaged_by_seq");
 
 const FORMAT: u64 = 1;
 const FIRST_OID: u64 = 1;
@@ -103,6 +110,8 @@ struct Counters {
     read_bytes: AtomicU64,
     chunks_allocated: AtomicU64,
     in_place_writes: AtomicU64,
+    journaled: AtomicU64,
+    destaged: AtomicU64,
 }
 
 /// Counters of a target.
@@ -116,13 +125,23 @@ pub struct TargetStats {
     pub chunks_allocated: u64,
     /// Pieces written into chunks already mapped (in place).
     pub in_place_writes: u64,
+    /// Small pieces that went through the journal.
+    pub journaled: u64,
+    /// Chunks the journal's pieces were moved into.
+    pub destaged: u64,
+    /// Journal bytes in use and its size.
+    pub journal_used: u64,
+    pub journal_bytes: u64,
 }
 
-/// Chunks taken from the free table by running writes, not yet committed.
+/// Chunks taken from the free table by running writes, not yet committed; and chunks
+/// promised to journaled pieces of unmapped chunks, which their destage will allocate (a
+/// write the journal acknowledged must never meet ENOSPC later).
 #[derive(Default)]
 struct Reserved {
     extents: BTreeMap<u64, u64>,
     cursor: u64,
+    promised: HashSet<(u64, u64)>,
 }
 
 pub struct Target {
@@ -135,16 +154,30 @@ pub struct Target {
     locks: Locks,
     reserved: Mutex<Reserved>,
     counters: Counters,
+    journal: Journal,
 }
 
 fn now_ns() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
 }
 
-/// The redb region on the mirrored volume: all of it but what is kept for the small-write
-/// log of a later format.
+/// The redb region on the mirrored volume: all of it but the small-write journal's.
 fn index_region(meta: &Volume) -> u64 {
     meta.capacity() - (meta.capacity() / 4).min(4 << 30)
+}
+
+/// Where the journal starts reading on open: its id, the committed tail (position and
+/// sequence), and each chunk's destaged floor.
+struct JournalStart {
+    jid: u64,
+    tail: (u64, u64),
+    floors: std::collections::HashMap<(u64, u64), u64>,
+}
+
+/// The small-write journal's region: the rest of the mirrored volume.
+fn journal_region(meta: &Volume) -> (u64, u64) {
+    let base = index_region(meta).div_ceil(4096) * 4096;
+    (base, meta.capacity().saturating_sub(base))
 }
 
 impl Target {
@@ -161,7 +194,17 @@ impl Target {
         }
         // Zero the index region's header slots: a new database starts from nothing.
         meta.write(0, &[0u8; 8192])?;
-        let target = Target::open_db(data, meta, opts, chunk_bytes, chunks)?;
+        let jid = (std::time::SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+            ^ ((std::process::id() as u64) << 48))
+            | 1;
+        let target = Target::open_db(
+            data,
+            meta,
+            opts,
+            chunk_bytes,
+            chunks,
+            JournalStart { jid, tail: (0, 0), floors: Default::default() },
+        )?;
         let txn = target.db.begin_write()?;
         {
             let mut m = txn.open_table(META)?;
@@ -174,10 +217,15 @@ impl Target {
             m.insert("next_oid", FIRST_OID)?;
             m.insert("free_chunks", chunks)?;
             m.insert("objects", 0)?;
+            m.insert("journal_id", jid)?;
+            m.insert("journal_tail", 0)?;
+            m.insert("journal_tail_seq", 0)?;
             let mut f = txn.open_table(FREE)?;
             f.insert(0, chunks)?;
             txn.open_table(OBJECTS)?;
             txn.open_table(MAP)?;
+            txn.open_table(DESTAGED)?;
+            txn.open_table(DESTAGED_BY_SEQ)?;
         }
         txn.commit()?;
         Ok(target)
@@ -187,13 +235,31 @@ impl Target {
     pub fn open(data: Arc<Volume>, meta: Arc<Volume>, opts: TargetOptions) -> Result<Target> {
         let chunk_bytes = data.geometry().stripe_data_bytes();
         let chunks = data.capacity() / chunk_bytes;
-        let target = Target::open_db(data, meta, opts, chunk_bytes, chunks)?;
-        let (format, cb, n) = {
-            let txn = target.db.begin_read()?;
+        // The index first (for the journal's place), then the journal.
+        let backend = VolumeBackend::open(meta.clone(), 0, index_region(&meta), opts.sync)?;
+        let db = Database::builder().set_cache_size(opts.cache_bytes).create_with_backend(backend)?;
+        let (format, cb, n, jid, tail, tail_seq, floors) = {
+            let txn = db.begin_read()?;
+            let mut floors = std::collections::HashMap::new();
+            if let Ok(d) = txn.open_table(DESTAGED) {
+                for e in d.iter()? {
+                    let (k, v) = e?;
+                    floors.insert(k.value(), v.value());
+                }
+            }
             let m = txn.open_table(META).map_err(|e| OsdError::NotATarget(format!("no target index ({e})")))?;
             let get = |k: &str| -> Result<u64> { Ok(m.get(k)?.map(|v| v.value()).unwrap_or(0)) };
-            (get("format")?, get("chunk_bytes")?, get("chunks")?)
+            (
+                get("format")?,
+                get("chunk_bytes")?,
+                get("chunks")?,
+                get("journal_id")?,
+                get("journal_tail")?,
+                get("journal_tail_seq")?,
+                floors,
+            )
         };
+        drop(db);
         if format != FORMAT {
             return Err(OsdError::NotATarget(format!("index format {format}, this build reads {FORMAT}")));
         }
@@ -201,6 +267,20 @@ impl Target {
             return Err(OsdError::NotATarget(format!(
                 "index made for {n} chunks of {cb} bytes; the data volume has {chunks} of {chunk_bytes}"
             )));
+        }
+        let target = Target::open_db(
+            data,
+            meta,
+            opts,
+            chunk_bytes,
+            chunks,
+            JournalStart { jid, tail: (tail, tail_seq), floors },
+        )?;
+        // Pieces replayed into unmapped chunks hold their promise again.
+        for (oid, c) in target.journal.all_chunks() {
+            if target.mapping(oid, c, c)?.first().copied().flatten().is_none() {
+                target.lock_reserved().promised.insert((oid, c));
+            }
         }
         Ok(target)
     }
@@ -211,10 +291,16 @@ impl Target {
         opts: TargetOptions,
         chunk_bytes: u64,
         chunks: u64,
+        start: JournalStart,
     ) -> Result<Target> {
+        let JournalStart { jid, tail, floors } = start;
         let backend = VolumeBackend::open(meta.clone(), 0, index_region(&meta), opts.sync)?;
         let db = Database::builder().set_cache_size(opts.cache_bytes).create_with_backend(backend)?;
+        // Records of another target on this region carry another journal id and end the
+        // replay at once.
+        let journal = Journal::open(meta.clone(), journal_region(&meta), chunk_bytes, jid, tail, &floors)?;
         Ok(Target {
+            journal,
             data,
             meta,
             db,
@@ -259,11 +345,25 @@ impl Target {
         Ok(first..first + count as u64)
     }
 
+    /// Attributes, with the size that journaled writes not yet destaged give.
     pub fn getattr(&self, oid: u64) -> Result<ObjectAttr> {
+        let mut a = self.committed_attr(oid)?;
+        if let Some(end) = self.journal.pending_size(oid) {
+            a.size = a.size.max(end);
+        }
+        Ok(a)
+    }
+
+    /// Attributes as the index holds them.
+    fn committed_attr(&self, oid: u64) -> Result<ObjectAttr> {
         let txn = self.db.begin_read()?;
         let o = txn.open_table(OBJECTS)?;
         let v = o.get(oid)?.ok_or(OsdError::NoSuchObject(oid))?;
         ObjectAttr::decode(oid, v.value())
+    }
+
+    fn lock_reserved(&self) -> std::sync::MutexGuard<'_, Reserved> {
+        self.reserved.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn setattr(&self, oid: u64, s: &SetAttr) -> Result<ObjectAttr> {
@@ -284,6 +384,10 @@ impl Target {
             attr = a;
         }
         txn.commit()?;
+        let mut attr = attr;
+        if let Some(end) = self.journal.pending_size(oid) {
+            attr.size = attr.size.max(end);
+        }
         Ok(attr)
     }
 
@@ -307,24 +411,238 @@ impl Target {
         Ok(out)
     }
 
-    /// Write `data` at `offset` of object `oid`.
+    /// Write `data` at `offset` of object `oid`. Pieces shorter than half a chunk go to
+    /// the journal; the rest go to their chunks (see the module docs).
     pub fn write(&self, oid: u64, offset: u64, data: &[u8]) -> Result<()> {
         if data.is_empty() {
             return Ok(());
         }
         self.check_range(offset, data.len() as u64)?;
         let _g = self.locks.shared(oid);
-        let attr = self.getattr(oid)?;
+        self.committed_attr(oid)?;
+        let cb = self.chunk_bytes;
+        let end = offset + data.len() as u64;
+        // Split by chunk: (start, end, journaled?), then merge neighbours of one kind.
+        let mut parts: Vec<(u64, u64, bool)> = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let stop = end.min((at / cb + 1) * cb);
+            let small = stop - at < cb / 2;
+            match parts.last_mut() {
+                Some(last) if last.2 == small => last.1 = stop,
+                _ => parts.push((at, stop, small)),
+            }
+            at = stop;
+        }
+        for (lo, hi, small) in parts {
+            let piece = &data[(lo - offset) as usize..(hi - offset) as usize];
+            if small {
+                self.journal_write(oid, lo, piece)?;
+            } else {
+                self.write_direct(oid, lo, piece)?;
+            }
+        }
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        self.counters.write_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A small piece through the journal: promise a chunk if it lands in an unmapped one,
+    /// append (making room when the journal is full), then destage what it completed.
+    fn journal_write(&self, oid: u64, offset: u64, data: &[u8]) -> Result<()> {
+        let cb = self.chunk_bytes;
+        let (first, last) = (offset / cb, (offset + data.len() as u64 - 1) / cb);
+        self.promise(oid, first, last)?;
+        loop {
+            match self.journal.append(oid, offset, data) {
+                Ok(()) => break,
+                Err(AppendError::Full) => {
+                    if !self.make_room(0)? {
+                        return Err(OsdError::Index(
+                            "the small-write journal is full and nothing can be destaged".into(),
+                        ));
+                    }
+                }
+                Err(AppendError::Failed(e)) => return Err(e),
+            }
+        }
+        self.counters.journaled.fetch_add(1, Ordering::Relaxed);
+        for c in first..=last {
+            if Journal::covers(&self.journal.pieces(oid, c), cb) {
+                self.destage(oid, c)?;
+            }
+        }
+        let (used, size) = self.journal.usage();
+        if used > size / 2 {
+            self.make_room(size / 4)?;
+        }
+        Ok(())
+    }
+
+    /// Hold a free chunk for each unmapped chunk of `first..=last` that has no promise yet.
+    fn promise(&self, oid: u64, first: u64, last: u64) -> Result<()> {
+        let map = self.mapping(oid, first, last)?;
+        let txn = self.db.begin_read()?;
+        let free = self.free_chunks_in(&txn)?;
+        let mut r = self.lock_reserved();
+        let new: Vec<(u64, u64)> = (first..=last)
+            .filter(|&c| map[(c - first) as usize].is_none() && !r.promised.contains(&(oid, c)))
+            .map(|c| (oid, c))
+            .collect();
+        let held: u64 = r.extents.values().sum::<u64>() + r.promised.len() as u64;
+        let available = free.saturating_sub(held);
+        if (new.len() as u64) > available {
+            return Err(OsdError::NoSpace {
+                need: new.len() as u64 * self.chunk_bytes,
+                free: available * self.chunk_bytes,
+            });
+        }
+        r.promised.extend(new);
+        Ok(())
+    }
+
+    /// Destage the oldest chunks until the journal holds at most `goal` bytes; false if
+    /// nothing could be destaged.
+    fn make_room(&self, goal: u64) -> Result<bool> {
+        let mut any = false;
+        loop {
+            let (used, _) = self.journal.usage();
+            if used <= goal {
+                return Ok(any);
+            }
+            let oldest = self.journal.oldest_chunks(8);
+            if oldest.is_empty() {
+                return Ok(any);
+            }
+            for (oid, c) in oldest {
+                self.destage(oid, c)?;
+                any = true;
+            }
+        }
+    }
+
+    /// Move a chunk's journaled pieces into the chunk: one full-chunk write (reading the
+    /// chunk first only if the pieces do not cover it), one commit of the map, the size and
+    /// the journal's new tail; then the pieces leave the index.
+    fn destage(&self, oid: u64, c: u64) -> Result<()> {
+        let _chunk = self.locks.chunks(oid, vec![c]);
+        let pieces = self.journal.pieces(oid, c);
+        let Some(upto) = pieces.iter().map(|p| p.seq).max() else { return Ok(()) };
+        let cb = self.chunk_bytes;
+        let phys = self.mapping(oid, c, c)?.first().copied().flatten();
+        let mut image = nacre_raid::align::AlignedBuf::zeroed(cb as usize);
+        if let Some(p) = phys
+            && !Journal::covers(&pieces, cb)
+        {
+            self.data.read(p * cb, &mut image)?;
+        }
+        for p in &pieces {
+            self.journal.read_piece(p, &mut image[p.chunk_off as usize..])?;
+        }
+        let pieces_end = c * cb + pieces.iter().map(|p| p.chunk_off + p.len).max().unwrap_or(0);
+        let reservation = match phys {
+            Some(_) => None,
+            None => Some(self.reserve_promised(oid, c)?),
+        };
+        let target = match (&reservation, phys) {
+            (Some(r), _) => r.chunks().first().copied().ok_or_else(|| OsdError::Corrupt("empty reservation".into()))?,
+            (None, Some(p)) => p,
+            (None, None) => return Err(OsdError::Corrupt("destage without a chunk".into())),
+        };
+        self.data.write(target * cb, &image)?;
+        if self.opts.sync == SyncMode::Drives {
+            self.data.flush()?;
+        }
+        let (tail, tail_seq) = self.journal.tail_after(oid, c, upto);
+        let txn = self.db.begin_write()?;
+        {
+            let mut o = txn.open_table(OBJECTS)?;
+            let existing = o.get(oid)?.map(|v| ObjectAttr::decode(oid, v.value())).transpose()?;
+            if let Some(mut a) = existing {
+                a.size = a.size.max(pieces_end);
+                if let Some(r) = &reservation {
+                    a.space += cb;
+                    let mut m = txn.open_table(MAP)?;
+                    m.insert((oid, c), target)?;
+                    take_free(&txn, &r.extents)?;
+                }
+                o.insert(oid, a.encode().as_slice())?;
+            }
+            // Destages run side by side; each computed its tail as if only its own pieces
+            // left, so the committed tail only ever moves forward (a floor pruned behind
+            // it must never be needed again).
+            let mut m = txn.open_table(META)?;
+            let committed = m.get("journal_tail_seq")?.map(|v| v.value()).unwrap_or(0);
+            let tail_seq = tail_seq.max(committed);
+            if tail_seq > committed {
+                m.insert("journal_tail", tail)?;
+                m.insert("journal_tail_seq", tail_seq)?;
+            }
+            let mut d = txn.open_table(DESTAGED)?;
+            let mut by_seq = txn.open_table(DESTAGED_BY_SEQ)?;
+            let old = d.insert((oid, c), upto)?.map(|v| v.value());
+            if let Some(old) = old {
+                by_seq.remove(old)?;
+            }
+            by_seq.insert(upto, (oid, c))?;
+            // Behind the tail nothing replays: forget those entries.
+            let behind: Vec<(u64, (u64, u64))> = by_seq
+                .extract_from_if(..tail_seq, |_, _| true)?
+                .map(|e| e.map(|(k, v)| (k.value(), v.value())))
+                .collect::<std::result::Result<_, _>>()?;
+            for (seq, key) in behind {
+                if d.get(key)?.map(|v| v.value()) == Some(seq) {
+                    d.remove(key)?;
+                }
+            }
+        }
+        txn.commit()?;
+        drop(reservation);
+        self.journal.remove(oid, c, upto);
+        self.lock_reserved().promised.remove(&(oid, c));
+        self.counters.destaged.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Destage every journaled chunk of an object (before it is truncated, punched or
+    /// destroyed, which work on chunks only).
+    fn destage_object(&self, oid: u64) -> Result<()> {
+        for c in self.journal.chunks_of(oid) {
+            self.destage(oid, c)?;
+        }
+        Ok(())
+    }
+
+    /// Move every journaled piece to its chunk (for a clean shutdown or a check).
+    pub fn destage_all(&self) -> Result<()> {
+        for (oid, c) in self.journal.all_chunks() {
+            self.destage(oid, c)?;
+        }
+        Ok(())
+    }
+
+    /// A large piece straight to its chunks.
+    fn write_direct(&self, oid: u64, offset: u64, data: &[u8]) -> Result<()> {
         let cb = self.chunk_bytes;
         let end = offset + data.len() as u64;
         let (first, last) = (offset / cb, (end - 1) / cb);
+        // Every chunk written is locked, so no destage builds its image from a chunk while
+        // this writes into it; journaled pieces of these chunks are destaged first (they
+        // are older and must not lie over this data). A piece journaled after the check
+        // is newer and rightly lies over it.
+        let _chunk_locks = loop {
+            for c in first..=last {
+                if self.journal.has_pieces(oid, c) {
+                    self.destage(oid, c)?;
+                }
+            }
+            let locks = self.locks.chunks(oid, (first..=last).collect());
+            if (first..=last).all(|c| !self.journal.has_pieces(oid, c)) {
+                break locks;
+            }
+        };
+        let attr = self.committed_attr(oid)?;
         let mut map = self.mapping(oid, first, last)?;
-        let holes: Vec<u64> = (first..=last).filter(|c| map[(c - first) as usize].is_none()).collect();
-        let _chunk_locks = self.locks.chunks(oid, holes.clone());
-        if !holes.is_empty() {
-            // Another writer may have filled some while we waited for the chunk locks.
-            map = self.mapping(oid, first, last)?;
-        }
         let holes: Vec<u64> = (first..=last).filter(|c| map[(c - first) as usize].is_none()).collect();
         let reservation = self.reserve(holes.len() as u64)?;
         // In-place bytes past the committed size: make them part of the object first.
@@ -371,8 +689,6 @@ impl Target {
         }
         txn.commit()?;
         drop(reservation);
-        self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        self.counters.write_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         self.counters.chunks_allocated.fetch_add(fresh.len() as u64, Ordering::Relaxed);
         Ok(())
     }
@@ -462,6 +778,13 @@ impl Target {
         let cb = self.chunk_bytes;
         let end = offset + n as u64;
         let (first, last) = (offset / cb, (end - 1) / cb);
+        // Journaled pieces first, then the chunks: a destage between the two has written
+        // the chunk before it drops the pieces, so laying them over is right either way.
+        let pieces: Vec<(u64, Vec<crate::journal::Piece>)> = if self.journal.pending_size(oid).is_some() {
+            (first..=last).map(|c| (c, self.journal.pieces(oid, c))).filter(|(_, p)| !p.is_empty()).collect()
+        } else {
+            Vec::new()
+        };
         let map = self.mapping(oid, first, last)?;
         let mut c = first;
         while c <= last {
@@ -487,6 +810,15 @@ impl Target {
             }
             c += k;
         }
+        for (c, ps) in pieces {
+            for p in ps {
+                let (lo, hi) = ((c * cb + p.chunk_off).max(offset), (c * cb + p.chunk_off + p.len).min(end));
+                if lo < hi {
+                    let skip = lo - (c * cb + p.chunk_off);
+                    self.journal.read_part(&p, skip, &mut buf[(lo - offset) as usize..(hi - offset) as usize])?;
+                }
+            }
+        }
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         self.counters.read_bytes.fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
@@ -497,6 +829,7 @@ impl Target {
     pub fn truncate(&self, oid: u64, size: u64) -> Result<ObjectAttr> {
         self.check_range(size, 0)?;
         let _g = self.locks.exclusive(oid);
+        self.destage_object(oid)?;
         let attr = self.getattr(oid)?;
         let cb = self.chunk_bytes;
         // Shrinking: the kept part of the last chunk's tail goes back to zero first.
@@ -520,6 +853,7 @@ impl Target {
         }
         self.check_range(start, end - start)?;
         let _g = self.locks.exclusive(oid);
+        self.destage_object(oid)?;
         let attr = self.getattr(oid)?;
         let end = end.min(attr.size.max(start));
         if end == start {
@@ -552,6 +886,7 @@ impl Target {
     pub fn destroy(&self, oid: u64) -> Result<()> {
         let _g = self.locks.exclusive(oid);
         self.getattr(oid)?;
+        self.destage_object(oid)?;
         self.commit_unmap(oid, 0, u64::MAX, |_| {})?;
         let txn = self.db.begin_write()?;
         {
@@ -602,9 +937,30 @@ impl Target {
     /// Take `n` free chunks for a running write: contiguous when possible, next-fit from
     /// where the last reservation ended (streaming writes land one after another).
     fn reserve(&self, n: u64) -> Result<Reservation<'_>> {
+        self.reserve_inner(n, 0)
+    }
+
+    /// The chunk promised to `(oid, c)`'s journaled pieces.
+    fn reserve_promised(&self, oid: u64, c: u64) -> Result<Reservation<'_>> {
+        let kept = self.lock_reserved().promised.contains(&(oid, c)) as u64;
+        self.reserve_inner(1, kept)
+    }
+
+    /// Take `n` chunks; `own_promises` of the promised chunks are the caller's to use.
+    fn reserve_inner(&self, n: u64, own_promises: u64) -> Result<Reservation<'_>> {
         let mut r = self.reserved.lock().unwrap_or_else(|e| e.into_inner());
         if n == 0 {
             return Ok(Reservation { target: self, extents: Vec::new() });
+        }
+        // Promised chunks are spoken for: only what is left beyond them may be taken.
+        {
+            let txn = self.db.begin_read()?;
+            let free = self.free_chunks_in(&txn)?;
+            let held: u64 = r.extents.values().sum::<u64>() + (r.promised.len() as u64).saturating_sub(own_promises);
+            let available = free.saturating_sub(held);
+            if n > available {
+                return Err(OsdError::NoSpace { need: n * self.chunk_bytes, free: available * self.chunk_bytes });
+            }
         }
         let txn = self.db.begin_read()?;
         let free = txn.open_table(FREE)?;
@@ -646,7 +1002,7 @@ impl Target {
             }
         }
         if need > 0 {
-            let held: u64 = r.extents.values().sum();
+            let held: u64 = r.extents.values().sum::<u64>() + r.promised.len() as u64;
             let free_chunks = self.free_chunks_in(&txn)?.saturating_sub(held);
             return Err(OsdError::NoSpace { need: n * self.chunk_bytes, free: free_chunks * self.chunk_bytes });
         }
@@ -670,7 +1026,10 @@ impl Target {
         let txn = self.db.begin_read()?;
         let m = txn.open_table(META)?;
         let get = |k: &str| -> Result<u64> { Ok(m.get(k)?.map(|v| v.value()).unwrap_or(0)) };
-        let held: u64 = self.reserved.lock().unwrap_or_else(|e| e.into_inner()).extents.values().sum();
+        let held: u64 = {
+            let r = self.lock_reserved();
+            r.extents.values().sum::<u64>() + r.promised.len() as u64
+        };
         let index_bytes = redb::StorageBackend::len(&VolumeBackend::open(
             self.meta.clone(),
             0,
@@ -704,6 +1063,10 @@ impl Target {
             read_bytes: g(&c.read_bytes),
             chunks_allocated: g(&c.chunks_allocated),
             in_place_writes: g(&c.in_place_writes),
+            journaled: g(&c.journaled),
+            destaged: g(&c.destaged),
+            journal_used: self.journal.usage().0,
+            journal_bytes: self.journal.usage().1,
         }
     }
 

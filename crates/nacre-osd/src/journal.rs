@@ -1,0 +1,743 @@
+//! The small-write journal: a circular log on the mirrored volume that takes the pieces of
+//! writes too small to fill a chunk, so that they cost one mirrored write instead of a
+//! RAID6 read-modify-write each, and reach their chunks later in full stripes (destage).
+//!
+//! **Records.** A record is a 64-byte header — magic, kind, sequence number, virtual
+//! position, object, offset, length, CRC-32C of the data and of the header — then the data,
+//! padded to 4 KiB. Positions are virtual (they only grow); the physical place is the
+//! position modulo the region's size, and a record that would cross the region's end is
+//! preceded by a pad record that sends readers to the next lap.
+//!
+//! **Group commit.** Writers queue their pieces; one of them (the leader) takes the whole
+//! queue, lays it out as consecutive records and writes it with one volume write (two if
+//! it wraps), then wakes the others. A piece is acknowledged when the write of its batch
+//! has returned, and batches are written one after another, so every acknowledged record
+//! has all records before it on the drives too: recovery reads from the tail and stops at
+//! the first record whose header, sequence, position or data does not check, and loses
+//! nothing acknowledged.
+//!
+//! **Index.** Pending pieces are kept in memory per (object, chunk), in sequence order, with
+//! where their data lies in the journal; reads lay them over the chunk's bytes. The index
+//! is bounded by the journal's size (at least 4 KiB per record).
+//!
+//! **Tail.** When a chunk's pieces are destaged, the records left without a live piece
+//! at the start of the log are dead, and the tail moves past them; the target commits the
+//! new tail in the same transaction that maps the destaged data.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use nacre_raid::volume::Volume;
+
+use crate::error::{OsdError, Result};
+
+const MAGIC: u32 = u32::from_le_bytes(*b"NCJR");
+const HEADER: u64 = 64;
+const ALIGN: u64 = 4096;
+const KIND_DATA: u16 = 1;
+const KIND_PAD: u16 = 2;
+
+fn crc32c(b: &[u8]) -> u32 {
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, b) as u32
+}
+
+/// A pending piece of one chunk: `len` bytes at `chunk_off` in the chunk, found at
+/// `data_at` on the journal's volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    pub seq: u64,
+    pub chunk_off: u64,
+    pub len: u64,
+    pub data_at: u64,
+    /// Where the piece starts in its record's data.
+    pub rec_off: u64,
+}
+
+/// Bytes of recently journaled data kept in memory, so that destaging a chunk its
+/// pieces just filled reads nothing back.
+pub const CACHE_BYTES: usize = 64 << 20;
+
+#[derive(Default)]
+struct Cache {
+    data: BTreeMap<u64, Arc<Vec<u8>>>,
+    bytes: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Record {
+    vpos: u64,
+    bytes: u64,
+    /// Pieces of this record not yet destaged.
+    live: u32,
+}
+
+struct State {
+    head: u64,
+    next_seq: u64,
+    tail: u64,
+    tail_seq: u64,
+    records: BTreeMap<u64, Record>,
+    pieces: HashMap<(u64, u64), Vec<Piece>>,
+    /// Per object: the end of its furthest pending piece, and how many pieces it has.
+    sizes: HashMap<u64, (u64, usize)>,
+}
+
+/// One queued write.
+struct Entry {
+    ticket: u64,
+    oid: u64,
+    offset: u64,
+    data: Vec<u8>,
+}
+
+#[derive(Default)]
+struct Batch {
+    queue: Vec<Entry>,
+    leader: bool,
+    next_ticket: u64,
+    /// Tickets below this are done; failures are listed until their writer reads them.
+    done_below: u64,
+    failed: HashMap<u64, String>,
+}
+
+pub struct Journal {
+    jid: u64,
+    vol: Arc<Volume>,
+    base: u64,
+    size: u64,
+    chunk_bytes: u64,
+    state: Mutex<State>,
+    batch: Mutex<Batch>,
+    batch_done: Condvar,
+    broken: AtomicBool,
+    cache: Mutex<Cache>,
+}
+
+/// Why an append did not go in.
+pub enum AppendError {
+    /// Not enough free journal space for the batch: destage, then try again.
+    Full,
+    Failed(OsdError),
+}
+
+fn record_bytes(len: u64) -> u64 {
+    (HEADER + len).div_ceil(ALIGN) * ALIGN
+}
+
+struct Header {
+    /// The target's journal id: records of an earlier target on the same region never
+    /// replay into this one.
+    jid: u64,
+    kind: u16,
+    seq: u64,
+    vpos: u64,
+    oid: u64,
+    offset: u64,
+    len: u32,
+    data_crc: u32,
+}
+
+impl Header {
+    fn encode(&self) -> [u8; HEADER as usize] {
+        let mut b = [0u8; HEADER as usize];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4..6].copy_from_slice(&self.kind.to_le_bytes());
+        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        b[16..24].copy_from_slice(&self.vpos.to_le_bytes());
+        b[24..32].copy_from_slice(&self.oid.to_le_bytes());
+        b[32..40].copy_from_slice(&self.offset.to_le_bytes());
+        b[40..44].copy_from_slice(&self.len.to_le_bytes());
+        b[44..48].copy_from_slice(&self.data_crc.to_le_bytes());
+        b[48..56].copy_from_slice(&self.jid.to_le_bytes());
+        let crc = crc32c(&b[..60]);
+        b[60..64].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<Header> {
+        let w = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let l = |at: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[at..at + 8]);
+            u64::from_le_bytes(a)
+        };
+        if b.len() < HEADER as usize || w(0) != MAGIC || w(60) != crc32c(&b[..60]) {
+            return None;
+        }
+        Some(Header {
+            jid: l(48),
+            kind: u16::from_le_bytes([b[4], b[5]]),
+            seq: l(8),
+            vpos: l(16),
+            oid: l(24),
+            offset: l(32),
+            len: w(40),
+            data_crc: w(44),
+        })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Journal {
+    /// Open the journal on `[base, base + size)` of `vol` and read back every record from
+    /// the committed tail.
+    pub fn open(
+        vol: Arc<Volume>,
+        region: (u64, u64),
+        chunk_bytes: u64,
+        jid: u64,
+        tail: (u64, u64),
+        floors: &HashMap<(u64, u64), u64>,
+    ) -> Result<Journal> {
+        let (base, size) = (region.0, region.1 / ALIGN * ALIGN);
+        if size < 16 * ALIGN {
+            return Err(OsdError::NotATarget(format!("small-write journal of {size} bytes is too small")));
+        }
+        let j = Journal {
+            jid,
+            vol,
+            base,
+            size,
+            chunk_bytes,
+            state: Mutex::new(State {
+                head: tail.0,
+                next_seq: tail.1,
+                tail: tail.0,
+                tail_seq: tail.1,
+                records: BTreeMap::new(),
+                pieces: HashMap::new(),
+                sizes: HashMap::new(),
+            }),
+            batch: Mutex::new(Batch::default()),
+            batch_done: Condvar::new(),
+            broken: AtomicBool::new(false),
+            cache: Mutex::new(Cache::default()),
+        };
+        {
+            let mut st = lock(&j.state);
+            j.replay(&mut st, floors)?;
+        }
+        Ok(j)
+    }
+
+    /// The start of the lap after the one `vpos` is in.
+    fn next_lap(&self, vpos: u64) -> u64 {
+        (vpos / self.size + 1) * self.size
+    }
+
+    fn phys(&self, vpos: u64) -> u64 {
+        self.base + vpos % self.size
+    }
+
+    /// Read records from the tail while they check; the first that does not ends the log.
+    /// Pieces at or below their chunk's floor (the highest sequence already destaged into
+    /// it) are skipped: they may have been overwritten since.
+    fn replay(&self, st: &mut State, floors: &HashMap<(u64, u64), u64>) -> Result<()> {
+        let mut vpos = st.tail;
+        let mut seq = st.tail_seq;
+        let mut hdr = vec![0u8; ALIGN as usize];
+        while vpos - st.tail < self.size {
+            self.vol.read(self.phys(vpos), &mut hdr)?;
+            let Some(h) = Header::decode(&hdr) else { break };
+            if h.jid != self.jid || h.seq != seq || h.vpos != vpos {
+                break;
+            }
+            if h.kind == KIND_PAD {
+                st.records.insert(seq, Record { vpos, bytes: 0, live: 0 });
+                vpos = self.next_lap(vpos);
+                seq += 1;
+                continue;
+            }
+            let bytes = record_bytes(h.len as u64);
+            if h.kind != KIND_DATA || self.phys(vpos) - self.base + bytes > self.size {
+                break;
+            }
+            let mut data = vec![0u8; h.len as usize];
+            self.vol.read(self.phys(vpos) + HEADER, &mut data)?;
+            if crc32c(&data) != h.data_crc {
+                break;
+            }
+            self.index(st, seq, vpos, bytes, h.oid, h.offset, h.len as u64, floors);
+            vpos += bytes;
+            seq += 1;
+        }
+        st.head = vpos;
+        st.next_seq = seq;
+        Ok(())
+    }
+
+    /// Put a written record's pieces into the index.
+    #[allow(clippy::too_many_arguments)]
+    fn index(
+        &self,
+        st: &mut State,
+        seq: u64,
+        vpos: u64,
+        bytes: u64,
+        oid: u64,
+        offset: u64,
+        len: u64,
+        floors: &HashMap<(u64, u64), u64>,
+    ) {
+        let cb = self.chunk_bytes;
+        let mut live = 0;
+        let mut end = 0;
+        let mut at = offset;
+        while at < offset + len {
+            let c = at / cb;
+            let stop = (offset + len).min((c + 1) * cb);
+            if floors.get(&(oid, c)).is_none_or(|&f| seq > f) {
+                let piece = Piece {
+                    seq,
+                    chunk_off: at - c * cb,
+                    len: stop - at,
+                    data_at: self.phys(vpos) + HEADER + (at - offset),
+                    rec_off: at - offset,
+                };
+                st.pieces.entry((oid, c)).or_default().push(piece);
+                live += 1;
+                end = stop;
+            }
+            at = stop;
+        }
+        if live > 0 {
+            let e = st.sizes.entry(oid).or_insert((0, 0));
+            e.0 = e.0.max(end);
+            e.1 += live as usize;
+        }
+        st.records.insert(seq, Record { vpos, bytes, live });
+    }
+
+    /// Append one write; returns when it is on the drives (with its whole batch).
+    pub fn append(&self, oid: u64, offset: u64, data: &[u8]) -> std::result::Result<(), AppendError> {
+        if self.broken.load(Ordering::Acquire) {
+            return Err(AppendError::Failed(OsdError::Index("the small-write journal failed earlier".into())));
+        }
+        if record_bytes(data.len() as u64) > self.size / 4 {
+            return Err(AppendError::Failed(OsdError::Invalid(format!(
+                "{} bytes is too large for the journal",
+                data.len()
+            ))));
+        }
+        let mut b = lock(&self.batch);
+        let ticket = b.next_ticket;
+        b.next_ticket += 1;
+        b.queue.push(Entry { ticket, oid, offset, data: data.to_vec() });
+        loop {
+            if ticket < b.done_below {
+                return match b.failed.remove(&ticket) {
+                    None => Ok(()),
+                    Some(m) if m == "full" => Err(AppendError::Full),
+                    Some(m) => Err(AppendError::Failed(OsdError::Index(m))),
+                };
+            }
+            if !b.leader {
+                b.leader = true;
+                let entries = std::mem::take(&mut b.queue);
+                drop(b);
+                let tickets: Vec<u64> = entries.iter().map(|e| e.ticket).collect();
+                let outcome = self.write_batch(entries);
+                b = lock(&self.batch);
+                b.leader = false;
+                let top = tickets.iter().map(|t| t + 1).max().unwrap_or(0);
+                if let Err(m) = outcome {
+                    for t in &tickets {
+                        b.failed.insert(*t, m.clone());
+                    }
+                }
+                b.done_below = b.done_below.max(top);
+                self.batch_done.notify_all();
+                continue;
+            }
+            b = self.batch_done.wait(b).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Lay out and write one batch. `Err("full")` if it does not fit (nothing written).
+    fn write_batch(&self, entries: Vec<Entry>) -> std::result::Result<(), String> {
+        // Positions, under the state lock; the IO without it.
+        let (start, layout) = {
+            let mut st = lock(&self.state);
+            let mut vpos = st.head;
+            let mut seq = st.next_seq;
+            let mut layout = Vec::with_capacity(entries.len() + 1);
+            for e in &entries {
+                let bytes = record_bytes(e.data.len() as u64);
+                if vpos % self.size + bytes > self.size {
+                    layout.push((vpos, seq, None));
+                    vpos = self.next_lap(vpos);
+                    seq += 1;
+                }
+                layout.push((vpos, seq, Some(e)));
+                vpos += bytes;
+                seq += 1;
+            }
+            if vpos - st.tail > self.size {
+                return Err("full".into());
+            }
+            let start = st.head;
+            st.head = vpos;
+            st.next_seq = seq;
+            (start, layout)
+        };
+        // One buffer per lap: records back to back.
+        let end = layout.last().map_or(start, |&(v, _, e)| v + e.map_or(HEADER, |e| record_bytes(e.data.len() as u64)));
+        let mut laps: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut buf: Vec<u8> = Vec::with_capacity((end - start).min(self.size) as usize);
+        let mut buf_at = start;
+        for &(vpos, seq, e) in &layout {
+            // A new buffer where positions jump (after a pad) or a lap begins (a record
+            // that ended exactly at the region's end is followed by one at its start).
+            if vpos != buf_at + buf.len() as u64 || (vpos % self.size == 0 && !buf.is_empty()) {
+                if !buf.is_empty() {
+                    laps.push((buf_at, std::mem::take(&mut buf)));
+                }
+                buf_at = vpos;
+            }
+            match e {
+                None => {
+                    let h = Header { jid: self.jid, kind: KIND_PAD, seq, vpos, oid: 0, offset: 0, len: 0, data_crc: 0 };
+                    let mut rec = vec![0u8; ALIGN as usize];
+                    rec[..HEADER as usize].copy_from_slice(&h.encode());
+                    // A pad fills to the end of the lap; only its first block is written.
+                    buf.extend_from_slice(&rec);
+                    laps.push((buf_at, std::mem::take(&mut buf)));
+                    buf_at = self.next_lap(vpos);
+                }
+                Some(e) => {
+                    let h = Header {
+                        jid: self.jid,
+                        kind: KIND_DATA,
+                        seq,
+                        vpos,
+                        oid: e.oid,
+                        offset: e.offset,
+                        len: e.data.len() as u32,
+                        data_crc: crc32c(&e.data),
+                    };
+                    let bytes = record_bytes(e.data.len() as u64) as usize;
+                    let at = buf.len();
+                    buf.extend_from_slice(&h.encode());
+                    buf.extend_from_slice(&e.data);
+                    buf.resize(at + bytes, 0);
+                }
+            }
+        }
+        if !buf.is_empty() {
+            laps.push((buf_at, buf));
+        }
+        for (vpos, bytes) in &laps {
+            if let Err(e) = self.vol.write(self.phys(*vpos), bytes) {
+                // A hole in the log would hide every later record from recovery.
+                self.broken.store(true, Ordering::Release);
+                return Err(format!("journal write failed: {e}"));
+            }
+        }
+        let written: Vec<(u64, u64)> = layout.iter().filter(|(_, _, e)| e.is_some()).map(|&(v, s, _)| (v, s)).collect();
+        {
+            let mut st = lock(&self.state);
+            for &(vpos, seq, e) in &layout {
+                match e {
+                    Some(e) => {
+                        let bytes = record_bytes(e.data.len() as u64);
+                        self.index(&mut st, seq, vpos, bytes, e.oid, e.offset, e.data.len() as u64, &HashMap::new());
+                    }
+                    None => {
+                        st.records.insert(seq, Record { vpos, bytes: 0, live: 0 });
+                    }
+                }
+            }
+        }
+        drop(layout);
+        let mut cache = lock(&self.cache);
+        for ((_, seq), e) in written.into_iter().zip(entries) {
+            cache.bytes += e.data.len();
+            cache.data.insert(seq, Arc::new(e.data));
+        }
+        while cache.bytes > CACHE_BYTES {
+            let Some((_, d)) = cache.data.pop_first() else { break };
+            cache.bytes -= d.len();
+        }
+        Ok(())
+    }
+
+    /// The pending pieces of a chunk, oldest first.
+    pub fn pieces(&self, oid: u64, chunk: u64) -> Vec<Piece> {
+        lock(&self.state).pieces.get(&(oid, chunk)).cloned().unwrap_or_default()
+    }
+
+    pub fn has_pieces(&self, oid: u64, chunk: u64) -> bool {
+        lock(&self.state).pieces.contains_key(&(oid, chunk))
+    }
+
+    /// Chunks of `oid` with pending pieces.
+    pub fn chunks_of(&self, oid: u64) -> Vec<u64> {
+        let st = lock(&self.state);
+        let mut v: Vec<u64> = st.pieces.keys().filter(|(o, _)| *o == oid).map(|&(_, c)| c).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Every (object, chunk) with pending pieces.
+    pub fn all_chunks(&self) -> Vec<(u64, u64)> {
+        let mut v: Vec<(u64, u64)> = lock(&self.state).pieces.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The end of `oid`'s furthest pending piece.
+    pub fn pending_size(&self, oid: u64) -> Option<u64> {
+        lock(&self.state).sizes.get(&oid).map(|s| s.0)
+    }
+
+    /// Bytes between tail and head, and the region's size.
+    pub fn usage(&self) -> (u64, u64) {
+        let st = lock(&self.state);
+        (st.head - st.tail, self.size)
+    }
+
+    /// The chunks of the oldest live records, up to `n` of them, for destaging first.
+    pub fn oldest_chunks(&self, n: usize) -> Vec<(u64, u64)> {
+        let st = lock(&self.state);
+        let mut out = Vec::new();
+        let live: std::collections::HashSet<u64> =
+            st.records.iter().filter(|(_, r)| r.live > 0).map(|(&s, _)| s).take(n).collect();
+        for (&k, ps) in &st.pieces {
+            if ps.iter().any(|p| live.contains(&p.seq)) && !out.contains(&k) {
+                out.push(k);
+            }
+        }
+        out
+    }
+
+    /// Read a piece's data.
+    pub fn read_piece(&self, p: &Piece, out: &mut [u8]) -> Result<()> {
+        self.read_part(p, 0, &mut out[..p.len as usize])
+    }
+
+    /// Read `out.len()` bytes of a piece from `skip` bytes into it: from memory while the
+    /// cache holds its record, else from the journal.
+    pub fn read_part(&self, p: &Piece, skip: u64, out: &mut [u8]) -> Result<()> {
+        let cached = lock(&self.cache).data.get(&p.seq).cloned();
+        if let Some(d) = cached {
+            let at = (p.rec_off + skip) as usize;
+            if let Some(src) = d.get(at..at + out.len()) {
+                out.copy_from_slice(src);
+                return Ok(());
+            }
+        }
+        Ok(self.vol.read(p.data_at + skip, out)?)
+    }
+
+    /// The tail once the pieces of `(oid, chunk)` up to `upto_seq` are gone, without
+    /// removing them: the target commits it with the destaged data.
+    pub fn tail_after(&self, oid: u64, chunk: u64, upto_seq: u64) -> (u64, u64) {
+        let st = lock(&self.state);
+        let mut dying: HashMap<u64, u32> = HashMap::new();
+        if let Some(ps) = st.pieces.get(&(oid, chunk)) {
+            for p in ps.iter().filter(|p| p.seq <= upto_seq) {
+                *dying.entry(p.seq).or_default() += 1;
+            }
+        }
+        for (&seq, r) in &st.records {
+            if r.live > dying.get(&seq).copied().unwrap_or(0) {
+                return (r.vpos, seq);
+            }
+        }
+        (st.head, st.next_seq)
+    }
+
+    /// Forget the pieces of `(oid, chunk)` up to `upto_seq` (destaged) and move the tail.
+    pub fn remove(&self, oid: u64, chunk: u64, upto_seq: u64) {
+        let mut st = lock(&self.state);
+        let Some(ps) = st.pieces.get_mut(&(oid, chunk)) else { return };
+        let gone: Vec<Piece> = ps.iter().filter(|p| p.seq <= upto_seq).copied().collect();
+        ps.retain(|p| p.seq > upto_seq);
+        if ps.is_empty() {
+            st.pieces.remove(&(oid, chunk));
+        }
+        for p in &gone {
+            if let Some(r) = st.records.get_mut(&p.seq) {
+                r.live = r.live.saturating_sub(1);
+            }
+        }
+        if let Some(s) = st.sizes.get_mut(&oid) {
+            s.1 = s.1.saturating_sub(gone.len());
+            if s.1 == 0 {
+                st.sizes.remove(&oid);
+            }
+        }
+        // Dead records at the start of the log: the tail passes them.
+        while let Some((&seq, r)) = st.records.first_key_value() {
+            if r.live > 0 {
+                break;
+            }
+            let r = *r;
+            st.records.remove(&seq);
+            let mut cache = lock(&self.cache);
+            if let Some(d) = cache.data.remove(&seq) {
+                cache.bytes -= d.len();
+            }
+            // A pad (no bytes) runs to the end of its lap.
+            st.tail = if r.bytes == 0 { self.next_lap(r.vpos) } else { r.vpos + r.bytes };
+            st.tail_seq = seq + 1;
+        }
+        if st.records.is_empty() {
+            st.tail = st.head;
+            st.tail_seq = st.next_seq;
+        }
+    }
+
+    /// Does the union of `pieces` cover the whole chunk?
+    pub fn covers(pieces: &[Piece], chunk_bytes: u64) -> bool {
+        let mut spans: Vec<(u64, u64)> = pieces.iter().map(|p| (p.chunk_off, p.chunk_off + p.len)).collect();
+        spans.sort_unstable();
+        let mut reach = 0;
+        for (a, b) in spans {
+            if a > reach {
+                return false;
+            }
+            reach = reach.max(b);
+        }
+        reach >= chunk_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, VolumeOptions};
+
+    fn mirror() -> (Arc<Volume>, Vec<Arc<MemDrive>>) {
+        let drives: Vec<Arc<MemDrive>> = (0..2).map(|i| MemDrive::new(&format!("j{i}"), 8 << 20)).collect();
+        let mut o = CreateOptions::new("j", Level::Raid1);
+        o.strip_bytes = 16 << 10;
+        o.assume_clean = true;
+        let devs: Vec<Arc<dyn BlockDevice>> = drives.iter().map(|d| d.clone() as Arc<dyn BlockDevice>).collect();
+        let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
+        (Arc::new(Volume::create(devs, &o, &run).unwrap()), drives)
+    }
+
+    const REGION: (u64, u64) = (1 << 20, 64 << 10);
+    const CB: u64 = 64 << 10;
+
+    fn data(i: u64, len: usize) -> Vec<u8> {
+        (0..len as u64).map(|b| (i * 13 + b) as u8).collect()
+    }
+
+    /// Append records of awkward sizes through many laps of a 16-block region, dropping
+    /// the oldest as it fills; every live piece reads back, in memory and after replay.
+    #[test]
+    fn records_wrap_exactly_and_with_pads_and_replay_the_same() {
+        let (vol, _d) = mirror();
+        let j = Journal::open(vol.clone(), REGION, CB, 7, (0, 0), &HashMap::new()).unwrap();
+        // Record sizes 1, 2 and 3 blocks: laps end exactly on some, with a pad on others.
+        let lens = [4096 - HEADER as usize, 8192 - HEADER as usize, 100, 12288 - HEADER as usize, 5000];
+        let mut live: Vec<(u64, u64, usize)> = Vec::new(); // (oid, offset, len)
+        for i in 0..200u64 {
+            let len = lens[i as usize % lens.len()];
+            let (oid, off) = (1 + i % 3, (i / 3) * CB);
+            loop {
+                match j.append(oid, off, &data(i, len)) {
+                    Ok(()) => break,
+                    Err(AppendError::Full) => {
+                        // Drop the oldest live record's chunk (as a destage would).
+                        let (o, f, _) = live.remove(0);
+                        let seq = j.pieces(o, f / CB).iter().map(|p| p.seq).max().unwrap();
+                        j.remove(o, f / CB, seq);
+                    }
+                    Err(AppendError::Failed(e)) => panic!("append {i}: {e}"),
+                }
+            }
+            live.push((oid, off, len));
+        }
+        let check = |j: &Journal, what: &str| {
+            for &(oid, off, len) in &live {
+                let ps = j.pieces(oid, off / CB);
+                assert_eq!(ps.len(), 1, "{what}: one piece for object {oid} at {off}");
+                let mut out = vec![0u8; len];
+                j.read_piece(&ps[0], &mut out).unwrap();
+                let i = (off / CB) * 3 + oid - 1;
+                assert!(out == data(i, len), "{what}: piece {i} reads back different");
+            }
+        };
+        check(&j, "live");
+        let (tail, tail_seq) = {
+            let st = lock(&j.state);
+            (st.tail, st.tail_seq)
+        };
+        assert!(tail > 4 * REGION.1, "the log went round several times");
+        drop(j);
+        let j = Journal::open(vol, REGION, CB, 7, (tail, tail_seq), &HashMap::new()).unwrap();
+        check(&j, "replayed");
+        assert_eq!(j.all_chunks().len(), live.len(), "nothing more replays than was live");
+    }
+
+    /// One batch whose first record ends exactly at the region's end and whose second
+    /// starts the next lap: two writes, the second at the region's start.
+    #[test]
+    fn a_batch_across_the_end_of_a_lap_is_split_there() {
+        let (vol, _d) = mirror();
+        let j = Journal::open(vol.clone(), REGION, CB, 7, (0, 0), &HashMap::new()).unwrap();
+        let four_blocks = (4 * 4096 - HEADER) as usize;
+        let entry = |i: u64, len: usize| Entry { ticket: i, oid: 1, offset: i * CB, data: data(i, len) };
+        j.write_batch((0..3).map(|i| entry(i, four_blocks)).collect()).unwrap();
+        for i in 0..2 {
+            j.remove(1, i, i);
+        }
+        // Blocks 12-15 and then block 0 of the next lap.
+        j.write_batch(vec![entry(3, four_blocks), entry(4, 100)]).unwrap();
+        let (tail, tail_seq) = {
+            let st = lock(&j.state);
+            (st.tail, st.tail_seq)
+        };
+        assert_eq!((tail, tail_seq), (8 * 4096, 2));
+        drop(j);
+        // Nothing was written past the region.
+        let mut after = vec![0u8; 4096];
+        vol.read(REGION.0 + REGION.1, &mut after).unwrap();
+        assert!(after.iter().all(|&b| b == 0), "a write ran past the journal's region");
+        let j = Journal::open(vol, REGION, CB, 7, (tail, tail_seq), &HashMap::new()).unwrap();
+        for (i, len) in [(2u64, four_blocks), (3, four_blocks), (4, 100)] {
+            let ps = j.pieces(1, i);
+            assert_eq!(ps.len(), 1, "record {i} replayed");
+            let mut out = vec![0u8; len];
+            j.read_piece(&ps[0], &mut out).unwrap();
+            assert!(out == data(i, len), "record {i} reads back different");
+        }
+    }
+
+    #[test]
+    fn replay_stops_at_a_torn_record_and_ignores_another_targets() {
+        let (vol, _d) = mirror();
+        let j = Journal::open(vol.clone(), REGION, CB, 7, (0, 0), &HashMap::new()).unwrap();
+        for i in 0..4u64 {
+            assert!(j.append(1, i * CB, &data(i, 3000)).is_ok());
+        }
+        drop(j);
+        // Another target's id reads nothing.
+        let other = Journal::open(vol.clone(), REGION, CB, 8, (0, 0), &HashMap::new()).unwrap();
+        assert!(other.all_chunks().is_empty());
+        drop(other);
+        // Tear the third record's data: replay keeps the first two only.
+        vol.write(REGION.0 + 2 * 4096 + HEADER + 10, &[0xff; 8]).unwrap();
+        let j = Journal::open(vol, REGION, CB, 7, (0, 0), &HashMap::new()).unwrap();
+        assert_eq!(j.all_chunks(), vec![(1, 0), (1, 1)]);
+        // Appends go on after the last good record.
+        assert!(j.append(1, 9 * CB, &data(9, 10)).is_ok());
+        assert_eq!(j.usage().0, 3 * 4096);
+    }
+
+    #[test]
+    fn coverage_is_judged_on_the_union_of_pieces() {
+        let p = |off: u64, len: u64| Piece { seq: 0, chunk_off: off, len, data_at: 0, rec_off: 0 };
+        assert!(Journal::covers(&[p(0, 10), p(10, CB - 10)], CB));
+        assert!(Journal::covers(&[p(5, CB - 5), p(0, 6)], CB));
+        assert!(!Journal::covers(&[p(0, 10), p(11, CB - 11)], CB));
+        assert!(!Journal::covers(&[], CB));
+    }
+}
