@@ -8,12 +8,12 @@
 //! position modulo the region's size, and a record that would cross the region's end is
 //! preceded by a pad record that sends readers to the next lap.
 //!
-//! **Group commit.** Writers queue their pieces; one of them (the leader) takes the whole
+//! **Group commit.** Writers queue their pieces; one of them (a leader) takes the whole
 //! queue, lays it out as consecutive records and writes it with one volume write (two if
-//! it wraps), then wakes the others. A piece is acknowledged when the write of its batch
-//! has returned, and batches are written one after another, so every acknowledged record
-//! has all records before it on the drives too: recovery reads from the tail and stops at
-//! the first record whose header, sequence, position or data does not check, and loses
+//! it wraps). Up to [`BATCHES_IN_FLIGHT`] batches are written at once (a mirrored write's
+//! latency would otherwise cap the journal), and a record is acknowledged only when every
+//! record before it is on the drives too: recovery reads from the tail and stops at the
+//! first record whose header, sequence, position or data does not check, and so loses
 //! nothing acknowledged.
 //!
 //! **Index.** Pending pieces are kept in memory per (object, chunk), in sequence order, with
@@ -77,6 +77,9 @@ struct State {
     next_seq: u64,
     tail: u64,
     tail_seq: u64,
+    /// Batches laid out but not yet written and indexed: start position → first sequence.
+    /// The tail never passes one, and nothing after one is acknowledged.
+    in_flight: BTreeMap<u64, u64>,
     records: BTreeMap<u64, Record>,
     pieces: HashMap<(u64, u64), Vec<Piece>>,
     /// Per object: the end of its furthest pending piece, and how many pieces it has.
@@ -91,18 +94,24 @@ struct Entry {
     data: Vec<u8>,
 }
 
+/// Batches written at once by default.
+pub const BATCHES_IN_FLIGHT: usize = 2;
+
 #[derive(Default)]
 struct Batch {
     queue: Vec<Entry>,
-    leader: bool,
+    leaders: usize,
     next_ticket: u64,
-    /// Tickets below this are done; failures are listed until their writer reads them.
-    done_below: u64,
+    /// Where each written ticket's record ends; it is acknowledged once everything
+    /// before that position is written.
+    ends: HashMap<u64, u64>,
+    /// Failures, until their writer reads them.
     failed: HashMap<u64, String>,
 }
 
 pub struct Journal {
     jid: u64,
+    in_flight_max: usize,
     vol: Arc<Volume>,
     base: u64,
     size: u64,
@@ -112,6 +121,9 @@ pub struct Journal {
     batch_done: Condvar,
     broken: AtomicBool,
     cache: Mutex<Cache>,
+    /// Batches written, and records in them.
+    pub batches: std::sync::atomic::AtomicU64,
+    pub batched_records: std::sync::atomic::AtomicU64,
 }
 
 /// Why an append did not go in.
@@ -192,6 +204,7 @@ impl Journal {
         jid: u64,
         tail: (u64, u64),
         floors: &HashMap<(u64, u64), u64>,
+        in_flight_max: usize,
     ) -> Result<Journal> {
         let (base, size) = (region.0, region.1 / ALIGN * ALIGN);
         if size < 16 * ALIGN {
@@ -199,6 +212,7 @@ impl Journal {
         }
         let j = Journal {
             jid,
+            in_flight_max: in_flight_max.max(1),
             vol,
             base,
             size,
@@ -208,6 +222,7 @@ impl Journal {
                 next_seq: tail.1,
                 tail: tail.0,
                 tail_seq: tail.1,
+                in_flight: BTreeMap::new(),
                 records: BTreeMap::new(),
                 pieces: HashMap::new(),
                 sizes: HashMap::new(),
@@ -216,6 +231,8 @@ impl Journal {
             batch_done: Condvar::new(),
             broken: AtomicBool::new(false),
             cache: Mutex::new(Cache::default()),
+            batches: Default::default(),
+            batched_records: Default::default(),
         };
         {
             let mut st = lock(&j.state);
@@ -298,7 +315,10 @@ impl Journal {
                     data_at: self.phys(vpos) + HEADER + (at - offset),
                     rec_off: at - offset,
                 };
-                st.pieces.entry((oid, c)).or_default().push(piece);
+                // Batches finish out of order: keep each chunk's pieces in sequence order.
+                let v = st.pieces.entry((oid, c)).or_default();
+                let at = v.partition_point(|p| p.seq < seq);
+                v.insert(at, piece);
                 live += 1;
                 end = stop;
             }
@@ -328,28 +348,35 @@ impl Journal {
         b.next_ticket += 1;
         b.queue.push(Entry { ticket, oid, offset, data: data.to_vec() });
         loop {
-            if ticket < b.done_below {
-                return match b.failed.remove(&ticket) {
-                    None => Ok(()),
-                    Some(m) if m == "full" => Err(AppendError::Full),
-                    Some(m) => Err(AppendError::Failed(OsdError::Index(m))),
-                };
+            if let Some(m) = b.failed.remove(&ticket) {
+                return Err(if m == "full" { AppendError::Full } else { AppendError::Failed(OsdError::Index(m)) });
             }
-            if !b.leader {
-                b.leader = true;
+            if let Some(&end) = b.ends.get(&ticket)
+                && end <= self.written_below()
+            {
+                b.ends.remove(&ticket);
+                return Ok(());
+            }
+            if self.broken.load(Ordering::Acquire) {
+                b.ends.remove(&ticket);
+                return Err(AppendError::Failed(OsdError::Index("the small-write journal failed".into())));
+            }
+            if b.leaders < self.in_flight_max && !b.queue.is_empty() {
+                b.leaders += 1;
                 let entries = std::mem::take(&mut b.queue);
                 drop(b);
                 let tickets: Vec<u64> = entries.iter().map(|e| e.ticket).collect();
                 let outcome = self.write_batch(entries);
                 b = lock(&self.batch);
-                b.leader = false;
-                let top = tickets.iter().map(|t| t + 1).max().unwrap_or(0);
-                if let Err(m) = outcome {
-                    for t in &tickets {
-                        b.failed.insert(*t, m.clone());
+                b.leaders -= 1;
+                match outcome {
+                    Ok(ends) => b.ends.extend(tickets.iter().copied().zip(ends)),
+                    Err(m) => {
+                        for t in &tickets {
+                            b.failed.insert(*t, m.clone());
+                        }
                     }
                 }
-                b.done_below = b.done_below.max(top);
                 self.batch_done.notify_all();
                 continue;
             }
@@ -357,8 +384,16 @@ impl Journal {
         }
     }
 
-    /// Lay out and write one batch. `Err("full")` if it does not fit (nothing written).
-    fn write_batch(&self, entries: Vec<Entry>) -> std::result::Result<(), String> {
+    /// Everything before this position is written (the start of the oldest batch still
+    /// in flight, else the head).
+    fn written_below(&self) -> u64 {
+        let st = lock(&self.state);
+        st.in_flight.keys().next().copied().unwrap_or(st.head)
+    }
+
+    /// Lay out and write one batch; returns where each entry's record ends. `Err("full")`
+    /// if it does not fit (nothing written).
+    fn write_batch(&self, entries: Vec<Entry>) -> std::result::Result<Vec<u64>, String> {
         // Positions, under the state lock; the IO without it.
         let (start, layout) = {
             let mut st = lock(&self.state);
@@ -380,8 +415,10 @@ impl Journal {
                 return Err("full".into());
             }
             let start = st.head;
+            let first_seq = st.next_seq;
             st.head = vpos;
             st.next_seq = seq;
+            st.in_flight.insert(start, first_seq);
             (start, layout)
         };
         // One buffer per lap: records back to back.
@@ -432,14 +469,19 @@ impl Journal {
         }
         for (vpos, bytes) in &laps {
             if let Err(e) = self.vol.write(self.phys(*vpos), bytes) {
-                // A hole in the log would hide every later record from recovery.
+                // A hole in the log would hide every later record from recovery: nothing
+                // after it can be acknowledged.
                 self.broken.store(true, Ordering::Release);
+                self.batch_done.notify_all();
                 return Err(format!("journal write failed: {e}"));
             }
         }
         let written: Vec<(u64, u64)> = layout.iter().filter(|(_, _, e)| e.is_some()).map(|&(v, s, _)| (v, s)).collect();
+        let ends: Vec<u64> =
+            layout.iter().filter_map(|&(v, _, e)| e.map(|e| v + record_bytes(e.data.len() as u64))).collect();
         {
             let mut st = lock(&self.state);
+            st.in_flight.remove(&start);
             for &(vpos, seq, e) in &layout {
                 match e {
                     Some(e) => {
@@ -453,6 +495,8 @@ impl Journal {
             }
         }
         drop(layout);
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.batched_records.fetch_add(written.len() as u64, Ordering::Relaxed);
         let mut cache = lock(&self.cache);
         for ((_, seq), e) in written.into_iter().zip(entries) {
             cache.bytes += e.data.len();
@@ -462,7 +506,7 @@ impl Journal {
             let Some((_, d)) = cache.data.pop_first() else { break };
             cache.bytes -= d.len();
         }
-        Ok(())
+        Ok(ends)
     }
 
     /// The pending pieces of a chunk, oldest first.
@@ -543,12 +587,18 @@ impl Journal {
                 *dying.entry(p.seq).or_default() += 1;
             }
         }
+        let mut tail = (st.head, st.next_seq);
         for (&seq, r) in &st.records {
             if r.live > dying.get(&seq).copied().unwrap_or(0) {
-                return (r.vpos, seq);
+                tail = (r.vpos, seq);
+                break;
             }
         }
-        (st.head, st.next_seq)
+        // Never past a batch still being written.
+        match st.in_flight.first_key_value() {
+            Some((&v, &s)) if v < tail.0 => (v, s),
+            _ => tail,
+        }
     }
 
     /// Forget the pieces of `(oid, chunk)` up to `upto_seq` (destaged) and move the tail.
@@ -589,6 +639,13 @@ impl Journal {
         if st.records.is_empty() {
             st.tail = st.head;
             st.tail_seq = st.next_seq;
+        }
+        // Never past a batch still being written.
+        if let Some((&v, &s)) = st.in_flight.first_key_value()
+            && v < st.tail
+        {
+            st.tail = v;
+            st.tail_seq = s;
         }
     }
 
@@ -634,7 +691,7 @@ mod tests {
     #[test]
     fn records_wrap_exactly_and_with_pads_and_replay_the_same() {
         let (vol, _d) = mirror();
-        let j = Journal::open(vol.clone(), REGION, CB, 7, (0, 0), &HashMap::new()).unwrap();
+        let j = Journal::open(vol.clone(), REGION, CB, 7, (0, 0), &HashMap::new(), 2).unwrap();
         // Record sizes 1, 2 and 3 blocks: laps end exactly on some, with a pad on others.
         let lens = [4096 - HEADER as usize, 8192 - HEADER as usize, 100, 12288 - HEADER as usize, 5000];
         let mut live: Vec<(u64, u64, usize)> = Vec::new(); // (oid, offset, len)
@@ -672,7 +729,7 @@ mod tests {
         };
         assert!(tail > 4 * REGION.1, "the log went round several times");
         drop(j);
-        let j = Journal::open(vol, REGION, CB, 7, (tail, tail_seq), &HashMap::new()).unwrap();
+        let j = Journal::open(vol, REGION, CB, 7, (tail, tail_seq), &HashMap::new(), 2).unwrap();
         check(&j, "replayed");
         assert_eq!(j.all_chunks().len(), live.len(), "nothing more replays than was live");
     }
@@ -682,7 +739,7 @@ mod tests {
     #[test]
     fn a_batch_across_the_end_of_a_lap_is_split_there() {
         let (vol, _d) = mirror();
-        let j = Journal::open(vol.clone(), REGION, CB, 7, (0, 0), &HashMap::new()).unwrap();
+        let j = Journal::open(vol.clone(), REGION, CB, 7, (0, 0), &HashMap::new(), 2).unwrap();
         let four_blocks = (4 * 4096 - HEADER) as usize;
         let entry = |i: u64, len: usize| Entry { ticket: i, oid: 1, offset: i * CB, data: data(i, len) };
         j.write_batch((0..3).map(|i| entry(i, four_blocks)).collect()).unwrap();
@@ -701,7 +758,7 @@ mod tests {
         let mut after = vec![0u8; 4096];
         vol.read(REGION.0 + REGION.1, &mut after).unwrap();
         assert!(after.iter().all(|&b| b == 0), "a write ran past the journal's region");
-        let j = Journal::open(vol, REGION, CB, 7, (tail, tail_seq), &HashMap::new()).unwrap();
+        let j = Journal::open(vol, REGION, CB, 7, (tail, tail_seq), &HashMap::new(), 2).unwrap();
         for (i, len) in [(2u64, four_blocks), (3, four_blocks), (4, 100)] {
             let ps = j.pieces(1, i);
             assert_eq!(ps.len(), 1, "record {i} replayed");
@@ -714,18 +771,18 @@ mod tests {
     #[test]
     fn replay_stops_at_a_torn_record_and_ignores_another_targets() {
         let (vol, _d) = mirror();
-        let j = Journal::open(vol.clone(), REGION, CB, 7, (0, 0), &HashMap::new()).unwrap();
+        let j = Journal::open(vol.clone(), REGION, CB, 7, (0, 0), &HashMap::new(), 2).unwrap();
         for i in 0..4u64 {
             assert!(j.append(1, i * CB, &data(i, 3000)).is_ok());
         }
         drop(j);
         // Another target's id reads nothing.
-        let other = Journal::open(vol.clone(), REGION, CB, 8, (0, 0), &HashMap::new()).unwrap();
+        let other = Journal::open(vol.clone(), REGION, CB, 8, (0, 0), &HashMap::new(), 2).unwrap();
         assert!(other.all_chunks().is_empty());
         drop(other);
         // Tear the third record's data: replay keeps the first two only.
         vol.write(REGION.0 + 2 * 4096 + HEADER + 10, &[0xff; 8]).unwrap();
-        let j = Journal::open(vol, REGION, CB, 7, (0, 0), &HashMap::new()).unwrap();
+        let j = Journal::open(vol, REGION, CB, 7, (0, 0), &HashMap::new(), 2).unwrap();
         assert_eq!(j.all_chunks(), vec![(1, 0), (1, 1)]);
         // Appends go on after the last good record.
         assert!(j.append(1, 9 * CB, &data(9, 10)).is_ok());
