@@ -53,3 +53,27 @@ pub fn op(seed: u64, capacity: u64, threads: u64, t: u64, seq: u64, stripe: u64)
     }
     (base + off, data)
 }
+
+/// The OST crash test's writes: thread `t` writes object `oid` front to back, write `seq`
+/// at an offset no other write touches, small (journaled) and large (straight to chunks)
+/// in turn, so every acknowledged write alone defines its bytes.
+pub fn ost_op(seed: u64, t: u64, seq: u64, chunk: u64) -> (u64, usize) {
+    let mut s = mix(seed ^ mix(t.wrapping_mul(0x1000_0000_01b3) ^ mix(seq ^ 0x057)));
+    let mut next = || {
+        s = mix(s);
+        s
+    };
+    // Each write owns its own slot of 4 chunks: offsets never overlap.
+    let slot = seq * 4 * chunk;
+    let (lead, len) = match next() % 3 {
+        0 => (next() % chunk, 1 + (next() % 40_000) as usize),
+        1 => (0, (chunk * (1 + next() % 2)) as usize),
+        _ => (next() % chunk, (chunk / 2 + next() % (2 * chunk)) as usize),
+    };
+    (slot + lead, len)
+}
+
+/// The bytes of an OST crash-test write: a function of where they land and the seed.
+pub fn ost_bytes(seed: u64, oid: u64, offset: u64, len: usize) -> Vec<u8> {
+    (0..len as u64).map(|i| (mix(seed ^ (oid << 44) ^ ((offset + i) >> 3)) >> ((offset + i) % 8 * 8)) as u8).collect()
+}

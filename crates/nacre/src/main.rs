@@ -4,6 +4,7 @@
 
 mod bench;
 mod net;
+mod ost;
 mod raid;
 mod size;
 
@@ -24,6 +25,9 @@ enum Command {
     /// The transport: selftest against plain sockets.
     #[command(subcommand)]
     Net(net::NetCommand),
+    /// Object storage targets on file drives: format, check, stat.
+    #[command(subcommand)]
+    Ost(ost::OstCommand),
     /// Benchmarks of the services' layers (`ost`: the object store).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -35,6 +39,7 @@ fn main() {
         Command::Raid(cmd) => raid::run(cmd),
         Command::Net(cmd) => net::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Ost(cmd) => ost::run(cmd),
     };
     if let Err(e) = result {
         eprintln!("nacre: {e}");

@@ -1,0 +1,202 @@
+//! `nacre ost …`: object storage targets on file drives — make one, check it (an fsck for
+//! a target), show its space and counters.
+//!
+//! A target in `--dir` is two RAID volumes over drive files: `DIR/data/` (RAID6 8+2 by
+//! default) holds the objects, `DIR/index/` (RAID1) the index and the small-write journal.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::Subcommand;
+use nacre_osd::{Target, TargetOptions};
+use nacre_raid::{BlockDevice, CreateOptions, FileDrive, Level, Volume, VolumeOptions};
+
+use crate::size::parse_size;
+
+#[derive(Subcommand)]
+pub enum OstCommand {
+    /// Make a new target: drive files, its two volumes and an empty object store.
+    Format {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value = "ost0")]
+        name: String,
+        /// Bytes of object data the target holds.
+        #[arg(long, default_value = "4G", value_parser = parse_size)]
+        size: u64,
+        /// Data drives (RAID6: 2 of them parity).
+        #[arg(long, default_value_t = 10)]
+        data_drives: usize,
+        #[arg(long, default_value = "128K", value_parser = parse_size)]
+        strip: u64,
+        /// Bytes of each of the two index drives (a quarter, at most 4 GiB, is the journal).
+        #[arg(long, default_value = "1G", value_parser = parse_size)]
+        index_size: u64,
+    },
+    /// Check a target's index against itself and its data (exit status 1 if not clean).
+    Check {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value = "ost0")]
+        name: String,
+    },
+    /// Space, objects and counters of a target.
+    Stat {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value = "ost0")]
+        name: String,
+    },
+    /// Write a seeded pattern forever, printing each acknowledged write (crash tests).
+    #[command(hide = true)]
+    Torture {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value = "ost0")]
+        name: String,
+        #[arg(long)]
+        seed: u64,
+        #[arg(long, default_value_t = 3)]
+        threads: u64,
+    },
+}
+
+type CliResult = Result<(), Box<dyn std::error::Error>>;
+
+fn volume_dirs(dir: &Path) -> (PathBuf, PathBuf) {
+    (dir.join("data"), dir.join("index"))
+}
+
+fn drives_in(dir: &Path) -> Result<Vec<Arc<dyn BlockDevice>>, Box<dyn std::error::Error>> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    paths.sort();
+    Ok(paths
+        .iter()
+        .map(|p| FileDrive::open(p).map(|d| Arc::new(d) as Arc<dyn BlockDevice>))
+        .collect::<Result<_, _>>()?)
+}
+
+/// Assemble a target's volumes and open it.
+pub fn open(dir: &Path, name: &str) -> Result<Target, Box<dyn std::error::Error>> {
+    let (data_dir, index_dir) = volume_dirs(dir);
+    let run = VolumeOptions::default();
+    let data = Volume::assemble(drives_in(&data_dir)?, Some(name), &run)?.volume;
+    let meta = Volume::assemble(drives_in(&index_dir)?, Some(&format!("{name}-index")), &run)?.volume;
+    Ok(Target::open(Arc::new(data), Arc::new(meta), TargetOptions::default())?)
+}
+
+pub fn run(cmd: OstCommand) -> CliResult {
+    match cmd {
+        OstCommand::Format { dir, name, size, data_drives, strip, index_size } => {
+            if !(4..=64).contains(&data_drives) {
+                return Err(format!("--data-drives {data_drives}: RAID6 takes 4 to 64").into());
+            }
+            let (data_dir, index_dir) = volume_dirs(&dir);
+            for d in [&data_dir, &index_dir] {
+                if d.exists() && std::fs::read_dir(d)?.next().is_some() {
+                    return Err(format!("{} is not empty: a target is there already", d.display()).into());
+                }
+                std::fs::create_dir_all(d)?;
+            }
+            let k = data_drives as u64 - 2;
+            // Each drive: its share of the data, whole strips, plus the superblock area.
+            let drive = (size / k).div_ceil(strip) * strip + (2 << 20);
+            let mk = |dir: &Path,
+                      prefix: &str,
+                      n: usize,
+                      bytes: u64|
+             -> Result<Vec<Arc<dyn BlockDevice>>, nacre_raid::RaidError> {
+                (0..n)
+                    .map(|i| {
+                        FileDrive::create_file(&dir.join(format!("{prefix}-{i:02}")), bytes)
+                            .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
+                    })
+                    .collect()
+            };
+            let mut d = CreateOptions::new(&name, Level::Raid6);
+            d.strip_bytes = strip;
+            let data = Volume::create(mk(&data_dir, &name, data_drives, drive)?, &d, &VolumeOptions::default())?;
+            let mut m = CreateOptions::new(&format!("{name}-index"), Level::Raid1);
+            m.strip_bytes = 1 << 20;
+            let meta = Volume::create(
+                mk(&index_dir, &format!("{name}-index"), 2, index_size)?,
+                &m,
+                &VolumeOptions::default(),
+            )?;
+            let t = Target::format(Arc::new(data), Arc::new(meta), TargetOptions::default())?;
+            let s = t.statfs()?;
+            println!(
+                "target {name}: {} MiB of objects in {} KiB chunks (RAID6 {}+2), index and journal on RAID1, in {}",
+                s.total_bytes >> 20,
+                s.chunk_bytes >> 10,
+                k,
+                dir.display()
+            );
+            Ok(())
+        }
+        OstCommand::Check { dir, name } => {
+            let t = open(&dir, &name)?;
+            let r = t.check()?;
+            println!(
+                "target {name}: {} objects, {} chunks mapped, {} free, {}",
+                r.objects,
+                r.mapped_chunks,
+                r.free_chunks,
+                if r.is_clean() { "clean".to_string() } else { format!("{} problems:", r.problems.len()) }
+            );
+            for p in &r.problems {
+                println!("  {p}");
+            }
+            if !r.is_clean() {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        OstCommand::Stat { dir, name } => {
+            let t = open(&dir, &name)?;
+            let s = t.statfs()?;
+            let c = t.stats();
+            println!(
+                "target {name}: {} objects, {} of {} MiB free, index {} of {} MiB, journal {} of {} MiB in use",
+                s.objects,
+                s.free_bytes >> 20,
+                s.total_bytes >> 20,
+                s.index_bytes >> 20,
+                s.index_capacity >> 20,
+                c.journal_used >> 20,
+                c.journal_bytes >> 20
+            );
+            Ok(())
+        }
+        OstCommand::Torture { dir, name, seed, threads } => {
+            let t = open(&dir, &name)?;
+            let oids: Vec<u64> = t.create(threads as u32)?.collect();
+            let chunk = t.chunk_bytes();
+            let out = std::sync::Mutex::new(std::io::stdout());
+            println!("ready {}", oids.iter().map(|o| o.to_string()).collect::<Vec<_>>().join(","));
+            let _ = std::io::stdout().flush();
+            std::thread::scope(|s| {
+                for (ti, &oid) in oids.iter().enumerate() {
+                    let (t, out) = (&t, &out);
+                    s.spawn(move || {
+                        for seq in 0.. {
+                            let (off, len) = nacre_bench::torture::ost_op(seed, ti as u64, seq, chunk);
+                            let data = nacre_bench::torture::ost_bytes(seed, oid, off, len);
+                            if t.write(oid, off, &data).is_err() {
+                                return;
+                            }
+                            let mut o = out.lock().unwrap_or_else(|e| e.into_inner());
+                            let _ = writeln!(o, "ack {oid} {off} {len}");
+                            let _ = o.flush();
+                        }
+                    });
+                }
+            });
+            Ok(())
+        }
+    }
+}
