@@ -64,6 +64,11 @@ impl Drives {
     }
 
     fn format(&self) -> Target {
+        self.format_with_data().0
+    }
+
+    /// Also hands back the data volume, for tests that damage it behind the target.
+    fn format_with_data(&self) -> (Target, Arc<Volume>) {
         let mut d = CreateOptions::new("ost0", Level::Raid6);
         d.strip_bytes = 16 << 10;
         d.assume_clean = true;
@@ -74,7 +79,8 @@ impl Drives {
         m.assume_clean = true;
         m.force = true;
         let meta = Volume::create(devices(&self.meta), &m, &run()).unwrap();
-        Target::format(Arc::new(data), Arc::new(meta), TargetOptions::default()).unwrap()
+        let data = Arc::new(data);
+        (Target::format(data.clone(), Arc::new(meta), TargetOptions::default()).unwrap(), data)
     }
 
     fn open(&self) -> Result<Target, OsdError> {
@@ -336,4 +342,19 @@ fn open_refuses_what_is_not_this_target() {
         Err(e) => panic!("expected NotATarget, got {e}"),
         Ok(_) => panic!("opened an index with a data volume of another shape"),
     }
+}
+
+#[test]
+fn check_finds_bytes_past_an_objects_end() {
+    let drives = Drives::new(4 << 20);
+    let (t, data) = drives.format_with_data();
+    let oid = t.create(1).unwrap().start;
+    t.write(oid, 0, &[7u8; 100]).unwrap();
+    t.destage_all().unwrap();
+    assert!(t.check().unwrap().is_clean());
+    // The object's one chunk is the first on the volume; dirty a byte past its size.
+    data.write(4096, &[1u8; 8]).unwrap();
+    let report = t.check().unwrap();
+    assert!(!report.is_clean());
+    assert!(report.problems[0].contains("past its size 100 is not zero"), "{:?}", report.problems);
 }

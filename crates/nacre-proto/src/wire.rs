@@ -1,0 +1,108 @@
+//! Reading and writing message bodies.
+
+use std::fmt;
+
+/// Why a body is not the message it claims to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProtoError {
+    /// The body ended before `what`.
+    Truncated { what: &'static str, at: usize, len: usize },
+    /// Bytes left over after the message.
+    Trailing { extra: usize },
+    /// A version this build does not read.
+    Version { message: &'static str, got: u8, want: u8 },
+    /// A field holds a value the message does not allow.
+    Invalid(String),
+}
+
+impl fmt::Display for ProtoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProtoError::Truncated { what, at, len } => write!(f, "message ends at byte {len}, before {what} (at {at})"),
+            ProtoError::Trailing { extra } => write!(f, "{extra} bytes after the end of the message"),
+            ProtoError::Version { message, got, want } => {
+                write!(f, "{message} message of version {got}; this build reads {want}")
+            }
+            ProtoError::Invalid(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+impl std::error::Error for ProtoError {}
+
+/// A message being written.
+#[derive(Default)]
+pub struct Enc(pub Vec<u8>);
+
+impl Enc {
+    pub fn new(version: u8) -> Enc {
+        Enc(vec![version])
+    }
+    pub fn u8(mut self, v: u8) -> Enc {
+        self.0.push(v);
+        self
+    }
+    pub fn u32(mut self, v: u32) -> Enc {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn u64(mut self, v: u64) -> Enc {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn i64(mut self, v: i64) -> Enc {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn done(self) -> Vec<u8> {
+        self.0
+    }
+}
+
+/// A message being read; every read checks what is left.
+pub struct Dec<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Dec<'a> {
+    /// Start reading a message named `message`, of version `want`.
+    pub fn new(b: &'a [u8], message: &'static str, want: u8) -> Result<Dec<'a>, ProtoError> {
+        let mut d = Dec { b, at: 0 };
+        let got = d.u8("version")?;
+        if got != want {
+            return Err(ProtoError::Version { message, got, want });
+        }
+        Ok(d)
+    }
+
+    fn take<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], ProtoError> {
+        let s =
+            self.b.get(self.at..self.at + N).ok_or(ProtoError::Truncated { what, at: self.at, len: self.b.len() })?;
+        self.at += N;
+        let mut a = [0u8; N];
+        a.copy_from_slice(s);
+        Ok(a)
+    }
+
+    pub fn u8(&mut self, what: &'static str) -> Result<u8, ProtoError> {
+        Ok(self.take::<1>(what)?[0])
+    }
+    pub fn u32(&mut self, what: &'static str) -> Result<u32, ProtoError> {
+        Ok(u32::from_le_bytes(self.take(what)?))
+    }
+    pub fn u64(&mut self, what: &'static str) -> Result<u64, ProtoError> {
+        Ok(u64::from_le_bytes(self.take(what)?))
+    }
+    pub fn i64(&mut self, what: &'static str) -> Result<i64, ProtoError> {
+        Ok(i64::from_le_bytes(self.take(what)?))
+    }
+
+    /// The message must end here.
+    pub fn end(self) -> Result<(), ProtoError> {
+        match self.b.len() - self.at {
+            0 => Ok(()),
+            extra => Err(ProtoError::Trailing { extra }),
+        }
+    }
+}

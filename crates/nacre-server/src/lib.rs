@@ -1,0 +1,4 @@
+//! `nacre-server`: the services. The OSS ([`oss`]) serves object storage targets over the
+//! transport; the MGS and MDS join with their issue.
+
+pub mod oss;

@@ -1,0 +1,217 @@
+//! The OSS: a server's OSTs over the transport, after Lustre's ost/ofd.
+//!
+//! Each request names a target by its index on this server. Target operations block (they
+//! do volume IO), so they run on tokio's blocking pool; the transport bounds how many are
+//! held at once (`req_buffers_max`, `threads_max`). Bulk data is checked against
+//! `brw_size`; a write that carries a CRC-32C is verified before anything is written, and a
+//! read computes one when asked, so that data is checked end to end. Every error goes back
+//! as a negative errno with a message naming the problem.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use nacre_net::server::{Handler, Incoming, Reply};
+use nacre_osd::{ObjectAttr, OsdError, SetAttr, Target};
+use nacre_proto::ost::{self, Attr, Request, StatFs, set};
+
+/// Errnos the OSS answers with besides the object store's own.
+pub mod errno {
+    pub const ENODEV: i32 = -19;
+    pub const EINVAL: i32 = -22;
+    pub const EPROTO: i32 = -71;
+    pub const EBADMSG: i32 = -74;
+    pub const EIO: i32 = -5;
+}
+
+/// Settings of an OSS, named as Lustre's.
+#[derive(Debug, Clone, Copy)]
+pub struct OssConfig {
+    /// Largest read or write in one RPC (`obdfilter.*.brw_size`).
+    pub brw_size: u32,
+    /// Largest batch of objects one create makes (`precreate_batch` asks for 1024).
+    pub create_batch_max: u32,
+}
+
+impl Default for OssConfig {
+    fn default() -> Self {
+        OssConfig { brw_size: 16 << 20, create_batch_max: nacre_osd::target::CREATE_BATCH_MAX }
+    }
+}
+
+pub struct Oss {
+    targets: Vec<Arc<Target>>,
+    cfg: OssConfig,
+}
+
+fn crc32c(b: &[u8]) -> u32 {
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, b) as u32
+}
+
+fn fail(status: i32, message: String) -> Reply {
+    Reply { status, body: message.into_bytes(), bulk: Bytes::new() }
+}
+
+fn osd_fail(e: OsdError) -> Reply {
+    fail(e.errno(), e.to_string())
+}
+
+fn to_wire(a: &ObjectAttr) -> Attr {
+    Attr {
+        size: a.size,
+        space: a.space,
+        mtime_ns: a.mtime_ns,
+        atime_ns: a.atime_ns,
+        ctime_ns: a.ctime_ns,
+        uid: a.uid,
+        gid: a.gid,
+        projid: a.projid,
+        parent: a.parent,
+    }
+}
+
+fn from_wire(s: &ost::SetAttr) -> SetAttr {
+    let on = |bit: u32| s.mask & bit != 0;
+    SetAttr {
+        mtime_ns: on(set::MTIME).then_some(s.attr.mtime_ns),
+        atime_ns: on(set::ATIME).then_some(s.attr.atime_ns),
+        ctime_ns: on(set::CTIME).then_some(s.attr.ctime_ns),
+        uid: on(set::UID).then_some(s.attr.uid),
+        gid: on(set::GID).then_some(s.attr.gid),
+        projid: on(set::PROJID).then_some(s.attr.projid),
+        parent: on(set::PARENT).then_some(s.attr.parent),
+    }
+}
+
+fn attr_reply(r: Result<ObjectAttr, OsdError>) -> Reply {
+    match r {
+        Ok(a) => Reply { status: 0, body: ost::encode_attr(&to_wire(&a)), bulk: Bytes::new() },
+        Err(e) => osd_fail(e),
+    }
+}
+
+impl Oss {
+    pub fn new(targets: Vec<Arc<Target>>, cfg: OssConfig) -> Arc<Oss> {
+        Arc::new(Oss { targets, cfg })
+    }
+
+    /// The transport handler of this OSS.
+    pub fn handler(self: &Arc<Self>) -> Handler {
+        let oss = self.clone();
+        Arc::new(move |req: Incoming| {
+            let oss = oss.clone();
+            Box::pin(async move {
+                match tokio::task::spawn_blocking(move || oss.handle(req)).await {
+                    Ok(r) => r,
+                    Err(e) => fail(errno::EIO, format!("the request failed inside the server: {e}")),
+                }
+            })
+        })
+    }
+
+    fn target(&self, i: u32) -> Result<&Arc<Target>, Reply> {
+        self.targets.get(i as usize).ok_or_else(|| {
+            fail(errno::ENODEV, format!("no target {i} on this server ({} targets)", self.targets.len()))
+        })
+    }
+
+    /// Serve one request (blocking).
+    pub fn handle(&self, req: Incoming) -> Reply {
+        let r = match Request::decode(req.header.opcode, &req.body) {
+            Ok(r) => r,
+            Err(e) => return fail(errno::EPROTO, format!("bad OST request: {e}")),
+        };
+        let target = match &r {
+            Request::Create { target, .. }
+            | Request::Destroy { target, .. }
+            | Request::Read { target, .. }
+            | Request::Write { target, .. }
+            | Request::Punch { target, .. }
+            | Request::Truncate { target, .. }
+            | Request::Getattr { target, .. }
+            | Request::Setattr { target, .. }
+            | Request::Sync { target }
+            | Request::Statfs { target } => *target,
+        };
+        let t = match self.target(target) {
+            Ok(t) => t,
+            Err(reply) => return reply,
+        };
+        match r {
+            Request::Create { count, .. } => {
+                if count == 0 || count > self.cfg.create_batch_max {
+                    return fail(
+                        errno::EINVAL,
+                        format!("create of {count} objects (1 to {})", self.cfg.create_batch_max),
+                    );
+                }
+                match t.create(count) {
+                    Ok(ids) => Reply { status: 0, body: ost::encode_created(ids.start, count), bulk: Bytes::new() },
+                    Err(e) => osd_fail(e),
+                }
+            }
+            Request::Destroy { oid, .. } => match t.destroy(oid) {
+                Ok(()) => Reply::default(),
+                Err(e) => osd_fail(e),
+            },
+            Request::Read { oid, offset, len, checksum, .. } => {
+                if len > self.cfg.brw_size {
+                    return fail(errno::EINVAL, format!("read of {len} bytes exceeds brw_size {}", self.cfg.brw_size));
+                }
+                let mut buf = vec![0u8; len as usize];
+                match t.read(oid, offset, &mut buf) {
+                    Ok(n) => {
+                        buf.truncate(n);
+                        let crc = checksum.then(|| crc32c(&buf));
+                        Reply { status: 0, body: ost::encode_read(n as u32, crc), bulk: Bytes::from(buf) }
+                    }
+                    Err(e) => osd_fail(e),
+                }
+            }
+            Request::Write { oid, offset, len, crc, .. } => {
+                let data = &req.bulk[..];
+                if data.len() != len as usize {
+                    return fail(errno::EPROTO, format!("write announces {len} bytes, the bulk holds {}", data.len()));
+                }
+                if len > self.cfg.brw_size {
+                    return fail(errno::EINVAL, format!("write of {len} bytes exceeds brw_size {}", self.cfg.brw_size));
+                }
+                if let Some(want) = crc {
+                    let got = crc32c(data);
+                    if got != want {
+                        return fail(
+                            errno::EBADMSG,
+                            format!(
+                                "checksum mismatch on write to object {oid:#x} at {offset}: sent {want:#010x}, received {got:#010x}"
+                            ),
+                        );
+                    }
+                }
+                match t.write(oid, offset, data) {
+                    Ok(()) => attr_reply(t.getattr(oid)),
+                    Err(e) => osd_fail(e),
+                }
+            }
+            Request::Punch { oid, start, end, .. } => attr_reply(t.punch(oid, start, end)),
+            Request::Truncate { oid, size, .. } => attr_reply(t.truncate(oid, size)),
+            Request::Getattr { oid, .. } => attr_reply(t.getattr(oid)),
+            Request::Setattr { oid, set, .. } => attr_reply(t.setattr(oid, &from_wire(&set))),
+            Request::Sync { .. } => match t.sync() {
+                Ok(()) => Reply::default(),
+                Err(e) => osd_fail(e),
+            },
+            Request::Statfs { .. } => match t.statfs() {
+                Ok(s) => Reply {
+                    status: 0,
+                    body: ost::encode_statfs(&StatFs {
+                        total_bytes: s.total_bytes,
+                        free_bytes: s.free_bytes,
+                        objects: s.objects,
+                        chunk_bytes: s.chunk_bytes,
+                    }),
+                    bulk: Bytes::new(),
+                },
+                Err(e) => osd_fail(e),
+            },
+        }
+    }
+}

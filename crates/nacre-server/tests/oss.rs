@@ -1,0 +1,229 @@
+//! The OSS end to end over the in-memory transport: every operation, checksums both ways,
+//! every refusal with its errno and message and nothing changed, and concurrent writers
+//! to one object (IO500 ior-hard's pattern) all landing.
+
+use std::sync::Arc;
+
+use nacre_net::client::{Client, ClientConfig, Import};
+use nacre_net::server::{Server, ServerConfig};
+use nacre_net::transport::MemNetwork;
+use nacre_osd::{Target, TargetOptions};
+use nacre_proto::ost::{self, Attr, Request, SetAttr, set};
+use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, Volume, VolumeOptions};
+use nacre_server::oss::{Oss, OssConfig, errno};
+
+fn crc32c(b: &[u8]) -> u32 {
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, b) as u32
+}
+
+fn target(data_drive_bytes: u64) -> Arc<Target> {
+    let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
+    let devs = |n: usize, bytes: u64, p: &str| -> Vec<Arc<dyn BlockDevice>> {
+        (0..n).map(|i| MemDrive::new(&format!("{p}{i}"), bytes) as Arc<dyn BlockDevice>).collect()
+    };
+    let mut d = CreateOptions::new("ost0", Level::Raid6);
+    d.strip_bytes = 16 << 10;
+    d.assume_clean = true;
+    let data = Volume::create(devs(6, data_drive_bytes, "d"), &d, &run).unwrap();
+    let mut m = CreateOptions::new("ost0-index", Level::Raid1);
+    m.strip_bytes = 64 << 10;
+    m.assume_clean = true;
+    let meta = Volume::create(devs(2, 32 << 20, "m"), &m, &run).unwrap();
+    Arc::new(Target::format(Arc::new(data), Arc::new(meta), TargetOptions::default()).unwrap())
+}
+
+/// A thin OST client for the tests: encode, call, decode, check the read checksum.
+struct Ost {
+    imp: Arc<Import>,
+    checksums: bool,
+}
+
+type Fail = (i32, String);
+
+impl Ost {
+    async fn call(&self, r: Request, bulk: &[u8]) -> Result<nacre_net::frame::Frame, Fail> {
+        let (op, body) = r.encode();
+        let f = self.imp.call(op, &body, bulk).await.map_err(|e| (errno::EIO, e.to_string()))?;
+        if f.header.status != 0 {
+            return Err((f.header.status, String::from_utf8_lossy(&f.body).into_owned()));
+        }
+        Ok(f)
+    }
+
+    async fn create(&self, count: u32) -> Result<(u64, u32), Fail> {
+        let f = self.call(Request::Create { target: 0, count }, &[]).await?;
+        Ok(ost::decode_created(&f.body).unwrap())
+    }
+
+    async fn write(&self, oid: u64, offset: u64, data: &[u8]) -> Result<Attr, Fail> {
+        let crc = self.checksums.then(|| crc32c(data));
+        let f = self.call(Request::Write { target: 0, oid, offset, len: data.len() as u32, crc }, data).await?;
+        Ok(ost::decode_attr(&f.body).unwrap())
+    }
+
+    async fn read(&self, oid: u64, offset: u64, len: u32) -> Result<Vec<u8>, Fail> {
+        let f = self.call(Request::Read { target: 0, oid, offset, len, checksum: self.checksums }, &[]).await?;
+        let (n, crc) = ost::decode_read(&f.body).unwrap();
+        let data = f.bulk.into_vec();
+        assert_eq!(n as usize, data.len());
+        if self.checksums {
+            assert_eq!(crc, Some(crc32c(&data)), "read checksum");
+        }
+        Ok(data)
+    }
+
+    async fn attr(&self, r: Request) -> Result<Attr, Fail> {
+        let f = self.call(r, &[]).await?;
+        Ok(ost::decode_attr(&f.body).unwrap())
+    }
+}
+
+async fn setup(t: Arc<Target>, checksums: bool) -> (Server, MemNetwork, Ost) {
+    let net = MemNetwork::new();
+    let oss = Oss::new(vec![t], OssConfig { brw_size: 4 << 20, ..OssConfig::default() });
+    let cfg = ServerConfig::default();
+    let server =
+        Server::start(Arc::new(net.transport("oss0")), &"oss0@mem".parse().unwrap(), oss.handler(), cfg).await.unwrap();
+    let imp = Client::new(Arc::new(net.transport("c0")), ClientConfig::default()).connect(&server.nid()).await.unwrap();
+    (server, net, Ost { imp, checksums })
+}
+
+fn bytes(seed: u64, n: usize) -> Vec<u8> {
+    (0..n as u64).map(|i| ((i * 31 + seed * 7) % 253) as u8).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_through_the_service() {
+    let t = target(8 << 20);
+    let (_s, _n, c) = setup(t.clone(), true).await;
+    // Precreate a batch, as the MDS will.
+    let (first, count) = c.create(1024).await.unwrap();
+    assert_eq!(count, 1024);
+    let stat = |c: &Ost| {
+        let imp = c.imp.clone();
+        async move {
+            let (op, body) = Request::Statfs { target: 0 }.encode();
+            ost::decode_statfs(&imp.call(op, &body, &[]).await.unwrap().body).unwrap()
+        }
+    };
+    let before = stat(&c).await;
+    assert_eq!(before.objects, 1024);
+    let oid = first + 3;
+    let big = bytes(1, 3 << 20);
+    let a = c.write(oid, 0, &big).await.unwrap();
+    assert_eq!(a.size, 3 << 20);
+    c.write(oid, 100, b"small piece").await.unwrap();
+    let back = c.read(oid, 0, 4 << 20).await.unwrap();
+    assert_eq!(back.len(), 3 << 20, "a read past the end is short");
+    assert_eq!(&back[100..111], b"small piece");
+    assert!(back[..100] == big[..100] && back[111..] == big[111..]);
+    assert_eq!(stat(&c).await.free_bytes, before.free_bytes - (3 << 20), "statfs is exact");
+    // Truncate, punch, setattr, getattr.
+    let a = c.attr(Request::Truncate { target: 0, oid, size: 1 << 20 }).await.unwrap();
+    assert_eq!((a.size, a.space), (1 << 20, 1 << 20));
+    let a = c.attr(Request::Punch { target: 0, oid, start: 0, end: 1 << 20 }).await.unwrap();
+    assert_eq!((a.size, a.space), (1 << 20, 0));
+    assert!(c.read(oid, 0, 1 << 20).await.unwrap().iter().all(|&b| b == 0));
+    let want = Attr { uid: 1000, gid: 100, parent: [0x2_0000_0401, 7], ..Attr::default() };
+    let a = c
+        .attr(Request::Setattr { target: 0, oid, set: SetAttr { mask: set::UID | set::GID | set::PARENT, attr: want } })
+        .await
+        .unwrap();
+    assert_eq!((a.uid, a.gid, a.parent, a.size), (1000, 100, [0x2_0000_0401, 7], 1 << 20), "size is not in the mask");
+    assert_eq!(c.attr(Request::Getattr { target: 0, oid }).await.unwrap().uid, 1000);
+    c.call(Request::Sync { target: 0 }, &[]).await.unwrap();
+    // Destroy: the object is gone, its space is back.
+    c.call(Request::Destroy { target: 0, oid }, &[]).await.unwrap();
+    let e = c.attr(Request::Getattr { target: 0, oid }).await.unwrap_err();
+    assert_eq!(e.0, -2, "{}", e.1);
+    assert_eq!(stat(&c).await.free_bytes, before.free_bytes);
+    assert!(t.check().unwrap().is_clean());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_carry_their_errno_and_reason_and_change_nothing() {
+    let t = target(2 << 20);
+    let (_s, _n, c) = setup(t.clone(), true).await;
+    let (oid, _) = c.create(1).await.unwrap();
+    c.write(oid, 0, b"keep me").await.unwrap();
+    // A corrupted bulk: the checksum catches it before anything is written.
+    let data = b"XXXXXXX".to_vec();
+    let crc = crc32c(b"keep me");
+    let e = c.call(Request::Write { target: 0, oid, offset: 0, len: 7, crc: Some(crc) }, &data).await.unwrap_err();
+    assert_eq!(e.0, errno::EBADMSG);
+    assert!(e.1.contains("checksum mismatch"), "{}", e.1);
+    assert_eq!(c.read(oid, 0, 7).await.unwrap(), b"keep me");
+    let cases: Vec<(Request, Vec<u8>, i32, &str)> = vec![
+        (Request::Getattr { target: 5, oid }, vec![], errno::ENODEV, "no target 5"),
+        (Request::Getattr { target: 0, oid: oid + 99 }, vec![], -2, "no object"),
+        (Request::Create { target: 0, count: 0 }, vec![], errno::EINVAL, "create of 0"),
+        (Request::Read { target: 0, oid, offset: 0, len: 5 << 20, checksum: false }, vec![], errno::EINVAL, "brw_size"),
+        (Request::Write { target: 0, oid, offset: 0, len: 9, crc: None }, vec![1; 3], errno::EPROTO, "announces 9"),
+        (
+            Request::Write { target: 0, oid, offset: u64::MAX - 1, len: 3, crc: None },
+            vec![1; 3],
+            -27,
+            "maximum object size",
+        ),
+        (Request::Punch { target: 0, oid, start: 9, end: 3 }, vec![], errno::EINVAL, "punch from 9"),
+    ];
+    for (r, bulk, want, text) in cases {
+        let e = c.call(r.clone(), &bulk).await.unwrap_err();
+        assert_eq!(e.0, want, "{r:?}: {}", e.1);
+        assert!(e.1.contains(text), "{r:?}: {}", e.1);
+    }
+    // A body that is not a request.
+    let f = c.imp.call(ost::OST_GETATTR, &[1, 2, 3], &[]).await.unwrap();
+    assert_eq!(f.header.status, errno::EPROTO);
+    // A full target: ENOSPC, and what it held is intact.
+    let (other, _) = c.create(1).await.unwrap();
+    let mut at = 0;
+    let e = loop {
+        match c.write(other, at, &vec![1u8; 2 << 20]).await {
+            Ok(_) => at += 2 << 20,
+            Err(e) => break e,
+        }
+        assert!(at < 1 << 30, "the target never filled");
+    };
+    assert_eq!(e.0, -28, "{}", e.1);
+    assert!(e.1.contains("no space"), "{}", e.1);
+    assert_eq!(
+        c.attr(Request::Getattr { target: 0, oid: other }).await.unwrap().size,
+        at,
+        "the refused write changed nothing"
+    );
+    assert_eq!(c.read(oid, 0, 7).await.unwrap(), b"keep me");
+    assert_eq!(c.attr(Request::Getattr { target: 0, oid }).await.unwrap().size, 7);
+    assert!(t.check().unwrap().is_clean());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_to_disjoint_ranges_of_one_object_all_land() {
+    let t = target(8 << 20);
+    let (s, net, c) = setup(t.clone(), false).await;
+    let (oid, _) = c.create(1).await.unwrap();
+    const PIECE: u64 = 47_008;
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..6u64 {
+        let imp = Client::new(Arc::new(net.transport(&format!("w{w}"))), ClientConfig::default())
+            .connect(&s.nid())
+            .await
+            .unwrap();
+        tasks.spawn(async move {
+            let c = Ost { imp, checksums: w % 2 == 0 };
+            for i in 0..12u64 {
+                let n = i * 6 + w;
+                c.write(oid, n * PIECE, &bytes(n, PIECE as usize)).await.unwrap();
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+    let all = c.read(oid, 0, (72 * PIECE) as u32).await.unwrap();
+    for n in 0..72u64 {
+        let got = &all[(n * PIECE) as usize..((n + 1) * PIECE) as usize];
+        assert!(got == bytes(n, PIECE as usize), "piece {n} did not land");
+    }
+    assert!(t.check().unwrap().is_clean());
+}
