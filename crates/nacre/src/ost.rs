@@ -2,7 +2,8 @@
 //! a target), show its space and counters.
 //!
 //! A target in `--dir` is two RAID volumes over drive files: `DIR/data/` (RAID6 8+2 by
-//! default) holds the objects, `DIR/index/` (RAID1) the index and the small-write journal.
+//! default) holds the objects, `DIR/index/` (RAID10, or RAID1 with two drives) the index
+//! and the small-write journal.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -30,9 +31,13 @@ pub enum OstCommand {
         data_drives: usize,
         #[arg(long, default_value = "128K", value_parser = parse_size)]
         strip: u64,
-        /// Bytes of each of the two index drives (a quarter, at most 4 GiB, is the journal).
+        /// Bytes of each index drive (a quarter of the index volume, at most 4 GiB, is
+        /// the small-write journal).
         #[arg(long, default_value = "1G", value_parser = parse_size)]
         index_size: u64,
+        /// Index drives: 2 make a RAID1, 4 or more (even) a RAID10 (faster small writes).
+        #[arg(long, default_value_t = 4)]
+        index_drives: usize,
     },
     /// Check a target's index against itself and its data (exit status 1 if not clean).
     Check {
@@ -91,9 +96,14 @@ pub fn open(dir: &Path, name: &str) -> Result<Target, Box<dyn std::error::Error>
 
 pub fn run(cmd: OstCommand) -> CliResult {
     match cmd {
-        OstCommand::Format { dir, name, size, data_drives, strip, index_size } => {
+        OstCommand::Format { dir, name, size, data_drives, strip, index_size, index_drives } => {
             if !(4..=64).contains(&data_drives) {
                 return Err(format!("--data-drives {data_drives}: RAID6 takes 4 to 64").into());
+            }
+            if !(2..=16).contains(&index_drives) || index_drives % 2 != 0 {
+                return Err(
+                    format!("--index-drives {index_drives}: 2 (RAID1) or an even number up to 16 (RAID10)").into()
+                );
             }
             let (data_dir, index_dir) = volume_dirs(&dir);
             for d in [&data_dir, &index_dir] {
@@ -130,10 +140,11 @@ pub fn run(cmd: OstCommand) -> CliResult {
             let t = Target::format(Arc::new(data), Arc::new(meta), TargetOptions::default())?;
             let s = t.statfs()?;
             println!(
-                "target {name}: {} MiB of objects in {} KiB chunks (RAID6 {}+2), index and journal on RAID1, in {}",
+                "target {name}: {} MiB of objects in {} KiB chunks (RAID6 {}+2), index and journal on {}, in {}",
                 s.total_bytes >> 20,
                 s.chunk_bytes >> 10,
                 k,
+                if index_drives == 2 { "RAID1".to_string() } else { format!("RAID10 of {index_drives}") },
                 dir.display()
             );
             Ok(())
