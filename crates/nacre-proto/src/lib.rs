@@ -7,4 +7,5 @@
 //! with a version byte; a receiver refuses versions it does not know.
 
 pub mod ost;
+pub mod param;
 pub mod wire;

@@ -2,3 +2,4 @@
 //! transport; the MGS and MDS join with their issue.
 
 pub mod oss;
+pub mod stats;

@@ -8,11 +8,15 @@
 //! as a negative errno with a message naming the problem.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use nacre_net::server::{Handler, Incoming, Reply};
 use nacre_osd::{ObjectAttr, OsdError, SetAttr, Target};
 use nacre_proto::ost::{self, Attr, Request, StatFs, set};
+use nacre_proto::param;
+
+use crate::stats::{Op, TargetStats};
 
 /// Errnos the OSS answers with besides the object store's own.
 pub mod errno {
@@ -39,7 +43,8 @@ impl Default for OssConfig {
 }
 
 pub struct Oss {
-    targets: Vec<Arc<Target>>,
+    /// Each target with its name (`ost0`) and statistics.
+    targets: Vec<(String, Arc<Target>, TargetStats)>,
     cfg: OssConfig,
 }
 
@@ -90,8 +95,59 @@ fn attr_reply(r: Result<ObjectAttr, OsdError>) -> Reply {
 }
 
 impl Oss {
+    /// Serve `targets`, named `ost0`, `ost1`, … in order.
     pub fn new(targets: Vec<Arc<Target>>, cfg: OssConfig) -> Arc<Oss> {
-        Arc::new(Oss { targets, cfg })
+        let named = targets.into_iter().enumerate().map(|(i, t)| (format!("ost{i}"), t)).collect();
+        Oss::named(named, cfg)
+    }
+
+    /// Serve targets under the given names.
+    pub fn named(targets: Vec<(String, Arc<Target>)>, cfg: OssConfig) -> Arc<Oss> {
+        Arc::new(Oss { targets: targets.into_iter().map(|(n, t)| (n, t, TargetStats::default())).collect(), cfg })
+    }
+
+    /// The statistics of target `i`.
+    pub fn stats(&self, i: usize) -> Option<&TargetStats> {
+        self.targets.get(i).map(|t| &t.2)
+    }
+
+    /// Parameters whose names match `pattern`, with their values (see `nacre get-param`).
+    pub fn get_param(&self, pattern: &str) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for (name, t, stats) in &self.targets {
+            let p = |leaf: &str| format!("obdfilter.{name}.{leaf}");
+            let mut add = |leaf: &str, value: &dyn Fn() -> String| {
+                let full = p(leaf);
+                if nacre_net::glob::glob(pattern, &full) {
+                    out.push((full, value()));
+                }
+            };
+            add("brw_size", &|| self.cfg.brw_size.to_string());
+            add("brw_stats", &|| stats.brw_stats());
+            add("job_stats", &|| stats.job_stats());
+            add("client_stats", &|| stats.client_stats());
+            let statfs = t.statfs();
+            add("kbytestotal", &|| statfs.as_ref().map_or("-".into(), |s| (s.total_bytes >> 10).to_string()));
+            add("kbytesfree", &|| statfs.as_ref().map_or("-".into(), |s| (s.free_bytes >> 10).to_string()));
+            add("objects", &|| statfs.as_ref().map_or("-".into(), |s| s.objects.to_string()));
+            add("stats", &|| {
+                let c = t.stats();
+                format!(
+                    "write_samples {}\nwrite_bytes {}\nread_samples {}\nread_bytes {}\nchunks_allocated {}\nin_place_writes {}\njournaled {}\ndestaged {}\njournal_used {}\njournal_bytes {}",
+                    c.writes,
+                    c.write_bytes,
+                    c.reads,
+                    c.read_bytes,
+                    c.chunks_allocated,
+                    c.in_place_writes,
+                    c.journaled,
+                    c.destaged,
+                    c.journal_used,
+                    c.journal_bytes
+                )
+            });
+        }
+        out
     }
 
     /// The transport handler of this OSS.
@@ -108,7 +164,7 @@ impl Oss {
         })
     }
 
-    fn target(&self, i: u32) -> Result<&Arc<Target>, Reply> {
+    fn target(&self, i: u32) -> Result<&(String, Arc<Target>, TargetStats), Reply> {
         self.targets.get(i as usize).ok_or_else(|| {
             fail(errno::ENODEV, format!("no target {i} on this server ({} targets)", self.targets.len()))
         })
@@ -116,6 +172,14 @@ impl Oss {
 
     /// Serve one request (blocking).
     pub fn handle(&self, req: Incoming) -> Reply {
+        if req.header.opcode == param::OP_GET_PARAM {
+            return match param::decode_get(&req.body) {
+                Ok(pattern) => {
+                    Reply { status: 0, body: param::render(&self.get_param(&pattern)).into_bytes(), bulk: Bytes::new() }
+                }
+                Err(e) => fail(errno::EPROTO, format!("bad get-param request: {e}")),
+            };
+        }
         let r = match Request::decode(req.header.opcode, &req.body) {
             Ok(r) => r,
             Err(e) => return fail(errno::EPROTO, format!("bad OST request: {e}")),
@@ -132,10 +196,30 @@ impl Oss {
             | Request::Sync { target }
             | Request::Statfs { target } => *target,
         };
-        let t = match self.target(target) {
+        let (_, t, stats) = match self.target(target) {
             Ok(t) => t,
             Err(reply) => return reply,
         };
+        let started = Instant::now();
+        let op = match &r {
+            Request::Create { .. } => Op::Create,
+            Request::Destroy { .. } => Op::Destroy,
+            Request::Read { len, .. } => Op::Read(*len as u64),
+            Request::Write { len, .. } => Op::Write(*len as u64),
+            Request::Punch { .. } | Request::Truncate { .. } => Op::Punch,
+            Request::Getattr { .. } => Op::Getattr,
+            Request::Setattr { .. } => Op::Setattr,
+            Request::Sync { .. } => Op::Sync,
+            Request::Statfs { .. } => Op::Statfs,
+        };
+        let reply = self.serve(t, r, &req);
+        if reply.status == 0 {
+            stats.record(req.header.job_id, req.client, op, started.elapsed());
+        }
+        reply
+    }
+
+    fn serve(&self, t: &Target, r: Request, req: &Incoming) -> Reply {
         match r {
             Request::Create { count, .. } => {
                 if count == 0 || count > self.cfg.create_batch_max {

@@ -28,9 +28,41 @@ enum Command {
     /// Object storage targets on file drives: format, check, stat.
     #[command(subcommand)]
     Ost(ost::OstCommand),
+    /// Print a running service's parameters and statistics whose names match a glob
+    /// (`obdfilter.*.brw_stats`), as `lctl get_param` does.
+    GetParam {
+        /// The service, e.g. 10.0.0.5@tcp:9100.
+        #[arg(long)]
+        server: nacre_net::nid::Nid,
+        pattern: String,
+    },
     /// Benchmarks of the services' layers (`ost`: the object store).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+}
+
+fn get_param(server: &nacre_net::nid::Nid, pattern: &str) -> Result<(), Box<dyn std::error::Error>> {
+    if pattern.len() > nacre_proto::param::PATTERN_MAX {
+        return Err(format!("pattern of {} bytes (at most {})", pattern.len(), nacre_proto::param::PATTERN_MAX).into());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async {
+        let cfg = nacre_net::client::ClientConfig { ping: false, ..Default::default() };
+        let client = nacre_net::client::Client::new(std::sync::Arc::new(nacre_net::transport::TcpTransport), cfg);
+        let import = client.connect(server).await.map_err(|e| format!("{server}: {e}"))?;
+        let reply =
+            import.call(nacre_proto::param::OP_GET_PARAM, &nacre_proto::param::encode_get(pattern), &[]).await?;
+        let text = String::from_utf8_lossy(&reply.body).into_owned();
+        if reply.header.status != 0 {
+            return Err(format!("{server}: {text}").into());
+        }
+        if text.is_empty() {
+            return Err(format!("{server}: no parameter matches {pattern:?}").into());
+        }
+        print!("{text}");
+        let _ = import.disconnect().await;
+        Ok::<(), Box<dyn std::error::Error>>(())
+    })
 }
 
 fn main() {
@@ -40,6 +72,7 @@ fn main() {
         Command::Net(cmd) => net::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Ost(cmd) => ost::run(cmd),
+        Command::GetParam { server, pattern } => get_param(&server, &pattern),
     };
     if let Err(e) = result {
         eprintln!("nacre: {e}");

@@ -53,6 +53,16 @@ pub enum OstCommand {
         #[arg(long, default_value = "ost0")]
         name: String,
     },
+    /// Serve the target over the network (the OSS) until stopped.
+    Serve {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value = "ost0")]
+        name: String,
+        /// Where to listen, e.g. 0.0.0.0@tcp:9100 (port 0: any free one, printed).
+        #[arg(long)]
+        listen: nacre_net::nid::Nid,
+    },
     /// Write a seeded pattern forever, printing each acknowledged write (crash tests).
     #[command(hide = true)]
     Torture {
@@ -182,6 +192,24 @@ pub fn run(cmd: OstCommand) -> CliResult {
                 c.journal_bytes >> 20
             );
             Ok(())
+        }
+        OstCommand::Serve { dir, name, listen } => {
+            let t = Arc::new(open(&dir, &name)?);
+            let oss = nacre_server::oss::Oss::named(vec![(name.clone(), t)], nacre_server::oss::OssConfig::default());
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            rt.block_on(async {
+                let server = nacre_net::server::Server::start(
+                    Arc::new(nacre_net::transport::TcpTransport),
+                    &listen,
+                    oss.handler(),
+                    nacre_net::server::ServerConfig::default(),
+                )
+                .await?;
+                println!("serving {name} on {}", server.nid());
+                let _ = std::io::stdout().flush();
+                std::future::pending::<()>().await;
+                Ok::<(), Box<dyn std::error::Error>>(())
+            })
         }
         OstCommand::Torture { dir, name, seed, threads } => {
             let t = open(&dir, &name)?;
