@@ -244,7 +244,8 @@ mod tests {
         let brw = s.brw_stats();
         assert!(brw.contains("     32K:          1"), "{brw}");
         assert!(brw.contains("      4K:          2"), "{brw}");
-        assert!(brw.contains("      2ms:          1"), "{brw}");
+        assert!(brw.contains("     2ms:          1"), "{brw}");
+        assert!(brw.contains("   256us:          4"), "{brw}");
         let j = s.job(7).unwrap();
         assert_eq!((j.write, j.write_bytes, j.read), (4, 8192 + (1 << 20) + 47_008, 1));
         for job in 0..(ENTRIES_MAX as u64 + 100) {
