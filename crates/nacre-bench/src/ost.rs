@@ -20,6 +20,20 @@ use serde_json::{Value, json};
 
 use crate::raid::{BenchError, check, create, make_drives, peak, ratio, stamp};
 
+/// Objects the memory phase creates.
+const MANY_OBJECTS: u64 = 100_000;
+
+/// Resident memory of this process, MiB.
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
 /// IO500's ior-hard transfer size.
 pub const SMALL_WRITE_BYTES: usize = 47_008;
 
@@ -227,6 +241,24 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
             f[5][round]
         );
     }
+    // Memory under many objects: the index lives on the volume, so creating 100,000
+    // objects (in Helma's precreate batches of 1,024) must not grow the process by more
+    // than redb's bounded cache.
+    let t = Target::format(data.clone(), meta.clone(), TargetOptions::default())
+        .map_err(|e| BenchError::Bad(e.to_string()))?;
+    let rss_before = rss_mib();
+    let started = Instant::now();
+    for _ in 0..MANY_OBJECTS / 1024 {
+        t.create(1024).map_err(|e| BenchError::Bad(e.to_string()))?;
+    }
+    let create_rate = (MANY_OBJECTS / 1024 * 1024) as f64 / started.elapsed().as_secs_f64();
+    let rss_after = rss_mib();
+    let objects = t.statfs().map_err(|e| BenchError::Bad(e.to_string()))?.objects;
+    let _ = writeln!(
+        out,
+        "{objects} objects created at {create_rate:.0}/s; process RSS {rss_before:.0} -> {rss_after:.0} MiB (redb cache: 64 MiB at most)"
+    );
+    drop(t);
     let b: Vec<f64> = f.iter().map(|v| peak(v)).collect();
     let (write_ratio, read_ratio, rewrite_ratio, small_ratio) =
         (ratio(b[2], b[0]), ratio(b[4], b[1]), ratio(b[3], b[0]), ratio(b[5], b[2]));
@@ -254,5 +286,9 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
         "read_ratio": read_ratio,
         "rewrite_ratio": rewrite_ratio,
         "small_write_ratio": small_ratio,
+        "objects_created": objects,
+        "create_per_s": create_rate,
+        "rss_before_objects_mib": rss_before,
+        "rss_after_objects_mib": rss_after,
     }))
 }
