@@ -10,15 +10,15 @@
 //! best of each, because the shared disk moves single runs a lot.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use nacre_osd::{Target, TargetOptions};
 use nacre_raid::align::AlignedBuf;
 use nacre_raid::{Level, Volume};
 use serde_json::{Value, json};
 
-use crate::raid::{BenchError, check, create, make_drives, peak, ratio, stamp};
+use crate::raid::{BenchError, check, create, make_drives, peak, ratio, stamp, timed};
 
 /// Objects the memory phase creates.
 const MANY_OBJECTS: u64 = 100_000;
@@ -55,80 +55,55 @@ impl OstBenchOptions {
     }
 }
 
-/// Run `threads` jobs between two barriers; returns the seconds between them.
-fn timed<F>(threads: usize, job: F) -> Result<f64, BenchError>
-where
-    F: Fn(usize) -> Result<(), BenchError> + Sync,
-{
-    let barrier = Barrier::new(threads + 1);
-    let mut elapsed = Duration::ZERO;
-    let results: Vec<Result<(), BenchError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|j| {
-                let (barrier, job) = (&barrier, &job);
-                s.spawn(move || {
-                    barrier.wait();
-                    let r = job(j);
-                    barrier.wait();
-                    r
-                })
-            })
-            .collect();
-        barrier.wait();
-        let t = Instant::now();
-        barrier.wait();
-        elapsed = t.elapsed();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(BenchError::Bad("job panicked".into())))).collect()
-    });
-    for r in results {
-        r?;
-    }
-    Ok(elapsed.as_secs_f64())
-}
-
 /// Large streams straight to the volume: thread `j` owns `[j × per, (j+1) × per)`.
 fn raw(v: &Volume, o: &OstBenchOptions, write: bool, salt: u64) -> Result<f64, BenchError> {
     let per = o.size / o.threads as u64 / o.brw * o.brw;
-    let secs = timed(o.threads, |j| {
-        let mut buf = AlignedBuf::zeroed(o.brw as usize);
-        for n in 0..per / o.brw {
-            let off = j as u64 * per + n * o.brw;
-            if write {
-                stamp(&mut buf, off, salt);
-                v.write(off, &buf)?;
-            } else {
-                v.read(off, &mut buf)?;
-                check(&buf, off, salt)?;
+    let secs = timed(
+        o.threads,
+        |_| AlignedBuf::zeroed(o.brw as usize),
+        |j, buf| {
+            for n in 0..per / o.brw {
+                let off = j as u64 * per + n * o.brw;
+                if write {
+                    stamp(buf, off, salt);
+                    v.write(off, buf)?;
+                } else {
+                    v.read(off, buf)?;
+                    check(buf, off, salt)?;
+                }
             }
-        }
-        Ok(())
-    })?;
+            Ok(())
+        },
+    )?;
     Ok((per * o.threads as u64) as f64 / secs / 1e9)
 }
 
 /// Large streams into objects: thread `j` writes or reads object `oids[j]` from 0.
 fn objects(t: &Target, oids: &[u64], o: &OstBenchOptions, write: bool, salt: u64) -> Result<f64, BenchError> {
     let per = o.size / o.threads as u64 / o.brw * o.brw;
-    let secs = timed(o.threads, |j| {
-        let oid = oids[j];
-        let mut buf = AlignedBuf::zeroed(o.brw as usize);
-        for n in 0..per / o.brw {
-            let off = n * o.brw;
-            // Stamped with the object in the high bits, so objects never look alike.
-            let tag = (oid << 40) | off;
-            if write {
-                stamp(&mut buf, tag, salt);
-                t.write(oid, off, &buf).map_err(|e| BenchError::Bad(e.to_string()))?;
-            } else {
-                let got = t.read(oid, off, &mut buf).map_err(|e| BenchError::Bad(e.to_string()))?;
-                if got != buf.len() {
-                    return Err(BenchError::Verify(format!("object {oid:#x}: short read at {off}")));
+    let secs = timed(
+        o.threads,
+        |_| AlignedBuf::zeroed(o.brw as usize),
+        |j, buf| {
+            let oid = oids[j];
+            for n in 0..per / o.brw {
+                let off = n * o.brw;
+                // Stamped with the object in the high bits, so objects never look alike.
+                let tag = (oid << 40) | off;
+                if write {
+                    stamp(buf, tag, salt);
+                    t.write(oid, off, buf).map_err(|e| BenchError::Bad(e.to_string()))?;
+                } else {
+                    let got = t.read(oid, off, buf).map_err(|e| BenchError::Bad(e.to_string()))?;
+                    if got != buf.len() {
+                        return Err(BenchError::Verify(format!("object {oid:#x}: short read at {off}")));
+                    }
+                    check(buf, tag, salt)?;
                 }
-                check(&buf, tag, salt)?;
             }
-        }
-        Ok(())
-    })?;
+            Ok(())
+        },
+    )?;
     Ok((per * o.threads as u64) as f64 / secs / 1e9)
 }
 
@@ -142,13 +117,17 @@ fn small_writes(t: &Target, oid: u64, o: &OstBenchOptions) -> Result<f64, BenchE
         let at = ((i * 7) % 251) as usize;
         &pattern[at..at + SMALL_WRITE_BYTES]
     };
-    let secs = timed(o.threads, |j| {
-        for k in 0..pieces_per_thread {
-            let i = k * o.threads as u64 + j as u64;
-            t.write(oid, i * SMALL_WRITE_BYTES as u64, piece(i)).map_err(|e| BenchError::Bad(e.to_string()))?;
-        }
-        Ok(())
-    })?;
+    let secs = timed(
+        o.threads,
+        |_| (),
+        |j, _| {
+            for k in 0..pieces_per_thread {
+                let i = k * o.threads as u64 + j as u64;
+                t.write(oid, i * SMALL_WRITE_BYTES as u64, piece(i)).map_err(|e| BenchError::Bad(e.to_string()))?;
+            }
+            Ok(())
+        },
+    )?;
     let total = pieces_per_thread * o.threads as u64;
     let mut buf = vec![0u8; SMALL_WRITE_BYTES];
     for i in 0..total {

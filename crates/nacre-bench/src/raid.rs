@@ -109,42 +109,25 @@ pub(crate) fn check(buf: &[u8], off: u64, salt: u64) -> Result<(), BenchError> {
     Ok(())
 }
 
-/// Run `jobs` threads over `[base, base + size)`, each streaming its own slice in IOs of
-/// `io` bytes starting `shift` bytes into it. Returns GB/s.
-fn phase(v: &Volume, phase: Phase, jobs: usize, size: u64, io: u64, shift: u64, salt: u64) -> Result<f64, BenchError> {
-    let per_job = (size / jobs as u64) / io * io;
-    if per_job == 0 {
-        return Err(BenchError::Bad(format!("--size {size} is too small for {jobs} jobs of {io}-byte IOs")));
-    }
+/// Run `jobs` threads between two barriers: each first builds its state with `setup`
+/// (buffers, outside the clock), then runs `job`. Returns the seconds between the barriers.
+pub(crate) fn timed<S, F, G>(jobs: usize, setup: G, job: F) -> Result<f64, BenchError>
+where
+    G: Fn(usize) -> S + Sync,
+    F: Fn(usize, &mut S) -> Result<(), BenchError> + Sync,
+{
     let barrier = Barrier::new(jobs + 1);
     let mut elapsed = Duration::ZERO;
     let results: Vec<Result<(), BenchError>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..jobs)
             .map(|j| {
-                let barrier = &barrier;
-                s.spawn(move || -> Result<(), BenchError> {
-                    let mut buf = AlignedBuf::zeroed(io as usize);
-                    let start = j as u64 * per_job + shift;
+                let (barrier, setup, job) = (&barrier, &setup, &job);
+                s.spawn(move || {
+                    let mut state = setup(j);
                     barrier.wait();
-                    let mut result = Ok(());
-                    for n in 0..per_job / io {
-                        let off = start + n * io;
-                        let r = match phase {
-                            Phase::Write => {
-                                stamp(&mut buf, off, salt);
-                                v.write(off, &buf).map_err(BenchError::from)
-                            }
-                            Phase::Read => {
-                                v.read(off, &mut buf).map_err(BenchError::from).and_then(|_| check(&buf, off, salt))
-                            }
-                        };
-                        if let Err(e) = r {
-                            result = Err(e);
-                            break;
-                        }
-                    }
+                    let r = job(j, &mut state);
                     barrier.wait();
-                    result
+                    r
                 })
             })
             .collect();
@@ -157,7 +140,38 @@ fn phase(v: &Volume, phase: Phase, jobs: usize, size: u64, io: u64, shift: u64, 
     for r in results {
         r?;
     }
-    Ok((per_job * jobs as u64) as f64 / elapsed.as_secs_f64() / 1e9)
+    Ok(elapsed.as_secs_f64())
+}
+
+/// Run `jobs` threads over `[base, base + size)`, each streaming its own slice in IOs of
+/// `io` bytes starting `shift` bytes into it. Returns GB/s.
+fn phase(v: &Volume, phase: Phase, jobs: usize, size: u64, io: u64, shift: u64, salt: u64) -> Result<f64, BenchError> {
+    let per_job = (size / jobs as u64) / io * io;
+    if per_job == 0 {
+        return Err(BenchError::Bad(format!("--size {size} is too small for {jobs} jobs of {io}-byte IOs")));
+    }
+    let secs = timed(
+        jobs,
+        |_| AlignedBuf::zeroed(io as usize),
+        |j, buf| {
+            let start = j as u64 * per_job + shift;
+            for n in 0..per_job / io {
+                let off = start + n * io;
+                match phase {
+                    Phase::Write => {
+                        stamp(buf, off, salt);
+                        v.write(off, buf)?;
+                    }
+                    Phase::Read => {
+                        v.read(off, buf)?;
+                        check(buf, off, salt)?;
+                    }
+                }
+            }
+            Ok(())
+        },
+    )?;
+    Ok((per_job * jobs as u64) as f64 / secs / 1e9)
 }
 
 /// A drive file, written through once: the first touch of a page (on tmpfs, and of a
