@@ -111,6 +111,9 @@ struct Batch {
 
 pub struct Journal {
     jid: u64,
+    epoch: u32,
+    /// Flush the volume before acknowledging a batch (power-loss durability).
+    flush: bool,
     in_flight_max: usize,
     vol: Arc<Volume>,
     base: u64,
@@ -124,6 +127,15 @@ pub struct Journal {
     /// Batches written, and records in them.
     pub batches: std::sync::atomic::AtomicU64,
     pub batched_records: std::sync::atomic::AtomicU64,
+}
+
+/// How a journal writes.
+#[derive(Debug, Clone, Copy)]
+pub struct JournalOptions {
+    /// Batches written at once.
+    pub in_flight_max: usize,
+    /// Flush the volume before acknowledging a batch (power-loss durability).
+    pub flush: bool,
 }
 
 /// Why an append did not go in.
@@ -141,6 +153,10 @@ struct Header {
     /// The target's journal id: records of an earlier target on the same region never
     /// replay into this one.
     jid: u64,
+    /// The open of the target that wrote the record: it never decreases along the log, so
+    /// replay cannot run on from records written after a reopen into older ones that a
+    /// torn batch had left behind them.
+    epoch: u32,
     kind: u16,
     seq: u64,
     vpos: u64,
@@ -162,6 +178,7 @@ impl Header {
         b[40..44].copy_from_slice(&self.len.to_le_bytes());
         b[44..48].copy_from_slice(&self.data_crc.to_le_bytes());
         b[48..56].copy_from_slice(&self.jid.to_le_bytes());
+        b[56..60].copy_from_slice(&self.epoch.to_le_bytes());
         let crc = crc32c(&b[..60]);
         b[60..64].copy_from_slice(&crc.to_le_bytes());
         b
@@ -179,6 +196,7 @@ impl Header {
         }
         Some(Header {
             jid: l(48),
+            epoch: w(56),
             kind: u16::from_le_bytes([b[4], b[5]]),
             seq: l(8),
             vpos: l(16),
@@ -201,17 +219,21 @@ impl Journal {
         vol: Arc<Volume>,
         region: (u64, u64),
         chunk_bytes: u64,
-        jid: u64,
+        id: (u64, u32),
         tail: (u64, u64),
         floors: &HashMap<(u64, u64), u64>,
-        in_flight_max: usize,
+        opts: JournalOptions,
     ) -> Result<Journal> {
+        let JournalOptions { in_flight_max, flush } = opts;
+        let (jid, epoch) = id;
         let (base, size) = (region.0, region.1 / ALIGN * ALIGN);
         if size < 16 * ALIGN {
             return Err(OsdError::NotATarget(format!("small-write journal of {size} bytes is too small")));
         }
         let j = Journal {
             jid,
+            epoch,
+            flush,
             in_flight_max: in_flight_max.max(1),
             vol,
             base,
@@ -256,13 +278,15 @@ impl Journal {
     fn replay(&self, st: &mut State, floors: &HashMap<(u64, u64), u64>) -> Result<()> {
         let mut vpos = st.tail;
         let mut seq = st.tail_seq;
+        let mut epoch = 0;
         let mut hdr = vec![0u8; ALIGN as usize];
         while vpos - st.tail < self.size {
             self.vol.read(self.phys(vpos), &mut hdr)?;
             let Some(h) = Header::decode(&hdr) else { break };
-            if h.jid != self.jid || h.seq != seq || h.vpos != vpos {
+            if h.jid != self.jid || h.seq != seq || h.vpos != vpos || h.epoch < epoch {
                 break;
             }
+            epoch = h.epoch;
             if h.kind == KIND_PAD {
                 st.records.insert(seq, Record { vpos, bytes: 0, live: 0 });
                 vpos = self.next_lap(vpos);
@@ -370,7 +394,18 @@ impl Journal {
                 b = lock(&self.batch);
                 b.leaders -= 1;
                 match outcome {
-                    Ok(ends) => b.ends.extend(tickets.iter().copied().zip(ends)),
+                    Ok(ends) => {
+                        for (t, end) in tickets.iter().copied().zip(ends) {
+                            match end {
+                                Some(end) => {
+                                    b.ends.insert(t, end);
+                                }
+                                None => {
+                                    b.failed.insert(t, "full".into());
+                                }
+                            }
+                        }
+                    }
                     Err(m) => {
                         for t in &tickets {
                             b.failed.insert(*t, m.clone());
@@ -391,27 +426,35 @@ impl Journal {
         st.in_flight.keys().next().copied().unwrap_or(st.head)
     }
 
-    /// Lay out and write one batch; returns where each entry's record ends. `Err("full")`
-    /// if it does not fit (nothing written).
-    fn write_batch(&self, entries: Vec<Entry>) -> std::result::Result<Vec<u64>, String> {
+    /// Lay out and write one batch; returns where each entry's record ends, `None` for the
+    /// entries that did not fit. `Err("full")` if none fits (nothing written).
+    fn write_batch(&self, entries: Vec<Entry>) -> std::result::Result<Vec<Option<u64>>, String> {
         // Positions, under the state lock; the IO without it.
         let (start, layout) = {
             let mut st = lock(&self.state);
             let mut vpos = st.head;
             let mut seq = st.next_seq;
             let mut layout = Vec::with_capacity(entries.len() + 1);
+            // Lay out the entries that fit; the rest are told the journal is full.
             for e in &entries {
                 let bytes = record_bytes(e.data.len() as u64);
-                if vpos % self.size + bytes > self.size {
-                    layout.push((vpos, seq, None));
-                    vpos = self.next_lap(vpos);
-                    seq += 1;
+                let (mut v, mut q, mut pad) = (vpos, seq, None);
+                if v % self.size + bytes > self.size {
+                    pad = Some((v, q));
+                    v = self.next_lap(v);
+                    q += 1;
                 }
-                layout.push((vpos, seq, Some(e)));
-                vpos += bytes;
-                seq += 1;
+                if v + bytes - st.tail > self.size {
+                    break;
+                }
+                if let Some((pv, pq)) = pad {
+                    layout.push((pv, pq, None));
+                }
+                layout.push((v, q, Some(e)));
+                vpos = v + bytes;
+                seq = q + 1;
             }
-            if vpos - st.tail > self.size {
+            if !layout.iter().any(|(_, _, e)| e.is_some()) {
                 return Err("full".into());
             }
             let start = st.head;
@@ -437,7 +480,17 @@ impl Journal {
             }
             match e {
                 None => {
-                    let h = Header { jid: self.jid, kind: KIND_PAD, seq, vpos, oid: 0, offset: 0, len: 0, data_crc: 0 };
+                    let h = Header {
+                        jid: self.jid,
+                        epoch: self.epoch,
+                        kind: KIND_PAD,
+                        seq,
+                        vpos,
+                        oid: 0,
+                        offset: 0,
+                        len: 0,
+                        data_crc: 0,
+                    };
                     let mut rec = vec![0u8; ALIGN as usize];
                     rec[..HEADER as usize].copy_from_slice(&h.encode());
                     // A pad fills to the end of the lap; only its first block is written.
@@ -448,6 +501,7 @@ impl Journal {
                 Some(e) => {
                     let h = Header {
                         jid: self.jid,
+                        epoch: self.epoch,
                         kind: KIND_DATA,
                         seq,
                         vpos,
@@ -467,18 +521,21 @@ impl Journal {
         if !buf.is_empty() {
             laps.push((buf_at, buf));
         }
-        for (vpos, bytes) in &laps {
-            if let Err(e) = self.vol.write(self.phys(*vpos), bytes) {
-                // A hole in the log would hide every later record from recovery: nothing
-                // after it can be acknowledged.
-                self.broken.store(true, Ordering::Release);
-                self.batch_done.notify_all();
-                return Err(format!("journal write failed: {e}"));
-            }
+        let mut io = laps.iter().try_for_each(|(vpos, bytes)| self.vol.write(self.phys(*vpos), bytes));
+        if io.is_ok() && self.flush {
+            io = self.vol.flush();
+        }
+        if let Err(e) = io {
+            // A hole in the log would hide every later record from recovery: nothing
+            // after it can be acknowledged.
+            self.broken.store(true, Ordering::Release);
+            self.batch_done.notify_all();
+            return Err(format!("journal write failed: {e}"));
         }
         let written: Vec<(u64, u64)> = layout.iter().filter(|(_, _, e)| e.is_some()).map(|&(v, s, _)| (v, s)).collect();
-        let ends: Vec<u64> =
-            layout.iter().filter_map(|&(v, _, e)| e.map(|e| v + record_bytes(e.data.len() as u64))).collect();
+        let mut ends: Vec<Option<u64>> =
+            layout.iter().filter_map(|&(v, _, e)| e.map(|e| v + record_bytes(e.data.len() as u64))).map(Some).collect();
+        ends.resize(entries.len(), None);
         {
             let mut st = lock(&self.state);
             st.in_flight.remove(&start);
@@ -512,6 +569,24 @@ impl Journal {
     /// The pending pieces of a chunk, oldest first.
     pub fn pieces(&self, oid: u64, chunk: u64) -> Vec<Piece> {
         lock(&self.state).pieces.get(&(oid, chunk)).cloned().unwrap_or_default()
+    }
+
+    /// The pieces of a chunk that may be destaged: those older than every batch still in
+    /// flight, so no older piece of the chunk can appear after the destage took them (it
+    /// would then be dropped with them, or hidden by their floor on replay).
+    pub fn settled_pieces(&self, oid: u64, chunk: u64) -> Vec<Piece> {
+        let st = lock(&self.state);
+        let settled = st.in_flight.values().next().copied().unwrap_or(st.next_seq);
+        st.pieces
+            .get(&(oid, chunk))
+            .map(|ps| ps.iter().filter(|p| p.seq < settled).copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// The sequence of the oldest record the journal still holds: a piece below it has
+    /// been destaged and its blocks may have been reused.
+    pub fn tail_seq(&self) -> u64 {
+        lock(&self.state).tail_seq
     }
 
     pub fn has_pieces(&self, oid: u64, chunk: u64) -> bool {
@@ -691,7 +766,16 @@ mod tests {
     #[test]
     fn records_wrap_exactly_and_with_pads_and_replay_the_same() {
         let (vol, _d) = mirror();
-        let j = Journal::open(vol.clone(), REGION, CB, 7, (0, 0), &HashMap::new(), 2).unwrap();
+        let j = Journal::open(
+            vol.clone(),
+            REGION,
+            CB,
+            (7, 1),
+            (0, 0),
+            &HashMap::new(),
+            JournalOptions { in_flight_max: 2, flush: false },
+        )
+        .unwrap();
         // Record sizes 1, 2 and 3 blocks: laps end exactly on some, with a pad on others.
         let lens = [4096 - HEADER as usize, 8192 - HEADER as usize, 100, 12288 - HEADER as usize, 5000];
         let mut live: Vec<(u64, u64, usize)> = Vec::new(); // (oid, offset, len)
@@ -729,7 +813,16 @@ mod tests {
         };
         assert!(tail > 4 * REGION.1, "the log went round several times");
         drop(j);
-        let j = Journal::open(vol, REGION, CB, 7, (tail, tail_seq), &HashMap::new(), 2).unwrap();
+        let j = Journal::open(
+            vol,
+            REGION,
+            CB,
+            (7, 1),
+            (tail, tail_seq),
+            &HashMap::new(),
+            JournalOptions { in_flight_max: 2, flush: false },
+        )
+        .unwrap();
         check(&j, "replayed");
         assert_eq!(j.all_chunks().len(), live.len(), "nothing more replays than was live");
     }
@@ -739,7 +832,16 @@ mod tests {
     #[test]
     fn a_batch_across_the_end_of_a_lap_is_split_there() {
         let (vol, _d) = mirror();
-        let j = Journal::open(vol.clone(), REGION, CB, 7, (0, 0), &HashMap::new(), 2).unwrap();
+        let j = Journal::open(
+            vol.clone(),
+            REGION,
+            CB,
+            (7, 1),
+            (0, 0),
+            &HashMap::new(),
+            JournalOptions { in_flight_max: 2, flush: false },
+        )
+        .unwrap();
         let four_blocks = (4 * 4096 - HEADER) as usize;
         let entry = |i: u64, len: usize| Entry { ticket: i, oid: 1, offset: i * CB, data: data(i, len) };
         j.write_batch((0..3).map(|i| entry(i, four_blocks)).collect()).unwrap();
@@ -758,7 +860,16 @@ mod tests {
         let mut after = vec![0u8; 4096];
         vol.read(REGION.0 + REGION.1, &mut after).unwrap();
         assert!(after.iter().all(|&b| b == 0), "a write ran past the journal's region");
-        let j = Journal::open(vol, REGION, CB, 7, (tail, tail_seq), &HashMap::new(), 2).unwrap();
+        let j = Journal::open(
+            vol,
+            REGION,
+            CB,
+            (7, 1),
+            (tail, tail_seq),
+            &HashMap::new(),
+            JournalOptions { in_flight_max: 2, flush: false },
+        )
+        .unwrap();
         for (i, len) in [(2u64, four_blocks), (3, four_blocks), (4, 100)] {
             let ps = j.pieces(1, i);
             assert_eq!(ps.len(), 1, "record {i} replayed");
@@ -771,22 +882,83 @@ mod tests {
     #[test]
     fn replay_stops_at_a_torn_record_and_ignores_another_targets() {
         let (vol, _d) = mirror();
-        let j = Journal::open(vol.clone(), REGION, CB, 7, (0, 0), &HashMap::new(), 2).unwrap();
+        let j = Journal::open(
+            vol.clone(),
+            REGION,
+            CB,
+            (7, 1),
+            (0, 0),
+            &HashMap::new(),
+            JournalOptions { in_flight_max: 2, flush: false },
+        )
+        .unwrap();
         for i in 0..4u64 {
             assert!(j.append(1, i * CB, &data(i, 3000)).is_ok());
         }
         drop(j);
         // Another target's id reads nothing.
-        let other = Journal::open(vol.clone(), REGION, CB, 8, (0, 0), &HashMap::new(), 2).unwrap();
+        let other = Journal::open(
+            vol.clone(),
+            REGION,
+            CB,
+            (8, 1),
+            (0, 0),
+            &HashMap::new(),
+            JournalOptions { in_flight_max: 2, flush: false },
+        )
+        .unwrap();
         assert!(other.all_chunks().is_empty());
         drop(other);
         // Tear the third record's data: replay keeps the first two only.
         vol.write(REGION.0 + 2 * 4096 + HEADER + 10, &[0xff; 8]).unwrap();
-        let j = Journal::open(vol, REGION, CB, 7, (0, 0), &HashMap::new(), 2).unwrap();
+        let j = Journal::open(
+            vol,
+            REGION,
+            CB,
+            (7, 1),
+            (0, 0),
+            &HashMap::new(),
+            JournalOptions { in_flight_max: 2, flush: false },
+        )
+        .unwrap();
         assert_eq!(j.all_chunks(), vec![(1, 0), (1, 1)]);
         // Appends go on after the last good record.
         assert!(j.append(1, 9 * CB, &data(9, 10)).is_ok());
         assert_eq!(j.usage().0, 3 * 4096);
+    }
+
+    /// After a torn record, a reopen writes new records over it; old records further on
+    /// still check (sequence, position, CRC) but carry an older epoch, and must not replay.
+    #[test]
+    fn replay_never_runs_on_into_records_from_before_a_reopen() {
+        let (vol, _d) = mirror();
+        let open = |epoch: u32| {
+            Journal::open(
+                vol.clone(),
+                REGION,
+                CB,
+                (7, epoch),
+                (0, 0),
+                &HashMap::new(),
+                JournalOptions { in_flight_max: 2, flush: false },
+            )
+            .unwrap()
+        };
+        let j = open(1);
+        for i in 0..4u64 {
+            assert!(j.append(1, i * CB, &data(i, 3000)).is_ok());
+        }
+        drop(j);
+        // Record 1 is torn: the log ends after record 0.
+        vol.write(REGION.0 + 4096 + HEADER + 10, &[0xff; 8]).unwrap();
+        let j = open(2);
+        assert_eq!(j.all_chunks(), vec![(1, 0)]);
+        // A new record takes sequence 1 and the torn record's place; then a crash.
+        assert!(j.append(2, 0, &data(9, 3000)).is_ok());
+        drop(j);
+        // Records 2 and 3 of the first open follow with matching sequence and position.
+        let j = open(3);
+        assert_eq!(j.all_chunks(), vec![(1, 0), (2, 0)], "replay stopped at the older epoch");
     }
 
     #[test]

@@ -36,7 +36,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::backend::{SyncMode, VolumeBackend};
 use crate::error::{OsdError, Result};
-use crate::journal::{AppendError, Journal};
+use crate::journal::{AppendError, Journal, JournalOptions};
 use crate::locks::Locks;
 use crate::object::{ObjectAttr, SetAttr};
 
@@ -51,10 +51,13 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// tail are kept (older records are never replayed), so the table is bounded by the journal.
 const DESTAGED: TableDefinition<(u64, u64), u64> = TableDefinition::new("destaged");
 /// The same entries by sequence, for pruning behind the tail.
-const DESTAGED_BY_SEQ: TableDefinition<u64, (u64, u64)> = TableDefinition::new("destaged_by_seq");
+const DESTAGED_BY_SEQ: TableDefinition<(u64, u64, u64), ()> = TableDefinition::new("destaged_by_seq");
 
 const FORMAT: u64 = 1;
 const FIRST_OID: u64 = 1;
+/// How long (in 1 ms waits) a write waits for a full journal to drain.
+const JOURNAL_FULL_WAITS: u32 = 5000;
+
 /// Largest batch of objects one create makes (Lustre precreates up to 20,000 at a time).
 pub const CREATE_BATCH_MAX: u32 = 65_536;
 
@@ -173,6 +176,10 @@ pub struct Target {
     reserved: Mutex<Reserved>,
     counters: Counters,
     journal: Journal,
+    /// Held from computing the journal's new tail through its commit and the removal of
+    /// the destaged pieces, so the journal never reuses space the committed tail still
+    /// needs (destages otherwise run side by side).
+    tail_commit: Mutex<()>,
 }
 
 fn now_ns() -> i64 {
@@ -188,6 +195,7 @@ fn index_region(meta: &Volume) -> u64 {
 /// sequence), and each chunk's destaged floor.
 struct JournalStart {
     jid: u64,
+    epoch: u32,
     tail: (u64, u64),
     floors: std::collections::HashMap<(u64, u64), u64>,
 }
@@ -221,7 +229,7 @@ impl Target {
             opts,
             chunk_bytes,
             chunks,
-            JournalStart { jid, tail: (0, 0), floors: Default::default() },
+            JournalStart { jid, epoch: 1, tail: (0, 0), floors: Default::default() },
         )?;
         let txn = target.db.begin_write()?;
         {
@@ -238,6 +246,7 @@ impl Target {
             m.insert("journal_id", jid)?;
             m.insert("journal_tail", 0)?;
             m.insert("journal_tail_seq", 0)?;
+            m.insert("journal_epoch", 1)?;
             let mut f = txn.open_table(FREE)?;
             f.insert(0, chunks)?;
             txn.open_table(OBJECTS)?;
@@ -256,7 +265,7 @@ impl Target {
         // The index first (for the journal's place), then the journal.
         let backend = VolumeBackend::open(meta.clone(), 0, index_region(&meta), opts.sync)?;
         let db = Database::builder().set_cache_size(opts.cache_bytes).create_with_backend(backend)?;
-        let (format, cb, n, jid, tail, tail_seq, floors) = {
+        let (format, cb, n, jid, tail, tail_seq, floors, epoch) = {
             let txn = db.begin_read()?;
             let mut floors = std::collections::HashMap::new();
             if let Ok(d) = txn.open_table(DESTAGED) {
@@ -275,8 +284,15 @@ impl Target {
                 get("journal_tail")?,
                 get("journal_tail_seq")?,
                 floors,
+                get("journal_epoch")? + 1,
             )
         };
+        // Each open writes with a new epoch (see the journal).
+        {
+            let txn = db.begin_write()?;
+            txn.open_table(META)?.insert("journal_epoch", epoch)?;
+            txn.commit()?;
+        }
         drop(db);
         if format != FORMAT {
             return Err(OsdError::NotATarget(format!("index format {format}, this build reads {FORMAT}")));
@@ -292,7 +308,7 @@ impl Target {
             opts,
             chunk_bytes,
             chunks,
-            JournalStart { jid, tail: (tail, tail_seq), floors },
+            JournalStart { jid, epoch: epoch.min(u32::MAX as u64) as u32, tail: (tail, tail_seq), floors },
         )?;
         // Pieces replayed into unmapped chunks hold their promise again.
         for (oid, c) in target.journal.all_chunks() {
@@ -311,7 +327,7 @@ impl Target {
         chunks: u64,
         start: JournalStart,
     ) -> Result<Target> {
-        let JournalStart { jid, tail, floors } = start;
+        let JournalStart { jid, epoch, tail, floors } = start;
         let backend = VolumeBackend::open(meta.clone(), 0, index_region(&meta), opts.sync)?;
         let db = Database::builder().set_cache_size(opts.cache_bytes).create_with_backend(backend)?;
         // Records of another target on this region carry another journal id and end the
@@ -320,13 +336,14 @@ impl Target {
             meta.clone(),
             journal_region(&meta),
             chunk_bytes,
-            jid,
+            (jid, epoch),
             tail,
             &floors,
-            opts.journal_batches_in_flight,
+            JournalOptions { in_flight_max: opts.journal_batches_in_flight, flush: opts.sync == SyncMode::Drives },
         )?;
         Ok(Target {
             journal,
+            tail_commit: Mutex::new(()),
             data,
             meta,
             db,
@@ -373,8 +390,11 @@ impl Target {
 
     /// Attributes, with the size that journaled writes not yet destaged give.
     pub fn getattr(&self, oid: u64) -> Result<ObjectAttr> {
+        // Pending first: pieces leave the journal only after the commit that grew the
+        // size, so this order never misses both.
+        let pending = self.journal.pending_size(oid);
         let mut a = self.committed_attr(oid)?;
-        if let Some(end) = self.journal.pending_size(oid) {
+        if let Some(end) = pending {
             a.size = a.size.max(end);
         }
         Ok(a)
@@ -485,20 +505,34 @@ impl Target {
     fn journal_write_timed(&self, oid: u64, offset: u64, data: &[u8]) -> Result<()> {
         let cb = self.chunk_bytes;
         let (first, last) = (offset / cb, (offset + data.len() as u64 - 1) / cb);
-        self.promise(oid, first, last)?;
+        let promised = self.promise(oid, first, last)?;
         let appending = std::time::Instant::now();
-        loop {
+        let mut waits = 0;
+        let appended = loop {
             match self.journal.append(oid, offset, data) {
-                Ok(()) => break,
-                Err(AppendError::Full) => {
-                    if !self.make_room(0)? {
-                        return Err(OsdError::Index(
-                            "the small-write journal is full and nothing can be destaged".into(),
-                        ));
+                Ok(()) => break Ok(()),
+                Err(AppendError::Full) => match self.make_room(self.journal.usage().1 / 2) {
+                    Ok(true) => {}
+                    // Space is held by batches still being written: wait for them.
+                    Ok(false) if waits < JOURNAL_FULL_WAITS => {
+                        waits += 1;
+                        std::thread::sleep(std::time::Duration::from_millis(1));
                     }
-                }
-                Err(AppendError::Failed(e)) => return Err(e),
+                    Ok(false) => break Err(OsdError::Index("the small-write journal stayed full".into())),
+                    Err(e) => break Err(e),
+                },
+                Err(AppendError::Failed(e)) => break Err(e),
             }
+        };
+        if let Err(e) = appended {
+            // Promises made for this write alone go back.
+            let mut r = self.lock_reserved();
+            for k in promised {
+                if !self.journal.has_pieces(k.0, k.1) {
+                    r.promised.remove(&k);
+                }
+            }
+            return Err(e);
         }
         self.counters.append_us.fetch_add(appending.elapsed().as_micros() as u64, Ordering::Relaxed);
         self.counters.journaled.fetch_add(1, Ordering::Relaxed);
@@ -515,11 +549,13 @@ impl Target {
     }
 
     /// Hold a free chunk for each unmapped chunk of `first..=last` that has no promise yet.
-    fn promise(&self, oid: u64, first: u64, last: u64) -> Result<()> {
+    fn promise(&self, oid: u64, first: u64, last: u64) -> Result<Vec<(u64, u64)>> {
         let map = self.mapping(oid, first, last)?;
+        // The free count is read under the lock, as reservations are taken and committed
+        // under it too.
+        let mut r = self.lock_reserved();
         let txn = self.db.begin_read()?;
         let free = self.free_chunks_in(&txn)?;
-        let mut r = self.lock_reserved();
         let new: Vec<(u64, u64)> = (first..=last)
             .filter(|&c| map[(c - first) as usize].is_none() && !r.promised.contains(&(oid, c)))
             .map(|c| (oid, c))
@@ -532,8 +568,8 @@ impl Target {
                 free: available * self.chunk_bytes,
             });
         }
-        r.promised.extend(new);
-        Ok(())
+        r.promised.extend(new.iter().copied());
+        Ok(new)
     }
 
     /// Destage the oldest chunks until the journal holds at most `goal` bytes; false if
@@ -543,33 +579,34 @@ impl Target {
         loop {
             let (used, _) = self.journal.usage();
             if used <= goal {
+                return Ok(true);
+            }
+            let mut progressed = false;
+            for (oid, c) in self.journal.oldest_chunks(8) {
+                progressed |= self.destage(oid, c)?;
+            }
+            if !progressed {
+                // What is left is held by batches in flight (or by nothing destageable).
                 return Ok(any);
             }
-            let oldest = self.journal.oldest_chunks(8);
-            if oldest.is_empty() {
-                return Ok(any);
-            }
-            for (oid, c) in oldest {
-                self.destage(oid, c)?;
-                any = true;
-            }
+            any = true;
         }
     }
 
     /// Move a chunk's journaled pieces into the chunk: one full-chunk write (reading the
     /// chunk first only if the pieces do not cover it), one commit of the map, the size and
     /// the journal's new tail; then the pieces leave the index.
-    fn destage(&self, oid: u64, c: u64) -> Result<()> {
+    fn destage(&self, oid: u64, c: u64) -> Result<bool> {
         let started = std::time::Instant::now();
         let r = self.destage_chunk(oid, c);
         self.counters.destage_us.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         r
     }
 
-    fn destage_chunk(&self, oid: u64, c: u64) -> Result<()> {
+    fn destage_chunk(&self, oid: u64, c: u64) -> Result<bool> {
         let _chunk = self.locks.chunks(oid, vec![c]);
-        let pieces = self.journal.pieces(oid, c);
-        let Some(upto) = pieces.iter().map(|p| p.seq).max() else { return Ok(()) };
+        let pieces = self.journal.settled_pieces(oid, c);
+        let Some(upto) = pieces.iter().map(|p| p.seq).max() else { return Ok(false) };
         let cb = self.chunk_bytes;
         let phys = self.mapping(oid, c, c)?.first().copied().flatten();
         let mut image = nacre_raid::align::AlignedBuf::zeroed(cb as usize);
@@ -595,6 +632,7 @@ impl Target {
         if self.opts.sync == SyncMode::Drives {
             self.data.flush()?;
         }
+        let _tail = self.tail_commit.lock().unwrap_or_else(|e| e.into_inner());
         let (tail, tail_seq) = self.journal.tail_after(oid, c, upto);
         let txn = self.db.begin_write()?;
         {
@@ -622,35 +660,55 @@ impl Target {
             }
             let mut d = txn.open_table(DESTAGED)?;
             let mut by_seq = txn.open_table(DESTAGED_BY_SEQ)?;
-            let old = d.insert((oid, c), upto)?.map(|v| v.value());
-            if let Some(old) = old {
-                by_seq.remove(old)?;
+            // The floor only rises.
+            let old = d.get((oid, c))?.map(|v| v.value());
+            if old.is_none_or(|o| upto > o) {
+                d.insert((oid, c), upto)?;
+                if let Some(old) = old {
+                    by_seq.remove((old, oid, c))?;
+                }
+                by_seq.insert((upto, oid, c), ())?;
             }
-            by_seq.insert(upto, (oid, c))?;
             // Behind the tail nothing replays: forget those entries.
-            let behind: Vec<(u64, (u64, u64))> = by_seq
-                .extract_from_if(..tail_seq, |_, _| true)?
-                .map(|e| e.map(|(k, v)| (k.value(), v.value())))
+            let behind: Vec<(u64, u64, u64)> = by_seq
+                .extract_from_if(..(tail_seq, 0, 0), |_, _| true)?
+                .map(|e| e.map(|(k, _)| k.value()))
                 .collect::<std::result::Result<_, _>>()?;
-            for (seq, key) in behind {
-                if d.get(key)?.map(|v| v.value()) == Some(seq) {
-                    d.remove(key)?;
+            for (seq, o, ch) in behind {
+                if d.get((o, ch))?.map(|v| v.value()) == Some(seq) {
+                    d.remove((o, ch))?;
                 }
             }
         }
         txn.commit()?;
         drop(reservation);
         self.journal.remove(oid, c, upto);
+        drop(_tail);
         self.lock_reserved().promised.remove(&(oid, c));
         self.counters.destaged.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Ok(true)
     }
 
     /// Destage every journaled chunk of an object (before it is truncated, punched or
     /// destroyed, which work on chunks only).
     fn destage_object(&self, oid: u64) -> Result<()> {
         for c in self.journal.chunks_of(oid) {
-            self.destage(oid, c)?;
+            self.destage_fully(oid, c)?;
+        }
+        Ok(())
+    }
+
+    /// Destage a chunk until no piece of it is left, waiting for batches in flight.
+    fn destage_fully(&self, oid: u64, c: u64) -> Result<()> {
+        let mut waits = 0;
+        while self.journal.has_pieces(oid, c) {
+            if !self.destage(oid, c)? {
+                waits += 1;
+                if waits > JOURNAL_FULL_WAITS {
+                    return Err(OsdError::Index(format!("pieces of object {oid:#x} chunk {c} never settled")));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
         }
         Ok(())
     }
@@ -658,7 +716,7 @@ impl Target {
     /// Move every journaled piece to its chunk (for a clean shutdown or a check).
     pub fn destage_all(&self) -> Result<()> {
         for (oid, c) in self.journal.all_chunks() {
-            self.destage(oid, c)?;
+            self.destage_fully(oid, c)?;
         }
         Ok(())
     }
@@ -674,9 +732,7 @@ impl Target {
         // is newer and rightly lies over it.
         let _chunk_locks = loop {
             for c in first..=last {
-                if self.journal.has_pieces(oid, c) {
-                    self.destage(oid, c)?;
-                }
+                self.destage_fully(oid, c)?;
             }
             let locks = self.locks.chunks(oid, (first..=last).collect());
             if (first..=last).all(|c| !self.journal.has_pieces(oid, c)) {
@@ -812,9 +868,19 @@ impl Target {
     /// object). Holes read as zeros.
     pub fn read(&self, oid: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let _g = self.locks.shared(oid);
+        loop {
+            if let Some(n) = self.read_once(oid, offset, buf)? {
+                return Ok(n);
+            }
+        }
+    }
+
+    /// One attempt at a read; `None` if a piece it laid over was destaged meanwhile and
+    /// its journal blocks may have been reused (the chunk now has its bytes: read again).
+    fn read_once(&self, oid: u64, offset: u64, buf: &mut [u8]) -> Result<Option<usize>> {
         let attr = self.getattr(oid)?;
         if offset >= attr.size || buf.is_empty() {
-            return Ok(0);
+            return Ok(Some(0));
         }
         let n = (buf.len() as u64).min(attr.size - offset) as usize;
         let cb = self.chunk_bytes;
@@ -852,18 +918,23 @@ impl Target {
             }
             c += k;
         }
+        let mut oldest = u64::MAX;
         for (c, ps) in pieces {
             for p in ps {
                 let (lo, hi) = ((c * cb + p.chunk_off).max(offset), (c * cb + p.chunk_off + p.len).min(end));
                 if lo < hi {
                     let skip = lo - (c * cb + p.chunk_off);
                     self.journal.read_part(&p, skip, &mut buf[(lo - offset) as usize..(hi - offset) as usize])?;
+                    oldest = oldest.min(p.seq);
                 }
             }
         }
+        if oldest < self.journal.tail_seq() {
+            return Ok(None);
+        }
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         self.counters.read_bytes.fetch_add(n as u64, Ordering::Relaxed);
-        Ok(n)
+        Ok(Some(n))
     }
 
     /// Set the size of `oid`: chunks wholly past a smaller size are freed; bytes a larger
@@ -880,6 +951,9 @@ impl Target {
             if let Some(Some(p)) = self.mapping(oid, c, c)?.first().copied() {
                 let stop = attr.size.min((c + 1) * cb);
                 self.data.write(p * cb + (size - c * cb), &vec![0u8; (stop - size) as usize])?;
+                if self.opts.sync == SyncMode::Drives {
+                    self.data.flush()?;
+                }
             }
         }
         let keep = size.div_ceil(cb);
@@ -916,6 +990,9 @@ impl Target {
             let c = lo / cb;
             if let Some(Some(p)) = self.mapping(oid, c, c)?.first().copied() {
                 self.data.write(p * cb + (lo - c * cb), &vec![0u8; (hi - lo) as usize])?;
+                if self.opts.sync == SyncMode::Drives {
+                    self.data.flush()?;
+                }
             }
         }
         if full_lo < full_hi {
