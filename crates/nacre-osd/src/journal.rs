@@ -566,6 +566,11 @@ impl Journal {
         Ok(ends)
     }
 
+    /// The most data one record may carry (a quarter of the journal, less its header).
+    pub fn record_data_max(&self) -> u64 {
+        (self.size / 4 / ALIGN * ALIGN).saturating_sub(HEADER)
+    }
+
     /// The pending pieces of a chunk, oldest first.
     pub fn pieces(&self, oid: u64, chunk: u64) -> Vec<Piece> {
         lock(&self.state).pieces.get(&(oid, chunk)).cloned().unwrap_or_default()

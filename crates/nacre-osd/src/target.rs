@@ -473,7 +473,9 @@ impl Target {
         let mut at = offset;
         while at < end {
             let stop = end.min((at / cb + 1) * cb);
-            let small = stop - at < cb / 2;
+            // Journaled when short, and when the journal can take it (a small index volume
+            // has a small journal).
+            let small = stop - at < cb / 2 && stop - at <= self.journal.record_data_max();
             match parts.last_mut() {
                 Some(last) if last.2 == small => last.1 = stop,
                 _ => parts.push((at, stop, small)),
@@ -482,7 +484,9 @@ impl Target {
         }
         for (lo, hi, small) in parts {
             let piece = &data[(lo - offset) as usize..(hi - offset) as usize];
-            if small {
+            // Neighbouring small parts merge into one record; one too large for the
+            // journal goes straight to its chunks instead.
+            if small && piece.len() as u64 <= self.journal.record_data_max() {
                 self.journal_write(oid, lo, piece)?;
             } else {
                 self.write_direct(oid, lo, piece)?;
@@ -1006,24 +1010,18 @@ impl Target {
         let _g = self.locks.exclusive(oid);
         self.getattr(oid)?;
         self.destage_object(oid)?;
-        self.commit_unmap(oid, 0, u64::MAX, |_| {})?;
-        let txn = self.db.begin_write()?;
-        {
-            let mut o = txn.open_table(OBJECTS)?;
-            if o.remove(oid)?.is_none() {
-                return Err(OsdError::NoSuchObject(oid));
-            }
-            let mut m = txn.open_table(META)?;
-            let n = m.get("objects")?.map(|v| v.value()).unwrap_or(1);
-            m.insert("objects", n.saturating_sub(1))?;
-        }
-        txn.commit()?;
+        // One transaction: a crash leaves the object whole or gone, never emptied.
+        self.unmap_in(oid, 0, u64::MAX, Unmap::Destroy)?;
         Ok(())
     }
 
     /// One transaction: unmap chunk indexes `[from, to)` of `oid`, give them to the free
     /// table, and update the attributes with `change`.
     fn commit_unmap(&self, oid: u64, from: u64, to: u64, change: impl FnOnce(&mut ObjectAttr)) -> Result<ObjectAttr> {
+        self.unmap_in(oid, from, to, Unmap::Keep(Box::new(change)))
+    }
+
+    fn unmap_in(&self, oid: u64, from: u64, to: u64, what: Unmap<'_>) -> Result<ObjectAttr> {
         let txn = self.db.begin_write()?;
         let attr;
         {
@@ -1042,10 +1040,20 @@ impl Target {
                 ObjectAttr::decode(oid, v.value())?
             };
             a.space = a.space.saturating_sub(freed.len() as u64 * self.chunk_bytes);
-            change(&mut a);
-            a.mtime_ns = now_ns();
-            a.ctime_ns = a.mtime_ns;
-            o.insert(oid, a.encode().as_slice())?;
+            match what {
+                Unmap::Keep(change) => {
+                    change(&mut a);
+                    a.mtime_ns = now_ns();
+                    a.ctime_ns = a.mtime_ns;
+                    o.insert(oid, a.encode().as_slice())?;
+                }
+                Unmap::Destroy => {
+                    o.remove(oid)?;
+                    let mut m = txn.open_table(META)?;
+                    let n = m.get("objects")?.map(|v| v.value()).unwrap_or(1);
+                    m.insert("objects", n.saturating_sub(1))?;
+                }
+            }
             attr = a;
             give_free(&txn, freed)?;
         }
@@ -1309,6 +1317,12 @@ impl Target {
     pub fn locks_held(&self) -> usize {
         self.locks.held()
     }
+}
+
+/// What an unmap does with the object: keep it (with changed attributes) or remove it.
+enum Unmap<'a> {
+    Keep(Box<dyn FnOnce(&mut ObjectAttr) + 'a>),
+    Destroy,
 }
 
 /// Chunks reserved by one write; given back to the pool of free chunks when dropped
