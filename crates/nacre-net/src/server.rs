@@ -40,7 +40,7 @@ use crate::rpc::{
     CONNECT_REQUEST_BYTES, ConnectReply, ConnectRequest, FIRST_SERVICE_OPCODE, OP_CONNECT, OP_DISCONNECT, OP_PING,
     RpcError, fresh_seed, read_header, read_rest, status, write_frame,
 };
-use crate::tbf::{Classify, RuleCommand, Tbf, TbfError};
+use crate::tbf::{Classify, Rule, RuleCommand, Tbf, TbfError};
 use crate::transport::{BoxFuture, Stream, Transport, WriteHalf};
 
 /// Settings of a server, named after Lustre's tunables.
@@ -437,12 +437,84 @@ impl Server {
 
     /// Switch the request policy; queued requests move to the new one.
     pub fn set_policy(&self, policy: Policy) {
-        let now = self.shared.now_us();
-        let mut q = lock(&self.shared.queue);
+        self.shared.set_policy(policy)
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.shared.policy()
+    }
+
+    /// Apply a TBF rule command (`start NAME nid={…} rate=N`, `change NAME rate=N`,
+    /// `stop NAME`); it applies to queued requests too. The policy must be TBF.
+    pub fn tbf_rule(&self, text: &str) -> Result<(), TbfError> {
+        self.shared.tbf_rule(text)
+    }
+
+    /// Evict a client now (as `lctl evict_client`); false if it is not connected.
+    pub fn evict(&self, client: u64) -> bool {
+        self.shared.evict(client)
+    }
+
+    pub fn stats(&self) -> ServerStats {
+        self.shared.stats()
+    }
+
+    /// A handle for the service this server runs: its statistics and policy, held weakly
+    /// (the handler may keep it without keeping the server alive).
+    pub fn handle(&self) -> ServerHandle {
+        ServerHandle { shared: Arc::downgrade(&self.shared) }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.shared.stop.send(true);
+    }
+}
+
+/// A weak handle on a running server (see [`Server::handle`]); every call on a stopped
+/// server answers `None` or an error.
+#[derive(Clone)]
+pub struct ServerHandle {
+    shared: Weak<Shared>,
+}
+
+impl ServerHandle {
+    pub fn stats(&self) -> Option<ServerStats> {
+        self.shared.upgrade().map(|s| s.stats())
+    }
+
+    pub fn policy(&self) -> Option<Policy> {
+        self.shared.upgrade().map(|s| s.policy())
+    }
+
+    /// False if the server has stopped.
+    pub fn set_policy(&self, policy: Policy) -> bool {
+        self.shared.upgrade().map(|s| s.set_policy(policy)).is_some()
+    }
+
+    pub fn tbf_rule(&self, text: &str) -> Result<(), TbfError> {
+        match self.shared.upgrade() {
+            Some(s) => s.tbf_rule(text),
+            None => Err(TbfError::Syntax("the server has stopped".into())),
+        }
+    }
+
+    /// The TBF rules in force (none under FIFO).
+    pub fn tbf_rules(&self) -> Vec<Rule> {
+        self.shared.upgrade().map(|s| s.tbf_rules()).unwrap_or_default()
+    }
+}
+
+impl Shared {
+    /// Switch the request policy; queued requests move to the new one.
+    fn set_policy(self: &Arc<Self>, policy: Policy) {
+        let now = self.now_us();
+        let mut q = lock(&self.queue);
         let old = q.drain();
         *q = match policy {
             Policy::Fifo => Queue::Fifo(VecDeque::new()),
-            Policy::Tbf => Queue::Tbf(Tbf::new(self.shared.cfg.req_buffers_max.max(1))),
+            Policy::Tbf => Queue::Tbf(Tbf::new(self.cfg.req_buffers_max.max(1))),
         };
         let mut refused = Vec::new();
         for r in old {
@@ -452,14 +524,14 @@ impl Server {
         }
         drop(q);
         for r in refused {
-            self.shared.abandon(r);
+            self.abandon(r);
         }
-        self.shared.dispatch();
-        self.shared.queue_changed.notify_one();
+        self.dispatch();
+        self.queue_changed.notify_one();
     }
 
-    pub fn policy(&self) -> Policy {
-        match &*lock(&self.shared.queue) {
+    fn policy(&self) -> Policy {
+        match &*lock(&self.queue) {
             Queue::Fifo(_) => Policy::Fifo,
             Queue::Tbf(_) => Policy::Tbf,
         }
@@ -467,11 +539,11 @@ impl Server {
 
     /// Apply a TBF rule command (`start NAME nid={…} rate=N`, `change NAME rate=N`,
     /// `stop NAME`); it applies to queued requests too. The policy must be TBF.
-    pub fn tbf_rule(&self, text: &str) -> Result<(), TbfError> {
+    fn tbf_rule(self: &Arc<Self>, text: &str) -> Result<(), TbfError> {
         let cmd: RuleCommand = text.parse()?;
-        let now = self.shared.now_us();
+        let now = self.now_us();
         {
-            let mut q = lock(&self.shared.queue);
+            let mut q = lock(&self.queue);
             match &mut *q {
                 Queue::Tbf(t) => t.command(cmd, now)?,
                 Queue::Fifo(_) => {
@@ -479,25 +551,25 @@ impl Server {
                 }
             }
         }
-        self.shared.dispatch();
-        self.shared.queue_changed.notify_one();
+        self.dispatch();
+        self.queue_changed.notify_one();
         Ok(())
     }
 
     /// Evict a client now (as `lctl evict_client`); false if it is not connected.
-    pub fn evict(&self, client: u64) -> bool {
-        let export = lock(&self.shared.exports).get(&client).cloned();
+    fn evict(&self, client: u64) -> bool {
+        let export = lock(&self.exports).get(&client).cloned();
         match export {
             Some(e) => {
-                self.shared.drop_export(&e, "evicted by request");
+                self.drop_export(&e, "evicted by request");
                 true
             }
             None => false,
         }
     }
 
-    pub fn stats(&self) -> ServerStats {
-        let s = &self.shared;
+    fn stats(&self) -> ServerStats {
+        let s = self;
         let c = &s.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let (exports, peer_min) = {
@@ -532,11 +604,12 @@ impl Server {
             service_estimate: lock(&s.service_at).estimate(s.now_ms()),
         }
     }
-}
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.shared.stop.send(true);
+    fn tbf_rules(&self) -> Vec<Rule> {
+        match &*lock(&self.queue) {
+            Queue::Tbf(t) => t.rules().to_vec(),
+            Queue::Fifo(_) => Vec::new(),
+        }
     }
 }
 

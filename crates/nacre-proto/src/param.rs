@@ -58,3 +58,45 @@ mod tests {
         assert_eq!(render(&[("a.b".into(), "1".into()), ("c".into(), "x\ny\n".into())]), "a.b=1\nc=\nx\ny\n");
     }
 }
+
+/// Set one parameter on a running service: `name=value` (the service checks both and
+/// answers an error naming what is wrong).
+pub const OP_SET_PARAM: u16 = 201;
+/// Longest value accepted.
+pub const VALUE_MAX: usize = 4096;
+
+pub fn encode_set(name: &str, value: &str) -> Vec<u8> {
+    let mut e = Enc::new(VERSION).u32(name.len() as u32).u32(value.len() as u32).done();
+    e.extend_from_slice(name.as_bytes());
+    e.extend_from_slice(value.as_bytes());
+    e
+}
+
+pub fn decode_set(b: &[u8]) -> Result<(String, String), ProtoError> {
+    let mut d = Dec::new(b, "set-param", VERSION)?;
+    let (n, v) = (d.u32("name length")? as usize, d.u32("value length")? as usize);
+    if n > PATTERN_MAX || v > VALUE_MAX {
+        return Err(ProtoError::Invalid(format!("name of {n} or value of {v} bytes is too long")));
+    }
+    let text = b.get(9..9 + n + v).ok_or(ProtoError::Truncated { what: "name and value", at: 9, len: b.len() })?;
+    if b.len() != 9 + n + v {
+        return Err(ProtoError::Trailing { extra: b.len() - 9 - n - v });
+    }
+    let s = |x: &[u8]| String::from_utf8(x.to_vec()).map_err(|_| ProtoError::Invalid("not UTF-8".into()));
+    Ok((s(&text[..n])?, s(&text[n..])?))
+}
+
+#[cfg(test)]
+mod set_tests {
+    use super::*;
+
+    #[test]
+    fn set_messages_round_trip_and_bad_ones_are_named() {
+        let b = encode_set("ost.OSS.ost_io.nrs_tbf_rule", "start a nid={*} rate=5");
+        assert_eq!(decode_set(&b).unwrap(), ("ost.OSS.ost_io.nrs_tbf_rule".into(), "start a nid={*} rate=5".into()));
+        for cut in 0..b.len() {
+            assert!(decode_set(&b[..cut]).is_err());
+        }
+        assert!(decode_set(&encode_set("x", &"v".repeat(VALUE_MAX + 1))).unwrap_err().to_string().contains("too long"));
+    }
+}

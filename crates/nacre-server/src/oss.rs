@@ -46,6 +46,10 @@ pub struct Oss {
     /// Each target with its name (`ost0`) and statistics.
     targets: Vec<(String, Arc<Target>, TargetStats)>,
     cfg: OssConfig,
+    /// `brw_size`, settable while running.
+    brw_size: std::sync::atomic::AtomicU32,
+    /// The server this OSS runs on, once attached (transport statistics and policy).
+    server: std::sync::Mutex<Option<nacre_net::server::ServerHandle>>,
 }
 
 fn crc32c(b: &[u8]) -> u32 {
@@ -103,7 +107,69 @@ impl Oss {
 
     /// Serve targets under the given names.
     pub fn named(targets: Vec<(String, Arc<Target>)>, cfg: OssConfig) -> Arc<Oss> {
-        Arc::new(Oss { targets: targets.into_iter().map(|(n, t)| (n, t, TargetStats::default())).collect(), cfg })
+        Arc::new(Oss {
+            targets: targets.into_iter().map(|(n, t)| (n, t, TargetStats::default())).collect(),
+            brw_size: std::sync::atomic::AtomicU32::new(cfg.brw_size),
+            cfg,
+            server: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// Tell the OSS which server runs it, for `ost.OSS.ost_io.*` parameters.
+    pub fn attach(&self, server: nacre_net::server::ServerHandle) {
+        *self.server.lock().unwrap_or_else(|e| e.into_inner()) = Some(server);
+    }
+
+    fn server(&self) -> Option<nacre_net::server::ServerHandle> {
+        self.server.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn brw_size(&self) -> u32 {
+        self.brw_size.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Set a parameter while running; an error names what is wrong and changes nothing.
+    pub fn set_param(&self, name: &str, value: &str) -> Result<(), String> {
+        let value = value.trim();
+        match name {
+            "ost.OSS.ost_io.nrs_policies" => {
+                let policy: nacre_net::server::Policy = value.parse()?;
+                let server = self.server().ok_or("this OSS runs on no server")?;
+                if server.set_policy(policy) { Ok(()) } else { Err("the server has stopped".into()) }
+            }
+            "ost.OSS.ost_io.nrs_tbf_rule" => {
+                let server = self.server().ok_or("this OSS runs on no server")?;
+                server.tbf_rule(value).map_err(|e| e.to_string())
+            }
+            _ => {
+                let Some((target, leaf)) = name.strip_prefix("obdfilter.").and_then(|r| r.split_once('.')) else {
+                    return Err(format!("no settable parameter {name:?}"));
+                };
+                let Some((_, _, stats)) = self.targets.iter().find(|(n, _, _)| n == target) else {
+                    return Err(format!("no target {target:?} on this server"));
+                };
+                match leaf {
+                    "brw_size" => {
+                        let v: u32 =
+                            value.parse().map_err(|_| format!("brw_size {value:?} is not a number of bytes"))?;
+                        if !(4096..=nacre_net::frame::BULK_BYTES_LIMIT).contains(&v) || !v.is_power_of_two() {
+                            return Err(format!(
+                                "brw_size {v}: a power of two from 4096 to {}",
+                                nacre_net::frame::BULK_BYTES_LIMIT
+                            ));
+                        }
+                        // One value for the whole server: its targets share the transport.
+                        self.brw_size.store(v, std::sync::atomic::Ordering::Relaxed);
+                        Ok(())
+                    }
+                    "job_stats" | "client_stats" if value == "clear" => {
+                        stats.clear();
+                        Ok(())
+                    }
+                    _ => Err(format!("no settable parameter {name:?} (or value {value:?} not allowed)")),
+                }
+            }
+        }
     }
 
     /// The statistics of target `i`.
@@ -122,7 +188,7 @@ impl Oss {
                     out.push((full, value()));
                 }
             };
-            add("brw_size", &|| self.cfg.brw_size.to_string());
+            add("brw_size", &|| self.brw_size().to_string());
             add("brw_stats", &|| stats.brw_stats());
             add("job_stats", &|| stats.job_stats());
             add("client_stats", &|| stats.client_stats());
@@ -146,6 +212,29 @@ impl Oss {
                     c.journal_bytes
                 )
             });
+        }
+        if let Some(server) = self.server() {
+            let mut add = |leaf: &str, value: String| {
+                let full = format!("ost.OSS.ost_io.{leaf}");
+                if nacre_net::glob::glob(pattern, &full) {
+                    out.push((full, value));
+                }
+            };
+            if let Some(p) = server.policy() {
+                add("nrs_policies", format!("{p:?}").to_lowercase());
+            }
+            add(
+                "nrs_tbf_rule",
+                server
+                    .tbf_rules()
+                    .iter()
+                    .map(|r| format!("{} {:?} rate={}", r.name, r.matcher, r.rate))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            );
+            if let Some(st) = server.stats() {
+                add("stats", format!("{st:#?}"));
+            }
         }
         out
     }
@@ -172,6 +261,15 @@ impl Oss {
 
     /// Serve one request (blocking).
     pub fn handle(&self, req: Incoming) -> Reply {
+        if req.header.opcode == param::OP_SET_PARAM {
+            return match param::decode_set(&req.body) {
+                Ok((name, value)) => match self.set_param(&name, &value) {
+                    Ok(()) => Reply::default(),
+                    Err(why) => fail(errno::EINVAL, why),
+                },
+                Err(e) => fail(errno::EPROTO, format!("bad set-param request: {e}")),
+            };
+        }
         if req.header.opcode == param::OP_GET_PARAM {
             return match param::decode_get(&req.body) {
                 Ok(pattern) => {
@@ -238,8 +336,8 @@ impl Oss {
                 Err(e) => osd_fail(e),
             },
             Request::Read { oid, offset, len, checksum, .. } => {
-                if len > self.cfg.brw_size {
-                    return fail(errno::EINVAL, format!("read of {len} bytes exceeds brw_size {}", self.cfg.brw_size));
+                if len > self.brw_size() {
+                    return fail(errno::EINVAL, format!("read of {len} bytes exceeds brw_size {}", self.brw_size()));
                 }
                 let mut buf = vec![0u8; len as usize];
                 match t.read(oid, offset, &mut buf) {
@@ -256,8 +354,8 @@ impl Oss {
                 if data.len() != len as usize {
                     return fail(errno::EPROTO, format!("write announces {len} bytes, the bulk holds {}", data.len()));
                 }
-                if len > self.cfg.brw_size {
-                    return fail(errno::EINVAL, format!("write of {len} bytes exceeds brw_size {}", self.cfg.brw_size));
+                if len > self.brw_size() {
+                    return fail(errno::EINVAL, format!("write of {len} bytes exceeds brw_size {}", self.brw_size()));
                 }
                 if let Some(want) = crc {
                     let got = crc32c(data);

@@ -220,6 +220,13 @@ impl TargetStats {
         out
     }
 
+    /// Forget the per-job and per-client counters (`set-param …job_stats=clear`).
+    pub fn clear(&self) {
+        let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        s.jobs.entries.clear();
+        s.clients.entries.clear();
+    }
+
     /// Counters of one job (tests and tools).
     pub fn job(&self, job: u64) -> Option<OpCounts> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).jobs.entries.get(&job).map(|e| e.0.clone())

@@ -36,33 +36,54 @@ enum Command {
         server: nacre_net::nid::Nid,
         pattern: String,
     },
+    /// Set a running service's parameter (`ost.OSS.ost_io.nrs_tbf_rule="start slow
+    /// nid={10.0.0.*} rate=100"`, `obdfilter.ost0.job_stats=clear`), as `lctl set_param`.
+    SetParam {
+        #[arg(long)]
+        server: nacre_net::nid::Nid,
+        /// NAME=VALUE
+        setting: String,
+    },
     /// Benchmarks of the services' layers (`ost`: the object store).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+}
+
+fn set_param(server: &nacre_net::nid::Nid, setting: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let (name, value) = setting.split_once('=').ok_or_else(|| format!("{setting:?}: expected NAME=VALUE"))?;
+    if name.len() > nacre_proto::param::PATTERN_MAX || value.len() > nacre_proto::param::VALUE_MAX {
+        return Err("name or value too long".into());
+    }
+    call_param(server, nacre_proto::param::OP_SET_PARAM, &nacre_proto::param::encode_set(name, value)).map(|_| ())
+}
+
+/// One parameter request to a service; its reply text.
+fn call_param(server: &nacre_net::nid::Nid, opcode: u16, body: &[u8]) -> Result<String, Box<dyn std::error::Error>> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async {
+        let cfg = nacre_net::client::ClientConfig { ping: false, ..Default::default() };
+        let client = nacre_net::client::Client::new(std::sync::Arc::new(nacre_net::transport::TcpTransport), cfg);
+        let import = client.connect(server).await.map_err(|e| format!("{server}: {e}"))?;
+        let reply = import.call(opcode, body, &[]).await?;
+        let text = String::from_utf8_lossy(&reply.body).into_owned();
+        let _ = import.disconnect().await;
+        if reply.header.status != 0 {
+            return Err(format!("{server}: {text}").into());
+        }
+        Ok::<String, Box<dyn std::error::Error>>(text)
+    })
 }
 
 fn get_param(server: &nacre_net::nid::Nid, pattern: &str) -> Result<(), Box<dyn std::error::Error>> {
     if pattern.len() > nacre_proto::param::PATTERN_MAX {
         return Err(format!("pattern of {} bytes (at most {})", pattern.len(), nacre_proto::param::PATTERN_MAX).into());
     }
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(async {
-        let cfg = nacre_net::client::ClientConfig { ping: false, ..Default::default() };
-        let client = nacre_net::client::Client::new(std::sync::Arc::new(nacre_net::transport::TcpTransport), cfg);
-        let import = client.connect(server).await.map_err(|e| format!("{server}: {e}"))?;
-        let reply =
-            import.call(nacre_proto::param::OP_GET_PARAM, &nacre_proto::param::encode_get(pattern), &[]).await?;
-        let text = String::from_utf8_lossy(&reply.body).into_owned();
-        if reply.header.status != 0 {
-            return Err(format!("{server}: {text}").into());
-        }
-        if text.is_empty() {
-            return Err(format!("{server}: no parameter matches {pattern:?}").into());
-        }
-        print!("{text}");
-        let _ = import.disconnect().await;
-        Ok::<(), Box<dyn std::error::Error>>(())
-    })
+    let text = call_param(server, nacre_proto::param::OP_GET_PARAM, &nacre_proto::param::encode_get(pattern))?;
+    if text.is_empty() {
+        return Err(format!("{server}: no parameter matches {pattern:?}").into());
+    }
+    print!("{text}");
+    Ok(())
 }
 
 fn main() {
@@ -73,6 +94,7 @@ fn main() {
         Command::Bench(cmd) => bench::run(cmd),
         Command::Ost(cmd) => ost::run(cmd),
         Command::GetParam { server, pattern } => get_param(&server, &pattern),
+        Command::SetParam { server, setting } => set_param(&server, &setting),
     };
     if let Err(e) = result {
         eprintln!("nacre: {e}");

@@ -205,6 +205,7 @@ pub fn run(cmd: OstCommand) -> CliResult {
                     nacre_net::server::ServerConfig::default(),
                 )
                 .await?;
+                oss.attach(server.handle());
                 println!("serving {name} on {}", server.nid());
                 let _ = std::io::stdout().flush();
                 std::future::pending::<()>().await;

@@ -77,5 +77,27 @@ fn served_target_counts_jobs_and_get_param_reads_them() {
     let out = get("no.such.*");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no parameter matches"));
+
+    // set-param: the request policy and a TBF rule while serving, as lctl set_param.
+    let set = |setting: &str| nacre().args(["set-param", "--server", &nid.to_string(), setting]).output().unwrap();
+    assert!(set("ost.OSS.ost_io.nrs_policies=tbf").status.success());
+    let out = set("ost.OSS.ost_io.nrs_tbf_rule=start slow nid={127.0.0.1@tcp} rate=50");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&get("ost.OSS.ost_io.nrs_*").stdout).into_owned();
+    assert!(text.contains("ost.OSS.ost_io.nrs_policies=tbf") && text.contains("slow"), "{text}");
+    assert!(set("obdfilter.ost0.job_stats=clear").status.success());
+    let text = String::from_utf8_lossy(&get("obdfilter.ost0.job_stats").stdout).into_owned();
+    assert!(!text.contains("4242"), "{text}");
+    for (bad, why) in [
+        ("ost.OSS.ost_io.nrs_policies=lifo", "unknown request policy"),
+        ("obdfilter.ost0.brw_size=12345", "power of two"),
+        ("obdfilter.ost9.brw_size=4096", "no target"),
+        ("no.such=1", "no settable parameter"),
+        ("missing-equals", "expected NAME=VALUE"),
+    ] {
+        let out = set(bad);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(why), "{bad}: {err}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
