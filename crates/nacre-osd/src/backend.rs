@@ -15,9 +15,11 @@
 use std::io;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use nacre_raid::volume::Volume;
+
+use crate::journal::lock;
 
 const SLOT_BYTES: u64 = 4096;
 const HEADER_MAGIC: u32 = u32::from_le_bytes(*b"NCDB");
@@ -47,6 +49,8 @@ pub struct VolumeBackend {
     base: u64,
     size: u64,
     header: Mutex<Header>,
+    /// The database's length as the header has it, for readers outside redb (statfs).
+    len_seen: Arc<AtomicU64>,
     flush_drives: AtomicBool,
 }
 
@@ -95,6 +99,7 @@ impl VolumeBackend {
             volume,
             base,
             size,
+            len_seen: Arc::new(AtomicU64::new(header.len)),
             header: Mutex::new(header),
             flush_drives: AtomicBool::new(mode == SyncMode::Drives),
         })
@@ -103,6 +108,12 @@ impl VolumeBackend {
     /// Bytes the database may grow to.
     pub fn capacity(&self) -> u64 {
         self.size - 2 * SLOT_BYTES
+    }
+
+    /// A live view of the database's length, which stays valid after redb takes the
+    /// backend.
+    pub fn len_handle(&self) -> Arc<AtomicU64> {
+        self.len_seen.clone()
     }
 
     pub fn set_mode(&self, mode: SyncMode) {
@@ -124,6 +135,7 @@ impl VolumeBackend {
         b[24..28].copy_from_slice(&crc.to_le_bytes());
         self.volume.write(self.base + (seq % 2) * SLOT_BYTES, &b).map_err(other)?;
         *h = Header { seq, len };
+        self.len_seen.store(len, Ordering::Release);
         Ok(())
     }
 }
@@ -139,7 +151,7 @@ fn decode_header(b: &[u8]) -> Option<Header> {
 
 impl redb::StorageBackend for VolumeBackend {
     fn len(&self) -> io::Result<u64> {
-        Ok(self.header.lock().unwrap_or_else(|e| e.into_inner()).len)
+        Ok(lock(&self.header).len)
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
@@ -160,7 +172,7 @@ impl redb::StorageBackend for VolumeBackend {
                 format!("the index needs {len} bytes; its region holds {}", self.capacity()),
             ));
         }
-        let mut h = self.header.lock().unwrap_or_else(|e| e.into_inner());
+        let mut h = lock(&self.header);
         // New bytes must read as zero: the region may hold anything from before.
         let zeros = vec![0u8; ZERO_STEP];
         let mut at = h.len;

@@ -208,7 +208,8 @@ impl Header {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Lock a mutex, taking it even if a holder panicked.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -760,6 +761,12 @@ mod tests {
     }
 
     const REGION: (u64, u64) = (1 << 20, 64 << 10);
+
+    /// The test journal on `REGION`, with journal id and epoch `id`, read from `tail`.
+    fn open_at(vol: &Arc<Volume>, id: (u64, u32), tail: (u64, u64)) -> Journal {
+        let opts = JournalOptions { in_flight_max: 2, flush: false };
+        Journal::open(vol.clone(), REGION, CB, id, tail, &HashMap::new(), opts).unwrap()
+    }
     const CB: u64 = 64 << 10;
 
     fn data(i: u64, len: usize) -> Vec<u8> {
@@ -771,16 +778,7 @@ mod tests {
     #[test]
     fn records_wrap_exactly_and_with_pads_and_replay_the_same() {
         let (vol, _d) = mirror();
-        let j = Journal::open(
-            vol.clone(),
-            REGION,
-            CB,
-            (7, 1),
-            (0, 0),
-            &HashMap::new(),
-            JournalOptions { in_flight_max: 2, flush: false },
-        )
-        .unwrap();
+        let j = open_at(&vol, (7, 1), (0, 0));
         // Record sizes 1, 2 and 3 blocks: laps end exactly on some, with a pad on others.
         let lens = [4096 - HEADER as usize, 8192 - HEADER as usize, 100, 12288 - HEADER as usize, 5000];
         let mut live: Vec<(u64, u64, usize)> = Vec::new(); // (oid, offset, len)
@@ -818,16 +816,7 @@ mod tests {
         };
         assert!(tail > 4 * REGION.1, "the log went round several times");
         drop(j);
-        let j = Journal::open(
-            vol,
-            REGION,
-            CB,
-            (7, 1),
-            (tail, tail_seq),
-            &HashMap::new(),
-            JournalOptions { in_flight_max: 2, flush: false },
-        )
-        .unwrap();
+        let j = open_at(&vol, (7, 1), (tail, tail_seq));
         check(&j, "replayed");
         assert_eq!(j.all_chunks().len(), live.len(), "nothing more replays than was live");
     }
@@ -837,16 +826,7 @@ mod tests {
     #[test]
     fn a_batch_across_the_end_of_a_lap_is_split_there() {
         let (vol, _d) = mirror();
-        let j = Journal::open(
-            vol.clone(),
-            REGION,
-            CB,
-            (7, 1),
-            (0, 0),
-            &HashMap::new(),
-            JournalOptions { in_flight_max: 2, flush: false },
-        )
-        .unwrap();
+        let j = open_at(&vol, (7, 1), (0, 0));
         let four_blocks = (4 * 4096 - HEADER) as usize;
         let entry = |i: u64, len: usize| Entry { ticket: i, oid: 1, offset: i * CB, data: data(i, len) };
         j.write_batch((0..3).map(|i| entry(i, four_blocks)).collect()).unwrap();
@@ -865,16 +845,7 @@ mod tests {
         let mut after = vec![0u8; 4096];
         vol.read(REGION.0 + REGION.1, &mut after).unwrap();
         assert!(after.iter().all(|&b| b == 0), "a write ran past the journal's region");
-        let j = Journal::open(
-            vol,
-            REGION,
-            CB,
-            (7, 1),
-            (tail, tail_seq),
-            &HashMap::new(),
-            JournalOptions { in_flight_max: 2, flush: false },
-        )
-        .unwrap();
+        let j = open_at(&vol, (7, 1), (tail, tail_seq));
         for (i, len) in [(2u64, four_blocks), (3, four_blocks), (4, 100)] {
             let ps = j.pieces(1, i);
             assert_eq!(ps.len(), 1, "record {i} replayed");
@@ -887,45 +858,18 @@ mod tests {
     #[test]
     fn replay_stops_at_a_torn_record_and_ignores_another_targets() {
         let (vol, _d) = mirror();
-        let j = Journal::open(
-            vol.clone(),
-            REGION,
-            CB,
-            (7, 1),
-            (0, 0),
-            &HashMap::new(),
-            JournalOptions { in_flight_max: 2, flush: false },
-        )
-        .unwrap();
+        let j = open_at(&vol, (7, 1), (0, 0));
         for i in 0..4u64 {
             assert!(j.append(1, i * CB, &data(i, 3000)).is_ok());
         }
         drop(j);
         // Another target's id reads nothing.
-        let other = Journal::open(
-            vol.clone(),
-            REGION,
-            CB,
-            (8, 1),
-            (0, 0),
-            &HashMap::new(),
-            JournalOptions { in_flight_max: 2, flush: false },
-        )
-        .unwrap();
+        let other = open_at(&vol, (8, 1), (0, 0));
         assert!(other.all_chunks().is_empty());
         drop(other);
         // Tear the third record's data: replay keeps the first two only.
         vol.write(REGION.0 + 2 * 4096 + HEADER + 10, &[0xff; 8]).unwrap();
-        let j = Journal::open(
-            vol,
-            REGION,
-            CB,
-            (7, 1),
-            (0, 0),
-            &HashMap::new(),
-            JournalOptions { in_flight_max: 2, flush: false },
-        )
-        .unwrap();
+        let j = open_at(&vol, (7, 1), (0, 0));
         assert_eq!(j.all_chunks(), vec![(1, 0), (1, 1)]);
         // Appends go on after the last good record.
         assert!(j.append(1, 9 * CB, &data(9, 10)).is_ok());
@@ -937,18 +881,7 @@ mod tests {
     #[test]
     fn replay_never_runs_on_into_records_from_before_a_reopen() {
         let (vol, _d) = mirror();
-        let open = |epoch: u32| {
-            Journal::open(
-                vol.clone(),
-                REGION,
-                CB,
-                (7, epoch),
-                (0, 0),
-                &HashMap::new(),
-                JournalOptions { in_flight_max: 2, flush: false },
-            )
-            .unwrap()
-        };
+        let open = |epoch: u32| open_at(&vol, (7, epoch), (0, 0));
         let j = open(1);
         for i in 0..4u64 {
             assert!(j.append(1, i * CB, &data(i, 3000)).is_ok());

@@ -36,7 +36,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::backend::{SyncMode, VolumeBackend};
 use crate::error::{OsdError, Result};
-use crate::journal::{AppendError, Journal, JournalOptions};
+use crate::journal::{AppendError, Journal, JournalOptions, lock};
 use crate::locks::Locks;
 use crate::object::{ObjectAttr, SetAttr};
 
@@ -176,6 +176,9 @@ pub struct Target {
     reserved: Mutex<Reserved>,
     counters: Counters,
     journal: Journal,
+    /// The index database's length (a view of its backend's header) and its room.
+    index_len: Arc<AtomicU64>,
+    index_capacity: u64,
     /// Held from computing the journal's new tail through its commit and the removal of
     /// the destaged pieces, so the journal never reuses space the committed tail still
     /// needs (destages otherwise run side by side).
@@ -189,6 +192,22 @@ fn now_ns() -> i64 {
 /// The redb region on the mirrored volume: all of it but the small-write journal's.
 fn index_region(meta: &Volume) -> u64 {
     meta.capacity() - (meta.capacity() / 4).min(4 << 30)
+}
+
+/// The index database on the mirrored volume, with a view of its length.
+struct Index {
+    db: Database,
+    len: Arc<AtomicU64>,
+    capacity: u64,
+}
+
+impl Index {
+    fn open(meta: &Arc<Volume>, opts: &TargetOptions) -> Result<Index> {
+        let backend = VolumeBackend::open(meta.clone(), 0, index_region(meta), opts.sync)?;
+        let (len, capacity) = (backend.len_handle(), backend.capacity());
+        let db = Database::builder().set_cache_size(opts.cache_bytes).create_with_backend(backend)?;
+        Ok(Index { db, len, capacity })
+    }
 }
 
 /// Where the journal starts reading on open: its id, the committed tail (position and
@@ -223,12 +242,13 @@ impl Target {
         let jid = (std::time::SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
             ^ ((std::process::id() as u64) << 48))
             | 1;
+        let index = Index::open(&meta, &opts)?;
         let target = Target::open_db(
             data,
             meta,
             opts,
-            chunk_bytes,
-            chunks,
+            index,
+            (chunk_bytes, chunks),
             JournalStart { jid, epoch: 1, tail: (0, 0), floors: Default::default() },
         )?;
         let txn = target.db.begin_write()?;
@@ -262,9 +282,9 @@ impl Target {
     pub fn open(data: Arc<Volume>, meta: Arc<Volume>, opts: TargetOptions) -> Result<Target> {
         let chunk_bytes = data.geometry().stripe_data_bytes();
         let chunks = data.capacity() / chunk_bytes;
-        // The index first (for the journal's place), then the journal.
-        let backend = VolumeBackend::open(meta.clone(), 0, index_region(&meta), opts.sync)?;
-        let db = Database::builder().set_cache_size(opts.cache_bytes).create_with_backend(backend)?;
+        // The index first (it says where the journal's tail is), then the journal.
+        let index = Index::open(&meta, &opts)?;
+        let db = &index.db;
         let (format, cb, n, jid, tail, tail_seq, floors, epoch) = {
             let txn = db.begin_read()?;
             let mut floors = std::collections::HashMap::new();
@@ -293,7 +313,6 @@ impl Target {
             txn.open_table(META)?.insert("journal_epoch", epoch)?;
             txn.commit()?;
         }
-        drop(db);
         if format != FORMAT {
             return Err(OsdError::NotATarget(format!("index format {format}, this build reads {FORMAT}")));
         }
@@ -306,8 +325,8 @@ impl Target {
             data,
             meta,
             opts,
-            chunk_bytes,
-            chunks,
+            index,
+            (chunk_bytes, chunks),
             JournalStart { jid, epoch: epoch.min(u32::MAX as u64) as u32, tail: (tail, tail_seq), floors },
         )?;
         // Pieces replayed into unmapped chunks hold their promise again.
@@ -323,13 +342,12 @@ impl Target {
         data: Arc<Volume>,
         meta: Arc<Volume>,
         opts: TargetOptions,
-        chunk_bytes: u64,
-        chunks: u64,
+        index: Index,
+        (chunk_bytes, chunks): (u64, u64),
         start: JournalStart,
     ) -> Result<Target> {
         let JournalStart { jid, epoch, tail, floors } = start;
-        let backend = VolumeBackend::open(meta.clone(), 0, index_region(&meta), opts.sync)?;
-        let db = Database::builder().set_cache_size(opts.cache_bytes).create_with_backend(backend)?;
+        let Index { db, len: index_len, capacity: index_capacity } = index;
         // Records of another target on this region carry another journal id and end the
         // replay at once.
         let journal = Journal::open(
@@ -342,6 +360,8 @@ impl Target {
             JournalOptions { in_flight_max: opts.journal_batches_in_flight, flush: opts.sync == SyncMode::Drives },
         )?;
         Ok(Target {
+            index_len,
+            index_capacity,
             journal,
             tail_commit: Mutex::new(()),
             data,
@@ -409,7 +429,7 @@ impl Target {
     }
 
     fn lock_reserved(&self) -> std::sync::MutexGuard<'_, Reserved> {
-        self.reserved.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.reserved)
     }
 
     pub fn setattr(&self, oid: u64, s: &SetAttr) -> Result<ObjectAttr> {
@@ -636,7 +656,7 @@ impl Target {
         if self.opts.sync == SyncMode::Drives {
             self.data.flush()?;
         }
-        let _tail = self.tail_commit.lock().unwrap_or_else(|e| e.into_inner());
+        let _tail = lock(&self.tail_commit);
         let (tail, tail_seq) = self.journal.tail_after(oid, c, upto);
         let txn = self.db.begin_write()?;
         {
@@ -1075,7 +1095,7 @@ impl Target {
 
     /// Take `n` chunks; `own_promises` of the promised chunks are the caller's to use.
     fn reserve_inner(&self, n: u64, own_promises: u64) -> Result<Reservation<'_>> {
-        let mut r = self.reserved.lock().unwrap_or_else(|e| e.into_inner());
+        let mut r = lock(&self.reserved);
         if n == 0 {
             return Ok(Reservation { target: self, extents: Vec::new() });
         }
@@ -1157,19 +1177,13 @@ impl Target {
             let r = self.lock_reserved();
             r.extents.values().sum::<u64>() + r.promised.len() as u64
         };
-        let index_bytes = redb::StorageBackend::len(&VolumeBackend::open(
-            self.meta.clone(),
-            0,
-            index_region(&self.meta),
-            SyncMode::Ordered,
-        )?)?;
         Ok(StatFs {
             chunk_bytes: self.chunk_bytes,
             total_bytes: self.chunks * self.chunk_bytes,
             free_bytes: get("free_chunks")?.saturating_sub(held) * self.chunk_bytes,
             objects: get("objects")?,
-            index_bytes,
-            index_capacity: index_region(&self.meta) - 8192,
+            index_bytes: self.index_len.load(Ordering::Acquire),
+            index_capacity: self.index_capacity,
         })
     }
 
@@ -1340,7 +1354,7 @@ impl Reservation<'_> {
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        let mut r = self.target.reserved.lock().unwrap_or_else(|e| e.into_inner());
+        let mut r = lock(&self.target.reserved);
         for (s, _) in &self.extents {
             r.extents.remove(s);
         }

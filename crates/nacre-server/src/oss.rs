@@ -192,10 +192,12 @@ impl Oss {
             add("brw_stats", &|| stats.brw_stats());
             add("job_stats", &|| stats.job_stats());
             add("client_stats", &|| stats.client_stats());
-            let statfs = t.statfs();
-            add("kbytestotal", &|| statfs.as_ref().map_or("-".into(), |s| (s.total_bytes >> 10).to_string()));
-            add("kbytesfree", &|| statfs.as_ref().map_or("-".into(), |s| (s.free_bytes >> 10).to_string()));
-            add("objects", &|| statfs.as_ref().map_or("-".into(), |s| s.objects.to_string()));
+            // Asked of the target only if a matching parameter needs it, and once.
+            let statfs = std::cell::OnceCell::new();
+            let statfs = || statfs.get_or_init(|| t.statfs().ok()).as_ref();
+            add("kbytestotal", &|| statfs().map_or("-".into(), |s| (s.total_bytes >> 10).to_string()));
+            add("kbytesfree", &|| statfs().map_or("-".into(), |s| (s.free_bytes >> 10).to_string()));
+            add("objects", &|| statfs().map_or("-".into(), |s| s.objects.to_string()));
             add("stats", &|| {
                 let c = t.stats();
                 format!(
