@@ -6,6 +6,8 @@
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
 
+use crate::rpc::lock;
+
 /// Payload bytes, pooled or not.
 pub struct Bulk {
     data: Vec<u8>,
@@ -87,7 +89,7 @@ impl BulkPool {
             // Most RPCs carry no bulk: no lock, nothing to give back.
             return Bulk::from(Vec::new());
         }
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let mut free = lock(&self.free);
         let best = free.0.iter().enumerate().filter(|(_, v)| v.capacity() >= n).min_by_key(|(_, v)| v.capacity());
         let data = match best.map(|(i, _)| i) {
             Some(i) => {
@@ -105,7 +107,7 @@ impl BulkPool {
             return;
         }
         v.clear();
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let mut free = lock(&self.free);
         if free.0.len() < BUFFERS_KEPT_MAX && free.1 + v.capacity() <= self.keep_bytes_max {
             free.1 += v.capacity();
             free.0.push(v);
@@ -114,7 +116,7 @@ impl BulkPool {
 
     /// Bytes kept.
     pub fn kept_bytes(&self) -> usize {
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).1
+        lock(&self.free).1
     }
 }
 

@@ -33,7 +33,7 @@ use crate::fault::{self, FaultInjector};
 use crate::frame::{BODY_BYTES_LIMIT, BULK_BYTES_LIMIT, Frame, FrameHeader, FrameLimits, flags};
 use crate::nid::Nid;
 use crate::rpc::{
-    ConnectReply, ConnectRequest, OP_CONNECT, OP_DISCONNECT, OP_PING, RpcError, SplitMix, fresh_seed, read_frame,
+    ConnectReply, ConnectRequest, OP_CONNECT, OP_DISCONNECT, OP_PING, RpcError, SplitMix, fresh_seed, lock, read_frame,
     write_frame,
 };
 use crate::transport::{Transport, WriteHalf};
@@ -152,8 +152,7 @@ impl Client {
     /// Connect to a server: the first connection is opened (and its errors returned)
     /// now, the others of `conns_per_peer` as requests need them.
     pub async fn connect(&self, target: &Nid) -> Result<Arc<Import>, RpcError> {
-        let existing =
-            self.shared.imports.lock().unwrap_or_else(|e| e.into_inner()).get(target).and_then(Weak::upgrade);
+        let existing = lock(&self.shared.imports).get(target).and_then(Weak::upgrade);
         if let Some(import) = existing {
             import.connection().await?;
             return Ok(import);
@@ -183,13 +182,13 @@ impl Client {
         });
         import.connection().await?;
         {
-            let mut imports = self.shared.imports.lock().unwrap_or_else(|e| e.into_inner());
+            let mut imports = lock(&self.shared.imports);
             imports.retain(|_, w| w.strong_count() > 0);
             imports.insert(target.clone(), Arc::downgrade(&import));
         }
         if cfg.ping {
             let handle = tokio::spawn(pinger(Arc::downgrade(&import), self.shared.id ^ import_seed(target)));
-            *import.pinger.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle.abort_handle());
+            *lock(&import.pinger) = Some(handle.abort_handle());
         }
         Ok(import)
     }
@@ -299,7 +298,7 @@ pub struct Import {
 
 impl Drop for Import {
     fn drop(&mut self) {
-        if let Some(p) = self.pinger.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(p) = lock(&self.pinger).take() {
             p.abort();
         }
     }
@@ -328,13 +327,13 @@ impl Import {
     /// Tell the server this client is leaving, so it drops the export now instead of
     /// evicting it later.
     pub async fn disconnect(&self) -> Result<(), RpcError> {
-        if let Some(p) = self.pinger.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(p) = lock(&self.pinger).take() {
             p.abort();
         }
         let r = self.send(Request { opcode: OP_DISCONNECT, no_resend: true, ..Request::default() }).await;
         self.closed.store(true, Ordering::Release);
         self.in_flight.close();
-        self.conns.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        lock(&self.conns).clear();
         r.map(|_| ())
     }
 
@@ -342,7 +341,7 @@ impl Import {
     /// as Lustre's `at_est2timeout` does, within `[at_min, at_max]`.
     pub fn timeout(&self) -> Duration {
         let now = self.shared.now_ms();
-        let mut at = self.at.lock().unwrap_or_else(|e| e.into_inner());
+        let mut at = lock(&self.at);
         let est = at.service.estimate(now).saturating_add(at.network.estimate(now));
         let cfg = &self.shared.cfg.at;
         (est + est / 4).clamp(cfg.at_min, cfg.at_max.max(cfg.at_min))
@@ -465,7 +464,7 @@ impl Import {
     }
 
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Waiter>> {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.pending)
     }
 
     /// Wait for the reply, the deadline (as early replies move it) or the connection's end.
@@ -514,7 +513,7 @@ impl Import {
     /// time the server held the request as network time.
     fn learn(&self, rtt: Duration, h: &FrameHeader) {
         let now = self.shared.now_ms();
-        let mut at = self.at.lock().unwrap_or_else(|e| e.into_inner());
+        let mut at = lock(&self.at);
         at.service.observe(now, Duration::from_millis(h.timeout_ms as u64));
         at.network.observe(now, rtt.saturating_sub(Duration::from_micros(h.service_us as u64)));
     }
@@ -523,27 +522,27 @@ impl Import {
     async fn connection(&self) -> Result<Arc<Conn>, RpcError> {
         let want = self.shared.cfg.conns_per_peer.max(1);
         {
-            let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+            let conns = lock(&self.conns);
             if conns.len() == want && conns.iter().all(|c| !c.is_closed()) {
                 let i = self.rr.fetch_add(1, Ordering::Relaxed) % want;
                 return Ok(conns[i].clone());
             }
         }
         let mut link = self.link.lock().await;
-        self.conns.lock().unwrap_or_else(|e| e.into_inner()).retain(|c| !c.is_closed());
+        lock(&self.conns).retain(|c| !c.is_closed());
         loop {
-            let have = self.conns.lock().unwrap_or_else(|e| e.into_inner()).len();
+            let have = lock(&self.conns).len();
             if have >= want {
                 break;
             }
             let conn = self.open(&mut link).await?;
-            let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+            let mut conns = lock(&self.conns);
             // Links to an export the server lost are dropped; callers that sent on them
             // learn it from the generation.
             conns.retain(|c| c.generation == conn.generation);
             conns.push(conn);
         }
-        let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let conns = lock(&self.conns);
         let i = self.rr.fetch_add(1, Ordering::Relaxed) % conns.len().max(1);
         conns.get(i).cloned().ok_or(RpcError::Closed)
     }
@@ -603,7 +602,7 @@ impl Import {
 
     fn drop_connection(&self, conn: &Arc<Conn>) {
         conn.reader.abort();
-        self.conns.lock().unwrap_or_else(|e| e.into_inner()).retain(|c| !Arc::ptr_eq(c, conn));
+        lock(&self.conns).retain(|c| !Arc::ptr_eq(c, conn));
     }
 
     /// How often the pinger pings when idle: a quarter of the shorter of this client's
@@ -638,7 +637,7 @@ struct Forget<'a> {
 
 impl Drop for Forget<'_> {
     fn drop(&mut self) {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.xid);
+        lock(self.pending).remove(&self.xid);
     }
 }
 
@@ -659,7 +658,7 @@ async fn read_replies(
         if h.flags & flags::REPLY == 0 {
             continue;
         }
-        let mut p = pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = lock(&pending);
         let Some(w) = p.get_mut(&h.xid) else { continue };
         if h.flags & flags::EARLY != 0 {
             let now = epoch.elapsed().as_millis() as u64;

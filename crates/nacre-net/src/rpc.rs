@@ -258,6 +258,12 @@ impl ConnectReply {
     }
 }
 
+/// Lock a mutex; a holder that panicked left its data consistent enough for counters and
+/// maps, so the lock is taken anyway rather than spreading the panic.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A small seeded generator (splitmix64) for jitter and ids; not for secrets.
 #[derive(Debug, Clone)]
 pub(crate) struct SplitMix(pub u64);

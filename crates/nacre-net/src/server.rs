@@ -24,7 +24,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
@@ -38,7 +38,7 @@ use crate::frame::{BODY_BYTES_LIMIT, BULK_BYTES_LIMIT, FrameHeader, FrameLimits,
 use crate::nid::Nid;
 use crate::rpc::{
     CONNECT_REQUEST_BYTES, ConnectReply, ConnectRequest, FIRST_SERVICE_OPCODE, OP_CONNECT, OP_DISCONNECT, OP_PING,
-    RpcError, fresh_seed, read_header, read_rest, status, write_frame,
+    RpcError, fresh_seed, lock, read_header, read_rest, status, write_frame,
 };
 use crate::tbf::{Classify, Rule, RuleCommand, Tbf, TbfError};
 use crate::transport::{BoxFuture, Stream, Transport, WriteHalf};
@@ -359,10 +359,6 @@ impl Queue {
             Queue::Tbf(t) => t.next_ready_us(now_us),
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Server {

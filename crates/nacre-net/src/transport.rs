@@ -18,6 +18,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use crate::nid::Nid;
+use crate::rpc::lock;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
@@ -129,7 +130,7 @@ impl Transport for MemTransport {
     fn connect<'a>(&'a self, to: &'a Nid) -> BoxFuture<'a, io::Result<Stream>> {
         Box::pin(async move {
             let Nid::Mem(name) = to else { return Err(unreachable_nid("in-memory", to)) };
-            let tx = self.net.listeners.lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned();
+            let tx = lock(&self.net.listeners).get(name).cloned();
             let tx =
                 tx.ok_or_else(|| io::Error::new(io::ErrorKind::ConnectionRefused, format!("nothing listens on {to}")))?;
             let (a, b) = tokio::io::duplex(MEM_PIPE_BYTES);
@@ -147,7 +148,7 @@ impl Transport for MemTransport {
     fn listen<'a>(&'a self, on: &'a Nid) -> BoxFuture<'a, io::Result<Box<dyn Listener>>> {
         Box::pin(async move {
             let Nid::Mem(name) = on else { return Err(unreachable_nid("in-memory", on)) };
-            let mut map = self.net.listeners.lock().unwrap_or_else(|e| e.into_inner());
+            let mut map = lock(&self.net.listeners);
             if map.get(name).is_some_and(|tx| !tx.is_closed()) {
                 return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("{on} is already listening")));
             }
@@ -182,7 +183,7 @@ impl Drop for MemListen {
         // newer listener on the same name is left alone.
         self.rx.close();
         if let Nid::Mem(name) = &self.nid {
-            let mut map = self.net.listeners.lock().unwrap_or_else(|e| e.into_inner());
+            let mut map = lock(&self.net.listeners);
             if map.get(name).is_some_and(|tx| tx.is_closed()) {
                 map.remove(name);
             }
