@@ -210,21 +210,21 @@ struct Lows {
     client_peer: Low,
 }
 
-struct Low(AtomicU64, std::sync::Mutex<Option<CreditStats>>);
+/// The pool with the lowest low-water mark seen.
+struct Low(std::sync::Mutex<Option<CreditStats>>);
 
 impl Low {
     fn new() -> Low {
-        Low(AtomicU64::new(0), std::sync::Mutex::new(None))
+        Low(std::sync::Mutex::new(None))
     }
     fn merge(&self, s: CreditStats) {
-        let mut m = self.1.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if m.is_none_or(|o| s.min_available < o.min_available) {
             *m = Some(s);
         }
-        self.0.fetch_add(1, Ordering::Relaxed);
     }
     fn get(&self) -> Option<CreditStats> {
-        *self.1.lock().unwrap_or_else(|e| e.into_inner())
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -458,7 +458,7 @@ pub async fn run_selftest(o: &SelftestOptions, out: &mut (dyn std::io::Write + S
 }
 
 /// Resident and peak resident memory of this process, MiB.
-fn rss_mib() -> (f64, f64) {
+pub(crate) fn rss_mib() -> (f64, f64) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| {
         status

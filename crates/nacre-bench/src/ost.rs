@@ -18,21 +18,11 @@ use nacre_raid::align::AlignedBuf;
 use nacre_raid::{Level, Volume};
 use serde_json::{Value, json};
 
+use crate::net::rss_mib;
 use crate::raid::{BenchError, check, create, make_drives, peak, ratio, stamp, timed};
 
 /// Objects the memory phase creates.
 const MANY_OBJECTS: u64 = 100_000;
-
-/// Resident memory of this process, MiB.
-fn rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(0.0, |kib| kib / 1024.0)
-}
 
 /// IO500's ior-hard transfer size.
 pub const SMALL_WRITE_BYTES: usize = 47_008;
@@ -225,13 +215,13 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
     // than redb's bounded cache.
     let t = Target::format(data.clone(), meta.clone(), TargetOptions::default())
         .map_err(|e| BenchError::Bad(e.to_string()))?;
-    let rss_before = rss_mib();
+    let rss_before = rss_mib().0;
     let started = Instant::now();
     for _ in 0..MANY_OBJECTS / 1024 {
         t.create(1024).map_err(|e| BenchError::Bad(e.to_string()))?;
     }
     let create_rate = (MANY_OBJECTS / 1024 * 1024) as f64 / started.elapsed().as_secs_f64();
-    let rss_after = rss_mib();
+    let rss_after = rss_mib().0;
     let objects = t.statfs().map_err(|e| BenchError::Bad(e.to_string()))?.objects;
     let _ = writeln!(
         out,
