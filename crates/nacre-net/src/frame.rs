@@ -199,6 +199,20 @@ impl FrameHeader {
         Ok(h)
     }
 
+    /// The header of a reply to request `(opcode, xid)`: it echoes both and carries the
+    /// status and the lengths of what follows.
+    pub fn reply(opcode: u16, xid: u64, status: i32, body_len: usize, bulk_len: usize) -> FrameHeader {
+        FrameHeader {
+            opcode,
+            flags: flags::REPLY,
+            status,
+            xid,
+            body_len: body_len as u32,
+            bulk_len: bulk_len as u32,
+            ..FrameHeader::default()
+        }
+    }
+
     /// Bytes of the whole frame, header included.
     pub fn frame_len(&self) -> usize {
         HEADER_BYTES + self.body_len as usize + self.bulk_len as usize

@@ -1035,15 +1035,9 @@ impl Shared {
             at.estimate(self.now_ms())
         };
         let header = FrameHeader {
-            opcode: h.opcode,
-            flags: flags::REPLY,
-            status: reply.status,
-            xid: h.xid,
-            body_len: reply.body.len() as u32,
-            bulk_len: reply.bulk.len() as u32,
             timeout_ms: estimate.as_millis().min(u32::MAX as u128) as u32,
             service_us: service.as_micros().min(u32::MAX as u128) as u32,
-            ..FrameHeader::default()
+            ..FrameHeader::reply(h.opcode, h.xid, reply.status, reply.body.len(), reply.bulk.len())
         };
         let body = Arc::new(reply.body);
         let route = self.complete(&export, &header, &body, reply.bulk.is_empty());
@@ -1093,27 +1087,15 @@ impl Shared {
     /// Answer a transport request (connect, ping) on its own connection, uncached.
     async fn reply_now(&self, export: &Export, route: &Arc<Route>, h: &FrameHeader, status: i32, body: &[u8]) {
         let header = FrameHeader {
-            opcode: h.opcode,
-            flags: flags::REPLY,
-            status,
-            xid: h.xid,
-            body_len: body.len() as u32,
             timeout_ms: lock(&self.service_at).estimate(self.now_ms()).as_millis() as u32,
-            ..FrameHeader::default()
+            ..FrameHeader::reply(h.opcode, h.xid, status, body.len(), 0)
         };
         self.send(export, route, &header, body, &[]).await;
     }
 
     /// Refuse a connection with a status and the reason, before it has an export.
     async fn refuse(&self, route: &Route, h: &FrameHeader, status: i32, why: &str) {
-        let header = FrameHeader {
-            opcode: h.opcode,
-            flags: flags::REPLY,
-            status,
-            xid: h.xid,
-            body_len: why.len() as u32,
-            ..FrameHeader::default()
-        };
+        let header = FrameHeader::reply(h.opcode, h.xid, status, why.len(), 0);
         let mut w = route.writer.lock().await;
         let _ = write_frame(&mut *w, &header, why.as_bytes(), &[]).await;
     }
@@ -1195,11 +1177,9 @@ impl Shared {
                 continue;
             }
             let header = FrameHeader {
-                opcode: e.opcode,
                 flags: flags::REPLY | flags::EARLY,
-                xid: e.xid,
                 timeout_ms: extra.min(u32::MAX as u64) as u32,
-                ..FrameHeader::default()
+                ..FrameHeader::reply(e.opcode, e.xid, 0, 0, 0)
             };
             let key =
                 (now + extra.saturating_sub(margin).max(extra / 2), self.early_seq.fetch_add(1, Ordering::Relaxed));
