@@ -101,3 +101,40 @@ fn served_target_counts_jobs_and_get_param_reads_them() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The OST bench at a small size: every figure in its JSON line, each positive, and the
+/// small-write bound no higher than its two references allow.
+#[test]
+fn bench_ost_prints_every_figure() {
+    let dir = std::env::temp_dir().join(format!("nacre-bench-ost-{}", std::process::id()));
+    let out = nacre()
+        .args(["bench", "ost", "--size", "32M", "--threads", "2", "--rounds", "1", "--brw-size", "4M", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap();
+    let v: serde_json::Value = serde_json::from_str(last).unwrap();
+    for key in [
+        "raw_write_gbps",
+        "raw_read_gbps",
+        "write_gbps",
+        "rewrite_gbps",
+        "read_gbps",
+        "small_write_gbps",
+        "raw_index_small_gbps",
+        "small_write_bound_gbps",
+        "write_ratio",
+        "read_ratio",
+        "small_write_ratio",
+        "small_write_bound_ratio",
+    ] {
+        let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} missing in {last}"));
+        assert!(x > 0.0, "{key} = {x}");
+    }
+    let f = |k: &str| v[k].as_f64().unwrap();
+    assert!(f("small_write_bound_gbps") <= f("raw_index_small_gbps").min(f("raw_write_gbps")));
+    assert_eq!(v["objects_created"].as_u64(), Some(99_328));
+}
