@@ -6,6 +6,9 @@
 //! missing, so a short or garbled body is an error and never a panic. Each message starts
 //! with a version byte; a receiver refuses versions it does not know.
 
+pub mod fid;
+pub mod layout;
+pub mod mdt;
 pub mod ost;
 pub mod param;
 pub mod wire;

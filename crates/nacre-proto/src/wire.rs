@@ -54,6 +54,12 @@ impl Enc {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
+    /// A length-prefixed byte string (names, values, paths).
+    pub fn bytes(mut self, v: &[u8]) -> Enc {
+        self.0.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        self.0.extend_from_slice(v);
+        self
+    }
     pub fn done(self) -> Vec<u8> {
         self.0
     }
@@ -96,6 +102,25 @@ impl<'a> Dec<'a> {
     }
     pub fn i64(&mut self, what: &'static str) -> Result<i64, ProtoError> {
         Ok(i64::from_le_bytes(self.take(what)?))
+    }
+
+    /// A length-prefixed byte string of at most `max` bytes; a longer one is refused
+    /// before anything is taken.
+    pub fn bytes(&mut self, what: &'static str, max: usize) -> Result<&'a [u8], ProtoError> {
+        let len = self.u32(what)? as usize;
+        if len > max {
+            return Err(ProtoError::Invalid(format!("{what} of {len} bytes is longer than {max}")));
+        }
+        let s =
+            self.b.get(self.at..self.at + len).ok_or(ProtoError::Truncated { what, at: self.at, len: self.b.len() })?;
+        self.at += len;
+        Ok(s)
+    }
+
+    /// A length-prefixed UTF-8 string of at most `max` bytes.
+    pub fn str(&mut self, what: &'static str, max: usize) -> Result<&'a str, ProtoError> {
+        let b = self.bytes(what, max)?;
+        std::str::from_utf8(b).map_err(|_| ProtoError::Invalid(format!("{what} is not UTF-8")))
     }
 
     /// The message must end here.

@@ -1,0 +1,563 @@
+//! The MDT namespace: random operations against a model tree (seeded), the POSIX rules
+//! one by one, replayed changes, open-unlinked files, restart, and group commit.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use nacre_proto::fid::Fid;
+use nacre_proto::mdt::{Attr, errno, mode};
+use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, Volume, VolumeOptions};
+use nacre_server::mdt::{Cred, MdError, Namespace, NamespaceOptions, RenameMode, ReplyKey, SetAttr};
+
+fn volume() -> Arc<Volume> {
+    let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
+    let devs: Vec<Arc<dyn BlockDevice>> =
+        (0..4).map(|i| MemDrive::new(&format!("m{i}"), 64 << 20) as Arc<dyn BlockDevice>).collect();
+    let mut o = CreateOptions::new("mdt0", Level::Raid10);
+    o.strip_bytes = 64 << 10;
+    o.assume_clean = true;
+    Arc::new(Volume::create(devs, &o, &run).unwrap())
+}
+
+fn ns() -> (Namespace, Arc<Volume>) {
+    let v = volume();
+    (Namespace::format(v.clone(), 0, NamespaceOptions::default()).unwrap(), v)
+}
+
+fn errno_of<T: std::fmt::Debug>(r: Result<T, MdError>) -> i32 {
+    r.expect_err("expected an error").errno
+}
+
+const ROOT: Fid = Fid::ROOT;
+
+fn root() -> Cred {
+    Cred::root()
+}
+
+/// Every entry of `dir`, through pages of `page` entries.
+fn list(ns: &Namespace, dir: Fid, page: usize) -> BTreeMap<String, Attr> {
+    let mut out = BTreeMap::new();
+    let mut cookie = 0;
+    loop {
+        let (entries, eof) = ns.readdir(&root(), dir, cookie, page).unwrap();
+        for (e, a) in entries {
+            assert!(e.cookie > cookie, "cookies grow");
+            cookie = e.cookie;
+            assert_eq!(e.fid, a.fid);
+            assert_eq!(e.kind, a.mode & mode::S_IFMT);
+            assert!(out.insert(e.name, a).is_none(), "an entry listed twice");
+        }
+        if eof {
+            return out;
+        }
+    }
+}
+
+// ---- the model ----
+
+#[derive(Clone, Debug)]
+struct Node {
+    dir: bool,
+    nlink: u32,
+    parent: usize,
+    children: BTreeMap<String, usize>,
+    size: u64,
+}
+
+struct Model {
+    nodes: Vec<Option<Node>>,
+    fids: Vec<Fid>,
+}
+
+impl Model {
+    fn node(&self, id: usize) -> Option<&Node> {
+        self.nodes.get(id).and_then(|n| n.as_ref())
+    }
+
+    fn is_below(&self, mut at: usize, ancestor: usize) -> bool {
+        loop {
+            if at == ancestor {
+                return true;
+            }
+            if at == 0 {
+                return false;
+            }
+            at = self.node(at).map_or(0, |n| n.parent);
+        }
+    }
+
+    fn drop_link(&mut self, id: usize) {
+        let n = self.nodes[id].as_mut().unwrap();
+        if n.dir {
+            self.nodes[id] = None;
+            return;
+        }
+        n.nlink -= 1;
+        if n.nlink == 0 {
+            self.nodes[id] = None;
+        }
+    }
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+const NAMES: [&str; 6] = ["a", "b", "c", "dd", "e.txt", "f-long-name"];
+
+fn run_model(seed: u64, ops: usize) {
+    let (ns, _v) = ns();
+    let mut m = Model {
+        nodes: vec![Some(Node { dir: true, nlink: 2, parent: 0, children: BTreeMap::new(), size: 0 })],
+        fids: vec![ROOT],
+    };
+    let mut rng = Rng(seed | 1);
+    let c = root();
+    for step in 0..ops {
+        // Directories that exist, and every id ever made (removed ones give ENOENT).
+        let dirs: Vec<usize> = (0..m.nodes.len()).filter(|&i| m.node(i).is_some_and(|n| n.dir)).collect();
+        let any = |rng: &mut Rng| rng.below(m.fids.len());
+        let d = if rng.below(10) == 0 { any(&mut rng) } else { dirs[rng.below(dirs.len())] };
+        let name = NAMES[rng.below(NAMES.len())];
+        let op = rng.below(8);
+        let what = format!("seed {seed} step {step} op {op} dir {d} name {name}");
+        let dir_ok = m.node(d).is_some_and(|n| n.dir);
+        let existing = m.node(d).and_then(|n| n.children.get(name).copied());
+        match op {
+            0 | 1 => {
+                let mkdir = op == 1;
+                let r = if mkdir {
+                    ns.mkdir(&c, m.fids[d], name, 0o755, None)
+                } else {
+                    ns.create(&c, m.fids[d], name, 0o644, None)
+                };
+                if m.node(d).is_none() {
+                    assert_eq!(errno_of(r), errno::ENOENT, "{what}");
+                } else if !dir_ok {
+                    assert_eq!(errno_of(r), errno::ENOTDIR, "{what}");
+                } else if existing.is_some() {
+                    assert_eq!(errno_of(r), errno::EEXIST, "{what}");
+                } else {
+                    let a = r.unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let id = m.nodes.len();
+                    m.nodes.push(Some(Node {
+                        dir: mkdir,
+                        nlink: if mkdir { 2 } else { 1 },
+                        parent: d,
+                        children: BTreeMap::new(),
+                        size: 0,
+                    }));
+                    m.fids.push(a.fid);
+                    let p = m.nodes[d].as_mut().unwrap();
+                    p.children.insert(name.into(), id);
+                    if mkdir {
+                        p.nlink += 1;
+                    }
+                }
+            }
+            2 | 3 => {
+                let rmdir = op == 3;
+                let r = ns.remove(&c, m.fids[d], name, rmdir, None);
+                if m.node(d).is_none() {
+                    assert_eq!(errno_of(r), errno::ENOENT, "{what}");
+                } else if !dir_ok {
+                    assert_eq!(errno_of(r), errno::ENOTDIR, "{what}");
+                } else if let Some(id) = existing {
+                    let n = m.node(id).unwrap().clone();
+                    if rmdir && !n.dir {
+                        assert_eq!(errno_of(r), errno::ENOTDIR, "{what}");
+                    } else if !rmdir && n.dir {
+                        assert_eq!(errno_of(r), errno::EISDIR, "{what}");
+                    } else if n.dir && !n.children.is_empty() {
+                        assert_eq!(errno_of(r), errno::ENOTEMPTY, "{what}");
+                    } else {
+                        r.unwrap_or_else(|e| panic!("{what}: {e}"));
+                        let p = m.nodes[d].as_mut().unwrap();
+                        p.children.remove(name);
+                        if n.dir {
+                            p.nlink -= 1;
+                        }
+                        m.drop_link(id);
+                    }
+                } else {
+                    assert_eq!(errno_of(r), errno::ENOENT, "{what}");
+                }
+            }
+            4 | 5 => {
+                let dd = dirs[rng.below(dirs.len())];
+                let dname = NAMES[rng.below(NAMES.len())];
+                let how = if op == 4 { RenameMode::Replace } else { RenameMode::NoReplace };
+                let what = format!("{what} -> {dd}/{dname} {how:?}");
+                let r = ns.rename(&c, m.fids[d], name, m.fids[dd], dname, how, None);
+                let victim = m.node(dd).unwrap().children.get(dname).copied();
+                if m.node(d).is_none() {
+                    assert_eq!(errno_of(r), errno::ENOENT, "{what}");
+                } else if !dir_ok {
+                    assert_eq!(errno_of(r), errno::ENOTDIR, "{what}");
+                } else if let Some(src) = existing {
+                    let sn = m.node(src).unwrap().clone();
+                    if victim == Some(src) {
+                        r.unwrap_or_else(|e| panic!("{what}: {e}"));
+                    } else if victim.is_some() && how == RenameMode::NoReplace {
+                        assert_eq!(errno_of(r), errno::EEXIST, "{what}");
+                    } else if sn.dir && dd != d && m.is_below(dd, src) {
+                        assert_eq!(errno_of(r), errno::EINVAL, "{what}");
+                    } else if let Some(v) = victim.map(|v| (v, m.node(v).unwrap().clone()))
+                        && (sn.dir != v.1.dir || (v.1.dir && !v.1.children.is_empty()))
+                    {
+                        let want = if sn.dir && !v.1.dir {
+                            errno::ENOTDIR
+                        } else if !sn.dir && v.1.dir {
+                            errno::EISDIR
+                        } else {
+                            errno::ENOTEMPTY
+                        };
+                        assert_eq!(errno_of(r), want, "{what}");
+                    } else {
+                        r.unwrap_or_else(|e| panic!("{what}: {e}"));
+                        m.nodes[d].as_mut().unwrap().children.remove(name);
+                        if let Some(v) = victim {
+                            let vdir = m.node(v).unwrap().dir;
+                            m.nodes[dd].as_mut().unwrap().children.remove(dname);
+                            if vdir {
+                                m.nodes[dd].as_mut().unwrap().nlink -= 1;
+                            }
+                            m.drop_link(v);
+                        }
+                        m.nodes[dd].as_mut().unwrap().children.insert(dname.into(), src);
+                        if sn.dir {
+                            m.nodes[d].as_mut().unwrap().nlink -= 1;
+                            m.nodes[dd].as_mut().unwrap().nlink += 1;
+                            m.nodes[src].as_mut().unwrap().parent = dd;
+                        }
+                    }
+                } else {
+                    assert_eq!(errno_of(r), errno::ENOENT, "{what}");
+                }
+            }
+            6 => {
+                // A hard link to some live inode.
+                let live: Vec<usize> = (0..m.nodes.len()).filter(|&i| m.node(i).is_some()).collect();
+                let t = live[rng.below(live.len())];
+                let r = ns.link(&c, m.fids[t], m.fids[d], name, None);
+                if m.node(d).is_none() {
+                    assert_eq!(errno_of(r), errno::ENOENT, "{what}");
+                } else if !dir_ok {
+                    assert_eq!(errno_of(r), errno::ENOTDIR, "{what}");
+                } else if m.node(t).unwrap().dir {
+                    assert_eq!(errno_of(r), errno::EPERM, "{what}");
+                } else if existing.is_some() {
+                    assert_eq!(errno_of(r), errno::EEXIST, "{what}");
+                } else {
+                    r.unwrap_or_else(|e| panic!("{what}: {e}"));
+                    m.nodes[t].as_mut().unwrap().nlink += 1;
+                    m.nodes[d].as_mut().unwrap().children.insert(name.into(), t);
+                }
+            }
+            _ => {
+                // Truncate a file to a random size.
+                let files: Vec<usize> = (0..m.nodes.len()).filter(|&i| m.node(i).is_some_and(|n| !n.dir)).collect();
+                if files.is_empty() {
+                    continue;
+                }
+                let f = files[rng.below(files.len())];
+                let size = rng.next() % (1 << 40);
+                let a = ns.setattr(&c, m.fids[f], SetAttr { size: Some(size), ..SetAttr::default() }, None).unwrap();
+                assert_eq!(a.size, size);
+                m.nodes[f].as_mut().unwrap().size = size;
+            }
+        }
+        if step % 97 == 0 || step + 1 == ops {
+            compare(&ns, &m, 0, &format!("seed {seed} after step {step}"));
+        }
+    }
+    let inodes = m.nodes.iter().filter(|n| n.is_some()).count() as u64;
+    assert_eq!(ns.statfs().unwrap().inodes, inodes, "inodes leaked or lost");
+}
+
+/// Walk the namespace and the model together.
+fn compare(ns: &Namespace, m: &Model, id: usize, what: &str) {
+    let n = m.node(id).unwrap();
+    let a = ns.getattr(m.fids[id]).unwrap();
+    assert_eq!(a.nlink, n.nlink, "{what}: nlink of {}", m.fids[id]);
+    assert_eq!(mode::is_dir(a.mode), n.dir, "{what}");
+    if !n.dir {
+        assert_eq!(a.size, n.size, "{what}: size of {}", m.fids[id]);
+        return;
+    }
+    let listed = list(ns, m.fids[id], 2);
+    let names: Vec<&String> = listed.keys().collect();
+    let want: Vec<&String> = n.children.keys().collect();
+    assert_eq!(names, want, "{what}: entries of {}", m.fids[id]);
+    for (name, &child) in &n.children {
+        assert_eq!(listed[name].fid, m.fids[child], "{what}: {name}");
+        assert_eq!(ns.lookup(&root(), m.fids[id], name).unwrap().fid, m.fids[child]);
+        if m.node(child).unwrap().dir {
+            assert_eq!(ns.lookup(&root(), m.fids[child], "..").unwrap().fid, m.fids[id], "{what}: .. of {name}");
+            compare(ns, m, child, what);
+        } else {
+            compare(ns, m, child, what);
+        }
+    }
+}
+
+#[test]
+fn random_operations_match_the_model() {
+    for seed in [1, 2, 3, 0xdead_beef] {
+        run_model(seed, 1500);
+    }
+}
+
+#[test]
+fn names_are_checked() {
+    let (ns, _v) = ns();
+    let c = root();
+    let long = "x".repeat(256);
+    assert_eq!(errno_of(ns.create(&c, ROOT, &long, 0o644, None)), errno::ENAMETOOLONG);
+    assert_eq!(errno_of(ns.lookup(&c, ROOT, &long)), errno::ENAMETOOLONG);
+    ns.create(&c, ROOT, &"x".repeat(255), 0o644, None).unwrap();
+    for bad in ["", ".", "..", "a/b", "nul\0"] {
+        let e = ns.create(&c, ROOT, bad, 0o644, None).unwrap_err();
+        assert_eq!(e.errno, errno::EINVAL, "{bad:?}: {e}");
+    }
+    let f = ns.create(&c, ROOT, "file", 0o644, None).unwrap();
+    assert_eq!(errno_of(ns.create(&c, f.fid, "x", 0o644, None)), errno::ENOTDIR);
+    assert_eq!(errno_of(ns.lookup(&c, ROOT, "missing")), errno::ENOENT);
+    assert_eq!(errno_of(ns.getattr(Fid::new(Fid::seq_of(0, 0), 999))), errno::ENOENT);
+    // Nothing above left anything behind: the root, the 255-byte name and "file".
+    assert_eq!(ns.statfs().unwrap().inodes, 3);
+}
+
+#[test]
+fn permissions_and_sticky_directories() {
+    let (ns, _v) = ns();
+    let (alice, bob) = (Cred::user(1000, 100), Cred::user(1001, 101));
+    let tmp = ns.mkdir(&root(), ROOT, "tmp", 0o1777, None).unwrap();
+    let home = ns.mkdir(&root(), ROOT, "home", 0o755, None).unwrap();
+    // Only root may write in a 0755 root-owned directory.
+    assert_eq!(errno_of(ns.create(&alice, home.fid, "x", 0o644, None)), errno::EACCES);
+    let af = ns.create(&alice, tmp.fid, "alice", 0o600, None).unwrap();
+    assert_eq!((af.uid, af.gid), (1000, 100));
+    // Sticky: bob may not remove or rename alice's file, alice may.
+    assert_eq!(errno_of(ns.remove(&bob, tmp.fid, "alice", false, None)), errno::EPERM);
+    assert_eq!(errno_of(ns.rename(&bob, tmp.fid, "alice", tmp.fid, "b", RenameMode::Replace, None)), errno::EPERM);
+    // Mode 0600: bob may neither open nor chmod it; alice may.
+    assert_eq!(errno_of(ns.open_file(&bob, af.fid, true, false)), errno::EACCES);
+    assert_eq!(
+        errno_of(ns.setattr(&bob, af.fid, SetAttr { mode: Some(0o666), ..Default::default() }, None)),
+        errno::EPERM
+    );
+    let a = ns.setattr(&alice, af.fid, SetAttr { mode: Some(0o640), ..Default::default() }, None).unwrap();
+    assert_eq!(a.mode, mode::S_IFREG | 0o640);
+    // chown: only root gives files away; the owner may pick a group of hers.
+    assert_eq!(
+        errno_of(ns.setattr(&alice, af.fid, SetAttr { uid: Some(1001), ..Default::default() }, None)),
+        errno::EPERM
+    );
+    assert_eq!(
+        errno_of(ns.setattr(&alice, af.fid, SetAttr { gid: Some(7), ..Default::default() }, None)),
+        errno::EPERM
+    );
+    let alice2 = Cred { groups: vec![7], ..alice.clone() };
+    assert_eq!(ns.setattr(&alice2, af.fid, SetAttr { gid: Some(7), ..Default::default() }, None).unwrap().gid, 7);
+    // Times: "now" needs write permission, explicit times need ownership.
+    let g = ns.create(&root(), tmp.fid, "shared", 0o666, None).unwrap();
+    ns.setattr(&bob, g.fid, SetAttr { mtime_ns: Some(None), ..Default::default() }, None).unwrap();
+    assert_eq!(
+        errno_of(ns.setattr(&bob, g.fid, SetAttr { mtime_ns: Some(Some(5)), ..Default::default() }, None)),
+        errno::EPERM
+    );
+    let t = ns
+        .setattr(
+            &root(),
+            g.fid,
+            SetAttr { mtime_ns: Some(Some(5)), atime_ns: Some(Some(6)), ..Default::default() },
+            None,
+        )
+        .unwrap();
+    assert_eq!((t.mtime_ns, t.atime_ns), (5, 6));
+    // Truncate needs write permission; directories cannot be truncated.
+    assert_eq!(
+        errno_of(ns.setattr(&bob, af.fid, SetAttr { size: Some(0), ..Default::default() }, None)),
+        errno::EACCES
+    );
+    assert_eq!(
+        errno_of(ns.setattr(&root(), tmp.fid, SetAttr { size: Some(0), ..Default::default() }, None)),
+        errno::EISDIR
+    );
+    // Search permission: bob cannot look into a 0700 directory of alice's.
+    let private = ns.mkdir(&alice, tmp.fid, "private", 0o700, None).unwrap();
+    ns.create(&alice, private.fid, "secret", 0o644, None).unwrap();
+    assert_eq!(errno_of(ns.lookup(&bob, private.fid, "secret")), errno::EACCES);
+    assert_eq!(errno_of(ns.readdir(&bob, private.fid, 0, 10)), errno::EACCES);
+    assert_eq!(ns.lookup(&alice, private.fid, "secret").unwrap().uid, 1000);
+    // Setgid directories hand down their group and the bit.
+    let sg = ns.mkdir(&root(), ROOT, "sg", 0o2777, None).unwrap();
+    ns.setattr(&root(), sg.fid, SetAttr { gid: Some(55), ..Default::default() }, None).unwrap();
+    assert_eq!(ns.create(&alice, sg.fid, "f", 0o644, None).unwrap().gid, 55);
+    let sub = ns.mkdir(&alice, sg.fid, "d", 0o755, None).unwrap();
+    assert_eq!((sub.gid, sub.mode & mode::S_ISGID), (55, mode::S_ISGID));
+}
+
+#[test]
+fn rename_cases() {
+    let (ns, _v) = ns();
+    let c = root();
+    let a = ns.mkdir(&c, ROOT, "a", 0o755, None).unwrap();
+    let b = ns.mkdir(&c, a.fid, "b", 0o755, None).unwrap();
+    let f = ns.create(&c, ROOT, "f", 0o644, None).unwrap();
+    let g = ns.create(&c, ROOT, "g", 0o644, None).unwrap();
+    // A directory into its own subtree.
+    assert_eq!(errno_of(ns.rename(&c, ROOT, "a", b.fid, "x", RenameMode::Replace, None)), errno::EINVAL);
+    // File over directory, directory over file, over a non-empty directory.
+    assert_eq!(errno_of(ns.rename(&c, ROOT, "f", ROOT, "a", RenameMode::Replace, None)), errno::EISDIR);
+    assert_eq!(errno_of(ns.rename(&c, a.fid, "b", ROOT, "f", RenameMode::Replace, None)), errno::ENOTDIR);
+    ns.mkdir(&c, ROOT, "c", 0o755, None).unwrap();
+    assert_eq!(errno_of(ns.rename(&c, ROOT, "c", ROOT, "a", RenameMode::Replace, None)), errno::ENOTEMPTY);
+    // No-replace, then replace: g's inode goes, f takes its name.
+    assert_eq!(errno_of(ns.rename(&c, ROOT, "f", ROOT, "g", RenameMode::NoReplace, None)), errno::EEXIST);
+    ns.rename(&c, ROOT, "f", ROOT, "g", RenameMode::Replace, None).unwrap();
+    assert_eq!(ns.lookup(&c, ROOT, "g").unwrap().fid, f.fid);
+    assert_eq!(errno_of(ns.getattr(g.fid)), errno::ENOENT);
+    // Moving a directory moves its ".." and both parents' link counts.
+    let root_links = ns.getattr(ROOT).unwrap().nlink;
+    ns.rename(&c, a.fid, "b", ROOT, "b2", RenameMode::Replace, None).unwrap();
+    assert_eq!(ns.lookup(&c, b.fid, "..").unwrap().fid, ROOT);
+    assert_eq!(ns.getattr(ROOT).unwrap().nlink, root_links + 1);
+    assert_eq!(ns.getattr(a.fid).unwrap().nlink, 2);
+    // Replacing an empty directory with a directory.
+    ns.rename(&c, ROOT, "b2", ROOT, "c", RenameMode::Replace, None).unwrap();
+    assert_eq!(ns.getattr(ROOT).unwrap().nlink, root_links);
+    // Two names of one inode: nothing happens.
+    ns.link(&c, f.fid, ROOT, "f2", None).unwrap();
+    ns.rename(&c, ROOT, "g", ROOT, "f2", RenameMode::Replace, None).unwrap();
+    assert_eq!(ns.getattr(f.fid).unwrap().nlink, 2);
+    assert!(ns.lookup(&c, ROOT, "g").is_ok() && ns.lookup(&c, ROOT, "f2").is_ok());
+}
+
+#[test]
+fn symlinks_xattrs_and_links() {
+    let (ns, _v) = ns();
+    let c = root();
+    let l = ns.symlink(&c, ROOT, "l", b"../target", None).unwrap();
+    assert!(mode::is_lnk(l.mode) && l.size == 9);
+    assert_eq!(ns.readlink(l.fid).unwrap(), b"../target");
+    assert_eq!(errno_of(ns.symlink(&c, ROOT, "l2", &[b'x'; 4096], None)), errno::ENAMETOOLONG);
+    assert_eq!(errno_of(ns.readlink(ROOT)), errno::EINVAL);
+    let f = ns.create(&c, ROOT, "f", 0o644, None).unwrap();
+    ns.setxattr(&c, f.fid, "user.a", b"1", false, false, None).unwrap();
+    assert_eq!(errno_of(ns.setxattr(&c, f.fid, "user.a", b"2", true, false, None)), errno::EEXIST);
+    assert_eq!(errno_of(ns.setxattr(&c, f.fid, "user.b", b"2", false, true, None)), errno::ENODATA);
+    ns.setxattr(&c, f.fid, "user.a", b"3", false, true, None).unwrap();
+    ns.setxattr(&c, f.fid, "trusted.t", b"t", false, false, None).unwrap();
+    assert_eq!(ns.getxattr(&c, f.fid, "user.a").unwrap(), b"3");
+    assert_eq!(ns.listxattr(&c, f.fid).unwrap(), vec!["trusted.t".to_string(), "user.a".to_string()]);
+    let alice = Cred::user(1000, 100);
+    assert_eq!(ns.listxattr(&alice, f.fid).unwrap(), vec!["user.a".to_string()]);
+    assert_eq!(errno_of(ns.setxattr(&alice, f.fid, "user.a", b"x", false, false, None)), errno::EACCES);
+    assert_eq!(errno_of(ns.getxattr(&alice, f.fid, "trusted.t")), errno::EPERM);
+    assert_eq!(errno_of(ns.setxattr(&c, f.fid, "other.x", b"x", false, false, None)), errno::EOPNOTSUPP);
+    assert_eq!(errno_of(ns.setxattr(&c, f.fid, "user.big", &vec![0; 65_537], false, false, None)), errno::ERANGE);
+    ns.removexattr(&c, f.fid, "user.a", None).unwrap();
+    assert_eq!(errno_of(ns.removexattr(&c, f.fid, "user.a", None)), errno::ENODATA);
+    assert_eq!(errno_of(ns.getxattr(&c, f.fid, "user.a")), errno::ENODATA);
+    // Hard links: not to directories; the inode lives until its last name goes.
+    assert_eq!(errno_of(ns.link(&c, ROOT, ROOT, "r", None)), errno::EPERM);
+    ns.link(&c, f.fid, ROOT, "f2", None).unwrap();
+    assert_eq!(errno_of(ns.link(&c, f.fid, ROOT, "f2", None)), errno::EEXIST);
+    ns.remove(&c, ROOT, "f", false, None).unwrap();
+    assert_eq!(ns.getattr(f.fid).unwrap().nlink, 1);
+    ns.remove(&c, ROOT, "f2", false, None).unwrap();
+    assert_eq!(errno_of(ns.getattr(f.fid)), errno::ENOENT);
+    // Its xattrs went with it.
+    assert_eq!(ns.statfs().unwrap().inodes, 2);
+}
+
+#[test]
+fn replayed_changes_answer_once() {
+    let (ns, _v) = ns();
+    let c = root();
+    let k = |xid| Some(ReplyKey { client: 7, xid, acked_below: 0 });
+    let a = ns.create(&c, ROOT, "f", 0o644, k(1)).unwrap();
+    // The same xid again (a resend after a lost reply): the first answer, not EEXIST,
+    // and no second inode.
+    assert_eq!(ns.create(&c, ROOT, "f", 0o644, k(1)).unwrap(), a);
+    assert_eq!(errno_of(ns.create(&c, ROOT, "f", 0o644, k(2))), errno::EEXIST);
+    ns.remove(&c, ROOT, "f", false, k(3)).unwrap();
+    ns.remove(&c, ROOT, "f", false, k(3)).unwrap();
+    assert_eq!(ns.statfs().unwrap().inodes, 1);
+    assert_eq!(ns.stats.replayed.load(std::sync::atomic::Ordering::Relaxed), 2);
+    // Acknowledged replies are pruned: xid 1 runs again.
+    ns.mkdir(&c, ROOT, "d", 0o755, Some(ReplyKey { client: 7, xid: 4, acked_below: 4 })).unwrap();
+    assert_eq!(errno_of(ns.create(&c, ROOT, "d", 0o644, k(1))), errno::EEXIST);
+}
+
+#[test]
+fn open_unlinked_files_live_until_the_last_close_and_restart_keeps_everything() {
+    let (ns, v) = ns();
+    let c = root();
+    let f = ns.create(&c, ROOT, "f", 0o644, None).unwrap();
+    let g = ns.create(&c, ROOT, "g", 0o644, None).unwrap();
+    let d = ns.mkdir(&c, ROOT, "d", 0o755, None).unwrap();
+    ns.create(&c, d.fid, "inner", 0o600, None).unwrap();
+    let (h1, _) = ns.open_file(&c, f.fid, true, true).unwrap();
+    let (h2, _) = ns.open_file(&c, f.fid, true, false).unwrap();
+    assert_eq!(errno_of(ns.open_file(&c, d.fid, false, true)), errno::EISDIR);
+    ns.remove(&c, ROOT, "f", false, None).unwrap();
+    assert_eq!(ns.getattr(f.fid).unwrap().nlink, 0);
+    ns.close_file(h1).unwrap();
+    assert!(ns.getattr(f.fid).is_ok(), "still open once");
+    ns.close_file(h2).unwrap();
+    assert_eq!(errno_of(ns.getattr(f.fid)), errno::ENOENT);
+    assert_eq!(errno_of(ns.close_file(h2)), errno::EBADF);
+    // An orphan whose handle dies with the server goes at the next start.
+    let (_h, _) = ns.open_file(&c, g.fid, true, false).unwrap();
+    ns.remove(&c, ROOT, "g", false, None).unwrap();
+    let before = list(&ns, ROOT, 100);
+    drop(ns);
+    let ns = Namespace::open(v, NamespaceOptions::default()).unwrap();
+    assert_eq!(errno_of(ns.getattr(g.fid)), errno::ENOENT);
+    assert_eq!(list(&ns, ROOT, 100), before);
+    assert_eq!(ns.lookup(&c, d.fid, "inner").unwrap().mode, mode::S_IFREG | 0o600);
+    // New FIDs never reuse old ones.
+    let n = ns.create(&c, ROOT, "new", 0o644, None).unwrap();
+    assert!(n.fid > d.fid && n.fid.mdt() == Some(0));
+    assert_eq!(ns.statfs().unwrap().inodes, 4);
+}
+
+#[test]
+fn concurrent_creates_share_commits() {
+    let (ns, _v) = ns();
+    let ns = Arc::new(ns);
+    let threads = 8;
+    let per = 200;
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let ns = ns.clone();
+            s.spawn(move || {
+                let d = ns.mkdir(&root(), ROOT, &format!("t{t}"), 0o755, None).unwrap();
+                for i in 0..per {
+                    ns.create(&root(), d.fid, &format!("f{i}"), 0o644, None).unwrap();
+                }
+            });
+        }
+    });
+    for t in 0..threads {
+        let d = ns.lookup(&root(), ROOT, &format!("t{t}")).unwrap();
+        assert_eq!(list(&ns, d.fid, 37).len(), per);
+    }
+    let commits = ns.stats.commits.load(std::sync::atomic::Ordering::Relaxed);
+    let changes = ns.stats.changes.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(changes, (threads * (per + 1)) as u64);
+    assert!(commits < changes, "{commits} commits for {changes} changes: no grouping");
+}
