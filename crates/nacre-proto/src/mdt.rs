@@ -1,5 +1,6 @@
-//! The metadata service's values: inode attributes and directory entries, as the MDS
-//! stores them and sends them. The requests join them with the MDS service.
+//! The metadata service's messages: inode attributes, directory entries, and every
+//! request and reply of the MDS. Each request carries the caller's credentials (as
+//! Lustre's do, trusting the client node for them).
 
 use crate::fid::Fid;
 use crate::wire::{Dec, Enc, ProtoError};
@@ -131,9 +132,469 @@ pub struct DirEntry {
     pub cookie: u64,
 }
 
+pub const MDS_GETATTR: u16 = 300;
+pub const MDS_LOOKUP: u16 = 301;
+pub const MDS_READDIR: u16 = 302;
+pub const MDS_CREATE: u16 = 303;
+pub const MDS_LINK: u16 = 304;
+pub const MDS_UNLINK: u16 = 305;
+pub const MDS_RENAME: u16 = 306;
+pub const MDS_SETATTR: u16 = 307;
+pub const MDS_OPEN: u16 = 308;
+pub const MDS_CLOSE: u16 = 309;
+pub const MDS_READLINK: u16 = 310;
+pub const MDS_GETXATTR: u16 = 311;
+pub const MDS_SETXATTR: u16 = 312;
+pub const MDS_LISTXATTR: u16 = 313;
+pub const MDS_REMOVEXATTR: u16 = 314;
+pub const MDS_STATFS: u16 = 315;
+
+/// Supplementary groups a request may carry.
+pub const GROUPS_MAX: usize = 64;
+/// Entries one readdir reply holds at most.
+pub const READDIR_MAX: u32 = 1024;
+
+/// Who asks.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Creds {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+/// Bits of [`SetAttr::mask`].
+pub mod set {
+    pub const MODE: u32 = 1;
+    pub const UID: u32 = 2;
+    pub const GID: u32 = 4;
+    pub const SIZE: u32 = 8;
+    pub const ATIME: u32 = 16;
+    pub const MTIME: u32 = 32;
+    /// The time is "now" (`UTIME_NOW`): the value is ignored.
+    pub const ATIME_NOW: u32 = 64;
+    pub const MTIME_NOW: u32 = 128;
+    pub const ALL: u32 = 255;
+}
+
+/// Attributes to change: the fields whose bit is in `mask`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SetAttr {
+    pub mask: u32,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+}
+
+/// Flags of a setxattr.
+pub mod xattr {
+    /// Fail if it exists (`XATTR_CREATE`).
+    pub const CREATE: u32 = 1;
+    /// Fail if it does not (`XATTR_REPLACE`).
+    pub const REPLACE: u32 = 2;
+}
+
+/// A request to an MDT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Getattr {
+        fid: Fid,
+    },
+    Lookup {
+        dir: Fid,
+        name: String,
+    },
+    /// Entries after `cookie` (0 starts), at most `max`, each with its attributes.
+    Readdir {
+        dir: Fid,
+        cookie: u64,
+        max: u32,
+    },
+    /// A regular file, directory or symlink, by the type bits of `mode`; a symlink's
+    /// target is `target`.
+    Create {
+        dir: Fid,
+        name: String,
+        mode: u32,
+        target: Vec<u8>,
+    },
+    Link {
+        fid: Fid,
+        dir: Fid,
+        name: String,
+    },
+    Unlink {
+        dir: Fid,
+        name: String,
+        rmdir: bool,
+    },
+    Rename {
+        src_dir: Fid,
+        src_name: String,
+        dst_dir: Fid,
+        dst_name: String,
+        noreplace: bool,
+    },
+    Setattr {
+        fid: Fid,
+        set: SetAttr,
+    },
+    Open {
+        fid: Fid,
+        read: bool,
+        write: bool,
+    },
+    Close {
+        handle: u64,
+    },
+    Readlink {
+        fid: Fid,
+    },
+    Getxattr {
+        fid: Fid,
+        name: String,
+    },
+    Setxattr {
+        fid: Fid,
+        name: String,
+        value: Vec<u8>,
+        flags: u32,
+    },
+    Listxattr {
+        fid: Fid,
+    },
+    Removexattr {
+        fid: Fid,
+        name: String,
+    },
+    Statfs,
+}
+
+impl Request {
+    /// Does this request change the namespace (and so get a reply record)?
+    pub fn is_change(&self) -> bool {
+        !matches!(
+            self,
+            Request::Getattr { .. }
+                | Request::Lookup { .. }
+                | Request::Readdir { .. }
+                | Request::Readlink { .. }
+                | Request::Getxattr { .. }
+                | Request::Listxattr { .. }
+                | Request::Statfs
+                | Request::Open { .. }
+        )
+    }
+
+    /// The opcode and body of this request from `creds`.
+    pub fn encode(&self, creds: &Creds) -> (u16, Vec<u8>) {
+        let mut e = Enc::new(VERSION).u32(creds.uid).u32(creds.gid).u32(creds.groups.len() as u32);
+        for g in &creds.groups {
+            e = e.u32(*g);
+        }
+        let s = |e: Enc, v: &str| e.bytes(v.as_bytes());
+        match self {
+            Request::Getattr { fid } => (MDS_GETATTR, fid.put(e).done()),
+            Request::Lookup { dir, name } => (MDS_LOOKUP, s(dir.put(e), name).done()),
+            Request::Readdir { dir, cookie, max } => (MDS_READDIR, dir.put(e).u64(*cookie).u32(*max).done()),
+            Request::Create { dir, name, mode, target } => {
+                (MDS_CREATE, s(dir.put(e), name).u32(*mode).bytes(target).done())
+            }
+            Request::Link { fid, dir, name } => (MDS_LINK, s(dir.put(fid.put(e)), name).done()),
+            Request::Unlink { dir, name, rmdir } => (MDS_UNLINK, s(dir.put(e), name).u8(*rmdir as u8).done()),
+            Request::Rename { src_dir, src_name, dst_dir, dst_name, noreplace } => {
+                (MDS_RENAME, s(dst_dir.put(s(src_dir.put(e), src_name)), dst_name).u8(*noreplace as u8).done())
+            }
+            Request::Setattr { fid, set } => (
+                MDS_SETATTR,
+                fid.put(e)
+                    .u32(set.mask)
+                    .u32(set.mode)
+                    .u32(set.uid)
+                    .u32(set.gid)
+                    .u64(set.size)
+                    .i64(set.atime_ns)
+                    .i64(set.mtime_ns)
+                    .done(),
+            ),
+            Request::Open { fid, read, write } => (MDS_OPEN, fid.put(e).u8(*read as u8).u8(*write as u8).done()),
+            Request::Close { handle } => (MDS_CLOSE, e.u64(*handle).done()),
+            Request::Readlink { fid } => (MDS_READLINK, fid.put(e).done()),
+            Request::Getxattr { fid, name } => (MDS_GETXATTR, s(fid.put(e), name).done()),
+            Request::Setxattr { fid, name, value, flags } => {
+                (MDS_SETXATTR, s(fid.put(e), name).bytes(value).u32(*flags).done())
+            }
+            Request::Listxattr { fid } => (MDS_LISTXATTR, fid.put(e).done()),
+            Request::Removexattr { fid, name } => (MDS_REMOVEXATTR, s(fid.put(e), name).done()),
+            Request::Statfs => (MDS_STATFS, e.done()),
+        }
+    }
+
+    /// Decode a request and its credentials; an unknown opcode, a malformed body or an
+    /// over-long field is an error naming it.
+    pub fn decode(opcode: u16, body: &[u8]) -> Result<(Creds, Request), ProtoError> {
+        let name = match opcode {
+            MDS_GETATTR => "getattr",
+            MDS_LOOKUP => "lookup",
+            MDS_READDIR => "readdir",
+            MDS_CREATE => "create",
+            MDS_LINK => "link",
+            MDS_UNLINK => "unlink",
+            MDS_RENAME => "rename",
+            MDS_SETATTR => "setattr",
+            MDS_OPEN => "open",
+            MDS_CLOSE => "close",
+            MDS_READLINK => "readlink",
+            MDS_GETXATTR => "getxattr",
+            MDS_SETXATTR => "setxattr",
+            MDS_LISTXATTR => "listxattr",
+            MDS_REMOVEXATTR => "removexattr",
+            MDS_STATFS => "statfs",
+            other => return Err(ProtoError::Invalid(format!("opcode {other} is not an MDS operation"))),
+        };
+        let mut d = Dec::new(body, name, VERSION)?;
+        let (uid, gid, n) = (d.u32("uid")?, d.u32("gid")?, d.u32("group count")? as usize);
+        if n > GROUPS_MAX {
+            return Err(ProtoError::Invalid(format!("{n} supplementary groups; at most {GROUPS_MAX}")));
+        }
+        let mut groups = Vec::with_capacity(n);
+        for _ in 0..n {
+            groups.push(d.u32("group")?);
+        }
+        let creds = Creds { uid, gid, groups };
+        // Names are bounded a little above the limit, so the MDS can answer an over-long
+        // one with ENAMETOOLONG instead of a protocol error.
+        let name_of = |d: &mut Dec<'_>, what| d.str(what, NAME_MAX * 4).map(str::to_string);
+        let r = match opcode {
+            MDS_GETATTR => Request::Getattr { fid: Fid::get(&mut d, "fid")? },
+            MDS_LOOKUP => Request::Lookup { dir: Fid::get(&mut d, "directory")?, name: name_of(&mut d, "name")? },
+            MDS_READDIR => {
+                Request::Readdir { dir: Fid::get(&mut d, "directory")?, cookie: d.u64("cookie")?, max: d.u32("max")? }
+            }
+            MDS_CREATE => Request::Create {
+                dir: Fid::get(&mut d, "directory")?,
+                name: name_of(&mut d, "name")?,
+                mode: d.u32("mode")?,
+                target: d.bytes("symlink target", SYMLINK_MAX + 1)?.to_vec(),
+            },
+            MDS_LINK => Request::Link {
+                fid: Fid::get(&mut d, "fid")?,
+                dir: Fid::get(&mut d, "directory")?,
+                name: name_of(&mut d, "name")?,
+            },
+            MDS_UNLINK => Request::Unlink {
+                dir: Fid::get(&mut d, "directory")?,
+                name: name_of(&mut d, "name")?,
+                rmdir: d.u8("rmdir flag")? != 0,
+            },
+            MDS_RENAME => Request::Rename {
+                src_dir: Fid::get(&mut d, "source directory")?,
+                src_name: name_of(&mut d, "source name")?,
+                dst_dir: Fid::get(&mut d, "target directory")?,
+                dst_name: name_of(&mut d, "target name")?,
+                noreplace: d.u8("noreplace flag")? != 0,
+            },
+            MDS_SETATTR => {
+                let fid = Fid::get(&mut d, "fid")?;
+                let set = SetAttr {
+                    mask: d.u32("mask")?,
+                    mode: d.u32("mode")?,
+                    uid: d.u32("uid")?,
+                    gid: d.u32("gid")?,
+                    size: d.u64("size")?,
+                    atime_ns: d.i64("atime")?,
+                    mtime_ns: d.i64("mtime")?,
+                };
+                if set.mask & !set::ALL != 0 {
+                    return Err(ProtoError::Invalid(format!("setattr mask {:#x} has unknown bits", set.mask)));
+                }
+                Request::Setattr { fid, set }
+            }
+            MDS_OPEN => Request::Open {
+                fid: Fid::get(&mut d, "fid")?,
+                read: d.u8("read flag")? != 0,
+                write: d.u8("write flag")? != 0,
+            },
+            MDS_CLOSE => Request::Close { handle: d.u64("handle")? },
+            MDS_READLINK => Request::Readlink { fid: Fid::get(&mut d, "fid")? },
+            MDS_GETXATTR => Request::Getxattr { fid: Fid::get(&mut d, "fid")?, name: name_of(&mut d, "xattr name")? },
+            MDS_SETXATTR => Request::Setxattr {
+                fid: Fid::get(&mut d, "fid")?,
+                name: name_of(&mut d, "xattr name")?,
+                value: d.bytes("xattr value", XATTR_SIZE_MAX + 1)?.to_vec(),
+                flags: d.u32("flags")?,
+            },
+            MDS_LISTXATTR => Request::Listxattr { fid: Fid::get(&mut d, "fid")? },
+            MDS_REMOVEXATTR => {
+                Request::Removexattr { fid: Fid::get(&mut d, "fid")?, name: name_of(&mut d, "xattr name")? }
+            }
+            _ => Request::Statfs,
+        };
+        d.end()?;
+        Ok((creds, r))
+    }
+}
+
+/// An MDS reply body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    Attr(Attr),
+    Entries { entries: Vec<(DirEntry, Attr)>, eof: bool },
+    Bytes(Vec<u8>),
+    Names(Vec<String>),
+    Opened { handle: u64, attr: Attr },
+    StatFs { inodes: u64, bytes_used: u64, bytes_total: u64 },
+    Done,
+}
+
+/// Bytes a reply's variable parts may hold (entries, names, values).
+pub const REPLY_BYTES_MAX: usize = 1 << 20;
+
+impl Reply {
+    pub fn encode(&self) -> Vec<u8> {
+        let e = Enc::new(VERSION);
+        match self {
+            Reply::Attr(a) => a.put(e.u8(1)).done(),
+            Reply::Entries { entries, eof } => {
+                let mut e = e.u8(2).u8(*eof as u8).u32(entries.len() as u32);
+                for (d, a) in entries {
+                    e = a.put(d.fid.put(e.bytes(d.name.as_bytes())).u32(d.kind).u64(d.cookie));
+                }
+                e.done()
+            }
+            Reply::Bytes(b) => e.u8(3).bytes(b).done(),
+            Reply::Names(n) => {
+                let mut e = e.u8(4).u32(n.len() as u32);
+                for s in n {
+                    e = e.bytes(s.as_bytes());
+                }
+                e.done()
+            }
+            Reply::Opened { handle, attr } => attr.put(e.u8(5).u64(*handle)).done(),
+            Reply::StatFs { inodes, bytes_used, bytes_total } => {
+                e.u8(6).u64(*inodes).u64(*bytes_used).u64(*bytes_total).done()
+            }
+            Reply::Done => e.u8(7).done(),
+        }
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Reply, ProtoError> {
+        let mut d = Dec::new(b, "MDS reply", VERSION)?;
+        let r = match d.u8("reply kind")? {
+            1 => Reply::Attr(Attr::get(&mut d)?),
+            2 => {
+                let eof = d.u8("eof flag")? != 0;
+                let n = d.u32("entry count")?;
+                if n > READDIR_MAX {
+                    return Err(ProtoError::Invalid(format!("{n} entries; at most {READDIR_MAX}")));
+                }
+                let mut entries = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    let name = d.str("entry name", NAME_MAX)?.to_string();
+                    let fid = Fid::get(&mut d, "entry fid")?;
+                    let kind = d.u32("entry type")?;
+                    let cookie = d.u64("cookie")?;
+                    entries.push((DirEntry { name, fid, kind, cookie }, Attr::get(&mut d)?));
+                }
+                Reply::Entries { entries, eof }
+            }
+            3 => Reply::Bytes(d.bytes("value", REPLY_BYTES_MAX)?.to_vec()),
+            4 => {
+                let n = d.u32("name count")? as usize;
+                if n > REPLY_BYTES_MAX / 4 {
+                    return Err(ProtoError::Invalid(format!("{n} names in one reply")));
+                }
+                let mut names = Vec::new();
+                for _ in 0..n {
+                    names.push(d.str("xattr name", XATTR_NAME_MAX)?.to_string());
+                }
+                Reply::Names(names)
+            }
+            5 => {
+                let handle = d.u64("handle")?;
+                Reply::Opened { handle, attr: Attr::get(&mut d)? }
+            }
+            6 => Reply::StatFs {
+                inodes: d.u64("inodes")?,
+                bytes_used: d.u64("bytes used")?,
+                bytes_total: d.u64("bytes")?,
+            },
+            7 => Reply::Done,
+            k => return Err(ProtoError::Invalid(format!("MDS reply of unknown kind {k}"))),
+        };
+        d.end()?;
+        Ok(r)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requests_and_replies_round_trip_and_every_cut_is_an_error() {
+        let f = Fid::new(0x2_0000_0400, 7);
+        let creds = Creds { uid: 1000, gid: 100, groups: vec![4, 27] };
+        let all = [
+            Request::Getattr { fid: f },
+            Request::Lookup { dir: f, name: "a".into() },
+            Request::Readdir { dir: f, cookie: 9, max: 100 },
+            Request::Create { dir: f, name: "l".into(), mode: mode::S_IFLNK | 0o777, target: b"t".to_vec() },
+            Request::Link { fid: f, dir: f, name: "b".into() },
+            Request::Unlink { dir: f, name: "b".into(), rmdir: true },
+            Request::Rename { src_dir: f, src_name: "x".into(), dst_dir: f, dst_name: "y".into(), noreplace: true },
+            Request::Setattr {
+                fid: f,
+                set: SetAttr { mask: set::MODE | set::MTIME_NOW, mode: 0o600, ..Default::default() },
+            },
+            Request::Open { fid: f, read: true, write: false },
+            Request::Close { handle: 3 },
+            Request::Readlink { fid: f },
+            Request::Getxattr { fid: f, name: "user.a".into() },
+            Request::Setxattr { fid: f, name: "user.a".into(), value: vec![1, 2], flags: xattr::CREATE },
+            Request::Listxattr { fid: f },
+            Request::Removexattr { fid: f, name: "user.a".into() },
+            Request::Statfs,
+        ];
+        for r in all {
+            let (op, body) = r.encode(&creds);
+            assert_eq!(Request::decode(op, &body), Ok((creds.clone(), r.clone())));
+            for cut in 0..body.len() {
+                assert!(Request::decode(op, &body[..cut]).is_err(), "{r:?} cut at {cut}");
+            }
+            let mut longer = body.clone();
+            longer.push(0);
+            assert_eq!(Request::decode(op, &longer), Err(ProtoError::Trailing { extra: 1 }));
+        }
+        assert!(Request::decode(999, &[1]).unwrap_err().to_string().contains("not an MDS operation"));
+        let many = Creds { groups: vec![0; GROUPS_MAX + 1], ..Creds::default() };
+        let (op, body) = Request::Statfs.encode(&many);
+        assert!(Request::decode(op, &body).unwrap_err().to_string().contains("supplementary groups"));
+        let (op, body) = Request::Lookup { dir: f, name: "n".repeat(NAME_MAX * 4 + 1) }.encode(&creds);
+        assert!(Request::decode(op, &body).unwrap_err().to_string().contains("longer than"));
+        let a = Attr { fid: f, mode: mode::S_IFDIR | 0o755, nlink: 2, ..Attr::default() };
+        let replies = [
+            Reply::Attr(a),
+            Reply::Entries {
+                entries: vec![(DirEntry { name: "x".into(), fid: f, kind: mode::S_IFDIR, cookie: 77 }, a)],
+                eof: true,
+            },
+            Reply::Bytes(b"v".to_vec()),
+            Reply::Names(vec!["user.a".into(), "user.b".into()]),
+            Reply::Opened { handle: 5, attr: a },
+            Reply::StatFs { inodes: 1, bytes_used: 2, bytes_total: 3 },
+            Reply::Done,
+        ];
+        for r in replies {
+            let b = r.encode();
+            assert_eq!(Reply::decode(&b), Ok(r.clone()));
+            for cut in 0..b.len() {
+                assert!(Reply::decode(&b[..cut]).is_err(), "{r:?} cut at {cut}");
+            }
+        }
+    }
 
     #[test]
     fn attributes_round_trip_and_cuts_fail() {

@@ -1,0 +1,217 @@
+//! The MDS: serves one MDT's namespace over the transport.
+//!
+//! Every request carries the caller's credentials; changes carry a reply key made of the
+//! client's identity, the request's xid and the client's `acked_xid`, so a request resent
+//! after a lost reply, even across a restart of the MDS, gets its first answer back.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use nacre_net::server::{Handler, Incoming, Reply};
+use nacre_proto::mdt::{self, Creds, READDIR_MAX, Request, errno, mode, set, xattr};
+use nacre_proto::param;
+
+use crate::mdt::namespace::RenameMode;
+use crate::mdt::{Cred, MdError, Namespace, ReplyKey, SetAttr};
+
+/// Linux's EPROTO: a request that is not a well-formed MDS message.
+const EPROTO: i32 = 71;
+
+/// Operations counted in `md_stats`, by opcode.
+const OPS: [(u16, &str); 16] = [
+    (mdt::MDS_GETATTR, "getattr"),
+    (mdt::MDS_LOOKUP, "lookup"),
+    (mdt::MDS_READDIR, "readdir"),
+    (mdt::MDS_CREATE, "create"),
+    (mdt::MDS_LINK, "link"),
+    (mdt::MDS_UNLINK, "unlink"),
+    (mdt::MDS_RENAME, "rename"),
+    (mdt::MDS_SETATTR, "setattr"),
+    (mdt::MDS_OPEN, "open"),
+    (mdt::MDS_CLOSE, "close"),
+    (mdt::MDS_READLINK, "readlink"),
+    (mdt::MDS_GETXATTR, "getxattr"),
+    (mdt::MDS_SETXATTR, "setxattr"),
+    (mdt::MDS_LISTXATTR, "listxattr"),
+    (mdt::MDS_REMOVEXATTR, "removexattr"),
+    (mdt::MDS_STATFS, "statfs"),
+];
+
+pub struct Mds {
+    name: String,
+    ns: Arc<Namespace>,
+    counts: [AtomicU64; OPS.len()],
+}
+
+fn fail(status: i32, message: String) -> Reply {
+    Reply { status, body: message.into_bytes(), bulk: Bytes::new() }
+}
+
+fn ok(r: mdt::Reply) -> Reply {
+    Reply { status: 0, body: r.encode(), bulk: Bytes::new() }
+}
+
+fn answer<T>(r: Result<T, MdError>, f: impl FnOnce(T) -> mdt::Reply) -> Reply {
+    match r {
+        Ok(v) => ok(f(v)),
+        Err(e) => fail(e.status(), e.message),
+    }
+}
+
+fn cred(c: Creds) -> Cred {
+    Cred { uid: c.uid, gid: c.gid, groups: c.groups }
+}
+
+fn set_attr(s: &mdt::SetAttr) -> SetAttr {
+    let on = |bit: u32| s.mask & bit != 0;
+    let time = |now: u32, at: u32, v: i64| {
+        if on(now) {
+            Some(None)
+        } else if on(at) {
+            Some(Some(v))
+        } else {
+            None
+        }
+    };
+    SetAttr {
+        mode: on(set::MODE).then_some(s.mode),
+        uid: on(set::UID).then_some(s.uid),
+        gid: on(set::GID).then_some(s.gid),
+        size: on(set::SIZE).then_some(s.size),
+        atime_ns: time(set::ATIME_NOW, set::ATIME, s.atime_ns),
+        mtime_ns: time(set::MTIME_NOW, set::MTIME, s.mtime_ns),
+    }
+}
+
+impl Mds {
+    /// Serve `ns` as target `name` (`mdt0`).
+    pub fn new(name: &str, ns: Arc<Namespace>) -> Arc<Mds> {
+        Arc::new(Mds { name: name.to_string(), ns, counts: Default::default() })
+    }
+
+    pub fn namespace(&self) -> &Arc<Namespace> {
+        &self.ns
+    }
+
+    /// The transport handler of this MDS: each request runs on a blocking thread (redb and
+    /// group commit block).
+    pub fn handler(self: &Arc<Self>) -> Handler {
+        let mds = self.clone();
+        Arc::new(move |req: Incoming| {
+            let mds = mds.clone();
+            Box::pin(async move {
+                match tokio::task::spawn_blocking(move || mds.handle(req)).await {
+                    Ok(r) => r,
+                    Err(e) => fail(-errno::EIO, format!("the request failed inside the server: {e}")),
+                }
+            })
+        })
+    }
+
+    /// Parameters whose names match `pattern`: `mdt.NAME.md_stats` (operations served),
+    /// `mdt.NAME.commits` (transactions and the changes they carried), `inodes`,
+    /// `kbytestotal` and `kbytesfree` (the database's room on its volume).
+    pub fn get_param(&self, pattern: &str) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut add = |leaf: &str, value: &dyn Fn() -> String| {
+            let full = format!("mdt.{}.{leaf}", self.name);
+            if nacre_net::glob::glob(pattern, &full) {
+                out.push((full, value()));
+            }
+        };
+        add("md_stats", &|| {
+            OPS.iter()
+                .zip(&self.counts)
+                .filter(|(_, c)| c.load(Ordering::Relaxed) > 0)
+                .map(|((_, n), c)| format!("{n} {}", c.load(Ordering::Relaxed)))
+                .collect::<Vec<_>>()
+                .join("\n")
+        });
+        add("commits", &|| {
+            let s = &self.ns.stats;
+            format!(
+                "commits {}\nchanges {}\nreplayed {}",
+                s.commits.load(Ordering::Relaxed),
+                s.changes.load(Ordering::Relaxed),
+                s.replayed.load(Ordering::Relaxed)
+            )
+        });
+        let statfs = std::cell::OnceCell::new();
+        let statfs = || statfs.get_or_init(|| self.ns.statfs().ok()).as_ref();
+        add("inodes", &|| statfs().map_or("-".into(), |s| s.inodes.to_string()));
+        add("kbytestotal", &|| statfs().map_or("-".into(), |s| (s.bytes_total >> 10).to_string()));
+        add("kbytesfree", &|| {
+            statfs().map_or("-".into(), |s| ((s.bytes_total - s.bytes_used.min(s.bytes_total)) >> 10).to_string())
+        });
+        out
+    }
+
+    /// Serve one request (blocking).
+    pub fn handle(&self, req: Incoming) -> Reply {
+        let op = req.header.opcode;
+        if op == param::OP_GET_PARAM {
+            return match param::decode_get(&req.body) {
+                Ok(p) => Reply { status: 0, body: param::render(&self.get_param(&p)).into_bytes(), bulk: Bytes::new() },
+                Err(e) => fail(-EPROTO, format!("bad get-param request: {e}")),
+            };
+        }
+        let (creds, r) = match Request::decode(op, &req.body) {
+            Ok(v) => v,
+            Err(e) => return fail(-EPROTO, format!("bad MDS request: {e}")),
+        };
+        if let Some(i) = OPS.iter().position(|(o, _)| *o == op) {
+            self.counts[i].fetch_add(1, Ordering::Relaxed);
+        }
+        let key = r.is_change().then_some(ReplyKey {
+            client: req.client,
+            xid: req.header.xid,
+            acked_below: req.header.acked_xid,
+        });
+        let c = cred(creds);
+        let ns = &self.ns;
+        match r {
+            Request::Getattr { fid } => answer(ns.getattr(fid), mdt::Reply::Attr),
+            Request::Lookup { dir, name } => answer(ns.lookup(&c, dir, &name), mdt::Reply::Attr),
+            Request::Readdir { dir, cookie, max } => {
+                answer(ns.readdir(&c, dir, cookie, max.clamp(1, READDIR_MAX) as usize), |(entries, eof)| {
+                    mdt::Reply::Entries { entries, eof }
+                })
+            }
+            Request::Create { dir, name, mode: m, target } => {
+                let perms = m & mode::PERMS;
+                let made = match m & mode::S_IFMT {
+                    mode::S_IFREG | 0 => ns.create(&c, dir, &name, perms, key),
+                    mode::S_IFDIR => ns.mkdir(&c, dir, &name, perms, key),
+                    mode::S_IFLNK => ns.symlink(&c, dir, &name, &target, key),
+                    other => Err(MdError::new(errno::EINVAL, format!("file type {other:o} is not supported"))),
+                };
+                answer(made, mdt::Reply::Attr)
+            }
+            Request::Link { fid, dir, name } => answer(ns.link(&c, fid, dir, &name, key), mdt::Reply::Attr),
+            Request::Unlink { dir, name, rmdir } => answer(ns.remove(&c, dir, &name, rmdir, key), |_| mdt::Reply::Done),
+            Request::Rename { src_dir, src_name, dst_dir, dst_name, noreplace } => {
+                let how = if noreplace { RenameMode::NoReplace } else { RenameMode::Replace };
+                answer(ns.rename(&c, src_dir, &src_name, dst_dir, &dst_name, how, key), |_| mdt::Reply::Done)
+            }
+            Request::Setattr { fid, set } => answer(ns.setattr(&c, fid, set_attr(&set), key), mdt::Reply::Attr),
+            Request::Open { fid, read, write } => {
+                answer(ns.open_file(&c, fid, read, write), |(handle, attr)| mdt::Reply::Opened { handle, attr })
+            }
+            Request::Close { handle } => answer(ns.close_file(handle), |_| mdt::Reply::Done),
+            Request::Readlink { fid } => answer(ns.readlink(fid), mdt::Reply::Bytes),
+            Request::Getxattr { fid, name } => answer(ns.getxattr(&c, fid, &name), mdt::Reply::Bytes),
+            Request::Setxattr { fid, name, value, flags } => answer(
+                ns.setxattr(&c, fid, &name, &value, flags & xattr::CREATE != 0, flags & xattr::REPLACE != 0, key),
+                |_| mdt::Reply::Done,
+            ),
+            Request::Listxattr { fid } => answer(ns.listxattr(&c, fid), mdt::Reply::Names),
+            Request::Removexattr { fid, name } => answer(ns.removexattr(&c, fid, &name, key), |_| mdt::Reply::Done),
+            Request::Statfs => answer(ns.statfs(), |s| mdt::Reply::StatFs {
+                inodes: s.inodes,
+                bytes_used: s.bytes_used,
+                bytes_total: s.bytes_total,
+            }),
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! The MDS end to end: operations over the in-memory transport with credentials, errors
+//! as negative errnos with their message, a lost reply answered once, and a change resent
+//! after a restart of the MDS answered from its stored reply.
+
+use std::sync::Arc;
+
+use nacre_net::client::{Client, ClientConfig, Import};
+use nacre_net::frame::FrameHeader;
+use nacre_net::server::{Incoming, Server, ServerConfig};
+use nacre_net::transport::MemNetwork;
+use nacre_proto::fid::Fid;
+use nacre_proto::mdt::{self, Attr, Creds, Reply, Request, errno, mode, set};
+use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, Volume, VolumeOptions};
+use nacre_server::mds::Mds;
+use nacre_server::mdt::{Namespace, NamespaceOptions};
+
+fn volume() -> Arc<Volume> {
+    let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
+    let devs: Vec<Arc<dyn BlockDevice>> =
+        (0..2).map(|i| MemDrive::new(&format!("m{i}"), 64 << 20) as Arc<dyn BlockDevice>).collect();
+    let mut o = CreateOptions::new("mdt0", Level::Raid1);
+    o.strip_bytes = 64 << 10;
+    o.assume_clean = true;
+    Arc::new(Volume::create(devs, &o, &run).unwrap())
+}
+
+struct Md {
+    imp: Arc<Import>,
+    creds: Creds,
+}
+
+impl Md {
+    async fn call(&self, r: Request) -> Result<Reply, (i32, String)> {
+        let (op, body) = r.encode(&self.creds);
+        let f = self.imp.call(op, &body, &[]).await.map_err(|e| (0, e.to_string()))?;
+        if f.header.status != 0 {
+            return Err((f.header.status, String::from_utf8_lossy(&f.body).into_owned()));
+        }
+        Ok(Reply::decode(&f.body).unwrap())
+    }
+
+    async fn attr(&self, r: Request) -> Result<Attr, (i32, String)> {
+        match self.call(r).await? {
+            Reply::Attr(a) | Reply::Opened { attr: a, .. } => Ok(a),
+            other => panic!("not attributes: {other:?}"),
+        }
+    }
+}
+
+async fn setup() -> (Server, Arc<Mds>, MemNetwork, Md) {
+    let net = MemNetwork::new();
+    let ns = Arc::new(Namespace::format(volume(), 0, NamespaceOptions::default()).unwrap());
+    let mds = Mds::new("mdt0", ns);
+    let server = Server::start(
+        Arc::new(net.transport("mds0")),
+        &"mds0@mem".parse().unwrap(),
+        mds.handler(),
+        ServerConfig::default(),
+    )
+    .await
+    .unwrap();
+    let imp = Client::new(Arc::new(net.transport("c0")), ClientConfig::default()).connect(&server.nid()).await.unwrap();
+    (server, mds, net, Md { imp, creds: Creds::default() })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_through_the_service() {
+    let (_s, mds, _n, md) = setup().await;
+    let root = Fid::ROOT;
+    let d = md
+        .attr(Request::Create { dir: root, name: "d".into(), mode: mode::S_IFDIR | 0o755, target: vec![] })
+        .await
+        .unwrap();
+    assert!(mode::is_dir(d.mode));
+    for i in 0..50 {
+        md.attr(Request::Create { dir: d.fid, name: format!("f{i}"), mode: mode::S_IFREG | 0o644, target: vec![] })
+            .await
+            .unwrap();
+    }
+    // Readdir in pages, resumed by cookie.
+    let mut names = Vec::new();
+    let mut cookie = 0;
+    loop {
+        let Reply::Entries { entries, eof } = md.call(Request::Readdir { dir: d.fid, cookie, max: 7 }).await.unwrap()
+        else {
+            panic!("not entries")
+        };
+        for (e, a) in &entries {
+            assert_eq!(e.fid, a.fid);
+            names.push(e.name.clone());
+            cookie = e.cookie;
+        }
+        if eof {
+            break;
+        }
+    }
+    names.sort();
+    let mut want: Vec<String> = (0..50).map(|i| format!("f{i}")).collect();
+    want.sort();
+    assert_eq!(names, want);
+    let f = md.attr(Request::Lookup { dir: d.fid, name: "f7".into() }).await.unwrap();
+    // Errors come back as negative errnos with a message that names the problem.
+    let e = md
+        .attr(Request::Create { dir: d.fid, name: "f7".into(), mode: mode::S_IFREG | 0o644, target: vec![] })
+        .await
+        .unwrap_err();
+    assert_eq!(e.0, -errno::EEXIST);
+    assert!(e.1.contains("\"f7\" exists"), "{}", e.1);
+    let e = md.call(Request::Unlink { dir: root, name: "d".into(), rmdir: true }).await.unwrap_err();
+    assert_eq!(e.0, -errno::ENOTEMPTY);
+    // Setattr by mask; "now" times; truncate.
+    let s =
+        mdt::SetAttr { mask: set::MODE | set::SIZE | set::MTIME_NOW, mode: 0o600, size: 1 << 33, ..Default::default() };
+    let a = md.attr(Request::Setattr { fid: f.fid, set: s }).await.unwrap();
+    assert_eq!((a.mode, a.size), (mode::S_IFREG | 0o600, 1 << 33));
+    // Another user: denied by the new mode.
+    let bob = Md { imp: md.imp.clone(), creds: Creds { uid: 1001, gid: 1001, groups: vec![] } };
+    let e = bob.call(Request::Open { fid: f.fid, read: true, write: false }).await.unwrap_err();
+    assert_eq!(e.0, -errno::EACCES);
+    // Symlinks, xattrs, rename, open/close, statfs.
+    let l = md
+        .attr(Request::Create { dir: root, name: "l".into(), mode: mode::S_IFLNK | 0o777, target: b"d/f7".to_vec() })
+        .await
+        .unwrap();
+    assert_eq!(md.call(Request::Readlink { fid: l.fid }).await.unwrap(), Reply::Bytes(b"d/f7".to_vec()));
+    md.call(Request::Setxattr { fid: f.fid, name: "user.k".into(), value: b"v".to_vec(), flags: 0 }).await.unwrap();
+    assert_eq!(
+        md.call(Request::Getxattr { fid: f.fid, name: "user.k".into() }).await.unwrap(),
+        Reply::Bytes(b"v".to_vec())
+    );
+    assert_eq!(md.call(Request::Listxattr { fid: f.fid }).await.unwrap(), Reply::Names(vec!["user.k".into()]));
+    md.call(Request::Rename {
+        src_dir: d.fid,
+        src_name: "f7".into(),
+        dst_dir: root,
+        dst_name: "g".into(),
+        noreplace: true,
+    })
+    .await
+    .unwrap();
+    let Reply::Opened { handle, .. } = md.call(Request::Open { fid: f.fid, read: true, write: true }).await.unwrap()
+    else {
+        panic!("not opened")
+    };
+    md.call(Request::Unlink { dir: root, name: "g".into(), rmdir: false }).await.unwrap();
+    assert_eq!(md.attr(Request::Getattr { fid: f.fid }).await.unwrap().nlink, 0, "open: still there");
+    md.call(Request::Close { handle }).await.unwrap();
+    assert_eq!(md.attr(Request::Getattr { fid: f.fid }).await.unwrap_err().0, -errno::ENOENT);
+    let Reply::StatFs { inodes, bytes_total, .. } = md.call(Request::Statfs).await.unwrap() else { panic!() };
+    assert_eq!(inodes, 1 + 1 + 49 + 1);
+    assert!(bytes_total > 0);
+    // Bad input: a malformed body is refused with the reason.
+    let f2 = md.imp.call(mdt::MDS_LOOKUP, &[1, 2, 3], &[]).await.unwrap();
+    assert_eq!(f2.header.status, -71);
+    assert!(String::from_utf8_lossy(&f2.body).contains("bad MDS request"));
+    let p = mds.get_param("mdt.mdt0.md_stats");
+    assert!(p[0].1.contains("create 53"), "{p:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_creates_once() {
+    let (server, _mds, _n, md) = setup().await;
+    server.faults().add(&format!("drop opcode={} count=1", mdt::MDS_CREATE)).unwrap();
+    let imp = md.imp.clone();
+    let (op, body) =
+        Request::Create { dir: Fid::ROOT, name: "once".into(), mode: mode::S_IFREG | 0o644, target: vec![] }
+            .encode(&Creds::default());
+    // The client resends after its deadline; the answer is the first one, not EEXIST.
+    let f = tokio::time::timeout(std::time::Duration::from_secs(120), imp.call(op, &body, &[])).await.unwrap().unwrap();
+    assert_eq!(f.header.status, 0, "{}", String::from_utf8_lossy(&f.body));
+}
+
+fn incoming(client: u64, xid: u64, acked: u64, r: &Request) -> Incoming {
+    let (opcode, body) = r.encode(&Creds::default());
+    Incoming {
+        header: FrameHeader { opcode, xid, acked_xid: acked, ..FrameHeader::default() },
+        body,
+        bulk: Vec::new().into(),
+        peer: "c0@mem".parse().unwrap(),
+        client,
+    }
+}
+
+#[test]
+fn a_change_resent_after_a_restart_gets_its_stored_answer() {
+    let v = volume();
+    let ns = Arc::new(Namespace::format(v.clone(), 0, NamespaceOptions::default()).unwrap());
+    let mds = Mds::new("mdt0", ns);
+    let create = Request::Create { dir: Fid::ROOT, name: "f".into(), mode: mode::S_IFREG | 0o644, target: vec![] };
+    let first = mds.handle(incoming(42, 5, 5, &create));
+    assert_eq!(first.status, 0);
+    let rename = Request::Rename {
+        src_dir: Fid::ROOT,
+        src_name: "f".into(),
+        dst_dir: Fid::ROOT,
+        dst_name: "g".into(),
+        noreplace: false,
+    };
+    // Sent while the first reply was still missing: xid 5 is not acknowledged.
+    assert_eq!(mds.handle(incoming(42, 6, 5, &rename)).status, 0);
+    drop(mds);
+    // The MDS restarts on the same volume; the client never saw the two replies.
+    let ns = Arc::new(Namespace::open(v, NamespaceOptions::default()).unwrap());
+    let mds = Mds::new("mdt0", ns);
+    let again = mds.handle(incoming(42, 5, 5, &create));
+    assert_eq!((again.status, again.body), (0, first.body));
+    assert_eq!(mds.handle(incoming(42, 6, 5, &rename)).status, 0, "the rename is not run again (no ENOENT)");
+    // Another client's identical request is a new request.
+    let other = mds.handle(incoming(43, 5, 5, &create));
+    assert_eq!(other.status, 0, "f is free again after the rename");
+    let e = mds.handle(incoming(43, 6, 6, &create));
+    assert_eq!(e.status, -errno::EEXIST);
+}
