@@ -4,6 +4,7 @@
 //! their issue.
 
 pub mod kernel;
+pub mod mds;
 pub mod net;
 pub mod ost;
 pub mod raid;

@@ -21,6 +21,7 @@ pub mod errno {
     pub const EPERM: i32 = 1;
     pub const ENOENT: i32 = 2;
     pub const EIO: i32 = 5;
+    pub const E2BIG: i32 = 7;
     pub const EBADF: i32 = 9;
     pub const EACCES: i32 = 13;
     pub const EEXIST: i32 = 17;
@@ -28,6 +29,7 @@ pub mod errno {
     pub const ENOTDIR: i32 = 20;
     pub const EISDIR: i32 = 21;
     pub const EINVAL: i32 = 22;
+    pub const EMFILE: i32 = 24;
     pub const EFBIG: i32 = 27;
     pub const ENOSPC: i32 = 28;
     pub const EMLINK: i32 = 31;

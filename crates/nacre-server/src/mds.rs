@@ -163,10 +163,16 @@ impl Mds {
         if let Some(i) = OPS.iter().position(|(o, _)| *o == op) {
             self.counts[i].fetch_add(1, Ordering::Relaxed);
         }
-        let key = r.is_change().then_some(ReplyKey {
-            client: req.client,
-            xid: req.header.xid,
-            acked_below: req.header.acked_xid,
+        let key = r.is_change().then(|| {
+            let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+            digest.update(&op.to_le_bytes());
+            digest.update(&req.body);
+            ReplyKey {
+                client: req.client,
+                xid: req.header.xid,
+                acked_below: req.header.acked_xid,
+                digest: digest.finalize() as u32,
+            }
         });
         let c = cred(creds);
         let ns = &self.ns;
@@ -196,9 +202,12 @@ impl Mds {
             }
             Request::Setattr { fid, set } => answer(ns.setattr(&c, fid, set_attr(&set), key), mdt::Reply::Attr),
             Request::Open { fid, read, write } => {
-                answer(ns.open_file(&c, fid, read, write), |(handle, attr)| mdt::Reply::Opened { handle, attr })
+                answer(ns.open_file(req.client, &c, fid, read, write), |(handle, attr)| mdt::Reply::Opened {
+                    handle,
+                    attr,
+                })
             }
-            Request::Close { handle } => answer(ns.close_file(handle), |_| mdt::Reply::Done),
+            Request::Close { handle } => answer(ns.close_file(req.client, handle), |_| mdt::Reply::Done),
             Request::Readlink { fid } => answer(ns.readlink(fid), mdt::Reply::Bytes),
             Request::Getxattr { fid, name } => answer(ns.getxattr(&c, fid, &name), mdt::Reply::Bytes),
             Request::Setxattr { fid, name, value, flags } => answer(

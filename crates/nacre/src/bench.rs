@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Subcommand;
+use nacre_bench::mds::{MdsBenchOptions, run_mds_bench};
 use nacre_bench::ost::{OstBenchOptions, run_ost_bench};
 
 use crate::size::parse_size;
@@ -29,6 +30,30 @@ pub enum BenchCommand {
         #[arg(long, default_value = "16M", value_parser = parse_size)]
         brw_size: u64,
     },
+    /// Create, stat and unlink rates of one MDT served over loopback to N clients, against
+    /// the local file system doing the same with N threads and the transport's ping RPC, in
+    /// the same run; one JSON line at the end.
+    Mds {
+        /// Folder for the MDT's drive files (/dev/shm: the CPU-bound case).
+        #[arg(long, default_value = "/dev/shm")]
+        dir: PathBuf,
+        /// The local file system the reference runs on.
+        #[arg(long, default_value = "/tmp")]
+        local_dir: PathBuf,
+        /// Files per phase, over all clients.
+        #[arg(long, default_value_t = 40_000)]
+        files: u64,
+        /// Concurrent clients (and reference threads).
+        #[arg(long, default_value_t = 8)]
+        clients: usize,
+        /// Rounds; the best of each phase is kept.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Also measure durable creates with the drives in this folder (a disk), against
+        /// local creates that fsync their directory.
+        #[arg(long)]
+        durable_dir: Option<PathBuf>,
+    },
 }
 
 pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
@@ -46,6 +71,23 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
             o.rounds = rounds;
             o.brw = brw_size;
             let figures = run_ost_bench(&o, &mut std::io::stdout())?;
+            println!("{}", serde_json::to_string(&figures)?);
+            Ok(())
+        }
+        BenchCommand::Mds { dir, local_dir, files, clients, rounds, durable_dir } => {
+            if !(1..=1024).contains(&clients) || !(1..=100).contains(&rounds) {
+                return Err("--clients must be 1 to 1024 and --rounds 1 to 100".into());
+            }
+            if !(clients as u64..=10_000_000).contains(&files) {
+                return Err(format!("--files {files}: at least --clients and at most 10,000,000").into());
+            }
+            let mut o = MdsBenchOptions::new(dir);
+            o.local_dir = local_dir;
+            o.files = files;
+            o.clients = clients;
+            o.rounds = rounds;
+            o.durable_dir = durable_dir;
+            let figures = run_mds_bench(&o, &mut std::io::stdout())?;
             println!("{}", serde_json::to_string(&figures)?);
             Ok(())
         }

@@ -7,6 +7,7 @@
 //! xid): its answer is stored in the same transaction, so a resent request gets the first
 //! answer back instead of running twice.
 
+pub mod log;
 pub mod namespace;
 
 pub use namespace::{Cred, MdError, MdtStatFs, Namespace, NamespaceOptions, RenameMode, ReplyKey, SetAttr};

@@ -24,6 +24,9 @@ use nacre_osd::SyncMode;
 use nacre_osd::backend::VolumeBackend;
 use nacre_proto::fid::{Fid, name_hash};
 use nacre_proto::mdt::{Attr, DirEntry, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX, errno, mode};
+use nacre_proto::wire::Enc;
+
+use super::log::MdLog;
 use nacre_raid::Volume;
 use redb::{
     Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTransaction,
@@ -44,6 +47,18 @@ const COOKIE_MIN: u64 = 3;
 pub const LINK_MAX: u32 = 65_000;
 /// Replies kept per client beyond what it has acknowledged.
 pub const REPLIES_PER_CLIENT_MAX: usize = 1024;
+/// A checkpoint (a durable redb commit, then the log starts over) comes after this many
+/// logged batches, after [`CHECKPOINT_INTERVAL`], or when the log is half full: redb slows
+/// down as non-durable commits pile up, since it frees no page until a durable one.
+pub const CHECKPOINT_BATCHES: u64 = 256;
+pub const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
+/// The redo log's share of the volume: an eighth, at most this.
+pub const LOG_BYTES_MAX: u64 = 256 << 20;
+/// Bytes of xattr names and values one inode may hold (ext4 with large xattrs in inodes
+/// allows about this much in one block).
+pub const XATTRS_BYTES_MAX: usize = 64 << 10;
+/// Handles one client may hold open.
+pub const OPEN_HANDLES_PER_CLIENT_MAX: usize = 65_536;
 
 /// Who asks: the caller's identity for permission checks.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -121,6 +136,39 @@ pub struct ReplyKey {
     pub xid: u64,
     /// Every xid of this client below this one has its reply: those records can go.
     pub acked_below: u64,
+    /// A digest of the request (opcode and body): a record whose digest differs belongs
+    /// to another request that had the same xid (a later incarnation of the client).
+    pub digest: u32,
+}
+
+/// A stored reply: the request's digest and its answer, success or failure.
+struct Stored {
+    digest: u32,
+    answer: Result<Answer>,
+}
+
+impl Stored {
+    fn encode(&self) -> Vec<u8> {
+        let e = Enc::new(1).u32(self.digest);
+        match &self.answer {
+            Ok(a) => e.u8(0).bytes(&a.encode()).done(),
+            Err(m) => e.u8(1).u32(m.errno as u32).bytes(m.message.as_bytes()).done(),
+        }
+    }
+
+    fn decode(b: &[u8]) -> Result<Stored> {
+        let mut d = nacre_proto::wire::Dec::new(b, "stored reply", 1)?;
+        let digest = d.u32("digest")?;
+        let answer = match d.u8("outcome")? {
+            0 => Ok(Answer::decode(d.bytes("answer", 1 << 16)?)?),
+            _ => {
+                let errno = d.u32("errno")? as i32;
+                Err(MdError::new(errno, d.str("message", 1 << 16)?))
+            }
+        };
+        d.end()?;
+        Ok(Stored { digest, answer })
+    }
 }
 
 /// Attributes to change; `None` leaves one as it is.
@@ -225,8 +273,10 @@ struct FidAlloc {
 #[derive(Default)]
 struct Opens {
     next: u64,
-    handles: HashMap<u64, u128>,
+    /// Handle → (inode, owning client).
+    handles: HashMap<u64, (u128, u64)>,
     counts: HashMap<u128, u32>,
+    per_owner: HashMap<u64, usize>,
 }
 
 /// Space and inodes of an MDT.
@@ -237,9 +287,17 @@ pub struct MdtStatFs {
     pub bytes_total: u64,
 }
 
+/// The redo log and when it was last checkpointed.
+struct LogState {
+    log: super::log::MdLog,
+    batches: u64,
+    since: std::time::Instant,
+}
+
 pub struct Namespace {
     index: u32,
     db: Database,
+    log: Mutex<LogState>,
     /// The database's length on the volume, and the room it has.
     db_len: Arc<std::sync::atomic::AtomicU64>,
     capacity: u64,
@@ -257,6 +315,7 @@ pub struct NamespaceStats {
     pub commits: std::sync::atomic::AtomicU64,
     pub changes: std::sync::atomic::AtomicU64,
     pub replayed: std::sync::atomic::AtomicU64,
+    pub checkpoints: std::sync::atomic::AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -265,6 +324,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn now_ns() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// A FID key in a log record.
+fn big(e: Enc, k: u128) -> Enc {
+    e.u64((k >> 64) as u64).u64(k as u64)
 }
 
 /// Stored inode: the attributes and, for a directory, its parent.
@@ -282,7 +346,9 @@ fn decode_inode(b: &[u8]) -> Result<(Attr, Fid)> {
 
 /// The cookie (and sort position) of a name.
 fn cookie_of(name: &str) -> u64 {
-    name_hash(name.as_bytes()).clamp(COOKIE_MIN, u64::MAX - 1)
+    // 63 bits, as ext4's: a cookie is a directory offset (`loff_t`) and must not be
+    // negative.
+    (name_hash(name.as_bytes()) >> 1).clamp(COOKIE_MIN, i64::MAX as u64 - 1)
 }
 
 fn check_name(name: &str) -> Result<()> {
@@ -325,7 +391,8 @@ fn denied(cred: &Cred, what: &str, a: &Attr) -> MdError {
     MdError::new(errno::EACCES, format!("uid {} may not {what} {} (mode {:o})", cred.uid, a.fid, a.mode & 0o7777))
 }
 
-/// One write transaction shared by a batch of changes.
+/// One write transaction shared by a batch of changes. Every write goes through it and is
+/// recorded as a mutation for the redo log ([`super::log`]).
 pub struct Tx<'a> {
     txn: &'a WriteTransaction,
     ns: &'a Namespace,
@@ -333,6 +400,95 @@ pub struct Tx<'a> {
     now: i64,
     /// Inodes whose last link went while open: they become orphans.
     opens: &'a HashMap<u128, u32>,
+    /// The batch's mutations so far, encoded (see [`apply`]), and how many.
+    log: std::cell::RefCell<Vec<u8>>,
+    count: std::cell::Cell<u32>,
+}
+
+// Tables and kinds of logged mutations.
+const T_META: u8 = 1;
+const T_INODES: u8 = 2;
+const T_DIRENTS: u8 = 3;
+const T_SYMLINKS: u8 = 4;
+const T_XATTRS: u8 = 5;
+const T_ORPHANS: u8 = 6;
+const T_REPLIES: u8 = 7;
+const PUT: u8 = 1;
+const DEL: u8 = 2;
+
+/// Apply a logged batch of mutations (a redo record) to `txn`.
+fn apply(txn: &WriteTransaction, rec: &[u8]) -> Result<()> {
+    use nacre_proto::wire::Dec;
+    let mut d = Dec::new(rec, "metadata log record", 1)?;
+    let n = d.u32("mutation count")?;
+    let big = |d: &mut Dec<'_>, what| -> Result<u128> { Ok(((d.u64(what)? as u128) << 64) | d.u64(what)? as u128) };
+    for _ in 0..n {
+        let (table, op) = (d.u8("table")?, d.u8("operation")?);
+        let put = match op {
+            PUT => true,
+            DEL => false,
+            other => return Err(storage(format!("log record with operation {other}"))),
+        };
+        match table {
+            T_META => {
+                let k = d.str("meta key", 64)?;
+                let v = d.u64("meta value")?;
+                txn.open_table(META)?.insert(k, v)?;
+            }
+            T_INODES => {
+                let k = big(&mut d, "inode")?;
+                if put {
+                    txn.open_table(INODES)?.insert(k, d.bytes("inode", 1 << 16)?)?;
+                } else {
+                    txn.open_table(INODES)?.remove(k)?;
+                }
+            }
+            T_DIRENTS => {
+                let (dir, hash, name) = (big(&mut d, "directory")?, d.u64("hash")?, d.str("name", NAME_MAX)?);
+                if put {
+                    let (child, kind) = (big(&mut d, "child")?, d.u32("type")?);
+                    txn.open_table(DIRENTS)?.insert((dir, hash, name), (child, kind))?;
+                } else {
+                    txn.open_table(DIRENTS)?.remove((dir, hash, name))?;
+                }
+            }
+            T_SYMLINKS => {
+                let k = big(&mut d, "symlink")?;
+                if put {
+                    txn.open_table(SYMLINKS)?.insert(k, d.bytes("target", SYMLINK_MAX)?)?;
+                } else {
+                    txn.open_table(SYMLINKS)?.remove(k)?;
+                }
+            }
+            T_XATTRS => {
+                let (k, name) = (big(&mut d, "xattr inode")?, d.str("xattr name", XATTR_NAME_MAX)?);
+                if put {
+                    txn.open_table(XATTRS)?.insert((k, name), d.bytes("xattr value", XATTR_SIZE_MAX)?)?;
+                } else {
+                    txn.open_table(XATTRS)?.remove((k, name))?;
+                }
+            }
+            T_ORPHANS => {
+                let k = big(&mut d, "orphan")?;
+                if put {
+                    txn.open_table(ORPHANS)?.insert(k, 1)?;
+                } else {
+                    txn.open_table(ORPHANS)?.remove(k)?;
+                }
+            }
+            T_REPLIES => {
+                let (c, x) = (d.u64("client")?, d.u64("xid")?);
+                if put {
+                    txn.open_table(REPLIES)?.insert((c, x), d.bytes("reply", 1 << 16)?)?;
+                } else {
+                    txn.open_table(REPLIES)?.remove((c, x))?;
+                }
+            }
+            other => return Err(storage(format!("log record for table {other}"))),
+        }
+    }
+    d.end()?;
+    Ok(())
 }
 
 impl Tx<'_> {
@@ -346,8 +502,74 @@ impl Tx<'_> {
         decode_inode(v.value())
     }
 
+    /// Record one mutation: `f` writes its fields after the table and operation.
+    fn record(&self, table: u8, op: u8, f: impl FnOnce(Enc) -> Enc) {
+        let mut l = self.log.borrow_mut();
+        let e = f(Enc(std::mem::take(&mut *l)).u8(table).u8(op));
+        *l = e.0;
+        self.count.set(self.count.get() + 1);
+    }
+
+    fn mutations(&self) -> u32 {
+        self.count.get()
+    }
+
+    /// The batch's redo record.
+    fn seal(&self) -> Vec<u8> {
+        let mut r = Enc::new(1).u32(self.count.get()).done();
+        r.extend_from_slice(&self.log.borrow());
+        r
+    }
+
     fn put(&self, a: &Attr, parent: Fid) -> Result<()> {
-        self.inodes()?.insert(a.fid.key(), encode_inode(a, parent).as_slice())?;
+        let v = encode_inode(a, parent);
+        self.inodes()?.insert(a.fid.key(), v.as_slice())?;
+        self.record(T_INODES, PUT, |e| big(e, a.fid.key()).bytes(&v));
+        Ok(())
+    }
+
+    fn put_symlink(&self, fid: Fid, target: &[u8]) -> Result<()> {
+        self.txn.open_table(SYMLINKS)?.insert(fid.key(), target)?;
+        self.record(T_SYMLINKS, PUT, |e| big(e, fid.key()).bytes(target));
+        Ok(())
+    }
+
+    fn put_xattr(&self, fid: Fid, name: &str, value: &[u8]) -> Result<()> {
+        self.txn.open_table(XATTRS)?.insert((fid.key(), name), value)?;
+        self.record(T_XATTRS, PUT, |e| big(e, fid.key()).bytes(name.as_bytes()).bytes(value));
+        Ok(())
+    }
+
+    /// Remove an xattr; false if there was none.
+    fn del_xattr(&self, fid: Fid, name: &str) -> Result<bool> {
+        let had = self.txn.open_table(XATTRS)?.remove((fid.key(), name))?.is_some();
+        if had {
+            self.record(T_XATTRS, DEL, |e| big(e, fid.key()).bytes(name.as_bytes()));
+        }
+        Ok(had)
+    }
+
+    fn put_orphan(&self, fid: Fid) -> Result<()> {
+        self.txn.open_table(ORPHANS)?.insert(fid.key(), 1)?;
+        self.record(T_ORPHANS, PUT, |e| big(e, fid.key()));
+        Ok(())
+    }
+
+    fn put_reply(&self, client: u64, xid: u64, v: &[u8]) -> Result<()> {
+        self.txn.open_table(REPLIES)?.insert((client, xid), v)?;
+        self.record(T_REPLIES, PUT, |e| e.u64(client).u64(xid).bytes(v));
+        Ok(())
+    }
+
+    fn del_reply(&self, client: u64, xid: u64) -> Result<()> {
+        self.txn.open_table(REPLIES)?.remove((client, xid))?;
+        self.record(T_REPLIES, DEL, |e| e.u64(client).u64(xid));
+        Ok(())
+    }
+
+    fn put_meta(&self, key: &str, v: u64) -> Result<()> {
+        self.txn.open_table(META)?.insert(key, v)?;
+        self.record(T_META, PUT, |e| e.bytes(key.as_bytes()).u64(v));
         Ok(())
     }
 
@@ -392,12 +614,16 @@ impl Tx<'_> {
     }
 
     fn add_entry(&self, dir: Fid, name: &str, child: Fid, kind: u32) -> Result<()> {
-        self.txn.open_table(DIRENTS)?.insert((dir.key(), cookie_of(name), name), (child.key(), kind))?;
+        let h = cookie_of(name);
+        self.txn.open_table(DIRENTS)?.insert((dir.key(), h, name), (child.key(), kind))?;
+        self.record(T_DIRENTS, PUT, |e| big(big(e, dir.key()).u64(h).bytes(name.as_bytes()), child.key()).u32(kind));
         Ok(())
     }
 
     fn remove_entry(&self, dir: Fid, name: &str) -> Result<()> {
-        self.txn.open_table(DIRENTS)?.remove((dir.key(), cookie_of(name), name))?;
+        let h = cookie_of(name);
+        self.txn.open_table(DIRENTS)?.remove((dir.key(), h, name))?;
+        self.record(T_DIRENTS, DEL, |e| big(e, dir.key()).u64(h).bytes(name.as_bytes()));
         Ok(())
     }
 
@@ -427,8 +653,7 @@ impl Tx<'_> {
         }
         if self.opens.get(&a.fid.key()).is_some_and(|&n| n > 0) {
             self.put(&a, parent)?;
-            self.txn.open_table(ORPHANS)?.insert(a.fid.key(), 1)?;
-            return Ok(());
+            return self.put_orphan(a.fid);
         }
         self.destroy(a.fid)
     }
@@ -437,15 +662,24 @@ impl Tx<'_> {
     fn destroy(&self, fid: Fid) -> Result<()> {
         let k = fid.key();
         self.inodes()?.remove(k)?;
-        self.txn.open_table(SYMLINKS)?.remove(k)?;
-        self.txn.open_table(ORPHANS)?.remove(k)?;
-        let mut x = self.txn.open_table(XATTRS)?;
-        let names: Vec<String> = x
-            .range((k, "")..(k + 1, ""))?
-            .map(|e| e.map(|(key, _)| key.value().1.to_string()))
-            .collect::<std::result::Result<_, _>>()?;
+        self.record(T_INODES, DEL, |e| big(e, k));
+        if self.txn.open_table(SYMLINKS)?.remove(k)?.is_some() {
+            self.record(T_SYMLINKS, DEL, |e| big(e, k));
+        }
+        if self.txn.open_table(ORPHANS)?.remove(k)?.is_some() {
+            self.record(T_ORPHANS, DEL, |e| big(e, k));
+        }
+        let mut names: Vec<String> = Vec::new();
+        for e in self.txn.open_table(XATTRS)?.range((k, "")..)? {
+            let (key, _) = e?;
+            let (owner, name) = key.value();
+            if owner != k {
+                break;
+            }
+            names.push(name.to_string());
+        }
         for n in names {
-            x.remove((k, n.as_str()))?;
+            self.del_xattr(fid, &n)?;
         }
         Ok(())
     }
@@ -453,18 +687,29 @@ impl Tx<'_> {
     /// Make a new inode named `name` in `dir`.
     fn make(&mut self, cred: &Cred, dir: Fid, name: &str, mode_bits: u32, kind: u32) -> Result<(Attr, Attr, Fid)> {
         check_name(name)?;
-        let (d, dp) = self.dir_for_change(cred, dir)?;
-        if let Some((f, _)) = self.lookup(dir, name)? {
+        // As Linux: an existing name is EEXIST before any write permission is asked (the
+        // lookup needs search permission only).
+        let (d, dp) = self.get(dir)?;
+        if mode::is_dir(d.mode)
+            && may(cred, &d, X)
+            && d.nlink > 0
+            && let Some((f, _)) = self.lookup(dir, name)?
+        {
             return Err(MdError::new(errno::EEXIST, format!("{name:?} exists in {dir} (as {f})")));
         }
-        if kind == mode::S_IFDIR && d.nlink >= LINK_MAX {
-            return Err(MdError::new(errno::EMLINK, format!("{dir} has {LINK_MAX} links")));
-        }
+        self.dir_for_change(cred, dir)?;
         // A setgid directory passes its group (and, to subdirectories, the bit) down.
         let gid = if d.mode & mode::S_ISGID != 0 { d.gid } else { cred.gid };
         let mut perms = mode_bits & mode::PERMS;
-        if kind == mode::S_IFDIR && d.mode & mode::S_ISGID != 0 {
-            perms |= mode::S_ISGID;
+        if kind == mode::S_IFDIR {
+            // mkdir never takes setuid or setgid from the caller.
+            perms &= !(mode::S_ISUID | mode::S_ISGID);
+            if d.mode & mode::S_ISGID != 0 {
+                perms |= mode::S_ISGID;
+            }
+        } else if perms & (mode::S_ISGID | 0o010) == (mode::S_ISGID | 0o010) && cred.uid != 0 && !cred.in_group(gid) {
+            // Linux's mode_strip_sgid: no setgid-executable file of a group one is not in.
+            perms &= !mode::S_ISGID;
         }
         let fid = self.new_fid();
         let a = Attr {
@@ -491,7 +736,9 @@ impl Namespace {
     /// `index` on `[0, region)` of `volume`.
     pub fn format(volume: Arc<Volume>, index: u32, opts: NamespaceOptions) -> Result<Namespace> {
         volume.write(0, &[0u8; 8192]).map_err(storage)?;
-        let ns = Namespace::open_db(volume, index, opts)?;
+        let (db_bytes, log_bytes) = Self::regions(&volume)?;
+        let log = MdLog::format(volume.clone(), db_bytes, log_bytes, opts.sync == SyncMode::Drives)?;
+        let ns = Namespace::open_db(volume, index, opts, log)?;
         let txn = ns.db.begin_write()?;
         {
             let mut m = txn.open_table(META)?;
@@ -526,7 +773,19 @@ impl Namespace {
     /// Open an existing namespace. Files that were unlinked while open are removed: their
     /// handles did not survive.
     pub fn open(volume: Arc<Volume>, opts: NamespaceOptions) -> Result<Namespace> {
-        let mut ns = Namespace::open_db(volume, 0, opts)?;
+        let (db_bytes, log_bytes) = Self::regions(&volume)?;
+        let (log, records) = MdLog::open(volume.clone(), db_bytes, log_bytes, opts.sync == SyncMode::Drives)?;
+        let mut ns = Namespace::open_db(volume, 0, opts, log)?;
+        // Redo what the log holds past redb's last checkpoint, then checkpoint.
+        {
+            let txn = ns.db.begin_write()?;
+            for r in &records {
+                apply(&txn, r)?;
+            }
+            txn.commit()?;
+            let mut log = lock(&ns.log);
+            log.log.reset()?;
+        }
         let txn = ns.db.begin_read()?;
         let m = txn.open_table(META).map_err(|e| MdError::new(errno::EINVAL, format!("not a metadata target: {e}")))?;
         let get = |k: &str| -> Result<u64> {
@@ -550,7 +809,15 @@ impl Namespace {
             let txn = ns.db.begin_write()?;
             {
                 let opens = HashMap::new();
-                let tx = Tx { txn: &txn, ns: &ns, alloc: *lock(&ns.alloc), now: now_ns(), opens: &opens };
+                let tx = Tx {
+                    txn: &txn,
+                    ns: &ns,
+                    alloc: *lock(&ns.alloc),
+                    now: now_ns(),
+                    opens: &opens,
+                    log: Default::default(),
+                    count: Default::default(),
+                };
                 for k in orphans {
                     tx.destroy(Fid::from_key(k))?;
                 }
@@ -560,14 +827,25 @@ impl Namespace {
         Ok(ns)
     }
 
-    fn open_db(volume: Arc<Volume>, index: u32, opts: NamespaceOptions) -> Result<Namespace> {
-        let size = volume.capacity();
+    /// The volume's split: the database from 0, then the redo log.
+    fn regions(volume: &Volume) -> Result<(u64, u64)> {
+        let cap = volume.capacity() / 4096 * 4096;
+        let log = (cap / 8).min(LOG_BYTES_MAX) / 4096 * 4096;
+        if log < (1 << 20) {
+            return Err(MdError::new(errno::ENOSPC, format!("a metadata volume of {cap} bytes is too small")));
+        }
+        Ok((cap - log, log))
+    }
+
+    fn open_db(volume: Arc<Volume>, index: u32, opts: NamespaceOptions, log: MdLog) -> Result<Namespace> {
+        let (size, _) = Self::regions(&volume)?;
         let backend = VolumeBackend::open(volume, 0, size, opts.sync)?;
         let db_len = backend.len_handle();
         let db = Database::builder().set_cache_size(opts.cache_bytes).create_with_backend(backend)?;
         Ok(Namespace {
             index,
             db,
+            log: Mutex::new(LogState { log, batches: 0, since: std::time::Instant::now() }),
             db_len,
             capacity: size,
             opts,
@@ -655,9 +933,17 @@ impl Namespace {
         for e in t.range((k, cookie.saturating_add(1), "")..(k + 1, 0, ""))? {
             let (key, v) = e?;
             let (_, hash, name) = key.value();
-            // Never split a group of equal hashes: the cookie could not resume inside it.
-            if out.len() >= max.max(1) && last != Some(hash) {
-                return Ok((out, false));
+            if out.len() >= max.max(1) {
+                // Never split a group of equal hashes (the cookie could not resume inside
+                // it): a page that would end inside one ends before it instead.
+                if last != Some(hash) {
+                    return Ok((out, false));
+                }
+                let keep = out.iter().take_while(|(e, _)| e.cookie != hash).count();
+                if keep > 0 {
+                    out.truncate(keep);
+                    return Ok((out, false));
+                }
             }
             let (child, kind) = v.value();
             let child = Fid::from_key(child);
@@ -672,6 +958,7 @@ impl Namespace {
     }
 
     pub fn readlink(&self, fid: Fid) -> Result<Vec<u8>> {
+        self.getattr(fid)?;
         let txn = self.db.begin_read()?;
         let t = txn.open_table(SYMLINKS)?;
         match t.get(fid.key())? {
@@ -692,6 +979,13 @@ impl Namespace {
         }
         if !name.starts_with("user.") {
             return Err(MdError::new(errno::EOPNOTSUPP, format!("xattr namespace of {name:?} is not supported")));
+        }
+        if !mode::is_reg(a.mode) && !mode::is_dir(a.mode) {
+            // As Linux: user xattrs only on files and directories.
+            return Err(MdError::new(
+                errno::EPERM,
+                format!("{} is neither a file nor a directory: no user xattrs", a.fid),
+            ));
         }
         if !may(cred, a, want) {
             return Err(denied(cred, if want & W != 0 { "set xattrs of" } else { "read xattrs of" }, a));
@@ -755,8 +1049,15 @@ impl Namespace {
                 c.running = true;
                 let n = c.queue.len().min(self.opts.batch_max.max(1));
                 let batch: Vec<Queued> = c.queue.drain(..n).collect();
+                let tickets: Vec<u64> = batch.iter().map(|q| q.ticket).collect();
                 drop(c);
-                let results = self.commit(batch);
+                // A panic inside a change must not leave `running` set and everyone
+                // waiting: it fails the batch instead.
+                let results = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.commit(batch)))
+                    .unwrap_or_else(|_| {
+                        let e = MdError::new(errno::EIO, "the metadata change failed inside the server");
+                        tickets.iter().map(|&t| (t, Err(e.clone()))).collect()
+                    });
                 c = lock(&self.commits);
                 c.running = false;
                 c.done.extend(results);
@@ -767,7 +1068,7 @@ impl Namespace {
         }
     }
 
-    /// One transaction for a batch of changes; their answers once it is committed.
+    /// One transaction for a batch of changes; their answers once it is durable.
     fn commit(&self, batch: Vec<Queued>) -> Vec<(u64, Result<Answer>)> {
         let tickets: Vec<u64> = batch.iter().map(|q| q.ticket).collect();
         let n = batch.len() as u64;
@@ -781,53 +1082,132 @@ impl Namespace {
         }
     }
 
+    /// Make redb durable and start the log over, if it is time (see [`CHECKPOINT_BATCHES`]).
+    fn checkpoint_if_due(&self, log: &mut LogState) -> Result<()> {
+        let (used, room) = log.log.usage();
+        let due = used > room / 2
+            || log.batches >= CHECKPOINT_BATCHES
+            || (log.batches > 0 && log.since.elapsed() >= CHECKPOINT_INTERVAL);
+        if due {
+            self.checkpoint(log)?;
+        }
+        Ok(())
+    }
+
+    fn checkpoint(&self, log: &mut LogState) -> Result<()> {
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(redb::Durability::Immediate).map_err(storage)?;
+        txn.commit()?;
+        log.log.reset()?;
+        log.batches = 0;
+        log.since = std::time::Instant::now();
+        self.stats.checkpoints.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
     fn commit_inner(&self, batch: Vec<Queued>) -> Result<Vec<(u64, Result<Answer>)>> {
-        let txn = self.db.begin_write()?;
-        let opens = lock(&self.opens).counts.clone();
-        let mut tx = Tx { txn: &txn, ns: self, alloc: *lock(&self.alloc), now: now_ns(), opens: &opens };
+        let mut log = lock(&self.log);
+        self.checkpoint_if_due(&mut log)?;
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(redb::Durability::None).map_err(storage)?;
+        // Held to the end of the batch: an open cannot slip in between the check that a
+        // file is not open and its removal.
+        let opens = lock(&self.opens);
+        let mut tx = Tx {
+            txn: &txn,
+            ns: self,
+            alloc: *lock(&self.alloc),
+            now: now_ns(),
+            opens: &opens.counts,
+            log: Default::default(),
+            count: Default::default(),
+        };
         let mut out = Vec::with_capacity(batch.len());
         for q in batch {
             if let Some(k) = q.key {
                 let stored = txn.open_table(REPLIES)?.get((k.client, k.xid))?.map(|v| v.value().to_vec());
                 if let Some(b) = stored {
-                    self.stats.replayed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    out.push((q.ticket, Answer::decode(&b)));
-                    continue;
+                    match Stored::decode(&b)? {
+                        Stored { digest, answer } if digest == k.digest => {
+                            self.stats.replayed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            out.push((q.ticket, answer));
+                            continue;
+                        }
+                        // An xid reused by a later incarnation of the client: the old
+                        // record goes and the request runs.
+                        _ => tx.del_reply(k.client, k.xid)?,
+                    }
                 }
             }
+            let before = tx.mutations();
             let r = (q.change)(&mut tx);
-            if let (Some(k), Ok(a)) = (q.key, &r) {
-                let mut t = txn.open_table(REPLIES)?;
-                t.insert((k.client, k.xid), a.encode().as_slice())?;
-                // Records the client has acknowledged, and any beyond the bound, go.
-                let mut old: Vec<u64> = t
-                    .range((k.client, 0)..(k.client, k.acked_below))?
-                    .map(|e| e.map(|(key, _)| key.value().1))
-                    .collect::<std::result::Result<_, _>>()?;
-                let kept = t.range((k.client, k.acked_below)..(k.client + 1, 0))?.count();
-                if kept > REPLIES_PER_CLIENT_MAX {
-                    old.extend(
-                        t.range((k.client, k.acked_below)..(k.client + 1, 0))?
-                            .take(kept - REPLIES_PER_CLIENT_MAX)
-                            .map(|e| e.map(|(key, _)| key.value().1))
-                            .collect::<std::result::Result<Vec<_>, _>>()?,
-                    );
-                }
-                for x in old {
-                    t.remove((k.client, x))?;
-                }
+            if let Err(e) = &r
+                && tx.mutations() != before
+            {
+                // It failed after writing: nothing of the batch may be kept.
+                return Err(e.clone());
+            }
+            if let Some(k) = q.key {
+                tx.put_reply(k.client, k.xid, &Stored { digest: k.digest, answer: r.clone() }.encode())?;
+                self.prune_replies(&tx, k)?;
             }
             out.push((q.ticket, r));
         }
         let alloc = tx.alloc;
-        {
-            let mut m = txn.open_table(META)?;
-            m.insert("seq_k", alloc.seq_k as u64)?;
-            m.insert("next_oid", alloc.next_oid as u64)?;
+        if tx.mutations() == 0 {
+            // Nothing changed (every change failed its checks or was a replay).
+            return Ok(out);
         }
+        if alloc.seq_k != lock(&self.alloc).seq_k || alloc.next_oid != lock(&self.alloc).next_oid {
+            tx.put_meta("seq_k", alloc.seq_k as u64)?;
+            tx.put_meta("next_oid", alloc.next_oid as u64)?;
+        }
+        let record = tx.seal();
+        drop(tx);
+        if !log.log.fits(record.len()) {
+            // A batch too large for what is left: make everything before it durable.
+            self.checkpoint(&mut log)?;
+            if !log.log.fits(record.len()) {
+                return Err(MdError::new(
+                    errno::ENOSPC,
+                    format!("a batch of {} bytes does not fit the metadata log", record.len()),
+                ));
+            }
+        }
+        log.log.append(&record)?;
         txn.commit()?;
+        log.batches += 1;
+        drop(opens);
         *lock(&self.alloc) = alloc;
         Ok(out)
+    }
+
+    /// Drop the records a client has acknowledged, and its oldest beyond the bound.
+    fn prune_replies(&self, tx: &Tx<'_>, k: ReplyKey) -> Result<()> {
+        let mut old: Vec<u64> = Vec::new();
+        let mut kept = 0usize;
+        {
+            let t = tx.txn.open_table(REPLIES)?;
+            for e in t.range((k.client, 0)..=(k.client, u64::MAX))? {
+                let (key, _) = e?;
+                let xid = key.value().1;
+                if xid < k.acked_below {
+                    old.push(xid);
+                } else {
+                    kept += 1;
+                }
+            }
+            if kept > REPLIES_PER_CLIENT_MAX {
+                for e in t.range((k.client, k.acked_below)..=(k.client, u64::MAX))?.take(kept - REPLIES_PER_CLIENT_MAX)
+                {
+                    old.push(e?.0.value().1);
+                }
+            }
+        }
+        for x in old {
+            tx.del_reply(k.client, x)?;
+        }
+        Ok(())
     }
 
     fn attr_of(a: Answer) -> Result<Attr> {
@@ -872,7 +1252,7 @@ impl Namespace {
                 let (mut a, _, _) = tx.make(&cred, dir, &name, 0o777, mode::S_IFLNK)?;
                 a.size = target.len() as u64;
                 tx.put(&a, Fid::default())?;
-                tx.txn.open_table(SYMLINKS)?.insert(a.fid.key(), target.as_slice())?;
+                tx.put_symlink(a.fid, &target)?;
                 Ok(Answer::Attr(a))
             }),
         )?)
@@ -981,12 +1361,12 @@ impl Namespace {
                 let is_dir = mode::is_dir(a.mode);
                 let victim = tx.lookup(dst_dir, &dst_name)?;
                 if let Some((v, _)) = victim {
+                    if how == RenameMode::NoReplace {
+                        return Err(MdError::new(errno::EEXIST, format!("{dst_name:?} exists in {dst_dir}")));
+                    }
                     if v == child {
                         // Two names of one inode: POSIX says do nothing.
                         return Ok(Answer::Done);
-                    }
-                    if how == RenameMode::NoReplace {
-                        return Err(MdError::new(errno::EEXIST, format!("{dst_name:?} exists in {dst_dir}")));
                     }
                 }
                 if is_dir && dst_dir != src_dir {
@@ -1097,16 +1477,17 @@ impl Namespace {
                         ));
                     }
                 }
+                // Linux's chown_ok and chgrp_ok: the owner may "change" the owner to itself
+                // and the group to one of its groups; anything else is root's.
                 if let Some(u) = s.uid
-                    && u != a.uid
                     && cred.uid != 0
+                    && !(cred.uid == a.uid && u == a.uid)
                 {
-                    return Err(MdError::new(errno::EPERM, format!("only root may give {fid} to uid {u}")));
+                    return Err(MdError::new(errno::EPERM, format!("uid {} may not give {fid} to uid {u}", cred.uid)));
                 }
                 if let Some(g) = s.gid
-                    && g != a.gid
                     && cred.uid != 0
-                    && !(cred.uid == a.uid && cred.in_group(g))
+                    && !(cred.uid == a.uid && (g == a.gid || cred.in_group(g)))
                 {
                     return Err(MdError::new(
                         errno::EPERM,
@@ -1128,19 +1509,27 @@ impl Namespace {
                     }
                 }
                 for t in [s.atime_ns, s.mtime_ns].into_iter().flatten() {
-                    // Explicit times need ownership; "now" also suits a writer.
-                    let ok = owner || (t.is_none() && may(&cred, &a, W));
-                    if !ok {
-                        return Err(MdError::new(errno::EPERM, format!("uid {} may not set times of {fid}", cred.uid)));
+                    // Explicit times need ownership (EPERM); "now" also suits a writer
+                    // (EACCES otherwise).
+                    match t {
+                        Some(_) if !owner => {
+                            return Err(MdError::new(
+                                errno::EPERM,
+                                format!("uid {} may not set times of {fid}", cred.uid),
+                            ));
+                        }
+                        None if !owner && !may(&cred, &a, W) => return Err(denied(&cred, "touch", &a)),
+                        _ => {}
                     }
                 }
-                if let Some(m) = s.mode {
-                    let mut m = m;
-                    // Without the group, a non-root owner's chmod drops setgid.
-                    if cred.uid != 0 && !cred.in_group(a.gid) {
-                        m &= !mode::S_ISGID;
+                let group_exec = |m: u32| m & 0o010 != 0;
+                if (s.uid.is_some() || s.gid.is_some()) && !mode::is_dir(a.mode) {
+                    // A chown clears setuid, and setgid where it means set-group-id (with
+                    // group execute).
+                    a.mode &= !mode::S_ISUID;
+                    if group_exec(a.mode) {
+                        a.mode &= !mode::S_ISGID;
                     }
-                    a.mode = (a.mode & mode::S_IFMT) | m;
                 }
                 if let Some(u) = s.uid {
                     a.uid = u;
@@ -1148,13 +1537,24 @@ impl Namespace {
                 if let Some(g) = s.gid {
                     a.gid = g;
                 }
-                if (s.uid.is_some() || s.gid.is_some()) && !mode::is_dir(a.mode) {
-                    // A chown clears setuid and setgid of files.
-                    a.mode &= !(mode::S_ISUID | mode::S_ISGID);
+                if let Some(m) = s.mode {
+                    let mut m = m;
+                    // Without the (new) group, a non-root owner's chmod drops setgid.
+                    if cred.uid != 0 && !cred.in_group(a.gid) {
+                        m &= !mode::S_ISGID;
+                    }
+                    a.mode = (a.mode & mode::S_IFMT) | m;
                 }
                 if let Some(size) = s.size {
                     a.size = size;
                     a.mtime_ns = tx.now;
+                    if cred.uid != 0 {
+                        // As a write does: no setuid after a change by someone else.
+                        a.mode &= !mode::S_ISUID;
+                        if group_exec(a.mode) {
+                            a.mode &= !mode::S_ISGID;
+                        }
+                    }
                 }
                 if let Some(t) = s.atime_ns {
                     a.atime_ns = t.unwrap_or(tx.now);
@@ -1184,7 +1584,7 @@ impl Namespace {
     ) -> Result<()> {
         if value.len() > XATTR_SIZE_MAX {
             return Err(MdError::new(
-                errno::ERANGE,
+                errno::E2BIG,
                 format!("xattr value of {} bytes (at most {XATTR_SIZE_MAX})", value.len()),
             ));
         }
@@ -1194,16 +1594,36 @@ impl Namespace {
         self.change(
             key,
             Box::new(move |tx| {
-                tx.get(fid)?;
-                let mut t = tx.txn.open_table(XATTRS)?;
-                let exists = t.get((fid.key(), name.as_str()))?.is_some();
-                if create && exists {
+                let (mut a, p) = tx.get(fid)?;
+                let mut used = 0usize;
+                let mut old = None;
+                for e in tx.txn.open_table(XATTRS)?.range((fid.key(), "")..)? {
+                    let (k, v) = e?;
+                    let (owner, n) = k.value();
+                    if owner != fid.key() {
+                        break;
+                    }
+                    if n == name {
+                        old = Some(n.len() + v.value().len());
+                    } else {
+                        used += n.len() + v.value().len();
+                    }
+                }
+                if create && old.is_some() {
                     return Err(MdError::new(errno::EEXIST, format!("{fid} has xattr {name} already")));
                 }
-                if replace && !exists {
+                if replace && old.is_none() {
                     return Err(MdError::new(errno::ENODATA, format!("{fid} has no xattr {name}")));
                 }
-                t.insert((fid.key(), name.as_str()), value.as_slice())?;
+                if used + name.len() + value.len() > XATTRS_BYTES_MAX {
+                    return Err(MdError::new(
+                        errno::ENOSPC,
+                        format!("{fid} would hold more than {XATTRS_BYTES_MAX} bytes of xattrs"),
+                    ));
+                }
+                tx.put_xattr(fid, &name, &value)?;
+                a.ctime_ns = tx.now;
+                tx.put(&a, p)?;
                 Ok(Answer::Done)
             }),
         )?;
@@ -1217,18 +1637,24 @@ impl Namespace {
         self.change(
             key,
             Box::new(move |tx| {
-                let mut t = tx.txn.open_table(XATTRS)?;
-                if t.remove((fid.key(), name.as_str()))?.is_none() {
+                let (mut a, p) = tx.get(fid)?;
+                if !tx.del_xattr(fid, &name)? {
                     return Err(MdError::new(errno::ENODATA, format!("{fid} has no xattr {name}")));
                 }
+                a.ctime_ns = tx.now;
+                tx.put(&a, p)?;
                 Ok(Answer::Done)
             }),
         )?;
         Ok(())
     }
 
-    /// Open `fid` for reading and/or writing; returns a handle for `close`.
-    pub fn open_file(&self, cred: &Cred, fid: Fid, read: bool, write: bool) -> Result<(u64, Attr)> {
+    /// Open `fid` for reading and/or writing on behalf of client `owner`; returns a
+    /// handle for `close_file`.
+    pub fn open_file(&self, owner: u64, cred: &Cred, fid: Fid, read: bool, write: bool) -> Result<(u64, Attr)> {
+        // Under the lock a commit holds for its whole batch: the inode read here is not
+        // being removed meanwhile.
+        let mut o = lock(&self.opens);
         let a = self.getattr(fid)?;
         if a.nlink == 0 {
             return Err(MdError::new(errno::ENOENT, format!("{fid} was unlinked")));
@@ -1240,22 +1666,46 @@ impl Namespace {
         if !may(cred, &a, want) {
             return Err(denied(cred, "open", &a));
         }
-        let mut o = lock(&self.opens);
+        let held = o.per_owner.entry(owner).or_default();
+        if *held >= OPEN_HANDLES_PER_CLIENT_MAX {
+            return Err(MdError::new(
+                errno::EMFILE,
+                format!("client {owner:#x} holds {OPEN_HANDLES_PER_CLIENT_MAX} open handles"),
+            ));
+        }
+        *held += 1;
         o.next += 1;
         let h = o.next;
-        o.handles.insert(h, fid.key());
+        o.handles.insert(h, (fid.key(), owner));
         *o.counts.entry(fid.key()).or_default() += 1;
         Ok((h, a))
     }
 
-    /// Close a handle; the last close of a file unlinked meanwhile removes it.
-    pub fn close_file(&self, handle: u64) -> Result<()> {
+    /// Drop every handle of a client that is gone (evicted): its unlinked files go.
+    pub fn release_client(&self, owner: u64) -> Result<()> {
+        let handles: Vec<u64> =
+            lock(&self.opens).handles.iter().filter(|(_, (_, o))| *o == owner).map(|(h, _)| *h).collect();
+        for h in handles {
+            self.close_file(owner, h)?;
+        }
+        Ok(())
+    }
+
+    /// Close a handle of client `owner`; the last close of a file unlinked meanwhile
+    /// removes it.
+    pub fn close_file(&self, owner: u64, handle: u64) -> Result<()> {
         let key = {
             let mut o = lock(&self.opens);
-            let k = o
-                .handles
-                .remove(&handle)
-                .ok_or_else(|| MdError::new(errno::EBADF, format!("no open handle {handle}")))?;
+            let Some(&(k, by)) = o.handles.get(&handle).filter(|(_, by)| *by == owner) else {
+                return Err(MdError::new(errno::EBADF, format!("client {owner:#x} has no open handle {handle}")));
+            };
+            o.handles.remove(&handle);
+            if let Some(n) = o.per_owner.get_mut(&by) {
+                *n -= 1;
+                if *n == 0 {
+                    o.per_owner.remove(&by);
+                }
+            }
             let n = o.counts.entry(k).or_default();
             *n -= 1;
             if *n > 0 {
@@ -1264,6 +1714,10 @@ impl Namespace {
             o.counts.remove(&k);
             k
         };
+        // Only an unlinked file needs a change.
+        if self.read_inode(Fid::from_key(key)).is_ok_and(|(a, _)| a.nlink > 0) {
+            return Ok(());
+        }
         self.change(
             None,
             Box::new(move |tx| {

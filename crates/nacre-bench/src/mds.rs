@@ -1,0 +1,386 @@
+//! `nacre bench mds`: Nacre's mds-survey. One MDT on a RAID10 volume of file drives,
+//! served over loopback TCP to `clients` clients (each its own connection and identity),
+//! against the local file system doing the same work with as many threads, in the same
+//! run:
+//!
+//! - create: each client makes `files / clients` empty files in its own directory
+//!   (mdtest-easy's pattern); the local reference creates them with as many threads;
+//! - stat: each client asks the attributes of each of its files, one RPC each (nothing is
+//!   cached on the client), against the transport's own ping RPC at the same concurrency;
+//! - unlink: each client removes its files;
+//! - durable create (with `--durable-dir`): drives on that disk and every commit flushed
+//!   to the drives, against the local file system creating each file and fsyncing its
+//!   directory.
+//!
+//! Rounds interleave Nacre and the reference and keep the best of each, because these
+//! machines are shared and noisy.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use nacre_net::client::{Client, ClientConfig, Import};
+use nacre_net::nid::Nid;
+use nacre_net::server::{Server, ServerConfig};
+use nacre_net::transport::TcpTransport;
+use nacre_osd::SyncMode;
+use nacre_proto::fid::Fid;
+use nacre_proto::mdt::{Creds, Reply, Request, mode};
+use nacre_raid::{Level, Volume};
+use nacre_server::mds::Mds;
+use nacre_server::mdt::{Namespace, NamespaceOptions};
+use serde_json::{Value, json};
+
+use crate::raid::{BenchError, create, make_drives, peak, ratio};
+
+#[derive(Debug, Clone)]
+pub struct MdsBenchOptions {
+    /// Folder of the MDT's drive files (/dev/shm: the CPU-bound case).
+    pub dir: PathBuf,
+    /// The local file system the reference runs on.
+    pub local_dir: PathBuf,
+    /// Files per phase, over all clients.
+    pub files: u64,
+    pub clients: usize,
+    pub rounds: usize,
+    /// Drives on disk for the durable create phase.
+    pub durable_dir: Option<PathBuf>,
+}
+
+impl MdsBenchOptions {
+    pub fn new(dir: PathBuf) -> MdsBenchOptions {
+        MdsBenchOptions {
+            dir,
+            local_dir: PathBuf::from("/tmp"),
+            files: 40_000,
+            clients: 8,
+            rounds: 3,
+            durable_dir: None,
+        }
+    }
+}
+
+fn bad<E: std::fmt::Display>(e: E) -> BenchError {
+    BenchError::Bad(e.to_string())
+}
+
+/// An MDT served over TCP on loopback.
+struct Served {
+    server: Server,
+    volume: Arc<Volume>,
+}
+
+async fn serve(dir: &Path, sync: SyncMode) -> Result<Served, BenchError> {
+    std::fs::create_dir_all(dir)?;
+    let volume = Arc::new(create(&make_drives(dir, 4, 512 << 20)?, Level::Raid10, 256 << 10)?);
+    let opts = NamespaceOptions { sync, ..NamespaceOptions::default() };
+    let ns = tokio::task::block_in_place(|| Namespace::format(volume.clone(), 0, opts)).map_err(bad)?;
+    let mds = Mds::new("mdt0", Arc::new(ns));
+    let nid: Nid = "127.0.0.1@tcp:0".parse().map_err(bad)?;
+    let server =
+        Server::start(Arc::new(TcpTransport), &nid, mds.handler(), ServerConfig::default()).await.map_err(bad)?;
+    Ok(Served { server, volume })
+}
+
+async fn call(imp: &Import, r: &Request) -> Result<Reply, BenchError> {
+    let (op, body) = r.encode(&Creds::default());
+    let f = imp.call(op, &body, &[]).await.map_err(bad)?;
+    if f.header.status != 0 {
+        return Err(BenchError::Bad(format!("{r:?}: {}", String::from_utf8_lossy(&f.body))));
+    }
+    Reply::decode(&f.body).map_err(bad)
+}
+
+/// Rates (per second) of one round against Nacre: create, stat, unlink, ping.
+struct NacreRates {
+    create: f64,
+    stat: f64,
+    unlink: f64,
+    ping: f64,
+}
+
+/// Run `f(client index, import)` on every client at once; the seconds it took all.
+async fn all<F, Fut>(imports: &[Arc<Import>], f: F) -> Result<f64, BenchError>
+where
+    F: Fn(usize, Arc<Import>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), BenchError>> + Send + 'static,
+{
+    let started = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for (i, imp) in imports.iter().enumerate() {
+        set.spawn(f(i, imp.clone()));
+    }
+    while let Some(r) = set.join_next().await {
+        r.map_err(bad)??;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+async fn nacre_round(
+    s: &Served,
+    o: &MdsBenchOptions,
+    round: usize,
+    durable_only: bool,
+) -> Result<NacreRates, BenchError> {
+    let per = (o.files / o.clients as u64).max(1);
+    let mut clients = Vec::new();
+    let mut imports = Vec::new();
+    for _ in 0..o.clients {
+        let c = Client::new(Arc::new(TcpTransport), ClientConfig::default());
+        imports.push(c.connect(&s.server.nid()).await.map_err(bad)?);
+        clients.push(c);
+    }
+    // Each client's directory, made before the clock starts.
+    let mut dirs = Vec::new();
+    for (i, imp) in imports.iter().enumerate() {
+        let r = Request::Create {
+            dir: Fid::ROOT,
+            name: format!("r{round}-c{i}"),
+            mode: mode::S_IFDIR | 0o755,
+            target: vec![],
+        };
+        match call(imp, &r).await? {
+            Reply::Attr(a) => dirs.push(a.fid),
+            other => return Err(BenchError::Bad(format!("mkdir answered {other:?}"))),
+        }
+    }
+    let dirs = Arc::new(dirs);
+    let fids: Arc<std::sync::Mutex<Vec<Vec<Fid>>>> = Arc::new(std::sync::Mutex::new(vec![Vec::new(); o.clients]));
+    let create_secs = {
+        let (dirs, fids) = (dirs.clone(), fids.clone());
+        all(&imports, move |i, imp| {
+            let (dirs, fids) = (dirs.clone(), fids.clone());
+            async move {
+                let mut mine = Vec::with_capacity(per as usize);
+                for j in 0..per {
+                    let r = Request::Create {
+                        dir: dirs[i],
+                        name: format!("f{j}"),
+                        mode: mode::S_IFREG | 0o644,
+                        target: vec![],
+                    };
+                    match call(&imp, &r).await? {
+                        Reply::Attr(a) => mine.push(a.fid),
+                        other => return Err(BenchError::Bad(format!("create answered {other:?}"))),
+                    }
+                }
+                fids.lock().unwrap_or_else(|e| e.into_inner())[i] = mine;
+                Ok(())
+            }
+        })
+        .await?
+    };
+    let total = (per * o.clients as u64) as f64;
+    if durable_only {
+        return Ok(NacreRates { create: total / create_secs, stat: 0.0, unlink: 0.0, ping: 0.0 });
+    }
+    let stat_secs = {
+        let fids = fids.clone();
+        all(&imports, move |i, imp| {
+            let mine = fids.lock().unwrap_or_else(|e| e.into_inner())[i].clone();
+            async move {
+                for fid in mine {
+                    match call(&imp, &Request::Getattr { fid }).await? {
+                        Reply::Attr(a) if a.fid == fid && mode::is_reg(a.mode) => {}
+                        other => return Err(BenchError::Bad(format!("getattr of {fid} answered {other:?}"))),
+                    }
+                }
+                Ok(())
+            }
+        })
+        .await?
+    };
+    let ping_secs = all(&imports, move |_, imp| async move {
+        for _ in 0..per {
+            imp.ping().await.map_err(bad)?;
+        }
+        Ok(())
+    })
+    .await?;
+    let unlink_secs = {
+        let dirs = dirs.clone();
+        all(&imports, move |i, imp| {
+            let dirs = dirs.clone();
+            async move {
+                for j in 0..per {
+                    call(&imp, &Request::Unlink { dir: dirs[i], name: format!("f{j}"), rmdir: false }).await?;
+                }
+                Ok(())
+            }
+        })
+        .await?
+    };
+    for imp in &imports {
+        let _ = imp.disconnect().await;
+    }
+    Ok(NacreRates {
+        create: total / create_secs,
+        stat: total / stat_secs,
+        unlink: total / unlink_secs,
+        ping: total / ping_secs,
+    })
+}
+
+/// The local file system doing the same: `threads` threads, each in its own fresh
+/// directory. Returns create, stat and unlink rates; `fsync_dir` syncs the directory after
+/// each create (and measures creates only).
+fn local_round(root: &Path, o: &MdsBenchOptions, fsync_dir: bool) -> Result<(f64, f64, f64), BenchError> {
+    let per = (o.files / o.clients as u64).max(1);
+    let base = root.join(format!("nacre-bench-mds-local-{}-{}", std::process::id(), fastrand_suffix()));
+    let dirs: Vec<PathBuf> = (0..o.clients).map(|i| base.join(format!("t{i}"))).collect();
+    for d in &dirs {
+        std::fs::create_dir_all(d)?;
+    }
+    let run = |f: &(dyn Fn(&Path, u64) -> std::io::Result<()> + Sync)| -> Result<f64, BenchError> {
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            let hs: Vec<_> = dirs
+                .iter()
+                .map(|d| {
+                    s.spawn(move || -> std::io::Result<()> {
+                        for j in 0..per {
+                            f(d, j)?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            hs.into_iter().try_for_each(|h| h.join().map_err(|_| std::io::Error::other("a thread panicked"))?)
+        })?;
+        Ok(started.elapsed().as_secs_f64())
+    };
+    let total = (per * o.clients as u64) as f64;
+    let create = run(&|d, j| {
+        std::fs::File::create(d.join(format!("f{j}")))?;
+        if fsync_dir {
+            std::fs::File::open(d)?.sync_all()?;
+        }
+        Ok(())
+    })?;
+    let (stat, unlink) = if fsync_dir {
+        (0.0, 0.0)
+    } else {
+        let stat = run(&|d, j| std::fs::metadata(d.join(format!("f{j}"))).map(|_| ()))?;
+        let unlink = run(&|d, j| std::fs::remove_file(d.join(format!("f{j}"))))?;
+        (total / stat, total / unlink)
+    };
+    let _ = std::fs::remove_dir_all(&base);
+    Ok((total / create, stat, unlink))
+}
+
+fn fastrand_suffix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() as u64)
+}
+
+/// Run the bench; prints progress and a table, returns the figures.
+pub fn run_mds_bench(o: &MdsBenchOptions, out: &mut dyn std::io::Write) -> Result<Value, BenchError> {
+    if o.clients == 0 || o.files < o.clients as u64 {
+        return Err(BenchError::Bad(format!("--files {} must be at least --clients {}", o.files, o.clients)));
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let work = o.dir.join(format!("nacre-bench-mds-{}", std::process::id()));
+    let durable_work =
+        o.durable_dir.as_ref().map(|d| d.join(format!("nacre-bench-mds-durable-{}", std::process::id())));
+    let result = rt.block_on(run_in(o, &work, durable_work.as_deref(), out));
+    let _ = std::fs::remove_dir_all(&work);
+    if let Some(d) = &durable_work {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    result
+}
+
+async fn run_in(
+    o: &MdsBenchOptions,
+    work: &Path,
+    durable_work: Option<&Path>,
+    out: &mut dyn std::io::Write,
+) -> Result<Value, BenchError> {
+    let _ = writeln!(
+        out,
+        "nacre bench mds: one MDT on RAID10 (4 drives in {}), {} clients over loopback TCP, {} files per phase, {} rounds; reference: {} threads on {}",
+        o.dir.display(),
+        o.clients,
+        o.files,
+        o.rounds,
+        o.clients,
+        o.local_dir.display()
+    );
+    let served = serve(work, SyncMode::Ordered).await?;
+    let mut f: [Vec<f64>; 7] = Default::default();
+    for round in 0..o.rounds.max(1) {
+        let n = nacre_round(&served, o, round, false).await?;
+        let (lc, ls, lu) = tokio::task::block_in_place(|| local_round(&o.local_dir, o, false))?;
+        let _ = writeln!(
+            out,
+            "round {}: nacre create {:.0}/s stat {:.0}/s unlink {:.0}/s ping {:.0}/s | local create {lc:.0}/s stat {ls:.0}/s unlink {lu:.0}/s",
+            round + 1,
+            n.create,
+            n.stat,
+            n.unlink,
+            n.ping
+        );
+        for (i, v) in [n.create, n.stat, n.unlink, n.ping, lc, ls, lu].into_iter().enumerate() {
+            f[i].push(v);
+        }
+    }
+    let _ = served.volume.name();
+    drop(served);
+    let b: Vec<f64> = f.iter().map(|v| peak(v)).collect();
+    let (create_ratio, unlink_ratio, stat_vs_ping) = (ratio(b[0], b[4]), ratio(b[2], b[6]), ratio(b[1], b[3]));
+    let mut durable = (0.0, 0.0);
+    if let (Some(dir), Some(dd)) = (durable_work, o.durable_dir.as_ref()) {
+        let served = serve(dir, SyncMode::Drives).await?;
+        let (mut nb, mut lb) = (Vec::new(), Vec::new());
+        for round in 0..o.rounds.max(1) {
+            let n = nacre_round(&served, o, 100 + round, true).await?;
+            let (lc, _, _) = tokio::task::block_in_place(|| local_round(dd, o, true))?;
+            let _ = writeln!(
+                out,
+                "durable round {}: nacre create {:.0}/s | local create+fsync {lc:.0}/s",
+                round + 1,
+                n.create
+            );
+            nb.push(n.create);
+            lb.push(lc);
+        }
+        durable = (peak(&nb), peak(&lb));
+    }
+    let durable_ratio = ratio(durable.0, durable.1);
+    let _ = writeln!(out, "\n| operation | Nacre /s | reference /s | ratio | target |\n|---|---:|---:|---:|---:|");
+    let _ = writeln!(out, "| create | {:.0} | {:.0} (local) | {create_ratio:.3} | ≥ 0.3 |", b[0], b[4]);
+    let _ = writeln!(out, "| stat (one RPC) | {:.0} | {:.0} (ping RPC) | {stat_vs_ping:.3} | ≥ 0.5 |", b[1], b[3]);
+    let _ = writeln!(out, "| unlink | {:.0} | {:.0} (local) | {unlink_ratio:.3} | ≥ 0.3 |", b[2], b[6]);
+    let _ = writeln!(out, "| local stat | | {:.0} | | |", b[5]);
+    if o.durable_dir.is_some() {
+        let _ = writeln!(
+            out,
+            "| durable create | {:.0} | {:.0} (local + fsync dir) | {durable_ratio:.3} | ≥ 0.5 |",
+            durable.0, durable.1
+        );
+    }
+    let mut v = json!({
+        "bench": "mds",
+        "dir": o.dir.display().to_string(),
+        "local_dir": o.local_dir.display().to_string(),
+        "files": o.files,
+        "clients": o.clients,
+        "rounds": o.rounds,
+        "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "create_per_s": b[0],
+        "stat_per_s": b[1],
+        "unlink_per_s": b[2],
+        "ping_per_s": b[3],
+        "local_create_per_s": b[4],
+        "local_stat_per_s": b[5],
+        "local_unlink_per_s": b[6],
+        "create_ratio": create_ratio,
+        "unlink_ratio": unlink_ratio,
+        "stat_vs_ping_ratio": stat_vs_ping,
+    });
+    if o.durable_dir.is_some() {
+        v["durable_create_per_s"] = json!(durable.0);
+        v["local_durable_create_per_s"] = json!(durable.1);
+        v["durable_create_ratio"] = json!(durable_ratio);
+    }
+    Ok(v)
+}
