@@ -10,7 +10,7 @@
 //! **Writes are gathered until `sync_data`.** redb writes a commit's pages one by one and
 //! then asks for a sync; each page sent to the volume on its own would pay a volume write
 //! (and its hops to the drive threads) apiece. The backend keeps written pages in memory
-//! (reads see them) and at `sync_data` writes them out, neighbours merged into one IO, in
+//! (reads see them) and at `sync_data` writes them out, neighbours joined into one IO, in
 //! offset order. Nothing is lost by waiting: redb's commit is durable only once
 //! `sync_data` returns, and by then every page is on the drives. At most
 //! [`PENDING_BYTES_MAX`] wait; beyond that they go out at once.
@@ -34,6 +34,8 @@ const HEADER_MAGIC: u32 = u32::from_le_bytes(*b"NCDB");
 const HEADER_VERSION: u32 = 1;
 /// Bytes zeroed per write when the database grows.
 const ZERO_STEP: usize = 1 << 20;
+/// Largest IO that joined neighbouring pending writes make.
+const JOINED_BYTES_MAX: usize = 4 << 20;
 /// Written bytes held in memory until the next sync at most.
 pub const PENDING_BYTES_MAX: usize = 32 << 20;
 
@@ -45,39 +47,35 @@ struct Pending {
 }
 
 impl Pending {
-    /// Add a write; extents it overlaps or touches merge with it (its bytes win).
+    /// Add a write. The parts of older extents it covers go; nothing is merged here (redb
+    /// writes page by page, and merging would copy a growing extent each time):
+    /// neighbours are joined when they are written out.
     fn add(&mut self, offset: u64, data: &[u8]) {
         let end = offset + data.len() as u64;
-        let mut lo = offset;
-        let mut hi = end;
-        // Extents that overlap or touch [offset, end).
-        let touching: Vec<u64> = self
+        let overlapping: Vec<u64> = self
             .extents
-            .range(..=end)
+            .range(..end)
             .rev()
-            .take_while(|(at, v)| **at + v.len() as u64 >= offset)
+            .take_while(|(at, v)| **at + v.len() as u64 > offset)
             .map(|(at, _)| *at)
             .collect();
-        if touching.is_empty() {
-            self.bytes += data.len();
-            self.extents.insert(offset, data.to_vec());
-            return;
-        }
-        for at in &touching {
-            let v = &self.extents[at];
-            lo = lo.min(*at);
-            hi = hi.max(*at + v.len() as u64);
-        }
-        let mut merged = vec![0u8; (hi - lo) as usize];
-        for at in touching {
-            if let Some(v) = self.extents.remove(&at) {
-                self.bytes -= v.len();
-                merged[(at - lo) as usize..(at - lo) as usize + v.len()].copy_from_slice(&v);
+        for at in overlapping {
+            let Some(v) = self.extents.remove(&at) else { continue };
+            self.bytes -= v.len();
+            let v_end = at + v.len() as u64;
+            if at < offset {
+                let head = v[..(offset - at) as usize].to_vec();
+                self.bytes += head.len();
+                self.extents.insert(at, head);
+            }
+            if v_end > end {
+                let tail = v[(end - at) as usize..].to_vec();
+                self.bytes += tail.len();
+                self.extents.insert(end, tail);
             }
         }
-        merged[(offset - lo) as usize..(end - lo) as usize].copy_from_slice(data);
-        self.bytes += merged.len();
-        self.extents.insert(lo, merged);
+        self.bytes += data.len();
+        self.extents.insert(offset, data.to_vec());
     }
 
     /// Copy what is pending over `out`, which was read from `offset`.
@@ -210,18 +208,40 @@ impl VolumeBackend {
         self.base + 2 * SLOT_BYTES
     }
 
-    /// Send every pending write to the volume, in offset order. On an error the writes
-    /// not yet sent stay pending.
+    /// Send every pending write to the volume in offset order, neighbours joined into
+    /// one IO of up to [`JOINED_BYTES_MAX`]. On an error what was not written stays
+    /// pending.
     fn write_pending(&self) -> io::Result<()> {
         let mut p = lock(&self.pending);
-        while let Some((at, v)) = p.extents.pop_first() {
-            if let Err(e) = self.volume.write(self.data_at() + at, &v) {
-                p.extents.insert(at, v);
-                return Err(other(e));
+        let mut run: Vec<u8> = Vec::new();
+        let mut run_at = 0;
+        let mut parts: Vec<(u64, usize)> = Vec::new();
+        loop {
+            let next = p.extents.first_key_value().map(|(at, v)| (*at, v.len()));
+            let joins = next.is_some_and(|(at, len)| {
+                !run.is_empty() && at == run_at + run.len() as u64 && run.len() + len <= JOINED_BYTES_MAX
+            });
+            if !joins && !run.is_empty() {
+                if let Err(e) = self.volume.write(self.data_at() + run_at, &run) {
+                    // Put the run back as it was taken.
+                    let mut off = 0;
+                    for (at, len) in parts.drain(..) {
+                        p.extents.insert(at, run[off..off + len].to_vec());
+                        off += len;
+                    }
+                    return Err(other(e));
+                }
+                p.bytes -= run.len();
+                run.clear();
+                parts.clear();
             }
-            p.bytes -= v.len();
+            let Some((at, v)) = p.extents.pop_first() else { return Ok(()) };
+            if run.is_empty() {
+                run_at = at;
+            }
+            parts.push((at, v.len()));
+            run.extend_from_slice(&v);
         }
-        Ok(())
     }
 
     fn write_header(&self, h: &mut Header, len: u64) -> io::Result<()> {
@@ -358,10 +378,10 @@ mod tests {
             let mut out = base[at..at + len].to_vec();
             p.overlay(at as u64, &mut out);
             assert_eq!(out, model[at..at + len], "step {step}: read of {len} at {at}");
-            // Extents never overlap or touch, and the byte count is theirs.
+            // Extents never overlap, and the byte count is theirs.
             let mut end = 0;
             for (i, (a, v)) in p.extents.iter().enumerate() {
-                assert!(i == 0 || *a > end, "step {step}: extents overlap or touch at {a}");
+                assert!(i == 0 || *a >= end, "step {step}: extents overlap at {a}");
                 end = a + v.len() as u64;
             }
             assert_eq!(p.bytes, p.extents.values().map(Vec::len).sum::<usize>());
