@@ -10,14 +10,15 @@
 //!   each change that carried a reply key, pruned as the client acknowledges them);
 //! - `meta`: the MDT index and the FID allocator.
 //!
-//! **Group commit.** Changes queue; the first caller to find no commit running takes the
-//! whole queue (up to `batch_max`), runs each change in one write transaction and commits
-//! once; everyone's answer is handed back after that commit. A change checks everything
+//! **Group commit.** Changes queue; the first caller to find no batch running runs
+//! batches (up to `batch_max` changes each, in one write transaction, made durable by one
+//! append to the redo log, see [`super::log`]) until the queue is empty. Each caller waits
+//! on its own channel, woken once its batch is durable. A change checks everything
 //! before it writes anything, so one that fails leaves nothing behind in the shared
-//! transaction; a storage error fails the whole batch and nothing of it is kept.
+//! transaction; one that fails after writing (a storage error) fails its whole batch.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use nacre_osd::SyncMode;
@@ -248,17 +249,17 @@ impl Answer {
 type Change = Box<dyn FnOnce(&mut Tx<'_>) -> Result<Answer> + Send>;
 
 struct Queued {
-    ticket: u64,
     key: Option<ReplyKey>,
     change: Change,
+    /// Where the answer goes once the batch is durable.
+    answer: tokio::sync::oneshot::Sender<Result<Answer>>,
 }
 
 #[derive(Default)]
 struct Commits {
     queue: Vec<Queued>,
+    /// A caller is running batches (it runs them until the queue is empty).
     running: bool,
-    next_ticket: u64,
-    done: HashMap<u64, Result<Answer>>,
 }
 
 /// FID allocation: the current sequence of this MDT and its next object id.
@@ -304,7 +305,6 @@ pub struct Namespace {
     opts: NamespaceOptions,
     alloc: Mutex<FidAlloc>,
     commits: Mutex<Commits>,
-    committed: Condvar,
     opens: Mutex<Opens>,
     /// Transactions committed, and the changes in them.
     pub stats: NamespaceStats,
@@ -851,7 +851,6 @@ impl Namespace {
             opts,
             alloc: Mutex::new(FidAlloc { seq_k: 0, next_oid: 1 }),
             commits: Mutex::new(Commits::default()),
-            committed: Condvar::new(),
             opens: Mutex::new(Opens::default()),
             stats: NamespaceStats::default(),
         })
@@ -1034,51 +1033,63 @@ impl Namespace {
 
     // ---- changes ----
 
-    /// Run one change through group commit; with a reply key, a change already run
-    /// returns its stored answer.
-    fn change(&self, key: Option<ReplyKey>, f: Change) -> Result<Answer> {
+    /// Queue a change; true if the caller must run the batches (nobody else is).
+    fn enqueue(&self, key: Option<ReplyKey>, change: Change) -> (tokio::sync::oneshot::Receiver<Result<Answer>>, bool) {
+        let (answer, rx) = tokio::sync::oneshot::channel();
         let mut c = lock(&self.commits);
-        let ticket = c.next_ticket;
-        c.next_ticket += 1;
-        c.queue.push(Queued { ticket, key, change: f });
+        c.queue.push(Queued { key, change, answer });
+        let lead = !c.running;
+        c.running = true;
+        (rx, lead)
+    }
+
+    /// Run batches until the queue is empty, answering each change as its batch becomes
+    /// durable; then stand down.
+    fn run_batches(&self) {
         loop {
-            if let Some(r) = c.done.remove(&ticket) {
-                return r;
-            }
-            if !c.running {
-                c.running = true;
+            let batch: Vec<Queued> = {
+                let mut c = lock(&self.commits);
+                if c.queue.is_empty() {
+                    c.running = false;
+                    return;
+                }
                 let n = c.queue.len().min(self.opts.batch_max.max(1));
-                let batch: Vec<Queued> = c.queue.drain(..n).collect();
-                let tickets: Vec<u64> = batch.iter().map(|q| q.ticket).collect();
-                drop(c);
-                // A panic inside a change must not leave `running` set and everyone
-                // waiting: it fails the batch instead.
-                let results = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.commit(batch)))
-                    .unwrap_or_else(|_| {
-                        let e = MdError::new(errno::EIO, "the metadata change failed inside the server");
-                        tickets.iter().map(|&t| (t, Err(e.clone()))).collect()
-                    });
-                c = lock(&self.commits);
-                c.running = false;
-                c.done.extend(results);
-                self.committed.notify_all();
-                continue;
+                c.queue.drain(..n).collect()
+            };
+            let (work, answers): (Vec<_>, Vec<_>) = batch.into_iter().map(|q| ((q.key, q.change), q.answer)).unzip();
+            let n = work.len();
+            // A panic inside a change must not leave `running` set and everyone waiting:
+            // it fails the batch instead.
+            let results =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.commit(work))).unwrap_or_else(|_| {
+                    vec![Err(MdError::new(errno::EIO, "the metadata change failed inside the server")); n]
+                });
+            for (tx, r) in answers.into_iter().zip(results) {
+                let _ = tx.send(r);
             }
-            c = self.committed.wait(c).unwrap_or_else(|e| e.into_inner());
         }
     }
 
+    /// Run one change through group commit and wait for it; with a reply key, a change
+    /// already run returns its stored answer.
+    fn change(&self, key: Option<ReplyKey>, f: Change) -> Result<Answer> {
+        let (rx, lead) = self.enqueue(key, f);
+        if lead {
+            self.run_batches();
+        }
+        rx.blocking_recv().unwrap_or_else(|_| Err(MdError::new(errno::EIO, "the metadata change was dropped")))
+    }
+
     /// One transaction for a batch of changes; their answers once it is durable.
-    fn commit(&self, batch: Vec<Queued>) -> Vec<(u64, Result<Answer>)> {
-        let tickets: Vec<u64> = batch.iter().map(|q| q.ticket).collect();
-        let n = batch.len() as u64;
+    fn commit(&self, batch: Vec<(Option<ReplyKey>, Change)>) -> Vec<Result<Answer>> {
+        let n = batch.len();
         match self.commit_inner(batch) {
             Ok(r) => {
                 self.stats.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                self.stats.changes.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                self.stats.changes.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
                 r
             }
-            Err(e) => tickets.into_iter().map(|t| (t, Err(e.clone()))).collect(),
+            Err(e) => vec![Err(e); n],
         }
     }
 
@@ -1105,7 +1116,7 @@ impl Namespace {
         Ok(())
     }
 
-    fn commit_inner(&self, batch: Vec<Queued>) -> Result<Vec<(u64, Result<Answer>)>> {
+    fn commit_inner(&self, batch: Vec<(Option<ReplyKey>, Change)>) -> Result<Vec<Result<Answer>>> {
         let mut log = lock(&self.log);
         self.checkpoint_if_due(&mut log)?;
         let mut txn = self.db.begin_write()?;
@@ -1123,14 +1134,14 @@ impl Namespace {
             count: Default::default(),
         };
         let mut out = Vec::with_capacity(batch.len());
-        for q in batch {
-            if let Some(k) = q.key {
+        for (key, change) in batch {
+            if let Some(k) = key {
                 let stored = txn.open_table(REPLIES)?.get((k.client, k.xid))?.map(|v| v.value().to_vec());
                 if let Some(b) = stored {
                     match Stored::decode(&b)? {
                         Stored { digest, answer } if digest == k.digest => {
                             self.stats.replayed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            out.push((q.ticket, answer));
+                            out.push(answer);
                             continue;
                         }
                         // An xid reused by a later incarnation of the client: the old
@@ -1140,18 +1151,18 @@ impl Namespace {
                 }
             }
             let before = tx.mutations();
-            let r = (q.change)(&mut tx);
+            let r = change(&mut tx);
             if let Err(e) = &r
                 && tx.mutations() != before
             {
                 // It failed after writing: nothing of the batch may be kept.
                 return Err(e.clone());
             }
-            if let Some(k) = q.key {
+            if let Some(k) = key {
                 tx.put_reply(k.client, k.xid, &Stored { digest: k.digest, answer: r.clone() }.encode())?;
                 self.prune_replies(&tx, k)?;
             }
-            out.push((q.ticket, r));
+            out.push(r);
         }
         let alloc = tx.alloc;
         if tx.mutations() == 0 {
