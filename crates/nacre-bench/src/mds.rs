@@ -138,6 +138,7 @@ async fn nacre_round(
             name: format!("r{round}-c{i}"),
             mode: mode::S_IFDIR | 0o755,
             target: vec![],
+            layout: vec![],
         };
         match call(imp, &r).await? {
             Reply::Attr(a) => dirs.push(a.fid),
@@ -158,6 +159,7 @@ async fn nacre_round(
                         name: format!("f{j}"),
                         mode: mode::S_IFREG | 0o644,
                         target: vec![],
+                        layout: vec![],
                     };
                     match call(&imp, &r).await? {
                         Reply::Attr(a) => mine.push(a.fid),

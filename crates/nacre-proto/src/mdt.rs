@@ -150,6 +150,8 @@ pub const MDS_SETXATTR: u16 = 312;
 pub const MDS_LISTXATTR: u16 = 313;
 pub const MDS_REMOVEXATTR: u16 = 314;
 pub const MDS_STATFS: u16 = 315;
+pub const MDS_GETLAYOUT: u16 = 316;
+pub const MDS_SETDIRLAYOUT: u16 = 317;
 
 /// Supplementary groups a request may carry.
 pub const GROUPS_MAX: usize = 64;
@@ -215,12 +217,14 @@ pub enum Request {
         max: u32,
     },
     /// A regular file, directory or symlink, by the type bits of `mode`; a symlink's
-    /// target is `target`.
+    /// target is `target`; a file's layout is `layout` ([`crate::layout::Layout::encode`];
+    /// empty: inherited).
     Create {
         dir: Fid,
         name: String,
         mode: u32,
         target: Vec<u8>,
+        layout: Vec<u8>,
     },
     Link {
         fid: Fid,
@@ -272,7 +276,19 @@ pub enum Request {
         name: String,
     },
     Statfs,
+    /// A file's layout or a directory's default (empty bytes: none).
+    Getlayout {
+        fid: Fid,
+    },
+    /// Set a directory's default layout (empty: remove it).
+    Setdirlayout {
+        dir: Fid,
+        layout: Vec<u8>,
+    },
 }
+
+/// Bytes an encoded layout may have on the wire.
+pub const LAYOUT_BYTES_MAX: usize = 64 << 10;
 
 impl Request {
     /// Does this request change the namespace (and so get a reply record)?
@@ -286,6 +302,7 @@ impl Request {
                 | Request::Getxattr { .. }
                 | Request::Listxattr { .. }
                 | Request::Statfs
+                | Request::Getlayout { .. }
                 | Request::Open { .. }
         )
     }
@@ -301,8 +318,8 @@ impl Request {
             Request::Getattr { fid } => (MDS_GETATTR, fid.put(e).done()),
             Request::Lookup { dir, name } => (MDS_LOOKUP, s(dir.put(e), name).done()),
             Request::Readdir { dir, cookie, max } => (MDS_READDIR, dir.put(e).u64(*cookie).u32(*max).done()),
-            Request::Create { dir, name, mode, target } => {
-                (MDS_CREATE, s(dir.put(e), name).u32(*mode).bytes(target).done())
+            Request::Create { dir, name, mode, target, layout } => {
+                (MDS_CREATE, s(dir.put(e), name).u32(*mode).bytes(target).bytes(layout).done())
             }
             Request::Link { fid, dir, name } => (MDS_LINK, s(dir.put(fid.put(e)), name).done()),
             Request::Unlink { dir, name, rmdir } => (MDS_UNLINK, s(dir.put(e), name).u8(*rmdir as u8).done()),
@@ -331,6 +348,8 @@ impl Request {
             Request::Listxattr { fid } => (MDS_LISTXATTR, fid.put(e).done()),
             Request::Removexattr { fid, name } => (MDS_REMOVEXATTR, s(fid.put(e), name).done()),
             Request::Statfs => (MDS_STATFS, e.done()),
+            Request::Getlayout { fid } => (MDS_GETLAYOUT, fid.put(e).done()),
+            Request::Setdirlayout { dir, layout } => (MDS_SETDIRLAYOUT, dir.put(e).bytes(layout).done()),
         }
     }
 
@@ -354,6 +373,8 @@ impl Request {
             MDS_LISTXATTR => "listxattr",
             MDS_REMOVEXATTR => "removexattr",
             MDS_STATFS => "statfs",
+            MDS_GETLAYOUT => "getlayout",
+            MDS_SETDIRLAYOUT => "setdirlayout",
             other => return Err(ProtoError::Invalid(format!("opcode {other} is not an MDS operation"))),
         };
         let mut d = Dec::new(body, name, VERSION)?;
@@ -380,6 +401,7 @@ impl Request {
                 name: name_of(&mut d, "name")?,
                 mode: d.u32("mode")?,
                 target: d.bytes("symlink target", SYMLINK_MAX + 1)?.to_vec(),
+                layout: d.bytes("layout", LAYOUT_BYTES_MAX)?.to_vec(),
             },
             MDS_LINK => Request::Link {
                 fid: Fid::get(&mut d, "fid")?,
@@ -432,6 +454,11 @@ impl Request {
             MDS_REMOVEXATTR => {
                 Request::Removexattr { fid: Fid::get(&mut d, "fid")?, name: name_of(&mut d, "xattr name")? }
             }
+            MDS_GETLAYOUT => Request::Getlayout { fid: Fid::get(&mut d, "fid")? },
+            MDS_SETDIRLAYOUT => Request::Setdirlayout {
+                dir: Fid::get(&mut d, "directory")?,
+                layout: d.bytes("layout", LAYOUT_BYTES_MAX)?.to_vec(),
+            },
             _ => Request::Statfs,
         };
         d.end()?;
@@ -543,7 +570,14 @@ mod tests {
             Request::Getattr { fid: f },
             Request::Lookup { dir: f, name: "a".into() },
             Request::Readdir { dir: f, cookie: 9, max: 100 },
-            Request::Create { dir: f, name: "l".into(), mode: mode::S_IFLNK | 0o777, target: b"t".to_vec() },
+            Request::Create {
+                dir: f,
+                name: "l".into(),
+                mode: mode::S_IFLNK | 0o777,
+                target: b"t".to_vec(),
+                layout: vec![],
+            },
+            Request::Create { dir: f, name: "f".into(), mode: mode::S_IFREG, target: vec![], layout: vec![1, 2] },
             Request::Link { fid: f, dir: f, name: "b".into() },
             Request::Unlink { dir: f, name: "b".into(), rmdir: true },
             Request::Rename { src_dir: f, src_name: "x".into(), dst_dir: f, dst_name: "y".into(), noreplace: true },
@@ -559,6 +593,8 @@ mod tests {
             Request::Listxattr { fid: f },
             Request::Removexattr { fid: f, name: "user.a".into() },
             Request::Statfs,
+            Request::Getlayout { fid: f },
+            Request::Setdirlayout { dir: f, layout: vec![3] },
         ];
         for r in all {
             let (op, body) = r.encode(&creds);

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use nacre_net::server::{Handler, Incoming, Reply};
+use nacre_proto::layout::Layout;
 use nacre_proto::mdt::{self, Creds, READDIR_MAX, Request, errno, mode, set, xattr};
 use nacre_proto::param;
 
@@ -19,7 +20,7 @@ use crate::mdt::{Cred, MdError, Namespace, ReplyKey, SetAttr};
 const EPROTO: i32 = 71;
 
 /// Operations counted in `md_stats`, by opcode.
-const OPS: [(u16, &str); 16] = [
+const OPS: [(u16, &str); 18] = [
     (mdt::MDS_GETATTR, "getattr"),
     (mdt::MDS_LOOKUP, "lookup"),
     (mdt::MDS_READDIR, "readdir"),
@@ -36,6 +37,8 @@ const OPS: [(u16, &str); 16] = [
     (mdt::MDS_LISTXATTR, "listxattr"),
     (mdt::MDS_REMOVEXATTR, "removexattr"),
     (mdt::MDS_STATFS, "statfs"),
+    (mdt::MDS_GETLAYOUT, "getlayout"),
+    (mdt::MDS_SETDIRLAYOUT, "setdirlayout"),
 ];
 
 pub struct Mds {
@@ -112,6 +115,7 @@ impl Mds {
                         | mdt::MDS_GETXATTR
                         | mdt::MDS_LISTXATTR
                         | mdt::MDS_STATFS
+                        | mdt::MDS_GETLAYOUT
                         | param::OP_GET_PARAM
                 );
                 if inline {
@@ -200,9 +204,13 @@ impl Mds {
                     mdt::Reply::Entries { entries, eof }
                 })
             }
-            Request::Create { dir, name, mode: m, target } => {
+            Request::Create { dir, name, mode: m, target, layout } => {
                 let perms = m & mode::PERMS;
                 let made = match m & mode::S_IFMT {
+                    mode::S_IFREG | 0 if !layout.is_empty() => match Layout::decode(&layout) {
+                        Ok(l) => ns.create_with_layout(&c, dir, &name, perms, l, key),
+                        Err(e) => Err(MdError::new(errno::EINVAL, format!("layout: {e}"))),
+                    },
                     mode::S_IFREG | 0 => ns.create(&c, dir, &name, perms, key),
                     mode::S_IFDIR => ns.mkdir(&c, dir, &name, perms, key),
                     mode::S_IFLNK => ns.symlink(&c, dir, &name, &target, key),
@@ -232,6 +240,16 @@ impl Mds {
             ),
             Request::Listxattr { fid } => answer(ns.listxattr(&c, fid), mdt::Reply::Names),
             Request::Removexattr { fid, name } => answer(ns.removexattr(&c, fid, &name, key), |_| mdt::Reply::Done),
+            Request::Getlayout { fid } => {
+                answer(ns.layout(fid), |l| mdt::Reply::Bytes(l.map(|l| l.encode()).unwrap_or_default()))
+            }
+            Request::Setdirlayout { dir, layout } => {
+                let l = if layout.is_empty() { Ok(None) } else { Layout::decode(&layout).map(Some) };
+                match l {
+                    Ok(l) => answer(ns.set_dir_layout(&c, dir, l, key), |_| mdt::Reply::Done),
+                    Err(e) => fail(-errno::EINVAL, format!("layout: {e}")),
+                }
+            }
             Request::Statfs => answer(ns.statfs(), |s| mdt::Reply::StatFs {
                 inodes: s.inodes,
                 bytes_used: s.bytes_used,

@@ -68,14 +68,26 @@ async fn operations_through_the_service() {
     let (_s, mds, _n, md) = setup().await;
     let root = Fid::ROOT;
     let d = md
-        .attr(Request::Create { dir: root, name: "d".into(), mode: mode::S_IFDIR | 0o755, target: vec![] })
+        .attr(Request::Create {
+            dir: root,
+            name: "d".into(),
+            mode: mode::S_IFDIR | 0o755,
+            target: vec![],
+            layout: vec![],
+        })
         .await
         .unwrap();
     assert!(mode::is_dir(d.mode));
     for i in 0..50 {
-        md.attr(Request::Create { dir: d.fid, name: format!("f{i}"), mode: mode::S_IFREG | 0o644, target: vec![] })
-            .await
-            .unwrap();
+        md.attr(Request::Create {
+            dir: d.fid,
+            name: format!("f{i}"),
+            mode: mode::S_IFREG | 0o644,
+            target: vec![],
+            layout: vec![],
+        })
+        .await
+        .unwrap();
     }
     // Readdir in pages, resumed by cookie.
     let mut names = Vec::new();
@@ -101,7 +113,13 @@ async fn operations_through_the_service() {
     let f = md.attr(Request::Lookup { dir: d.fid, name: "f7".into() }).await.unwrap();
     // Errors come back as negative errnos with a message that names the problem.
     let e = md
-        .attr(Request::Create { dir: d.fid, name: "f7".into(), mode: mode::S_IFREG | 0o644, target: vec![] })
+        .attr(Request::Create {
+            dir: d.fid,
+            name: "f7".into(),
+            mode: mode::S_IFREG | 0o644,
+            target: vec![],
+            layout: vec![],
+        })
         .await
         .unwrap_err();
     assert_eq!(e.0, -errno::EEXIST);
@@ -119,7 +137,13 @@ async fn operations_through_the_service() {
     assert_eq!(e.0, -errno::EACCES);
     // Symlinks, xattrs, rename, open/close, statfs.
     let l = md
-        .attr(Request::Create { dir: root, name: "l".into(), mode: mode::S_IFLNK | 0o777, target: b"d/f7".to_vec() })
+        .attr(Request::Create {
+            dir: root,
+            name: "l".into(),
+            mode: mode::S_IFLNK | 0o777,
+            target: b"d/f7".to_vec(),
+            layout: vec![],
+        })
         .await
         .unwrap();
     assert_eq!(md.call(Request::Readlink { fid: l.fid }).await.unwrap(), Reply::Bytes(b"d/f7".to_vec()));
@@ -146,6 +170,28 @@ async fn operations_through_the_service() {
     assert_eq!(md.attr(Request::Getattr { fid: f.fid }).await.unwrap().nlink, 0, "open: still there");
     md.call(Request::Close { handle }).await.unwrap();
     assert_eq!(md.attr(Request::Getattr { fid: f.fid }).await.unwrap_err().0, -errno::ENOENT);
+    // Layouts: a directory default through the service, inherited by a new file; a bad
+    // one refused with the rule it breaks.
+    let lfs = |a: &str| nacre_proto::layout::Layout::from_lfs_args(&a.split_whitespace().collect::<Vec<_>>()).unwrap();
+    md.call(Request::Setdirlayout { dir: d.fid, layout: lfs("-c 4 -S 2M").encode() }).await.unwrap();
+    let nf = md
+        .attr(Request::Create {
+            dir: d.fid,
+            name: "striped".into(),
+            mode: mode::S_IFREG | 0o644,
+            target: vec![],
+            layout: vec![],
+        })
+        .await
+        .unwrap();
+    let Reply::Bytes(b) = md.call(Request::Getlayout { fid: nf.fid }).await.unwrap() else { panic!() };
+    assert_eq!(nacre_proto::layout::Layout::decode(&b).unwrap(), lfs("-c 4 -S 2M"));
+    let e = md
+        .call(Request::Create { dir: d.fid, name: "bad".into(), mode: mode::S_IFREG, target: vec![], layout: vec![9] })
+        .await
+        .unwrap_err();
+    assert_eq!(e.0, -errno::EINVAL);
+    md.call(Request::Unlink { dir: d.fid, name: "striped".into(), rmdir: false }).await.unwrap();
     let Reply::StatFs { inodes, bytes_total, .. } = md.call(Request::Statfs).await.unwrap() else { panic!() };
     assert_eq!(inodes, 1 + 1 + 49 + 1);
     assert!(bytes_total > 0);
@@ -154,7 +200,7 @@ async fn operations_through_the_service() {
     assert_eq!(f2.header.status, -71);
     assert!(String::from_utf8_lossy(&f2.body).contains("bad MDS request"));
     let p = mds.get_param("mdt.mdt0.md_stats");
-    assert!(p[0].1.contains("create 53"), "{p:?}");
+    assert!(p[0].1.contains("create 55") && p[0].1.contains("setdirlayout 1"), "{p:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -162,9 +208,14 @@ async fn a_lost_reply_creates_once() {
     let (server, _mds, _n, md) = setup().await;
     server.faults().add(&format!("drop opcode={} count=1", mdt::MDS_CREATE)).unwrap();
     let imp = md.imp.clone();
-    let (op, body) =
-        Request::Create { dir: Fid::ROOT, name: "once".into(), mode: mode::S_IFREG | 0o644, target: vec![] }
-            .encode(&Creds::default());
+    let (op, body) = Request::Create {
+        dir: Fid::ROOT,
+        name: "once".into(),
+        mode: mode::S_IFREG | 0o644,
+        target: vec![],
+        layout: vec![],
+    }
+    .encode(&Creds::default());
     // The client resends after its deadline; the answer is the first one, not EEXIST.
     let f = tokio::time::timeout(std::time::Duration::from_secs(120), imp.call(op, &body, &[])).await.unwrap().unwrap();
     assert_eq!(f.header.status, 0, "{}", String::from_utf8_lossy(&f.body));
@@ -186,7 +237,13 @@ fn a_change_resent_after_a_restart_gets_its_stored_answer() {
     let v = volume();
     let ns = Arc::new(Namespace::format(v.clone(), 0, NamespaceOptions::default()).unwrap());
     let mds = Mds::new("mdt0", ns);
-    let create = Request::Create { dir: Fid::ROOT, name: "f".into(), mode: mode::S_IFREG | 0o644, target: vec![] };
+    let create = Request::Create {
+        dir: Fid::ROOT,
+        name: "f".into(),
+        mode: mode::S_IFREG | 0o644,
+        target: vec![],
+        layout: vec![],
+    };
     let first = mds.handle(incoming(42, 5, 5, &create));
     assert_eq!(first.status, 0);
     let rename = Request::Rename {

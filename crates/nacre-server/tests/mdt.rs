@@ -580,3 +580,67 @@ fn concurrent_creates_share_commits() {
     assert_eq!(changes, (threads * (per + 1)) as u64);
     assert!(commits < changes, "{commits} commits for {changes} changes: no grouping");
 }
+
+#[test]
+fn layouts_are_inherited_validated_and_survive_a_crash() {
+    use nacre_proto::layout::{EOF, Kind, Layout};
+    let (ns, v) = ns();
+    let c = root();
+    let lfs = |args: &str| Layout::from_lfs_args(&args.split_whitespace().collect::<Vec<_>>()).unwrap();
+    // No default anywhere: one 1 MiB stripe.
+    let f = ns.create(&c, ROOT, "plain", 0o644, None).unwrap();
+    let l = ns.layout(f.fid).unwrap().unwrap();
+    let Kind::Stripes(s) = &l.components[0].kind else { panic!("{l:?}") };
+    assert_eq!((s.count, s.size, l.components[0].end), (1, 1 << 20, EOF));
+    assert_eq!(ns.layout(ROOT).unwrap(), None);
+    // The root's default is the file system's: its size fills what a directory leaves out.
+    ns.set_dir_layout(&c, ROOT, Some(lfs("-c 2 -S 4M")), None).unwrap();
+    let d = ns.mkdir(&c, ROOT, "d", 0o755, None).unwrap();
+    ns.set_dir_layout(&c, d.fid, Some(lfs("-E 1M -L mdt -E eof -c -1")), None).unwrap();
+    let pfl = ns.create(&c, d.fid, "pfl", 0o644, None).unwrap();
+    let l = ns.layout(pfl.fid).unwrap().unwrap();
+    assert_eq!(l.components.len(), 2);
+    assert_eq!(l.components[0].kind, Kind::Mdt);
+    let Kind::Stripes(s) = &l.components[1].kind else { panic!("{l:?}") };
+    assert_eq!((s.count, s.size), (-1, 4 << 20), "count from the directory, size from the root");
+    // A file in a directory without a default takes the root's.
+    let e = ns.mkdir(&c, ROOT, "e", 0o755, None).unwrap();
+    let g = ns.create(&c, e.fid, "g", 0o644, None).unwrap();
+    let Kind::Stripes(s) = &ns.layout(g.fid).unwrap().unwrap().components[0].kind.clone() else { panic!() };
+    assert_eq!((s.count, s.size), (2, 4 << 20));
+    // An explicit layout wins; a bad one is refused with the rule it breaks, and nothing
+    // is made.
+    let x = ns.create_with_layout(&c, e.fid, "x", 0o644, lfs("-c 8 -S 64K"), None).unwrap();
+    let Kind::Stripes(s) = &ns.layout(x.fid).unwrap().unwrap().components[0].kind.clone() else { panic!() };
+    assert_eq!((s.count, s.size), (8, 64 << 10));
+    let mut bad = lfs("-c 2");
+    if let Kind::Stripes(s) = &mut bad.components[0].kind {
+        s.size = 100_000;
+    }
+    let err = ns.create_with_layout(&c, e.fid, "bad", 0o644, bad.clone(), None).unwrap_err();
+    assert_eq!(err.errno, errno::EINVAL);
+    assert!(err.message.contains("64 KiB"), "{}", err.message);
+    assert_eq!(errno_of(ns.lookup(&c, e.fid, "bad")), errno::ENOENT);
+    assert_eq!(errno_of(ns.set_dir_layout(&c, e.fid, Some(bad), None)), errno::EINVAL);
+    // Only directories take a default, and only from their owner.
+    assert_eq!(errno_of(ns.set_dir_layout(&c, g.fid, Some(lfs("-c 1")), None)), errno::ENOTDIR);
+    assert_eq!(errno_of(ns.set_dir_layout(&Cred::user(5, 5), e.fid, None, None)), errno::EPERM);
+    // The layout reads as the lustre.lov xattr.
+    assert_eq!(
+        Layout::decode(&ns.getxattr(&c, x.fid, "lustre.lov").unwrap()).unwrap(),
+        ns.layout(x.fid).unwrap().unwrap()
+    );
+    // Removing the directory default: new files take the root's again.
+    ns.set_dir_layout(&c, d.fid, None, None).unwrap();
+    let h = ns.create(&c, d.fid, "h", 0o644, None).unwrap();
+    assert_eq!(ns.layout(h.fid).unwrap().unwrap().components.len(), 1);
+    // Through a crash, from the redo log.
+    let want = ns.layout(pfl.fid).unwrap();
+    std::mem::forget(ns);
+    let ns = Namespace::open(v, NamespaceOptions::default()).unwrap();
+    assert_eq!(ns.layout(pfl.fid).unwrap(), want);
+    assert!(ns.layout(ROOT).unwrap().is_some());
+    // A file's layout goes with it.
+    ns.remove(&c, d.fid, "pfl", false, None).unwrap();
+    assert_eq!(errno_of(ns.layout(pfl.fid)), errno::ENOENT);
+}

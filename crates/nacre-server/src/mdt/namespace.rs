@@ -24,6 +24,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use nacre_osd::SyncMode;
 use nacre_osd::backend::VolumeBackend;
 use nacre_proto::fid::{Fid, name_hash};
+use nacre_proto::layout::{Kind, Layout, Striping};
 use nacre_proto::mdt::{Attr, DirEntry, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX, errno, mode};
 use nacre_proto::wire::Enc;
 
@@ -39,6 +40,8 @@ const DIRENTS: TableDefinition<(u128, u64, &str), (u128, u32)> = TableDefinition
 const SYMLINKS: TableDefinition<u128, &[u8]> = TableDefinition::new("symlinks");
 const XATTRS: TableDefinition<(u128, &str), &[u8]> = TableDefinition::new("xattrs");
 const ORPHANS: TableDefinition<u128, u8> = TableDefinition::new("orphans");
+/// A file's layout, or a directory's default layout ([`Layout::encode`]).
+const LAYOUTS: TableDefinition<u128, &[u8]> = TableDefinition::new("layouts");
 const REPLIES: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("replies");
 
 const FORMAT: u64 = 1;
@@ -58,6 +61,8 @@ pub const LOG_BYTES_MAX: u64 = 256 << 20;
 /// Bytes of xattr names and values one inode may hold (ext4 with large xattrs in inodes
 /// allows about this much in one block).
 pub const XATTRS_BYTES_MAX: usize = 64 << 10;
+/// The virtual xattr that reads a file's layout (Lustre's `lustre.lov`).
+pub const LAYOUT_XATTR: &str = "lustre.lov";
 /// Handles one client may hold open.
 pub const OPEN_HANDLES_PER_CLIENT_MAX: usize = 65_536;
 
@@ -413,6 +418,7 @@ const T_SYMLINKS: u8 = 4;
 const T_XATTRS: u8 = 5;
 const T_ORPHANS: u8 = 6;
 const T_REPLIES: u8 = 7;
+const T_LAYOUTS: u8 = 8;
 const PUT: u8 = 1;
 const DEL: u8 = 2;
 
@@ -474,6 +480,14 @@ fn apply(txn: &WriteTransaction, rec: &[u8]) -> Result<()> {
                     txn.open_table(ORPHANS)?.insert(k, 1)?;
                 } else {
                     txn.open_table(ORPHANS)?.remove(k)?;
+                }
+            }
+            T_LAYOUTS => {
+                let k = big(&mut d, "layout inode")?;
+                if put {
+                    txn.open_table(LAYOUTS)?.insert(k, d.bytes("layout", 1 << 16)?)?;
+                } else {
+                    txn.open_table(LAYOUTS)?.remove(k)?;
                 }
             }
             T_REPLIES => {
@@ -547,6 +561,58 @@ impl Tx<'_> {
             self.record(T_XATTRS, DEL, |e| big(e, fid.key()).bytes(name.as_bytes()));
         }
         Ok(had)
+    }
+
+    fn put_layout(&self, fid: Fid, l: &Layout) -> Result<()> {
+        let v = l.encode();
+        self.txn.open_table(LAYOUTS)?.insert(fid.key(), v.as_slice())?;
+        self.record(T_LAYOUTS, PUT, |e| big(e, fid.key()).bytes(&v));
+        Ok(())
+    }
+
+    fn del_layout(&self, fid: Fid) -> Result<()> {
+        if self.txn.open_table(LAYOUTS)?.remove(fid.key())?.is_some() {
+            self.record(T_LAYOUTS, DEL, |e| big(e, fid.key()));
+        }
+        Ok(())
+    }
+
+    fn layout_of(&self, fid: Fid) -> Result<Option<Layout>> {
+        match self.txn.open_table(LAYOUTS)?.get(fid.key())? {
+            Some(v) => Ok(Some(Layout::decode(v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The layout a new file in `dir` gets: `asked` if given, else the directory's
+    /// default, else the file system's (the root's default, else one 1 MiB stripe); unset
+    /// counts and sizes come from the file system default (Lustre's inheritance).
+    fn layout_for_new_file(&self, dir: Fid, asked: Option<&Layout>) -> Result<Layout> {
+        let root = self.layout_of(Fid::ROOT)?;
+        let fs_default = root
+            .as_ref()
+            .and_then(|l| {
+                l.components.iter().find_map(|c| match &c.kind {
+                    Kind::Stripes(s) => Some(s.clone()),
+                    Kind::Mdt => None,
+                })
+            })
+            .map(|mut s| {
+                s.fill_defaults(&Striping::fs_default());
+                s
+            })
+            .unwrap_or_else(Striping::fs_default);
+        let dir_default = match asked {
+            Some(_) => None,
+            None => self.layout_of(dir)?.or(root),
+        };
+        let mut l = match asked {
+            Some(l) => l.clone(),
+            None => Layout::inherited(dir_default.as_ref(), &fs_default),
+        };
+        l.fill_defaults(&fs_default);
+        l.validate().map_err(|e| MdError::new(errno::EINVAL, format!("layout: {e}")))?;
+        Ok(l)
     }
 
     fn put_orphan(&self, fid: Fid) -> Result<()> {
@@ -669,6 +735,7 @@ impl Tx<'_> {
         if self.txn.open_table(ORPHANS)?.remove(k)?.is_some() {
             self.record(T_ORPHANS, DEL, |e| big(e, k));
         }
+        self.del_layout(fid)?;
         let mut names: Vec<String> = Vec::new();
         for e in self.txn.open_table(XATTRS)?.range((k, "")..)? {
             let (key, _) = e?;
@@ -685,7 +752,15 @@ impl Tx<'_> {
     }
 
     /// Make a new inode named `name` in `dir`.
-    fn make(&mut self, cred: &Cred, dir: Fid, name: &str, mode_bits: u32, kind: u32) -> Result<(Attr, Attr, Fid)> {
+    fn make(
+        &mut self,
+        cred: &Cred,
+        dir: Fid,
+        name: &str,
+        mode_bits: u32,
+        kind: u32,
+        layout: Option<&Layout>,
+    ) -> Result<(Attr, Attr, Fid)> {
         check_name(name)?;
         // As Linux: an existing name is EEXIST before any write permission is asked (the
         // lookup needs search permission only).
@@ -698,6 +773,7 @@ impl Tx<'_> {
             return Err(MdError::new(errno::EEXIST, format!("{name:?} exists in {dir} (as {f})")));
         }
         self.dir_for_change(cred, dir)?;
+        let layout = if kind == mode::S_IFREG { Some(self.layout_for_new_file(dir, layout)?) } else { None };
         // A setgid directory passes its group (and, to subdirectories, the bit) down.
         let gid = if d.mode & mode::S_ISGID != 0 { d.gid } else { cred.gid };
         let mut perms = mode_bits & mode::PERMS;
@@ -725,6 +801,9 @@ impl Tx<'_> {
             ctime_ns: self.now,
         };
         self.put(&a, if kind == mode::S_IFDIR { dir } else { Fid::default() })?;
+        if let Some(l) = &layout {
+            self.put_layout(fid, l)?;
+        }
         self.add_entry(dir, name, fid, kind)?;
         let d = self.touch_dir(d, dp, if kind == mode::S_IFDIR { 1 } else { 0 })?;
         Ok((a, d, dp))
@@ -764,6 +843,7 @@ impl Namespace {
             txn.open_table(XATTRS)?;
             txn.open_table(ORPHANS)?;
             txn.open_table(REPLIES)?;
+            txn.open_table(LAYOUTS)?;
         }
         txn.commit()?;
         *lock(&ns.alloc) = FidAlloc { seq_k: 0, next_oid: 1 };
@@ -994,6 +1074,14 @@ impl Namespace {
 
     pub fn getxattr(&self, cred: &Cred, fid: Fid, name: &str) -> Result<Vec<u8>> {
         let a = self.getattr(fid)?;
+        if name == LAYOUT_XATTR {
+            // The layout, as Lustre shows it through `lustre.lov` (here in Nacre's
+            // encoding): what tools use to copy a file's striping.
+            return match self.layout(fid)? {
+                Some(l) => Ok(l.encode()),
+                None => Err(MdError::new(errno::ENODATA, format!("{fid} has no layout"))),
+            };
+        }
         self.xattr_access(cred, &a, name, R)?;
         let txn = self.db.begin_read()?;
         let t = txn.open_table(XATTRS)?;
@@ -1231,22 +1319,80 @@ impl Namespace {
     /// Make a regular file `name` in `dir` with permission bits `perms`.
     pub fn create(&self, cred: &Cred, dir: Fid, name: &str, perms: u32, key: Option<ReplyKey>) -> Result<Attr> {
         let (cred, name) = (cred.clone(), name.to_string());
-        Self::attr_of(
-            self.change(
-                key,
-                Box::new(move |tx| Ok(Answer::Attr(tx.make(&cred, dir, &name, perms, mode::S_IFREG)?.0))),
-            )?,
-        )
+        Self::attr_of(self.change(
+            key,
+            Box::new(move |tx| Ok(Answer::Attr(tx.make(&cred, dir, &name, perms, mode::S_IFREG, None)?.0))),
+        )?)
+    }
+
+    /// Make a regular file with the layout `layout` (`lfs setstripe` on a new file); it
+    /// must validate. Without one the file inherits (see [`Namespace::layout`]).
+    pub fn create_with_layout(
+        &self,
+        cred: &Cred,
+        dir: Fid,
+        name: &str,
+        perms: u32,
+        layout: Layout,
+        key: Option<ReplyKey>,
+    ) -> Result<Attr> {
+        let (cred, name) = (cred.clone(), name.to_string());
+        Self::attr_of(self.change(
+            key,
+            Box::new(move |tx| Ok(Answer::Attr(tx.make(&cred, dir, &name, perms, mode::S_IFREG, Some(&layout))?.0))),
+        )?)
+    }
+
+    /// Set (or, with `None`, remove) the default layout of directory `dir`, which its new
+    /// files inherit; on the root it is the file system's default. The owner or root may.
+    pub fn set_dir_layout(&self, cred: &Cred, dir: Fid, layout: Option<Layout>, key: Option<ReplyKey>) -> Result<()> {
+        if let Some(l) = &layout {
+            l.validate().map_err(|e| MdError::new(errno::EINVAL, format!("layout: {e}")))?;
+        }
+        let cred = cred.clone();
+        self.change(
+            key,
+            Box::new(move |tx| {
+                let (mut d, p) = tx.get(dir)?;
+                if !mode::is_dir(d.mode) {
+                    return Err(MdError::new(
+                        errno::ENOTDIR,
+                        format!("{dir} is not a directory: a file's layout is set when it is made"),
+                    ));
+                }
+                if cred.uid != 0 && cred.uid != d.uid {
+                    return Err(MdError::new(errno::EPERM, format!("uid {} does not own {dir}", cred.uid)));
+                }
+                match &layout {
+                    Some(l) => tx.put_layout(dir, l)?,
+                    None => tx.del_layout(dir)?,
+                }
+                d.ctime_ns = tx.now;
+                tx.put(&d, p)?;
+                Ok(Answer::Done)
+            }),
+        )?;
+        Ok(())
+    }
+
+    /// The layout of a file, or the default layout of a directory (`None`: it has none
+    /// and its files inherit the file system's).
+    pub fn layout(&self, fid: Fid) -> Result<Option<Layout>> {
+        self.getattr(fid)?;
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(LAYOUTS)?;
+        match t.get(fid.key())? {
+            Some(v) => Ok(Some(Layout::decode(v.value())?)),
+            None => Ok(None),
+        }
     }
 
     pub fn mkdir(&self, cred: &Cred, dir: Fid, name: &str, perms: u32, key: Option<ReplyKey>) -> Result<Attr> {
         let (cred, name) = (cred.clone(), name.to_string());
-        Self::attr_of(
-            self.change(
-                key,
-                Box::new(move |tx| Ok(Answer::Attr(tx.make(&cred, dir, &name, perms, mode::S_IFDIR)?.0))),
-            )?,
-        )
+        Self::attr_of(self.change(
+            key,
+            Box::new(move |tx| Ok(Answer::Attr(tx.make(&cred, dir, &name, perms, mode::S_IFDIR, None)?.0))),
+        )?)
     }
 
     pub fn symlink(&self, cred: &Cred, dir: Fid, name: &str, target: &[u8], key: Option<ReplyKey>) -> Result<Attr> {
@@ -1260,7 +1406,7 @@ impl Namespace {
         Self::attr_of(self.change(
             key,
             Box::new(move |tx| {
-                let (mut a, _, _) = tx.make(&cred, dir, &name, 0o777, mode::S_IFLNK)?;
+                let (mut a, _, _) = tx.make(&cred, dir, &name, 0o777, mode::S_IFLNK, None)?;
                 a.size = target.len() as u64;
                 tx.put(&a, Fid::default())?;
                 tx.put_symlink(a.fid, &target)?;
