@@ -77,3 +77,92 @@ pub fn ost_op(seed: u64, t: u64, seq: u64, chunk: u64) -> (u64, usize) {
 pub fn ost_bytes(seed: u64, oid: u64, offset: u64, len: usize) -> Vec<u8> {
     (0..len as u64).map(|i| (mix(seed ^ (oid << 44) ^ ((offset + i) >> 3)) >> ((offset + i) % 8 * 8)) as u8).collect()
 }
+
+/// One operation of the MDT crash test, on names in the thread's own directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MdtOp {
+    Create(String),
+    Mkdir(String),
+    /// Rename within the directory; the target may exist (a file over a file).
+    Rename(String, String),
+    Unlink(String),
+    Rmdir(String),
+    Truncate(String, u64),
+}
+
+/// What a thread's directory holds: name → (directory?, size). The writer and the checker
+/// run the same model from the seed: the writer to pick operations that succeed, the
+/// checker to know the directory after any number of acknowledged operations.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MdtModel {
+    pub entries: std::collections::BTreeMap<String, (bool, u64)>,
+}
+
+impl MdtModel {
+    /// Operation `k` of thread `t`: always one that succeeds on the current state.
+    pub fn next_op(&self, seed: u64, t: u64, k: u64) -> MdtOp {
+        let mut s = mix(seed ^ mix(t.wrapping_mul(0x9e37_79b9) ^ mix(k ^ 0x6d64_7400)));
+        let mut next = || {
+            s = mix(s);
+            s
+        };
+        let r = next();
+        if self.entries.len() < 4 || r % 5 == 0 {
+            return if r % 7 == 0 { MdtOp::Mkdir(format!("d{k}")) } else { MdtOp::Create(format!("f{k}")) };
+        }
+        let names: Vec<(&String, &(bool, u64))> = self.entries.iter().collect();
+        let (name, &(dir, _)) = names[(next() % names.len() as u64) as usize];
+        let choice = next() % 4;
+        if dir {
+            return if choice < 2 { MdtOp::Rename(name.clone(), format!("d{k}")) } else { MdtOp::Rmdir(name.clone()) };
+        }
+        match choice {
+            0 => {
+                // Over another file if there is one, else to a new name.
+                let files: Vec<&String> = names.iter().filter(|(n, e)| !e.0 && *n != name).map(|(n, _)| *n).collect();
+                let to = if files.is_empty() || next() % 2 == 0 {
+                    format!("f{k}")
+                } else {
+                    files[(next() % files.len() as u64) as usize].clone()
+                };
+                MdtOp::Rename(name.clone(), to)
+            }
+            1 => MdtOp::Unlink(name.clone()),
+            _ => MdtOp::Truncate(name.clone(), next() % (1 << 40)),
+        }
+    }
+
+    pub fn apply(&mut self, op: &MdtOp) {
+        match op {
+            MdtOp::Create(n) => {
+                self.entries.insert(n.clone(), (false, 0));
+            }
+            MdtOp::Mkdir(n) => {
+                self.entries.insert(n.clone(), (true, 0));
+            }
+            MdtOp::Rename(a, b) => {
+                if let Some(e) = self.entries.remove(a) {
+                    self.entries.insert(b.clone(), e);
+                }
+            }
+            MdtOp::Unlink(n) | MdtOp::Rmdir(n) => {
+                self.entries.remove(n);
+            }
+            MdtOp::Truncate(n, size) => {
+                if let Some(e) = self.entries.get_mut(n) {
+                    e.1 = *size;
+                }
+            }
+        }
+    }
+
+    /// The directory of thread `t` after its first `n` operations.
+    pub fn after(seed: u64, t: u64, n: u64) -> MdtModel {
+        let mut m = MdtModel::default();
+        for k in 0..n {
+            let op = m.next_op(seed, t, k);
+            m.apply(&op);
+        }
+        m
+    }
+}

@@ -3,6 +3,7 @@
 //! file system's services join as they land.
 
 mod bench;
+mod mdt;
 mod net;
 mod ost;
 mod raid;
@@ -28,6 +29,9 @@ enum Command {
     /// Object storage targets on file drives: format, check, stat.
     #[command(subcommand)]
     Ost(ost::OstCommand),
+    /// Metadata targets on file drives: format, stat, serve.
+    #[command(subcommand)]
+    Mdt(mdt::MdtCommand),
     /// Print a running service's parameters and statistics whose names match a glob
     /// (`obdfilter.*.brw_stats`), as `lctl get_param` does.
     GetParam {
@@ -44,7 +48,7 @@ enum Command {
         /// NAME=VALUE
         setting: String,
     },
-    /// Benchmarks of the services' layers (`ost`: the object store).
+    /// Benchmarks of the services' layers (`ost`: the object store, `mds`: metadata).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
 }
@@ -93,6 +97,7 @@ fn main() {
         Command::Net(cmd) => net::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Ost(cmd) => ost::run(cmd),
+        Command::Mdt(cmd) => mdt::run(cmd),
         Command::GetParam { server, pattern } => get_param(&server, &pattern),
         Command::SetParam { server, setting } => set_param(&server, &setting),
     };

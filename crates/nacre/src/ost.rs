@@ -140,10 +140,13 @@ pub fn run(cmd: OstCommand) -> CliResult {
             let mut d = CreateOptions::new(&name, Level::Raid6);
             d.strip_bytes = strip;
             let data = Volume::create(mk(&data_dir, &name, data_drives, drive)?, &d, &VolumeOptions::default())?;
-            let mut m = CreateOptions::new(&format!("{name}-index"), Level::Raid1);
-            m.strip_bytes = 1 << 20;
+            // RAID10 takes 47,008-byte journal records faster than RAID1 (see the OST
+            // bench); two drives make a RAID1.
+            let level = if index_drives == 2 { Level::Raid1 } else { Level::Raid10 };
+            let mut m = CreateOptions::new(&format!("{name}-index"), level);
+            m.strip_bytes = if index_drives == 2 { 1 << 20 } else { 256 << 10 };
             let meta = Volume::create(
-                mk(&index_dir, &format!("{name}-index"), 2, index_size)?,
+                mk(&index_dir, &format!("{name}-index"), index_drives, index_size)?,
                 &m,
                 &VolumeOptions::default(),
             )?;

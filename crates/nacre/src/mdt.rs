@@ -1,0 +1,201 @@
+//! `nacre mdt …`: metadata targets on file drives — make one, show it, serve it (the MDS).
+//!
+//! A metadata target in `--dir` is one RAID10 volume (RAID1 with two drives) over drive
+//! files; it holds the namespace database and its redo log.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::Subcommand;
+use nacre_bench::torture::{MdtModel, MdtOp};
+use nacre_proto::fid::Fid;
+use nacre_raid::{BlockDevice, CreateOptions, FileDrive, Level, Volume, VolumeOptions};
+use nacre_server::mdt::{Cred, Namespace, NamespaceOptions, RenameMode, SetAttr};
+
+use crate::size::parse_size;
+
+#[derive(Subcommand)]
+pub enum MdtCommand {
+    /// Make a new metadata target: drive files, a RAID10 volume and an empty namespace.
+    Format {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value = "mdt0")]
+        name: String,
+        /// The MDT's index in its file system (MDT 0 holds the root).
+        #[arg(long, default_value_t = 0)]
+        index: u32,
+        /// Bytes of each drive.
+        #[arg(long, default_value = "1G", value_parser = parse_size)]
+        size: u64,
+        /// Drives: 2 make a RAID1, 4 or more (even) a RAID10.
+        #[arg(long, default_value_t = 4)]
+        drives: usize,
+    },
+    /// Inodes, space and counters of a metadata target.
+    Stat {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value = "mdt0")]
+        name: String,
+    },
+    /// Serve the target over the network (the MDS) until stopped.
+    Serve {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value = "mdt0")]
+        name: String,
+        /// Where to listen, e.g. 0.0.0.0@tcp:9200 (port 0: any free one, printed).
+        #[arg(long)]
+        listen: nacre_net::nid::Nid,
+    },
+    /// Run seeded namespace operations forever, printing each acknowledged one (crash
+    /// tests).
+    #[command(hide = true)]
+    Torture {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value = "mdt0")]
+        name: String,
+        #[arg(long)]
+        seed: u64,
+        #[arg(long, default_value_t = 4)]
+        threads: u64,
+        /// Each thread works in its directory `PREFIX-tN` under the root.
+        #[arg(long)]
+        prefix: String,
+    },
+}
+
+type CliResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Assemble a metadata target's volume and open its namespace.
+pub fn open(dir: &Path, name: &str) -> Result<Namespace, Box<dyn std::error::Error>> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    paths.sort();
+    let drives: Vec<Arc<dyn BlockDevice>> = paths
+        .iter()
+        .map(|p| FileDrive::open(p).map(|d| Arc::new(d) as Arc<dyn BlockDevice>))
+        .collect::<Result<_, _>>()?;
+    let vol = Volume::assemble(drives, Some(name), &VolumeOptions::default())?.volume;
+    Ok(Namespace::open(Arc::new(vol), NamespaceOptions::default())?)
+}
+
+/// Run one torture operation on the namespace.
+fn run_op(ns: &Namespace, dir: Fid, op: &MdtOp) -> Result<(), nacre_server::mdt::MdError> {
+    let c = Cred::root();
+    match op {
+        MdtOp::Create(n) => ns.create(&c, dir, n, 0o644, None).map(|_| ()),
+        MdtOp::Mkdir(n) => ns.mkdir(&c, dir, n, 0o755, None).map(|_| ()),
+        MdtOp::Rename(a, b) => ns.rename(&c, dir, a, dir, b, RenameMode::Replace, None),
+        MdtOp::Unlink(n) => ns.remove(&c, dir, n, false, None),
+        MdtOp::Rmdir(n) => ns.remove(&c, dir, n, true, None),
+        MdtOp::Truncate(n, size) => {
+            let a = ns.lookup(&c, dir, n)?;
+            ns.setattr(&c, a.fid, SetAttr { size: Some(*size), ..SetAttr::default() }, None).map(|_| ())
+        }
+    }
+}
+
+pub fn run(cmd: MdtCommand) -> CliResult {
+    match cmd {
+        MdtCommand::Format { dir, name, index, size, drives } => {
+            if !(2..=16).contains(&drives) || drives % 2 != 0 {
+                return Err(format!("--drives {drives}: 2 (RAID1) or an even number up to 16 (RAID10)").into());
+            }
+            if size < 16 << 20 {
+                return Err(format!("--size {size}: at least 16M per drive").into());
+            }
+            if dir.exists() && std::fs::read_dir(&dir)?.next().is_some() {
+                return Err(format!("{} is not empty: a target is there already", dir.display()).into());
+            }
+            std::fs::create_dir_all(&dir)?;
+            let devs: Vec<Arc<dyn BlockDevice>> = (0..drives)
+                .map(|i| {
+                    FileDrive::create_file(&dir.join(format!("{name}-{i:02}")), size)
+                        .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
+                })
+                .collect::<Result<_, _>>()?;
+            let level = if drives == 2 { Level::Raid1 } else { Level::Raid10 };
+            let mut o = CreateOptions::new(&name, level);
+            o.strip_bytes = 256 << 10;
+            let vol = Volume::create(devs, &o, &VolumeOptions::default())?;
+            let ns = Namespace::format(Arc::new(vol), index, NamespaceOptions::default())?;
+            let s = ns.statfs()?;
+            println!(
+                "metadata target {name} (MDT {index}): {} MiB for the namespace on {}, in {}",
+                s.bytes_total >> 20,
+                if drives == 2 { "RAID1".to_string() } else { format!("RAID10 of {drives}") },
+                dir.display()
+            );
+            Ok(())
+        }
+        MdtCommand::Stat { dir, name } => {
+            let ns = open(&dir, &name)?;
+            let s = ns.statfs()?;
+            println!(
+                "metadata target {name} (MDT {}): {} inodes, database {} of {} MiB",
+                ns.index(),
+                s.inodes,
+                s.bytes_used >> 20,
+                s.bytes_total >> 20
+            );
+            Ok(())
+        }
+        MdtCommand::Serve { dir, name, listen } => {
+            let ns = Arc::new(open(&dir, &name)?);
+            let mds = nacre_server::mds::Mds::new(&name, ns);
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            rt.block_on(async {
+                let server = nacre_net::server::Server::start(
+                    Arc::new(nacre_net::transport::TcpTransport),
+                    &listen,
+                    mds.handler(),
+                    nacre_net::server::ServerConfig::default(),
+                )
+                .await?;
+                println!("serving {name} on {}", server.nid());
+                let _ = std::io::stdout().flush();
+                std::future::pending::<()>().await;
+                Ok::<(), Box<dyn std::error::Error>>(())
+            })
+        }
+        MdtCommand::Torture { dir, name, seed, threads, prefix } => {
+            let ns = open(&dir, &name)?;
+            let c = Cred::root();
+            let dirs: Vec<Fid> = (0..threads)
+                .map(|t| ns.mkdir(&c, Fid::ROOT, &format!("{prefix}-t{t}"), 0o755, None).map(|a| a.fid))
+                .collect::<Result<_, _>>()?;
+            let out = std::sync::Mutex::new(std::io::stdout());
+            println!("ready");
+            let _ = std::io::stdout().flush();
+            std::thread::scope(|s| {
+                for (t, &d) in dirs.iter().enumerate() {
+                    let (ns, out) = (&ns, &out);
+                    s.spawn(move || {
+                        let mut m = MdtModel::default();
+                        for k in 0.. {
+                            let op = m.next_op(seed, t as u64, k);
+                            if let Err(e) = run_op(ns, d, &op) {
+                                let _ = writeln!(
+                                    out.lock().unwrap_or_else(|e| e.into_inner()),
+                                    "failed {t} {k} {op:?}: {e}"
+                                );
+                                return;
+                            }
+                            m.apply(&op);
+                            let mut o = out.lock().unwrap_or_else(|e| e.into_inner());
+                            let _ = writeln!(o, "ack {t} {k}");
+                            let _ = o.flush();
+                        }
+                    });
+                }
+            });
+            Ok(())
+        }
+    }
+}
