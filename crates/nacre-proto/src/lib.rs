@@ -9,6 +9,7 @@
 pub mod fid;
 pub mod layout;
 pub mod mdt;
+pub mod mgs;
 pub mod ost;
 pub mod param;
 pub mod wire;

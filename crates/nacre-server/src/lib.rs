@@ -3,5 +3,6 @@
 
 pub mod mds;
 pub mod mdt;
+pub mod mgs;
 pub mod oss;
 pub mod stats;

@@ -4,6 +4,7 @@
 
 mod bench;
 mod mdt;
+mod mgs;
 mod net;
 mod ost;
 mod raid;
@@ -32,6 +33,9 @@ enum Command {
     /// Metadata targets on file drives: format, stat, serve.
     #[command(subcommand)]
     Mdt(mdt::MdtCommand),
+    /// The management service of a file system: format, serve.
+    #[command(subcommand)]
+    Mgs(mgs::MgsCommand),
     /// Print a running service's parameters and statistics whose names match a glob
     /// (`obdfilter.*.brw_stats`), as `lctl get_param` does.
     GetParam {
@@ -45,6 +49,10 @@ enum Command {
     SetParam {
         #[arg(long)]
         server: nacre_net::nid::Nid,
+        /// Store it in the MGS (`--server` is the MGS) for the whole file system, as
+        /// `lctl set_param -P`; an empty value removes it.
+        #[arg(short = 'P', long = "permanent")]
+        permanent: bool,
         /// NAME=VALUE
         setting: String,
     },
@@ -53,10 +61,15 @@ enum Command {
     Bench(bench::BenchCommand),
 }
 
-fn set_param(server: &nacre_net::nid::Nid, setting: &str) -> Result<(), Box<dyn std::error::Error>> {
+fn set_param(server: &nacre_net::nid::Nid, permanent: bool, setting: &str) -> Result<(), Box<dyn std::error::Error>> {
     let (name, value) = setting.split_once('=').ok_or_else(|| format!("{setting:?}: expected NAME=VALUE"))?;
     if name.len() > nacre_proto::param::PATTERN_MAX || value.len() > nacre_proto::param::VALUE_MAX {
         return Err("name or value too long".into());
+    }
+    if permanent {
+        let (op, body) =
+            nacre_proto::mgs::Request::SetParam { name: name.to_string(), value: value.to_string() }.encode();
+        return call_param(server, op, &body).map(|_| ());
     }
     call_param(server, nacre_proto::param::OP_SET_PARAM, &nacre_proto::param::encode_set(name, value)).map(|_| ())
 }
@@ -98,8 +111,9 @@ fn main() {
         Command::Bench(cmd) => bench::run(cmd),
         Command::Ost(cmd) => ost::run(cmd),
         Command::Mdt(cmd) => mdt::run(cmd),
+        Command::Mgs(cmd) => mgs::run(cmd),
         Command::GetParam { server, pattern } => get_param(&server, &pattern),
-        Command::SetParam { server, setting } => set_param(&server, &setting),
+        Command::SetParam { server, permanent, setting } => set_param(&server, permanent, &setting),
     };
     if let Err(e) = result {
         eprintln!("nacre: {e}");

@@ -49,6 +49,13 @@ pub enum MdtCommand {
         /// Where to listen, e.g. 0.0.0.0@tcp:9200 (port 0: any free one, printed).
         #[arg(long)]
         listen: nacre_net::nid::Nid,
+        /// The MGS to register with once listening (the NID it registers is the one it
+        /// listens on: give a reachable address, not 0.0.0.0).
+        #[arg(long)]
+        mgs: Option<nacre_net::nid::Nid>,
+        /// The file system it belongs to.
+        #[arg(long, default_value = "nacre")]
+        fsname: String,
     },
     /// Run seeded namespace operations forever, printing each acknowledged one (crash
     /// tests).
@@ -146,8 +153,9 @@ pub fn run(cmd: MdtCommand) -> CliResult {
             );
             Ok(())
         }
-        MdtCommand::Serve { dir, name, listen } => {
+        MdtCommand::Serve { dir, name, listen, mgs, fsname } => {
             let ns = Arc::new(open(&dir, &name)?);
+            let index = ns.index();
             let mds = nacre_server::mds::Mds::new(&name, ns);
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             rt.block_on(async {
@@ -158,6 +166,9 @@ pub fn run(cmd: MdtCommand) -> CliResult {
                     nacre_net::server::ServerConfig::default(),
                 )
                 .await?;
+                if let Some(mgs) = &mgs {
+                    crate::mgs::register(mgs, &fsname, nacre_proto::mgs::TargetKind::Mdt, index, &server.nid()).await?;
+                }
                 println!("serving {name} on {}", server.nid());
                 let _ = std::io::stdout().flush();
                 std::future::pending::<()>().await;

@@ -62,6 +62,16 @@ pub enum OstCommand {
         /// Where to listen, e.g. 0.0.0.0@tcp:9100 (port 0: any free one, printed).
         #[arg(long)]
         listen: nacre_net::nid::Nid,
+        /// The MGS to register with once listening (the NID it registers is the one it
+        /// listens on: give a reachable address, not 0.0.0.0).
+        #[arg(long)]
+        mgs: Option<nacre_net::nid::Nid>,
+        /// The file system it belongs to.
+        #[arg(long, default_value = "nacre")]
+        fsname: String,
+        /// The OST's index in its file system.
+        #[arg(long, default_value_t = 0)]
+        index: u32,
     },
     /// Write a seeded pattern forever, printing each acknowledged write (crash tests).
     #[command(hide = true)]
@@ -196,7 +206,7 @@ pub fn run(cmd: OstCommand) -> CliResult {
             );
             Ok(())
         }
-        OstCommand::Serve { dir, name, listen } => {
+        OstCommand::Serve { dir, name, listen, mgs, fsname, index } => {
             let t = Arc::new(open(&dir, &name)?);
             let oss = nacre_server::oss::Oss::named(vec![(name.clone(), t)], nacre_server::oss::OssConfig::default());
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -209,6 +219,9 @@ pub fn run(cmd: OstCommand) -> CliResult {
                 )
                 .await?;
                 oss.attach(server.handle());
+                if let Some(mgs) = &mgs {
+                    crate::mgs::register(mgs, &fsname, nacre_proto::mgs::TargetKind::Ost, index, &server.nid()).await?;
+                }
                 println!("serving {name} on {}", server.nid());
                 let _ = std::io::stdout().flush();
                 std::future::pending::<()>().await;

@@ -1,0 +1,127 @@
+//! The MGS: targets register (failover partners kept), parameters stored for the whole
+//! file system, everything back after a restart, bad input refused with the reason, and a
+//! client waiting for a change hears of it at once.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nacre_net::client::{Client, ClientConfig};
+use nacre_net::server::{Server, ServerConfig};
+use nacre_net::transport::MemNetwork;
+use nacre_proto::mdt::errno;
+use nacre_proto::mgs::{Config, Request, TargetEntry, TargetKind};
+use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, Volume, VolumeOptions};
+use nacre_server::mgs::Mgs;
+
+fn volume() -> Arc<Volume> {
+    let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
+    let devs: Vec<Arc<dyn BlockDevice>> =
+        (0..2).map(|i| MemDrive::new(&format!("g{i}"), 16 << 20) as Arc<dyn BlockDevice>).collect();
+    let mut o = CreateOptions::new("mgs", Level::Raid1);
+    o.strip_bytes = 64 << 10;
+    o.assume_clean = true;
+    Arc::new(Volume::create(devs, &o, &run).unwrap())
+}
+
+fn target(kind: TargetKind, index: u32, nids: &[&str]) -> TargetEntry {
+    TargetEntry { kind, index, nids: nids.iter().map(|s| s.to_string()).collect() }
+}
+
+#[test]
+fn registrations_and_parameters_persist_and_bad_input_is_refused() {
+    let v = volume();
+    assert_eq!(Mgs::format(v.clone(), "bad name!").err().unwrap().errno, errno::EINVAL);
+    let mgs = Mgs::format(v.clone(), "nacre").unwrap();
+    let v0 = mgs.config().version;
+    mgs.register("nacre", &target(TargetKind::Mdt, 0, &["10.0.0.1@tcp:9200"])).unwrap();
+    mgs.register("nacre", &target(TargetKind::Ost, 1, &["10.0.0.2@tcp:9100"])).unwrap();
+    mgs.register("nacre", &target(TargetKind::Ost, 0, &["10.0.0.2@tcp:9100"])).unwrap();
+    // The partner server takes over OST 1: its NID goes first, the old one stays.
+    let v1 = mgs.register("nacre", &target(TargetKind::Ost, 1, &["10.0.0.3@tcp:9100"])).unwrap();
+    assert_eq!(v1, v0 + 4);
+    // The same registration again changes nothing.
+    assert_eq!(mgs.register("nacre", &target(TargetKind::Ost, 1, &["10.0.0.3@tcp:9100"])).unwrap(), v1);
+    let c = mgs.config();
+    assert_eq!(
+        c.targets,
+        vec![
+            target(TargetKind::Mdt, 0, &["10.0.0.1@tcp:9200"]),
+            target(TargetKind::Ost, 0, &["10.0.0.2@tcp:9100"]),
+            target(TargetKind::Ost, 1, &["10.0.0.3@tcp:9100", "10.0.0.2@tcp:9100"]),
+        ]
+    );
+    // Refusals, each naming the problem, changing nothing.
+    let e = mgs.register("other", &target(TargetKind::Ost, 2, &["10.0.0.2@tcp:9100"])).unwrap_err();
+    assert!(e.message.contains("\"other\"") && e.errno == errno::EINVAL, "{e}");
+    let e = mgs.register("nacre", &target(TargetKind::Ost, 2, &["not a nid"])).unwrap_err();
+    assert!(e.message.contains("not a nid"), "{e}");
+    assert_eq!(
+        mgs.register("nacre", &target(TargetKind::Ost, 1 << 20, &["10.0.0.2@tcp"])).unwrap_err().errno,
+        errno::EINVAL
+    );
+    assert_eq!(mgs.register("nacre", &target(TargetKind::Ost, 2, &[])).unwrap_err().errno, errno::EINVAL);
+    assert_eq!(mgs.config(), c);
+    // Parameters for the whole file system.
+    mgs.set_param("osc.*.max_rpcs_in_flight", "16").unwrap();
+    mgs.set_param("obdfilter.*.brw_size", "4194304").unwrap();
+    mgs.set_param("obdfilter.*.brw_size", "").unwrap();
+    for bad in ["", "nodot", "a.b c", "a.b\n"] {
+        let e = mgs.set_param(bad, "1").unwrap_err();
+        assert_eq!(e.errno, errno::EINVAL, "{bad:?}: {e}");
+    }
+    assert_eq!(mgs.set_param("a.b", "x\ny").unwrap_err().errno, errno::EINVAL);
+    assert_eq!(mgs.set_param("a.b", "").unwrap_err().errno, errno::ENOENT);
+    let p = mgs.get_param("osc.*.*");
+    assert_eq!(p, vec![("osc.*.max_rpcs_in_flight".to_string(), "16".to_string())]);
+    assert!(mgs.get_param("mgs.MGS.targets")[0].1.contains("nacre-OST0001 10.0.0.3@tcp:9100,10.0.0.2@tcp:9100"));
+    // A restart keeps everything.
+    let before = mgs.config();
+    drop(mgs);
+    let mgs = Mgs::open(v).unwrap();
+    assert_eq!(mgs.config(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_client_hears_of_a_change_at_once() {
+    let net = MemNetwork::new();
+    let mgs = Arc::new(Mgs::format(volume(), "nacre").unwrap());
+    let server = Server::start(
+        Arc::new(net.transport("mgs")),
+        &"mgs@mem".parse().unwrap(),
+        mgs.handler(),
+        ServerConfig::default(),
+    )
+    .await
+    .unwrap();
+    let imp = Client::new(Arc::new(net.transport("c")), ClientConfig::default()).connect(&server.nid()).await.unwrap();
+    let fetch = |have: u64, wait_ms: u32| {
+        let imp = imp.clone();
+        async move {
+            let (op, body) = Request::Config { have, wait_ms }.encode();
+            let f = imp.call(op, &body, &[]).await.unwrap();
+            assert_eq!(f.header.status, 0);
+            Config::decode(&f.body).unwrap()
+        }
+    };
+    let c = fetch(0, 0).await;
+    assert_eq!(c.fsname, "nacre");
+    // Nothing changes: the answer comes after the wait, unchanged.
+    let t = Instant::now();
+    assert_eq!(fetch(c.version, 200).await.version, c.version);
+    assert!(t.elapsed() >= Duration::from_millis(150));
+    // A change while a client waits: it hears at once, not after its 30 s.
+    let waiting = tokio::spawn(fetch(c.version, 30_000));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let t = Instant::now();
+    let (op, body) = Request::SetParam { name: "llite.*.max_read_ahead_mb".into(), value: "64".into() }.encode();
+    assert_eq!(imp.call(op, &body, &[]).await.unwrap().header.status, 0);
+    let got = waiting.await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert_eq!(got.version, c.version + 1);
+    assert_eq!(got.params, vec![("llite.*.max_read_ahead_mb".to_string(), "64".to_string())]);
+    // A bad request is refused with the reason.
+    let (op, body) = Request::SetParam { name: "bad".into(), value: "1".into() }.encode();
+    let f = imp.call(op, &body, &[]).await.unwrap();
+    assert_eq!(f.header.status, -errno::EINVAL);
+    assert!(String::from_utf8_lossy(&f.body).contains("not a parameter name"));
+}

@@ -1,0 +1,112 @@
+//! `nacre mgs …`: the management service of a file system — make one, serve it. Targets
+//! served with `--mgs NID` register with it when they start.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::Subcommand;
+use nacre_net::nid::Nid;
+use nacre_proto::mgs::{Request, TargetEntry, TargetKind};
+use nacre_raid::{BlockDevice, CreateOptions, FileDrive, Level, Volume, VolumeOptions};
+use nacre_server::mgs::Mgs;
+
+#[derive(Subcommand)]
+pub enum MgsCommand {
+    /// Make a new MGS for a file system: two drive files in a RAID1 and an empty
+    /// configuration.
+    Format {
+        #[arg(long)]
+        dir: PathBuf,
+        /// The file system's name (1 to 16 letters, digits or _).
+        #[arg(long, default_value = "nacre")]
+        fsname: String,
+    },
+    /// Serve the MGS until stopped.
+    Serve {
+        #[arg(long)]
+        dir: PathBuf,
+        /// Where to listen, e.g. 0.0.0.0@tcp:9300 (port 0: any free one, printed).
+        #[arg(long)]
+        listen: Nid,
+    },
+}
+
+type CliResult = Result<(), Box<dyn std::error::Error>>;
+
+fn open(dir: &Path) -> Result<Mgs, Box<dyn std::error::Error>> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    paths.sort();
+    let drives: Vec<Arc<dyn BlockDevice>> = paths
+        .iter()
+        .map(|p| FileDrive::open(p).map(|d| Arc::new(d) as Arc<dyn BlockDevice>))
+        .collect::<Result<_, _>>()?;
+    let vol = Volume::assemble(drives, Some("mgs"), &VolumeOptions::default())?.volume;
+    Ok(Mgs::open(Arc::new(vol))?)
+}
+
+pub fn run(cmd: MgsCommand) -> CliResult {
+    match cmd {
+        MgsCommand::Format { dir, fsname } => {
+            if dir.exists() && std::fs::read_dir(&dir)?.next().is_some() {
+                return Err(format!("{} is not empty: an MGS is there already", dir.display()).into());
+            }
+            std::fs::create_dir_all(&dir)?;
+            let devs: Vec<Arc<dyn BlockDevice>> = (0..2)
+                .map(|i| {
+                    FileDrive::create_file(&dir.join(format!("mgs-{i:02}")), 64 << 20)
+                        .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
+                })
+                .collect::<Result<_, _>>()?;
+            let mut o = CreateOptions::new("mgs", Level::Raid1);
+            o.strip_bytes = 64 << 10;
+            let vol = Volume::create(devs, &o, &VolumeOptions::default())?;
+            Mgs::format(Arc::new(vol), &fsname)?;
+            println!("MGS of file system {fsname} in {}", dir.display());
+            Ok(())
+        }
+        MgsCommand::Serve { dir, listen } => {
+            let mgs = Arc::new(open(&dir)?);
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            rt.block_on(async {
+                let server = nacre_net::server::Server::start(
+                    Arc::new(nacre_net::transport::TcpTransport),
+                    &listen,
+                    mgs.handler(),
+                    nacre_net::server::ServerConfig::default(),
+                )
+                .await?;
+                println!("serving the MGS of {} on {}", mgs.config().fsname, server.nid());
+                let _ = std::io::stdout().flush();
+                std::future::pending::<()>().await;
+                Ok::<(), Box<dyn std::error::Error>>(())
+            })
+        }
+    }
+}
+
+/// Register a target that now listens on `nid` with the MGS at `mgs`.
+pub async fn register(mgs: &Nid, fsname: &str, kind: TargetKind, index: u32, nid: &Nid) -> CliResult {
+    let cfg = nacre_net::client::ClientConfig { ping: false, ..Default::default() };
+    let client = nacre_net::client::Client::new(Arc::new(nacre_net::transport::TcpTransport), cfg);
+    let import = client.connect(mgs).await.map_err(|e| format!("MGS {mgs}: {e}"))?;
+    let (op, body) = Request::Register {
+        fsname: fsname.to_string(),
+        target: TargetEntry { kind, index, nids: vec![nid.to_string()] },
+    }
+    .encode();
+    let reply = import.call(op, &body, &[]).await?;
+    let _ = import.disconnect().await;
+    if reply.header.status != 0 {
+        return Err(format!(
+            "MGS {mgs} refused {}: {}",
+            kind.name(fsname, index),
+            String::from_utf8_lossy(&reply.body)
+        )
+        .into());
+    }
+    Ok(())
+}

@@ -1,0 +1,77 @@
+//! `nacre mgs`, `nacre mdt serve --mgs` and `nacre ost serve --mgs` end to end: an MGS
+//! and two targets as three processes over TCP; the targets register, `get-param` shows
+//! them, `set-param -P` stores a parameter, and a bad one is refused with the reason.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+fn nacre() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_nacre"))
+}
+
+struct Kill(Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Start a serving process; returns it and the NID it printed.
+fn serve(args: &[&str], dir: &std::path::Path) -> (Kill, String) {
+    let mut child =
+        nacre().args(args).arg("--dir").arg(dir).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    assert!(line.starts_with("serving"), "{args:?} printed {line:?}");
+    (Kill(child), line.trim().rsplit(' ').next().unwrap().to_string())
+}
+
+fn ok(out: std::process::Output) -> String {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn targets_register_with_the_mgs_and_set_param_p_stores_parameters() {
+    let base = std::env::temp_dir().join(format!("nacre-mgs-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let (mgs_dir, mdt_dir, ost_dir) = (base.join("mgs"), base.join("mdt0"), base.join("ost0"));
+    ok(nacre().args(["mgs", "format", "--fsname", "demo", "--dir"]).arg(&mgs_dir).output().unwrap());
+    ok(nacre().args(["mdt", "format", "--size", "32M", "--dir"]).arg(&mdt_dir).output().unwrap());
+    ok(nacre()
+        .args(["ost", "format", "--size", "64M", "--index-size", "32M", "--dir"])
+        .arg(&ost_dir)
+        .output()
+        .unwrap());
+    let (_mgs, mgs) = serve(&["mgs", "serve", "--listen", "127.0.0.1@tcp:0"], &mgs_dir);
+    let (_mdt, mdt) =
+        serve(&["mdt", "serve", "--listen", "127.0.0.1@tcp:0", "--fsname", "demo", "--mgs", &mgs], &mdt_dir);
+    let (_ost, ost) = serve(
+        &["ost", "serve", "--listen", "127.0.0.1@tcp:0", "--fsname", "demo", "--index", "0", "--mgs", &mgs],
+        &ost_dir,
+    );
+    let targets = ok(nacre().args(["get-param", "--server", &mgs, "mgs.MGS.targets"]).output().unwrap());
+    assert!(targets.contains(&format!("demo-MDT0000 {mdt}")), "{targets}");
+    assert!(targets.contains(&format!("demo-OST0000 {ost}")), "{targets}");
+    ok(nacre().args(["set-param", "-P", "--server", &mgs, "osc.*.checksums=0"]).output().unwrap());
+    let p = ok(nacre().args(["get-param", "--server", &mgs, "osc.*.checksums"]).output().unwrap());
+    assert!(p.contains("osc.*.checksums=0"), "{p}");
+    let bad = nacre().args(["set-param", "-P", "--server", &mgs, "nodots=1"]).output().unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not a parameter name"));
+    // A target of another file system is refused, and says so.
+    let other_dir = base.join("ost1");
+    ok(nacre().args(["ost", "format", "--size", "64M", "--index-size", "32M", "--dir"]).arg(&other_dir).output().unwrap());
+    let other = nacre()
+        .args(["ost", "serve", "--listen", "127.0.0.1@tcp:0", "--fsname", "other", "--index", "1", "--mgs", &mgs, "--dir"])
+        .arg(&other_dir)
+        .output()
+        .unwrap();
+    assert!(!other.status.success());
+    let why = String::from_utf8_lossy(&other.stderr);
+    assert!(why.contains("other-OST0001") && why.contains("\"demo\""), "{why}");
+    let _ = std::fs::remove_dir_all(&base);
+}
