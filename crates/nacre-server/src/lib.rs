@@ -4,5 +4,6 @@
 pub mod mds;
 pub mod mdt;
 pub mod mgs;
+pub mod objects;
 pub mod oss;
 pub mod stats;

@@ -64,9 +64,25 @@ fn targets_register_with_the_mgs_and_set_param_p_stores_parameters() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("not a parameter name"));
     // A target of another file system is refused, and says so.
     let other_dir = base.join("ost1");
-    ok(nacre().args(["ost", "format", "--size", "64M", "--index-size", "32M", "--dir"]).arg(&other_dir).output().unwrap());
+    ok(nacre()
+        .args(["ost", "format", "--size", "64M", "--index-size", "32M", "--dir"])
+        .arg(&other_dir)
+        .output()
+        .unwrap());
     let other = nacre()
-        .args(["ost", "serve", "--listen", "127.0.0.1@tcp:0", "--fsname", "other", "--index", "1", "--mgs", &mgs, "--dir"])
+        .args([
+            "ost",
+            "serve",
+            "--listen",
+            "127.0.0.1@tcp:0",
+            "--fsname",
+            "other",
+            "--index",
+            "1",
+            "--mgs",
+            &mgs,
+            "--dir",
+        ])
         .arg(&other_dir)
         .output()
         .unwrap();

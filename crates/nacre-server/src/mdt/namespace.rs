@@ -17,7 +17,7 @@
 //! before it writes anything, so one that fails leaves nothing behind in the shared
 //! transaction; one that fails after writing (a storage error) fails its whole batch.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -42,6 +42,12 @@ const XATTRS: TableDefinition<(u128, &str), &[u8]> = TableDefinition::new("xattr
 const ORPHANS: TableDefinition<u128, u8> = TableDefinition::new("orphans");
 /// A file's layout, or a directory's default layout ([`Layout::encode`]).
 const LAYOUTS: TableDefinition<u128, &[u8]> = TableDefinition::new("layouts");
+/// A file's OST objects, per component ([`encode_objects`]).
+const OBJECTS: TableDefinition<u128, &[u8]> = TableDefinition::new("objects");
+/// Each OST's precreated objects not yet given to a file ([`PoolState::encode`]).
+const POOLS: TableDefinition<u32, &[u8]> = TableDefinition::new("pools");
+/// OST objects of removed files, waiting to be destroyed: (OST, object).
+const DESTROYS: TableDefinition<(u32, u64), u8> = TableDefinition::new("destroys");
 const REPLIES: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("replies");
 
 const FORMAT: u64 = 1;
@@ -267,6 +273,97 @@ struct Commits {
     running: bool,
 }
 
+/// One OST's precreated objects not yet given to a file: ranges `[next, end)`, oldest
+/// first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolState {
+    pub ranges: std::collections::VecDeque<(u64, u64)>,
+}
+
+/// Ranges one OST's pool keeps at most (each one precreate batch).
+const POOL_RANGES_MAX: usize = 64;
+
+impl PoolState {
+    pub fn available(&self) -> u64 {
+        self.ranges.iter().map(|(a, b)| b - a).sum()
+    }
+
+    fn take(&mut self) -> Option<u64> {
+        let (next, end) = self.ranges.front_mut()?;
+        let oid = *next;
+        *next += 1;
+        if *next >= *end {
+            self.ranges.pop_front();
+        }
+        Some(oid)
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut e = Enc::new(1).u32(self.ranges.len() as u32);
+        for (a, b) in &self.ranges {
+            e = e.u64(*a).u64(*b);
+        }
+        e.done()
+    }
+
+    fn decode(b: &[u8]) -> Result<PoolState> {
+        let mut d = nacre_proto::wire::Dec::new(b, "object pool", 1)?;
+        let n = d.u32("range count")? as usize;
+        if n > POOL_RANGES_MAX {
+            return Err(storage(format!("object pool of {n} ranges")));
+        }
+        let mut ranges = std::collections::VecDeque::with_capacity(n);
+        for _ in 0..n {
+            ranges.push_back((d.u64("range start")?, d.u64("range end")?));
+        }
+        d.end()?;
+        Ok(PoolState { ranges })
+    }
+}
+
+/// A file's objects: per component, (OST index, object id) per stripe.
+pub type FileObjects = Vec<Vec<(u32, u64)>>;
+
+fn encode_objects(o: &FileObjects) -> Vec<u8> {
+    let mut e = Enc::new(1).u32(o.len() as u32);
+    for c in o {
+        e = e.u32(c.len() as u32);
+        for (ost, oid) in c {
+            e = e.u32(*ost).u64(*oid);
+        }
+    }
+    e.done()
+}
+
+fn decode_objects(b: &[u8]) -> Result<FileObjects> {
+    let mut d = nacre_proto::wire::Dec::new(b, "file objects", 1)?;
+    let n = d.u32("component count")? as usize;
+    if n > nacre_proto::layout::COMPONENTS_MAX {
+        return Err(storage(format!("objects of {n} components")));
+    }
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let m = d.u32("stripe count")? as usize;
+        if m > nacre_proto::layout::STRIPE_COUNT_MAX as usize {
+            return Err(storage(format!("{m} stripes in one component")));
+        }
+        let mut c = Vec::with_capacity(m);
+        for _ in 0..m {
+            c.push((d.u32("OST")?, d.u64("object")?));
+        }
+        out.push(c);
+    }
+    d.end()?;
+    Ok(out)
+}
+
+/// The OSTs files get objects on: their pools, and where round-robin placement is.
+#[derive(Debug, Clone, Default)]
+struct Pools {
+    osts: BTreeMap<u32, PoolState>,
+    rr: u64,
+}
+
 /// FID allocation: the current sequence of this MDT and its next object id.
 #[derive(Debug, Clone, Copy)]
 struct FidAlloc {
@@ -303,6 +400,8 @@ struct LogState {
 pub struct Namespace {
     index: u32,
     db: Database,
+    /// OST object pools, as the last committed batch left them.
+    pools: Mutex<Pools>,
     log: Mutex<LogState>,
     /// The database's length on the volume, and the room it has.
     db_len: Arc<std::sync::atomic::AtomicU64>,
@@ -408,6 +507,9 @@ pub struct Tx<'a> {
     /// The batch's mutations so far, encoded (see [`apply`]), and how many.
     log: std::cell::RefCell<Vec<u8>>,
     count: std::cell::Cell<u32>,
+    /// The object pools as this batch leaves them, and the OSTs whose pool it changed.
+    pools: std::cell::RefCell<Pools>,
+    pools_changed: std::cell::RefCell<std::collections::BTreeSet<u32>>,
 }
 
 // Tables and kinds of logged mutations.
@@ -419,6 +521,9 @@ const T_XATTRS: u8 = 5;
 const T_ORPHANS: u8 = 6;
 const T_REPLIES: u8 = 7;
 const T_LAYOUTS: u8 = 8;
+const T_OBJECTS: u8 = 9;
+const T_POOLS: u8 = 10;
+const T_DESTROYS: u8 = 11;
 const PUT: u8 = 1;
 const DEL: u8 = 2;
 
@@ -488,6 +593,30 @@ fn apply(txn: &WriteTransaction, rec: &[u8]) -> Result<()> {
                     txn.open_table(LAYOUTS)?.insert(k, d.bytes("layout", 1 << 16)?)?;
                 } else {
                     txn.open_table(LAYOUTS)?.remove(k)?;
+                }
+            }
+            T_OBJECTS => {
+                let k = big(&mut d, "objects inode")?;
+                if put {
+                    txn.open_table(OBJECTS)?.insert(k, d.bytes("objects", 1 << 20)?)?;
+                } else {
+                    txn.open_table(OBJECTS)?.remove(k)?;
+                }
+            }
+            T_POOLS => {
+                let ost = d.u32("pool OST")?;
+                if put {
+                    txn.open_table(POOLS)?.insert(ost, d.bytes("pool", 1 << 16)?)?;
+                } else {
+                    txn.open_table(POOLS)?.remove(ost)?;
+                }
+            }
+            T_DESTROYS => {
+                let (ost, oid) = (d.u32("destroy OST")?, d.u64("destroy object")?);
+                if put {
+                    txn.open_table(DESTROYS)?.insert((ost, oid), 1)?;
+                } else {
+                    txn.open_table(DESTROYS)?.remove((ost, oid))?;
                 }
             }
             T_REPLIES => {
@@ -615,6 +744,82 @@ impl Tx<'_> {
         Ok(l)
     }
 
+    /// Give a new file its OST objects: for each striped component, its stripe count
+    /// of objects on consecutive OSTs from its starting one (round-robin when it has
+    /// none), more than one per OST only when overstriping. Without OSTs attached a file
+    /// has a layout and no objects.
+    ///
+    /// It checks before it takes: on an error nothing is taken. The objects are written
+    /// with [`Tx::put_objects`].
+    fn instantiate(&self, l: &Layout) -> Result<Option<FileObjects>> {
+        let mut pools = self.pools.borrow_mut();
+        let osts: Vec<u32> = pools.osts.keys().copied().collect();
+        if osts.is_empty() {
+            return Ok(None);
+        }
+        let n = osts.len() as u64;
+        let mut objects: FileObjects = Vec::with_capacity(l.components.len());
+        let mut want: Vec<(usize, u64)> = Vec::new();
+        for c in &l.components {
+            let Kind::Stripes(s) = &c.kind else {
+                objects.push(Vec::new());
+                continue;
+            };
+            let count = match s.count {
+                -1 => n,
+                c if s.overstripe => c.max(1) as u64,
+                c => (c.max(1) as u64).min(n),
+            };
+            let start = if s.offset >= 0 {
+                osts.iter().position(|&o| o == s.offset as u32).ok_or_else(|| {
+                    MdError::new(
+                        errno::EINVAL,
+                        format!("layout starts on OST {}, which this file system does not have", s.offset),
+                    )
+                })? as u64
+            } else {
+                let at = pools.rr % n;
+                pools.rr = pools.rr.wrapping_add(1);
+                at
+            };
+            objects.push(Vec::with_capacity(count as usize));
+            for i in 0..count {
+                want.push((objects.len() - 1, (start + i) % n));
+            }
+        }
+        // Check every pool has what is asked before taking anything.
+        let mut need: BTreeMap<u32, u64> = BTreeMap::new();
+        for &(_, slot) in &want {
+            *need.entry(osts[slot as usize]).or_default() += 1;
+        }
+        for (ost, k) in &need {
+            let have = pools.osts.get(ost).map_or(0, PoolState::available);
+            if have < *k {
+                return Err(MdError::new(
+                    errno::ENOSPC,
+                    format!(
+                        "OST {ost} has {have} precreated objects and the file needs {k} (precreate is catching up)"
+                    ),
+                ));
+            }
+        }
+        for (comp, slot) in want {
+            let ost = osts[slot as usize];
+            let oid =
+                pools.osts.get_mut(&ost).and_then(PoolState::take).ok_or_else(|| storage("object pool emptied"))?;
+            objects[comp].push((ost, oid));
+            self.pools_changed.borrow_mut().insert(ost);
+        }
+        Ok(Some(objects))
+    }
+
+    fn put_objects(&self, fid: Fid, objects: &FileObjects) -> Result<()> {
+        let v = encode_objects(objects);
+        self.txn.open_table(OBJECTS)?.insert(fid.key(), v.as_slice())?;
+        self.record(T_OBJECTS, PUT, |e| big(e, fid.key()).bytes(&v));
+        Ok(())
+    }
+
     fn put_orphan(&self, fid: Fid) -> Result<()> {
         self.txn.open_table(ORPHANS)?.insert(fid.key(), 1)?;
         self.record(T_ORPHANS, PUT, |e| big(e, fid.key()));
@@ -736,6 +941,15 @@ impl Tx<'_> {
             self.record(T_ORPHANS, DEL, |e| big(e, k));
         }
         self.del_layout(fid)?;
+        // The file's OST objects go to the destroy log, destroyed in the background.
+        let objects = self.txn.open_table(OBJECTS)?.remove(k)?.map(|v| v.value().to_vec());
+        if let Some(b) = objects {
+            self.record(T_OBJECTS, DEL, |e| big(e, k));
+            for (ost, oid) in decode_objects(&b)?.into_iter().flatten() {
+                self.txn.open_table(DESTROYS)?.insert((ost, oid), 1)?;
+                self.record(T_DESTROYS, PUT, |e| e.u32(ost).u64(oid));
+            }
+        }
         let mut names: Vec<String> = Vec::new();
         for e in self.txn.open_table(XATTRS)?.range((k, "")..)? {
             let (key, _) = e?;
@@ -774,6 +988,11 @@ impl Tx<'_> {
         }
         self.dir_for_change(cred, dir)?;
         let layout = if kind == mode::S_IFREG { Some(self.layout_for_new_file(dir, layout)?) } else { None };
+        // The last check (a pool may be short): after it only writes.
+        let objects = match &layout {
+            Some(l) => self.instantiate(l)?,
+            None => None,
+        };
         // A setgid directory passes its group (and, to subdirectories, the bit) down.
         let gid = if d.mode & mode::S_ISGID != 0 { d.gid } else { cred.gid };
         let mut perms = mode_bits & mode::PERMS;
@@ -803,6 +1022,9 @@ impl Tx<'_> {
         self.put(&a, if kind == mode::S_IFDIR { dir } else { Fid::default() })?;
         if let Some(l) = &layout {
             self.put_layout(fid, l)?;
+        }
+        if let Some(o) = &objects {
+            self.put_objects(fid, o)?;
         }
         self.add_entry(dir, name, fid, kind)?;
         let d = self.touch_dir(d, dp, if kind == mode::S_IFDIR { 1 } else { 0 })?;
@@ -844,6 +1066,9 @@ impl Namespace {
             txn.open_table(ORPHANS)?;
             txn.open_table(REPLIES)?;
             txn.open_table(LAYOUTS)?;
+            txn.open_table(OBJECTS)?;
+            txn.open_table(POOLS)?;
+            txn.open_table(DESTROYS)?;
         }
         txn.commit()?;
         *lock(&ns.alloc) = FidAlloc { seq_k: 0, next_oid: 1 };
@@ -877,6 +1102,13 @@ impl Namespace {
             return Err(MdError::new(errno::EINVAL, "metadata target of another format"));
         }
         ns.index = get("mdt_index")? as u32;
+        {
+            let mut p = lock(&ns.pools);
+            for e in txn.open_table(POOLS)?.iter()? {
+                let (k, v) = e?;
+                p.osts.insert(k.value(), PoolState::decode(v.value())?);
+            }
+        }
         *lock(&ns.alloc) = FidAlloc { seq_k: get("seq_k")? as u32, next_oid: get("next_oid")? as u32 };
         drop(m);
         drop(txn);
@@ -897,6 +1129,8 @@ impl Namespace {
                     opens: &opens,
                     log: Default::default(),
                     count: Default::default(),
+                    pools: Default::default(),
+                    pools_changed: Default::default(),
                 };
                 for k in orphans {
                     tx.destroy(Fid::from_key(k))?;
@@ -926,6 +1160,7 @@ impl Namespace {
             index,
             db,
             log: Mutex::new(LogState { log, batches: 0, since: std::time::Instant::now() }),
+            pools: Mutex::new(Pools::default()),
             db_len,
             capacity: size,
             opts,
@@ -1220,6 +1455,8 @@ impl Namespace {
             opens: &opens.counts,
             log: Default::default(),
             count: Default::default(),
+            pools: std::cell::RefCell::new(lock(&self.pools).clone()),
+            pools_changed: Default::default(),
         };
         let mut out = Vec::with_capacity(batch.len());
         for (key, change) in batch {
@@ -1253,6 +1490,13 @@ impl Namespace {
             out.push(r);
         }
         let alloc = tx.alloc;
+        let changed: Vec<u32> = tx.pools_changed.borrow().iter().copied().collect();
+        for ost in changed {
+            let v = tx.pools.borrow().osts.get(&ost).map(PoolState::encode).unwrap_or_default();
+            tx.txn.open_table(POOLS)?.insert(ost, v.as_slice())?;
+            tx.record(T_POOLS, PUT, |e| e.u32(ost).bytes(&v));
+        }
+        let pools = tx.pools.borrow().clone();
         if tx.mutations() == 0 {
             // Nothing changed (every change failed its checks or was a replay).
             return Ok(out);
@@ -1278,6 +1522,7 @@ impl Namespace {
         log.batches += 1;
         drop(opens);
         *lock(&self.alloc) = alloc;
+        *lock(&self.pools) = pools;
         Ok(out)
     }
 
@@ -1369,6 +1614,91 @@ impl Namespace {
                 }
                 d.ctime_ns = tx.now;
                 tx.put(&d, p)?;
+                Ok(Answer::Done)
+            }),
+        )?;
+        Ok(())
+    }
+
+    /// Give new files objects on these OSTs (from now on). An OST's pool starts empty and
+    /// fills as precreated objects are added ([`Namespace::add_precreated`]).
+    pub fn attach_osts(&self, osts: &[u32]) {
+        let mut p = lock(&self.pools);
+        for &o in osts {
+            p.osts.entry(o).or_default();
+        }
+    }
+
+    /// Each attached OST and how many precreated objects its pool holds.
+    pub fn pool_levels(&self) -> Vec<(u32, u64)> {
+        lock(&self.pools).osts.iter().map(|(o, p)| (*o, p.available())).collect()
+    }
+
+    /// Objects `[first, first + count)` now exist on OST `ost`: files may take them.
+    pub fn add_precreated(&self, ost: u32, first: u64, count: u64) -> Result<()> {
+        if count == 0 || first.checked_add(count).is_none() {
+            return Err(MdError::new(errno::EINVAL, format!("precreated range {first}+{count}")));
+        }
+        self.change(
+            None,
+            Box::new(move |tx| {
+                let mut pools = tx.pools.borrow_mut();
+                let p = pools
+                    .osts
+                    .get_mut(&ost)
+                    .ok_or_else(|| MdError::new(errno::EINVAL, format!("OST {ost} is not attached")))?;
+                if p.ranges.len() >= POOL_RANGES_MAX {
+                    return Err(MdError::new(
+                        errno::ENOSPC,
+                        format!("OST {ost}'s pool holds {POOL_RANGES_MAX} ranges already"),
+                    ));
+                }
+                if p.ranges.iter().any(|&(a, b)| first < b && a < first + count) {
+                    return Err(MdError::new(
+                        errno::EEXIST,
+                        format!("objects {first}+{count} of OST {ost} are in its pool already"),
+                    ));
+                }
+                p.ranges.push_back((first, first + count));
+                tx.pools_changed.borrow_mut().insert(ost);
+                Ok(Answer::Done)
+            }),
+        )?;
+        Ok(())
+    }
+
+    /// A file's OST objects (empty when it has none).
+    pub fn objects(&self, fid: Fid) -> Result<FileObjects> {
+        self.getattr(fid)?;
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(OBJECTS)?;
+        match t.get(fid.key())? {
+            Some(v) => decode_objects(v.value()),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Up to `max` objects of removed files still to destroy.
+    pub fn pending_destroys(&self, max: usize) -> Result<Vec<(u32, u64)>> {
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(DESTROYS)?;
+        t.iter()?.take(max).map(|e| Ok(e?.0.value())).collect()
+    }
+
+    /// These objects are destroyed on their OSTs: forget them.
+    pub fn destroyed(&self, done: Vec<(u32, u64)>) -> Result<()> {
+        if done.is_empty() {
+            return Ok(());
+        }
+        self.change(
+            None,
+            Box::new(move |tx| {
+                let mut t = tx.txn.open_table(DESTROYS)?;
+                for (ost, oid) in done {
+                    if t.remove((ost, oid))?.is_some() {
+                        tx.record(T_DESTROYS, DEL, |e| e.u32(ost).u64(oid));
+                    }
+                }
                 Ok(Answer::Done)
             }),
         )?;

@@ -1,0 +1,157 @@
+//! OST objects for files: pools refilled from the OSS in the background, files taking
+//! their stripes' objects by layout (round-robin, a starting OST, all OSTs,
+//! overstriping), removed files' objects destroyed on the OSTs, and the pools and the
+//! destroy log surviving a crash of the MDT.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nacre_net::client::{Client, ClientConfig, Import};
+use nacre_net::server::{Server, ServerConfig};
+use nacre_net::transport::MemNetwork;
+use nacre_osd::{Target, TargetOptions};
+use nacre_proto::fid::Fid;
+use nacre_proto::layout::Layout;
+use nacre_proto::mdt::errno;
+use nacre_proto::ost::Request;
+use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, Volume, VolumeOptions};
+use nacre_server::mdt::{Cred, Namespace, NamespaceOptions};
+use nacre_server::objects::{ObjectService, OstLink};
+use nacre_server::oss::{Oss, OssConfig};
+
+fn vol(name: &str, level: Level, n: usize, bytes: u64, strip: u64) -> Arc<Volume> {
+    let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
+    let devs: Vec<Arc<dyn BlockDevice>> =
+        (0..n).map(|i| MemDrive::new(&format!("{name}{i}"), bytes) as Arc<dyn BlockDevice>).collect();
+    let mut o = CreateOptions::new(name, level);
+    o.strip_bytes = strip;
+    o.assume_clean = true;
+    Arc::new(Volume::create(devs, &o, &run).unwrap())
+}
+
+fn ost(i: usize) -> Arc<Target> {
+    let data = vol(&format!("d{i}-"), Level::Raid6, 6, 8 << 20, 16 << 10);
+    let meta = vol(&format!("m{i}-"), Level::Raid1, 2, 32 << 20, 64 << 10);
+    Arc::new(Target::format(data, meta, TargetOptions::default()).unwrap())
+}
+
+fn lfs(a: &str) -> Layout {
+    Layout::from_lfs_args(&a.split_whitespace().collect::<Vec<_>>()).unwrap()
+}
+
+async fn exists(imp: &Import, target: u32, oid: u64) -> bool {
+    let (op, body) = Request::Getattr { target, oid }.encode();
+    imp.call(op, &body, &[]).await.unwrap().header.status == 0
+}
+
+async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(30), "waited 30 s for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_get_objects_by_layout_and_removed_files_lose_them() {
+    let net = MemNetwork::new();
+    let oss = Oss::new(vec![ost(0), ost(1), ost(2)], OssConfig::default());
+    let server = Server::start(
+        Arc::new(net.transport("oss")),
+        &"oss@mem".parse().unwrap(),
+        oss.handler(),
+        ServerConfig::default(),
+    )
+    .await
+    .unwrap();
+    let imp =
+        Client::new(Arc::new(net.transport("mds")), ClientConfig::default()).connect(&server.nid()).await.unwrap();
+    let mdt = vol("mdt", Level::Raid10, 4, 32 << 20, 64 << 10);
+    let ns = Arc::new(Namespace::format(mdt.clone(), 0, NamespaceOptions::default()).unwrap());
+    let links: Vec<OstLink> = (0..3).map(|i| OstLink { index: i, import: imp.clone(), target: i }).collect();
+    let svc = ObjectService::start(ns.clone(), links.clone(), 64);
+    wait_for("the pools to fill", || ns.pool_levels().iter().all(|(_, n)| *n >= 32)).await;
+    let c = Cred::root();
+    let ns2 = ns.clone();
+    let files = tokio::task::spawn_blocking(move || {
+        let mk = |name: &str, l: Option<&str>| match l {
+            Some(l) => ns2.create_with_layout(&c, Fid::ROOT, name, 0o644, lfs(l), None).unwrap(),
+            None => ns2.create(&c, Fid::ROOT, name, 0o644, None).unwrap(),
+        };
+        let a = mk("a", None);
+        let b = mk("b", None);
+        let two = mk("two", Some("-c 2 -i 1"));
+        let all = mk("all", Some("-c -1"));
+        let many = mk("many", Some("-c 9"));
+        let over = mk("over", Some("-C 6"));
+        let pfl = mk("pfl", Some("-E 1M -L mdt -E 64M -c 1 -E -1 -c 2"));
+        let bad = ns2.create_with_layout(&c, Fid::ROOT, "bad", 0o644, lfs("-c 1 -i 7"), None).unwrap_err();
+        (a, b, two, all, many, over, pfl, bad)
+    })
+    .await
+    .unwrap();
+    let (a, b, two, all, many, over, pfl, bad) = files;
+    let osts_of = |f: Fid| -> Vec<Vec<u32>> {
+        ns.objects(f).unwrap().iter().map(|c| c.iter().map(|(o, _)| *o).collect()).collect()
+    };
+    // Default: one stripe, round-robin over the OSTs.
+    let (oa, ob) = (osts_of(a.fid), osts_of(b.fid));
+    assert_eq!((oa[0].len(), ob[0].len()), (1, 1));
+    assert_ne!(oa[0][0], ob[0][0], "round-robin placement");
+    assert_eq!(osts_of(two.fid), vec![vec![1, 2]]);
+    assert_eq!(osts_of(all.fid)[0].len(), 3);
+    assert_eq!(osts_of(many.fid)[0].len(), 3, "without overstriping a file has at most one stripe per OST");
+    let mut o = osts_of(over.fid)[0].clone();
+    o.sort();
+    assert_eq!(o, vec![0, 0, 1, 1, 2, 2], "overstriping puts two stripes on each OST");
+    let p = osts_of(pfl.fid);
+    assert_eq!((p[0].len(), p[1].len(), p[2].len()), (0, 1, 2), "DoM has no objects");
+    assert_eq!(bad.errno, errno::EINVAL);
+    assert!(bad.message.contains("OST 7"), "{}", bad.message);
+    // Every object exists on its OST, and no two files share one.
+    let mut seen = std::collections::HashSet::new();
+    for f in [a.fid, b.fid, two.fid, all.fid, many.fid, over.fid, pfl.fid] {
+        for (o, oid) in ns.objects(f).unwrap().into_iter().flatten() {
+            assert!(seen.insert((o, oid)), "object {oid} of OST {o} given twice");
+            assert!(exists(&imp, o, oid).await, "object {oid} of OST {o} does not exist");
+        }
+    }
+    // A removed file's objects are destroyed on their OSTs in the background.
+    let gone = ns.objects(all.fid).unwrap();
+    let ns2 = ns.clone();
+    tokio::task::spawn_blocking(move || ns2.remove(&Cred::root(), Fid::ROOT, "all", false, None).unwrap())
+        .await
+        .unwrap();
+    wait_for("the destroy log to empty", || ns.pending_destroys(10).unwrap().is_empty()).await;
+    for (o, oid) in gone.into_iter().flatten() {
+        assert!(!exists(&imp, o, oid).await, "object {oid} of OST {o} outlived its file");
+    }
+    // Without the background tasks, a removed file's objects wait in the log; the log and
+    // the pools survive a crash, and the tasks finish the job after the restart.
+    drop(svc);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let left = ns.objects(two.fid).unwrap();
+    let ns2 = ns.clone();
+    tokio::task::spawn_blocking(move || ns2.remove(&Cred::root(), Fid::ROOT, "two", false, None).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(ns.pending_destroys(10).unwrap().len(), 2);
+    let levels = ns.pool_levels();
+    std::mem::forget(ns);
+    let ns = Arc::new(Namespace::open(mdt, NamespaceOptions::default()).unwrap());
+    assert_eq!(ns.pool_levels(), levels, "precreated objects are not lost in a crash");
+    assert_eq!(ns.pending_destroys(10).unwrap().len(), 2);
+    let _svc = ObjectService::start(ns.clone(), links, 64);
+    wait_for("the destroy log to empty after the restart", || ns.pending_destroys(10).unwrap().is_empty()).await;
+    for (o, oid) in left.into_iter().flatten() {
+        assert!(!exists(&imp, o, oid).await);
+    }
+    // Files made after the restart take objects nobody had.
+    let ns2 = ns.clone();
+    let n = tokio::task::spawn_blocking(move || ns2.create(&Cred::root(), Fid::ROOT, "new", 0o644, None).unwrap())
+        .await
+        .unwrap();
+    for (o, oid) in ns.objects(n.fid).unwrap().into_iter().flatten() {
+        assert!(!seen.contains(&(o, oid)), "object {oid} of OST {o} given twice across a restart");
+    }
+}
