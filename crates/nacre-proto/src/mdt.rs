@@ -470,12 +470,28 @@ impl Request {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
     Attr(Attr),
-    Entries { entries: Vec<(DirEntry, Attr)>, eof: bool },
+    Entries {
+        entries: Vec<(DirEntry, Attr)>,
+        eof: bool,
+    },
     Bytes(Vec<u8>),
     Names(Vec<String>),
-    Opened { handle: u64, attr: Attr },
-    StatFs { inodes: u64, bytes_used: u64, bytes_total: u64 },
+    Opened {
+        handle: u64,
+        attr: Attr,
+    },
+    StatFs {
+        inodes: u64,
+        bytes_used: u64,
+        bytes_total: u64,
+    },
     Done,
+    /// A file's layout ([`crate::layout::Layout::encode`], empty if none) and its OST
+    /// objects, per component: (OST index, object id) per stripe.
+    Layout {
+        layout: Vec<u8>,
+        objects: Vec<Vec<(u32, u64)>>,
+    },
 }
 
 /// Bytes a reply's variable parts may hold (entries, names, values).
@@ -506,6 +522,16 @@ impl Reply {
                 e.u8(6).u64(*inodes).u64(*bytes_used).u64(*bytes_total).done()
             }
             Reply::Done => e.u8(7).done(),
+            Reply::Layout { layout, objects } => {
+                let mut e = e.u8(8).bytes(layout).u32(objects.len() as u32);
+                for c in objects {
+                    e = e.u32(c.len() as u32);
+                    for (ost, oid) in c {
+                        e = e.u32(*ost).u64(*oid);
+                    }
+                }
+                e.done()
+            }
         }
     }
 
@@ -551,6 +577,26 @@ impl Reply {
                 bytes_total: d.u64("bytes")?,
             },
             7 => Reply::Done,
+            8 => {
+                let layout = d.bytes("layout", LAYOUT_BYTES_MAX)?.to_vec();
+                let n = d.u32("component count")? as usize;
+                if n > crate::layout::COMPONENTS_MAX {
+                    return Err(ProtoError::Invalid(format!("objects of {n} components")));
+                }
+                let mut objects = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let m = d.u32("stripe count")? as usize;
+                    if m > crate::layout::STRIPE_COUNT_MAX as usize {
+                        return Err(ProtoError::Invalid(format!("{m} stripes in one component")));
+                    }
+                    let mut c = Vec::with_capacity(m);
+                    for _ in 0..m {
+                        c.push((d.u32("OST")?, d.u64("object")?));
+                    }
+                    objects.push(c);
+                }
+                Reply::Layout { layout, objects }
+            }
             k => return Err(ProtoError::Invalid(format!("MDS reply of unknown kind {k}"))),
         };
         d.end()?;
@@ -624,6 +670,7 @@ mod tests {
             Reply::Opened { handle: 5, attr: a },
             Reply::StatFs { inodes: 1, bytes_used: 2, bytes_total: 3 },
             Reply::Done,
+            Reply::Layout { layout: vec![1, 2, 3], objects: vec![vec![], vec![(0, 5), (3, 9)]] },
         ];
         for r in replies {
             let b = r.encode();

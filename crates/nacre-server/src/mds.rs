@@ -241,7 +241,10 @@ impl Mds {
             Request::Listxattr { fid } => answer(ns.listxattr(&c, fid), mdt::Reply::Names),
             Request::Removexattr { fid, name } => answer(ns.removexattr(&c, fid, &name, key), |_| mdt::Reply::Done),
             Request::Getlayout { fid } => {
-                answer(ns.layout(fid), |l| mdt::Reply::Bytes(l.map(|l| l.encode()).unwrap_or_default()))
+                answer(ns.layout(fid).and_then(|l| Ok((l, ns.objects(fid)?))), |(l, objects)| mdt::Reply::Layout {
+                    layout: l.map(|l| l.encode()).unwrap_or_default(),
+                    objects,
+                })
             }
             Request::Setdirlayout { dir, layout } => {
                 let l = if layout.is_empty() { Ok(None) } else { Layout::decode(&layout).map(Some) };

@@ -184,7 +184,10 @@ async fn operations_through_the_service() {
         })
         .await
         .unwrap();
-    let Reply::Bytes(b) = md.call(Request::Getlayout { fid: nf.fid }).await.unwrap() else { panic!() };
+    let Reply::Layout { layout: b, objects } = md.call(Request::Getlayout { fid: nf.fid }).await.unwrap() else {
+        panic!()
+    };
+    assert!(objects.is_empty(), "no OSTs attached: no objects");
     assert_eq!(nacre_proto::layout::Layout::decode(&b).unwrap(), lfs("-c 4 -S 2M"));
     let e = md
         .call(Request::Create { dir: d.fid, name: "bad".into(), mode: mode::S_IFREG, target: vec![], layout: vec![9] })

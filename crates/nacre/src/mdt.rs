@@ -108,6 +108,64 @@ fn run_op(ns: &Namespace, dir: Fid, op: &MdtOp) -> Result<(), nacre_server::mdt:
     }
 }
 
+/// Follow the file system's OSTs in the MGS's configuration: whenever the set changes,
+/// connect to each and (re)start the precreate and destroy tasks over them.
+async fn follow_osts(mgs: nacre_net::nid::Nid, ns: Arc<Namespace>) {
+    use nacre_proto::mgs::{Config, Request, TargetKind};
+    let client = nacre_net::client::Client::new(
+        Arc::new(nacre_net::transport::TcpTransport),
+        nacre_net::client::ClientConfig::default(),
+    );
+    let mut have = 0;
+    let mut current: Vec<(u32, String)> = Vec::new();
+    let mut service: Option<nacre_server::objects::ObjectService> = None;
+    loop {
+        let fetched = async {
+            let imp = client.connect(&mgs).await.ok()?;
+            let (op, body) = Request::Config { have, wait_ms: 30_000 }.encode();
+            let f = imp.call(op, &body, &[]).await.ok()?;
+            (f.header.status == 0).then(|| Config::decode(&f.body).ok()).flatten()
+        }
+        .await;
+        let Some(cfg) = fetched else {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            continue;
+        };
+        have = cfg.version;
+        let osts: Vec<(u32, String)> = cfg
+            .targets
+            .iter()
+            .filter(|t| t.kind == TargetKind::Ost)
+            .filter_map(|t| t.nids.first().map(|n| (t.index, n.clone())))
+            .collect();
+        if osts == current {
+            continue;
+        }
+        let mut links = Vec::new();
+        for (index, nid) in &osts {
+            let Ok(nid) = nid.parse::<nacre_net::nid::Nid>() else { continue };
+            if let Ok(import) = client.connect(&nid).await {
+                // `nacre ost serve` serves one target, number 0 on its OSS.
+                links.push(nacre_server::objects::OstLink { index: *index, import, target: 0 });
+            }
+        }
+        let complete = links.len() == osts.len();
+        drop(service.take());
+        service = Some(nacre_server::objects::ObjectService::start(
+            ns.clone(),
+            links,
+            nacre_server::objects::PRECREATE_BATCH,
+        ));
+        if complete {
+            current = osts;
+        } else {
+            // Some OST did not answer: ask again soon rather than at the next change.
+            have = 0;
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+    }
+}
+
 pub fn run(cmd: MdtCommand) -> CliResult {
     match cmd {
         MdtCommand::Format { dir, name, index, size, drives } => {
@@ -156,7 +214,7 @@ pub fn run(cmd: MdtCommand) -> CliResult {
         MdtCommand::Serve { dir, name, listen, mgs, fsname } => {
             let ns = Arc::new(open(&dir, &name)?);
             let index = ns.index();
-            let mds = nacre_server::mds::Mds::new(&name, ns);
+            let mds = nacre_server::mds::Mds::new(&name, ns.clone());
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             rt.block_on(async {
                 let server = nacre_net::server::Server::start(
@@ -168,6 +226,7 @@ pub fn run(cmd: MdtCommand) -> CliResult {
                 .await?;
                 if let Some(mgs) = &mgs {
                     crate::mgs::register(mgs, &fsname, nacre_proto::mgs::TargetKind::Mdt, index, &server.nid()).await?;
+                    tokio::spawn(follow_osts(mgs.clone(), ns));
                 }
                 println!("serving {name} on {}", server.nid());
                 let _ = std::io::stdout().flush();

@@ -62,6 +62,47 @@ fn targets_register_with_the_mgs_and_set_param_p_stores_parameters() {
     let bad = nacre().args(["set-param", "-P", "--server", &mgs, "nodots=1"]).output().unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("not a parameter name"));
+    // The MDS follows the OSTs in the configuration: a new file gets an object on the
+    // OST, which exists there.
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        use nacre_proto::mdt::{Creds, Reply, Request, mode};
+        let client = nacre_net::client::Client::new(
+            std::sync::Arc::new(nacre_net::transport::TcpTransport),
+            nacre_net::client::ClientConfig::default(),
+        );
+        let md = client.connect(&mdt.parse().unwrap()).await.unwrap();
+        let os = client.connect(&ost.parse().unwrap()).await.unwrap();
+        let started = std::time::Instant::now();
+        let attr = loop {
+            let r = Request::Create {
+                dir: nacre_proto::fid::Fid::ROOT,
+                name: "f".into(),
+                mode: mode::S_IFREG | 0o644,
+                target: vec![],
+                layout: vec![],
+            };
+            let (op, body) = r.encode(&Creds::default());
+            let f = md.call(op, &body, &[]).await.unwrap();
+            if f.header.status == 0 {
+                let Reply::Attr(a) = Reply::decode(&f.body).unwrap() else { panic!() };
+                break a;
+            }
+            // ENOSPC until the first precreate batch is in.
+            assert_eq!(f.header.status, -28, "{}", String::from_utf8_lossy(&f.body));
+            assert!(started.elapsed() < std::time::Duration::from_secs(30), "no objects after 30 s");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        let (op, body) = Request::Getlayout { fid: attr.fid }.encode(&Creds::default());
+        let Reply::Layout { objects, .. } = Reply::decode(&md.call(op, &body, &[]).await.unwrap().body).unwrap() else {
+            panic!()
+        };
+        assert_eq!(objects.len(), 1);
+        let (ost_index, oid) = objects[0][0];
+        assert_eq!(ost_index, 0);
+        let (op, body) = nacre_proto::ost::Request::Getattr { target: 0, oid }.encode();
+        assert_eq!(os.call(op, &body, &[]).await.unwrap().header.status, 0, "object {oid} is on the OST");
+    });
     // A target of another file system is refused, and says so.
     let other_dir = base.join("ost1");
     ok(nacre()
