@@ -152,6 +152,8 @@ pub const MDS_REMOVEXATTR: u16 = 314;
 pub const MDS_STATFS: u16 = 315;
 pub const MDS_GETLAYOUT: u16 = 316;
 pub const MDS_SETDIRLAYOUT: u16 = 317;
+pub const MDS_DOM_READ: u16 = 318;
+pub const MDS_DOM_WRITE: u16 = 319;
 
 /// Supplementary groups a request may carry.
 pub const GROUPS_MAX: usize = 64;
@@ -285,6 +287,17 @@ pub enum Request {
         dir: Fid,
         layout: Vec<u8>,
     },
+    /// Read `len` bytes of a file's DoM component; the data comes back as the bulk.
+    DomRead {
+        fid: Fid,
+        offset: u64,
+        len: u32,
+    },
+    /// Write the request's bulk at `offset` of a file's DoM component.
+    DomWrite {
+        fid: Fid,
+        offset: u64,
+    },
 }
 
 /// Bytes an encoded layout may have on the wire.
@@ -303,6 +316,7 @@ impl Request {
                 | Request::Listxattr { .. }
                 | Request::Statfs
                 | Request::Getlayout { .. }
+                | Request::DomRead { .. }
                 | Request::Open { .. }
         )
     }
@@ -350,6 +364,8 @@ impl Request {
             Request::Statfs => (MDS_STATFS, e.done()),
             Request::Getlayout { fid } => (MDS_GETLAYOUT, fid.put(e).done()),
             Request::Setdirlayout { dir, layout } => (MDS_SETDIRLAYOUT, dir.put(e).bytes(layout).done()),
+            Request::DomRead { fid, offset, len } => (MDS_DOM_READ, fid.put(e).u64(*offset).u32(*len).done()),
+            Request::DomWrite { fid, offset } => (MDS_DOM_WRITE, fid.put(e).u64(*offset).done()),
         }
     }
 
@@ -375,6 +391,8 @@ impl Request {
             MDS_STATFS => "statfs",
             MDS_GETLAYOUT => "getlayout",
             MDS_SETDIRLAYOUT => "setdirlayout",
+            MDS_DOM_READ => "dom read",
+            MDS_DOM_WRITE => "dom write",
             other => return Err(ProtoError::Invalid(format!("opcode {other} is not an MDS operation"))),
         };
         let mut d = Dec::new(body, name, VERSION)?;
@@ -459,6 +477,10 @@ impl Request {
                 dir: Fid::get(&mut d, "directory")?,
                 layout: d.bytes("layout", LAYOUT_BYTES_MAX)?.to_vec(),
             },
+            MDS_DOM_READ => {
+                Request::DomRead { fid: Fid::get(&mut d, "fid")?, offset: d.u64("offset")?, len: d.u32("length")? }
+            }
+            MDS_DOM_WRITE => Request::DomWrite { fid: Fid::get(&mut d, "fid")?, offset: d.u64("offset")? },
             _ => Request::Statfs,
         };
         d.end()?;
@@ -641,6 +663,8 @@ mod tests {
             Request::Statfs,
             Request::Getlayout { fid: f },
             Request::Setdirlayout { dir: f, layout: vec![3] },
+            Request::DomRead { fid: f, offset: 5, len: 3901 },
+            Request::DomWrite { fid: f, offset: 1 << 19 },
         ];
         for r in all {
             let (op, body) = r.encode(&creds);

@@ -20,7 +20,7 @@ use crate::mdt::{Cred, MdError, Namespace, ReplyKey, SetAttr};
 const EPROTO: i32 = 71;
 
 /// Operations counted in `md_stats`, by opcode.
-const OPS: [(u16, &str); 18] = [
+const OPS: [(u16, &str); 20] = [
     (mdt::MDS_GETATTR, "getattr"),
     (mdt::MDS_LOOKUP, "lookup"),
     (mdt::MDS_READDIR, "readdir"),
@@ -39,6 +39,8 @@ const OPS: [(u16, &str); 18] = [
     (mdt::MDS_STATFS, "statfs"),
     (mdt::MDS_GETLAYOUT, "getlayout"),
     (mdt::MDS_SETDIRLAYOUT, "setdirlayout"),
+    (mdt::MDS_DOM_READ, "dom_read"),
+    (mdt::MDS_DOM_WRITE, "dom_write"),
 ];
 
 pub struct Mds {
@@ -116,6 +118,7 @@ impl Mds {
                         | mdt::MDS_LISTXATTR
                         | mdt::MDS_STATFS
                         | mdt::MDS_GETLAYOUT
+                        | mdt::MDS_DOM_READ
                         | param::OP_GET_PARAM
                 );
                 if inline {
@@ -187,6 +190,7 @@ impl Mds {
             let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
             digest.update(&op.to_le_bytes());
             digest.update(&req.body);
+            digest.update(&req.bulk);
             ReplyKey {
                 client: req.client,
                 xid: req.header.xid,
@@ -252,6 +256,13 @@ impl Mds {
                     Ok(l) => answer(ns.set_dir_layout(&c, dir, l, key), |_| mdt::Reply::Done),
                     Err(e) => fail(-errno::EINVAL, format!("layout: {e}")),
                 }
+            }
+            Request::DomRead { fid, offset, len } => match ns.read_dom(&c, fid, offset, len as usize) {
+                Ok(data) => Reply { status: 0, body: mdt::Reply::Done.encode(), bulk: Bytes::from(data) },
+                Err(e) => fail(e.status(), e.message),
+            },
+            Request::DomWrite { fid, offset } => {
+                answer(ns.write_dom(&c, fid, offset, &req.bulk, key), mdt::Reply::Attr)
             }
             Request::Statfs => answer(ns.statfs(), |s| mdt::Reply::StatFs {
                 inodes: s.inodes,

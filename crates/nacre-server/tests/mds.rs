@@ -195,6 +195,29 @@ async fn operations_through_the_service() {
         .unwrap_err();
     assert_eq!(e.0, -errno::EINVAL);
     md.call(Request::Unlink { dir: d.fid, name: "striped".into(), rmdir: false }).await.unwrap();
+    // Data on the MDT: a 3,901-byte file written and read back through the service.
+    md.call(Request::Setdirlayout { dir: d.fid, layout: lfs("-E 64K -L mdt -E eof -c 1").encode() }).await.unwrap();
+    let small = md
+        .attr(Request::Create {
+            dir: d.fid,
+            name: "dom".into(),
+            mode: mode::S_IFREG | 0o644,
+            target: vec![],
+            layout: vec![],
+        })
+        .await
+        .unwrap();
+    let body: Vec<u8> = (0..3901u32).map(|i| (i % 253) as u8).collect();
+    let (op, req) = Request::DomWrite { fid: small.fid, offset: 0 }.encode(&md.creds);
+    let f = md.imp.call(op, &req, &body).await.unwrap();
+    assert_eq!(f.header.status, 0, "{}", String::from_utf8_lossy(&f.body));
+    let (op, req) = Request::DomRead { fid: small.fid, offset: 0, len: 65536 }.encode(&md.creds);
+    let f = md.imp.call(op, &req, &[]).await.unwrap();
+    assert_eq!(f.header.status, 0);
+    assert_eq!(f.bulk.into_vec(), body);
+    let (op, req) = Request::DomWrite { fid: small.fid, offset: 65535 }.encode(&md.creds);
+    assert_eq!(md.imp.call(op, &req, b"xy").await.unwrap().header.status, -errno::EFBIG);
+    md.call(Request::Unlink { dir: d.fid, name: "dom".into(), rmdir: false }).await.unwrap();
     let Reply::StatFs { inodes, bytes_total, .. } = md.call(Request::Statfs).await.unwrap() else { panic!() };
     assert_eq!(inodes, 1 + 1 + 49 + 1);
     assert!(bytes_total > 0);
@@ -203,7 +226,7 @@ async fn operations_through_the_service() {
     assert_eq!(f2.header.status, -71);
     assert!(String::from_utf8_lossy(&f2.body).contains("bad MDS request"));
     let p = mds.get_param("mdt.mdt0.md_stats");
-    assert!(p[0].1.contains("create 55") && p[0].1.contains("setdirlayout 1"), "{p:?}");
+    assert!(p[0].1.contains("create 56") && p[0].1.contains("setdirlayout 2"), "{p:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

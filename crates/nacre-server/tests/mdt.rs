@@ -644,3 +644,41 @@ fn layouts_are_inherited_validated_and_survive_a_crash() {
     ns.remove(&c, d.fid, "pfl", false, None).unwrap();
     assert_eq!(errno_of(ns.layout(pfl.fid)), errno::ENOENT);
 }
+
+#[test]
+fn data_on_the_mdt_reads_back_and_follows_truncates_and_crashes() {
+    use nacre_proto::layout::Layout;
+    let (ns, v) = ns();
+    let c = root();
+    let lfs = |args: &str| Layout::from_lfs_args(&args.split_whitespace().collect::<Vec<_>>()).unwrap();
+    let f = ns.create_with_layout(&c, ROOT, "small", 0o644, lfs("-E 1M -L mdt -E eof -c 1"), None).unwrap();
+    let body: Vec<u8> = (0..3901u32).map(|i| (i * 7 % 251) as u8).collect();
+    let a = ns.write_dom(&c, f.fid, 0, &body, None).unwrap();
+    assert_eq!(a.size, 3901);
+    assert_eq!(ns.read_dom(&c, f.fid, 0, 1 << 20).unwrap(), body, "a read stops at the end of the file");
+    // A write into the second block leaves a hole of zeros.
+    ns.write_dom(&c, f.fid, 70_000, b"tail", None).unwrap();
+    let all = ns.read_dom(&c, f.fid, 0, 1 << 20).unwrap();
+    assert_eq!(all.len(), 70_004);
+    assert_eq!(&all[..3901], &body[..]);
+    assert!(all[3901..70_000].iter().all(|&b| b == 0));
+    assert_eq!(&all[70_000..], b"tail");
+    // Past the DoM component: EFBIG; a file without DoM: EINVAL; nobody else writes.
+    assert_eq!(errno_of(ns.write_dom(&c, f.fid, (1 << 20) - 2, b"xyz", None)), errno::EFBIG);
+    let g = ns.create(&c, ROOT, "plain", 0o644, None).unwrap();
+    assert_eq!(errno_of(ns.write_dom(&c, g.fid, 0, b"x", None)), errno::EINVAL);
+    assert_eq!(errno_of(ns.write_dom(&Cred::user(5, 5), f.fid, 0, b"x", None)), errno::EACCES);
+    // Truncate down cuts the data; growing again reads zeros, not the old bytes.
+    ns.setattr(&c, f.fid, SetAttr { size: Some(100), ..Default::default() }, None).unwrap();
+    ns.setattr(&c, f.fid, SetAttr { size: Some(80_000), ..Default::default() }, None).unwrap();
+    let back = ns.read_dom(&c, f.fid, 0, 1 << 20).unwrap();
+    assert_eq!(back.len(), 80_000);
+    assert_eq!(&back[..100], &body[..100]);
+    assert!(back[100..].iter().all(|&b| b == 0), "truncated bytes came back");
+    // Through a crash.
+    std::mem::forget(ns);
+    let ns = Namespace::open(v, NamespaceOptions::default()).unwrap();
+    assert_eq!(ns.read_dom(&c, f.fid, 0, 1 << 20).unwrap(), back);
+    ns.remove(&c, ROOT, "small", false, None).unwrap();
+    assert_eq!(errno_of(ns.read_dom(&c, f.fid, 0, 10)), errno::ENOENT);
+}

@@ -48,6 +48,9 @@ const OBJECTS: TableDefinition<u128, &[u8]> = TableDefinition::new("objects");
 const POOLS: TableDefinition<u32, &[u8]> = TableDefinition::new("pools");
 /// OST objects of removed files, waiting to be destroyed: (OST, object).
 const DESTROYS: TableDefinition<(u32, u64), u8> = TableDefinition::new("destroys");
+/// Data on the MDT (DoM): (file, block) → the block's bytes, [`DOM_BLOCK`] each at most;
+/// a missing block reads as zeros.
+const DOM: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("dom");
 const REPLIES: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("replies");
 
 const FORMAT: u64 = 1;
@@ -69,6 +72,10 @@ pub const LOG_BYTES_MAX: u64 = 256 << 20;
 pub const XATTRS_BYTES_MAX: usize = 64 << 10;
 /// The virtual xattr that reads a file's layout (Lustre's `lustre.lov`).
 pub const LAYOUT_XATTR: &str = "lustre.lov";
+/// Bytes of a DoM block: small files take one.
+pub const DOM_BLOCK: u64 = 64 << 10;
+/// Bytes one DoM read or write moves at most.
+pub const DOM_IO_MAX: usize = 1 << 20;
 /// Handles one client may hold open.
 pub const OPEN_HANDLES_PER_CLIENT_MAX: usize = 65_536;
 
@@ -524,6 +531,7 @@ const T_LAYOUTS: u8 = 8;
 const T_OBJECTS: u8 = 9;
 const T_POOLS: u8 = 10;
 const T_DESTROYS: u8 = 11;
+const T_DOM: u8 = 12;
 const PUT: u8 = 1;
 const DEL: u8 = 2;
 
@@ -617,6 +625,14 @@ fn apply(txn: &WriteTransaction, rec: &[u8]) -> Result<()> {
                     txn.open_table(DESTROYS)?.insert((ost, oid), 1)?;
                 } else {
                     txn.open_table(DESTROYS)?.remove((ost, oid))?;
+                }
+            }
+            T_DOM => {
+                let (k, b) = (big(&mut d, "DoM inode")?, d.u64("DoM block")?);
+                if put {
+                    txn.open_table(DOM)?.insert((k, b), d.bytes("DoM data", DOM_BLOCK as usize)?)?;
+                } else {
+                    txn.open_table(DOM)?.remove((k, b))?;
                 }
             }
             T_REPLIES => {
@@ -820,6 +836,45 @@ impl Tx<'_> {
         Ok(())
     }
 
+    /// The file's DoM blocks `[first, last]` that exist.
+    fn dom_blocks(&self, fid: Fid, first: u64, last: u64) -> Result<Vec<(u64, Vec<u8>)>> {
+        let t = self.txn.open_table(DOM)?;
+        let mut out = Vec::new();
+        for e in t.range((fid.key(), first)..=(fid.key(), last))? {
+            let (k, v) = e?;
+            out.push((k.value().1, v.value().to_vec()));
+        }
+        Ok(out)
+    }
+
+    fn put_dom(&self, fid: Fid, block: u64, data: &[u8]) -> Result<()> {
+        self.txn.open_table(DOM)?.insert((fid.key(), block), data)?;
+        self.record(T_DOM, PUT, |e| big(e, fid.key()).u64(block).bytes(data));
+        Ok(())
+    }
+
+    fn del_dom(&self, fid: Fid, block: u64) -> Result<()> {
+        if self.txn.open_table(DOM)?.remove((fid.key(), block))?.is_some() {
+            self.record(T_DOM, DEL, |e| big(e, fid.key()).u64(block));
+        }
+        Ok(())
+    }
+
+    /// Cut the file's DoM data at `size`: blocks past it go, the block it ends in is cut.
+    fn trim_dom(&self, fid: Fid, size: u64) -> Result<()> {
+        let first = size / DOM_BLOCK;
+        for (b, mut v) in self.dom_blocks(fid, first, u64::MAX)? {
+            let start = b * DOM_BLOCK;
+            if start >= size {
+                self.del_dom(fid, b)?;
+            } else if start + v.len() as u64 > size {
+                v.truncate((size - start) as usize);
+                self.put_dom(fid, b, &v)?;
+            }
+        }
+        Ok(())
+    }
+
     fn put_orphan(&self, fid: Fid) -> Result<()> {
         self.txn.open_table(ORPHANS)?.insert(fid.key(), 1)?;
         self.record(T_ORPHANS, PUT, |e| big(e, fid.key()));
@@ -950,6 +1005,7 @@ impl Tx<'_> {
                 self.record(T_DESTROYS, PUT, |e| e.u32(ost).u64(oid));
             }
         }
+        self.trim_dom(fid, 0)?;
         let mut names: Vec<String> = Vec::new();
         for e in self.txn.open_table(XATTRS)?.range((k, "")..)? {
             let (key, _) = e?;
@@ -1069,6 +1125,7 @@ impl Namespace {
             txn.open_table(OBJECTS)?;
             txn.open_table(POOLS)?;
             txn.open_table(DESTROYS)?;
+            txn.open_table(DOM)?;
         }
         txn.commit()?;
         *lock(&ns.alloc) = FidAlloc { seq_k: 0, next_oid: 1 };
@@ -1620,6 +1677,97 @@ impl Namespace {
         Ok(())
     }
 
+    /// Where a file's DoM component ends, if its layout starts with one.
+    fn dom_end(&self, fid: Fid) -> Result<Option<u64>> {
+        Ok(self.layout(fid)?.and_then(|l| l.components.first().filter(|c| c.kind == Kind::Mdt).map(|c| c.end)))
+    }
+
+    /// Write `data` at `offset` of a file's DoM component (the bytes its layout keeps on
+    /// the MDT). Bytes past the component belong to its OST components: EFBIG here.
+    pub fn write_dom(&self, cred: &Cred, fid: Fid, offset: u64, data: &[u8], key: Option<ReplyKey>) -> Result<Attr> {
+        if data.len() > DOM_IO_MAX {
+            return Err(MdError::new(
+                errno::EINVAL,
+                format!("DoM write of {} bytes (at most {DOM_IO_MAX})", data.len()),
+            ));
+        }
+        let end =
+            self.dom_end(fid)?.ok_or_else(|| MdError::new(errno::EINVAL, format!("{fid} keeps no data on the MDT")))?;
+        let stop = offset.checked_add(data.len() as u64).filter(|&s| s <= end).ok_or_else(|| {
+            MdError::new(
+                errno::EFBIG,
+                format!("DoM write of {} bytes at {offset} passes the component's end at {end}", data.len()),
+            )
+        })?;
+        let (cred, data) = (cred.clone(), data.to_vec());
+        Self::attr_of(self.change(
+            key,
+            Box::new(move |tx| {
+                let (mut a, p) = tx.get(fid)?;
+                if !may(&cred, &a, W) {
+                    return Err(denied(&cred, "write", &a));
+                }
+                if data.is_empty() {
+                    return Ok(Answer::Attr(a));
+                }
+                let (first, last) = (offset / DOM_BLOCK, (stop - 1) / DOM_BLOCK);
+                let mut old: HashMap<u64, Vec<u8>> = tx.dom_blocks(fid, first, last)?.into_iter().collect();
+                let mut added = 0u64;
+                for b in first..=last {
+                    let start = b * DOM_BLOCK;
+                    let (lo, hi) = (offset.max(start), stop.min(start + DOM_BLOCK));
+                    let mut block = old.remove(&b).unwrap_or_default();
+                    let before = block.len() as u64;
+                    if (block.len() as u64) < hi - start {
+                        block.resize((hi - start) as usize, 0);
+                    }
+                    block[(lo - start) as usize..(hi - start) as usize]
+                        .copy_from_slice(&data[(lo - offset) as usize..(hi - offset) as usize]);
+                    added += block.len() as u64 - before;
+                    tx.put_dom(fid, b, &block)?;
+                }
+                a.size = a.size.max(stop);
+                a.blocks += added.div_ceil(512);
+                a.mtime_ns = tx.now;
+                a.ctime_ns = tx.now;
+                tx.put(&a, p)?;
+                Ok(Answer::Attr(a))
+            }),
+        )?)
+    }
+
+    /// Read up to `len` bytes at `offset` of a file's DoM component; short at the end of
+    /// the file or of the component, zeros in holes.
+    pub fn read_dom(&self, cred: &Cred, fid: Fid, offset: u64, len: usize) -> Result<Vec<u8>> {
+        if len > DOM_IO_MAX {
+            return Err(MdError::new(errno::EINVAL, format!("DoM read of {len} bytes (at most {DOM_IO_MAX})")));
+        }
+        let a = self.getattr(fid)?;
+        if !may(cred, &a, R) {
+            return Err(denied(cred, "read", &a));
+        }
+        let end =
+            self.dom_end(fid)?.ok_or_else(|| MdError::new(errno::EINVAL, format!("{fid} keeps no data on the MDT")))?;
+        let stop = offset.saturating_add(len as u64).min(a.size).min(end);
+        if stop <= offset {
+            return Ok(Vec::new());
+        }
+        let mut out = vec![0u8; (stop - offset) as usize];
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(DOM)?;
+        for e in t.range((fid.key(), offset / DOM_BLOCK)..=(fid.key(), (stop - 1) / DOM_BLOCK))? {
+            let (k, v) = e?;
+            let start = k.value().1 * DOM_BLOCK;
+            let v = v.value();
+            let (lo, hi) = (offset.max(start), stop.min(start + v.len() as u64));
+            if lo < hi {
+                out[(lo - offset) as usize..(hi - offset) as usize]
+                    .copy_from_slice(&v[(lo - start) as usize..(hi - start) as usize]);
+            }
+        }
+        Ok(out)
+    }
+
     /// Give new files objects on these OSTs (from now on). An OST's pool starts empty and
     /// fills as precreated objects are added ([`Namespace::add_precreated`]).
     pub fn attach_osts(&self, osts: &[u32]) {
@@ -2033,6 +2181,9 @@ impl Namespace {
                     a.mode = (a.mode & mode::S_IFMT) | m;
                 }
                 if let Some(size) = s.size {
+                    if size < a.size {
+                        tx.trim_dom(fid, size)?;
+                    }
                     a.size = size;
                     a.mtime_ns = tx.now;
                     if cred.uid != 0 {
