@@ -25,6 +25,7 @@ use nacre_net::server::{Server, ServerConfig};
 use nacre_net::transport::TcpTransport;
 use nacre_osd::SyncMode;
 use nacre_proto::fid::Fid;
+use nacre_proto::layout::Layout;
 use nacre_proto::mdt::{Creds, Reply, Request, mode};
 use nacre_raid::{Level, Volume};
 use nacre_server::mds::Mds;
@@ -70,9 +71,15 @@ struct Served {
     volume: Arc<Volume>,
 }
 
-async fn serve(dir: &Path, sync: SyncMode) -> Result<Served, BenchError> {
+/// Bytes of each of the MDT's four drives: room for every round's files (about 4 KiB of
+/// database and log per file and round, mirrored over two pairs), at least 64 MiB.
+fn drive_bytes(o: &MdsBenchOptions) -> u64 {
+    ((o.files * o.rounds.max(1) as u64 * 8) << 10).clamp(64 << 20, 4 << 30).div_ceil(1 << 20) << 20
+}
+
+async fn serve(dir: &Path, sync: SyncMode, drive: u64) -> Result<Served, BenchError> {
     std::fs::create_dir_all(dir)?;
-    let volume = Arc::new(create(&make_drives(dir, 4, 512 << 20)?, Level::Raid10, 256 << 10)?);
+    let volume = Arc::new(create(&make_drives(dir, 4, drive)?, Level::Raid10, 256 << 10)?);
     let opts = NamespaceOptions { sync, ..NamespaceOptions::default() };
     let ns = tokio::task::block_in_place(|| Namespace::format(volume.clone(), 0, opts)).map_err(bad)?;
     let mds = Mds::new("mdt0", Arc::new(ns));
@@ -97,7 +104,14 @@ struct NacreRates {
     stat: f64,
     unlink: f64,
     ping: f64,
+    /// Entries listed per second (readdir with attributes, pages of 1,024).
+    readdir: f64,
+    /// 3,901-byte files made per second: a create and a DoM write each.
+    dom: f64,
 }
+
+/// The small file of the DoM phase: 3,901 bytes, as the IO500's mdtest-hard writes.
+pub const DOM_FILE_BYTES: usize = 3901;
 
 /// Run `f(client index, import)` on every client at once; the seconds it took all.
 async fn all<F, Fut>(imports: &[Arc<Import>], f: F) -> Result<f64, BenchError>
@@ -174,7 +188,14 @@ async fn nacre_round(
     };
     let total = (per * o.clients as u64) as f64;
     if durable_only {
-        return Ok(NacreRates { create: total / create_secs, stat: 0.0, unlink: 0.0, ping: 0.0 });
+        return Ok(NacreRates {
+            create: total / create_secs,
+            stat: 0.0,
+            unlink: 0.0,
+            ping: 0.0,
+            readdir: 0.0,
+            dom: 0.0,
+        });
     }
     let stat_secs = {
         let fids = fids.clone();
@@ -199,6 +220,31 @@ async fn nacre_round(
         Ok(())
     })
     .await?;
+    let readdir_secs = {
+        let dirs = dirs.clone();
+        all(&imports, move |i, imp| {
+            let dirs = dirs.clone();
+            async move {
+                let (mut cookie, mut seen) = (0, 0u64);
+                loop {
+                    let r = Request::Readdir { dir: dirs[i], cookie, max: 1024 };
+                    let Reply::Entries { entries, eof } = call(&imp, &r).await? else {
+                        return Err(BenchError::Bad("readdir answered something else".into()));
+                    };
+                    seen += entries.len() as u64;
+                    cookie = entries.last().map_or(cookie, |(e, _)| e.cookie);
+                    if eof {
+                        break;
+                    }
+                }
+                if seen != per {
+                    return Err(BenchError::Verify(format!("client {i} listed {seen} of its {per} files")));
+                }
+                Ok(())
+            }
+        })
+        .await?
+    };
     let unlink_secs = {
         let dirs = dirs.clone();
         all(&imports, move |i, imp| {
@@ -212,6 +258,50 @@ async fn nacre_round(
         })
         .await?
     };
+    // Small files with their data on the MDT, in directories whose default layout starts
+    // with a 64 KiB DoM component.
+    let dom_layout = Layout::from_lfs_args(&["-E", "64K", "-L", "mdt", "-E", "eof", "-c", "1"]).map_err(bad)?.encode();
+    let mut dom_dirs = Vec::new();
+    for (i, imp) in imports.iter().enumerate() {
+        let r = Request::Create {
+            dir: Fid::ROOT,
+            name: format!("r{round}-dom{i}"),
+            mode: mode::S_IFDIR | 0o755,
+            target: vec![],
+            layout: vec![],
+        };
+        let Reply::Attr(a) = call(imp, &r).await? else {
+            return Err(BenchError::Bad("mkdir answered something else".into()));
+        };
+        call(imp, &Request::Setdirlayout { dir: a.fid, layout: dom_layout.clone() }).await?;
+        dom_dirs.push(a.fid);
+    }
+    let dom_dirs = Arc::new(dom_dirs);
+    let body = Arc::new(vec![0x5au8; DOM_FILE_BYTES]);
+    let dom_secs = all(&imports, move |i, imp| {
+        let (dirs, body) = (dom_dirs.clone(), body.clone());
+        async move {
+            for j in 0..per {
+                let r = Request::Create {
+                    dir: dirs[i],
+                    name: format!("s{j}"),
+                    mode: mode::S_IFREG | 0o644,
+                    target: vec![],
+                    layout: vec![],
+                };
+                let Reply::Attr(a) = call(&imp, &r).await? else {
+                    return Err(BenchError::Bad("create answered something else".into()));
+                };
+                let (op, req) = Request::DomWrite { fid: a.fid, offset: 0 }.encode(&Creds::default());
+                let f = imp.call(op, &req, &body).await.map_err(bad)?;
+                if f.header.status != 0 {
+                    return Err(BenchError::Bad(format!("DoM write: {}", String::from_utf8_lossy(&f.body))));
+                }
+            }
+            Ok(())
+        }
+    })
+    .await?;
     for imp in &imports {
         let _ = imp.disconnect().await;
     }
@@ -220,13 +310,26 @@ async fn nacre_round(
         stat: total / stat_secs,
         unlink: total / unlink_secs,
         ping: total / ping_secs,
+        readdir: total / readdir_secs,
+        dom: total / dom_secs,
     })
 }
 
+/// Rates of the local file system doing the same work (per second).
+#[derive(Default)]
+struct LocalRates {
+    create: f64,
+    stat: f64,
+    readdir: f64,
+    unlink: f64,
+    /// Files made and written with 3,901 bytes.
+    small: f64,
+}
+
 /// The local file system doing the same: `threads` threads, each in its own fresh
-/// directory. Returns create, stat and unlink rates; `fsync_dir` syncs the directory after
-/// each create (and measures creates only).
-fn local_round(root: &Path, o: &MdsBenchOptions, fsync_dir: bool) -> Result<(f64, f64, f64), BenchError> {
+/// directory. `fsync_dir` syncs the directory after each create (and measures creates
+/// only).
+fn local_round(root: &Path, o: &MdsBenchOptions, fsync_dir: bool) -> Result<LocalRates, BenchError> {
     let per = (o.files / o.clients as u64).max(1);
     let base = root.join(format!("nacre-bench-mds-local-{}-{}", std::process::id(), fastrand_suffix()));
     let dirs: Vec<PathBuf> = (0..o.clients).map(|i| base.join(format!("t{i}"))).collect();
@@ -259,15 +362,34 @@ fn local_round(root: &Path, o: &MdsBenchOptions, fsync_dir: bool) -> Result<(f64
         }
         Ok(())
     })?;
-    let (stat, unlink) = if fsync_dir {
-        (0.0, 0.0)
-    } else {
-        let stat = run(&|d, j| std::fs::metadata(d.join(format!("f{j}"))).map(|_| ()))?;
-        let unlink = run(&|d, j| std::fs::remove_file(d.join(format!("f{j}"))))?;
-        (total / stat, total / unlink)
-    };
+    let mut r = LocalRates { create: total / create, ..LocalRates::default() };
+    if !fsync_dir {
+        r.stat = total / run(&|d, j| std::fs::metadata(d.join(format!("f{j}"))).map(|_| ()))?;
+        // One thread per directory lists it whole, with each entry's type (as readdir's
+        // d_type); `run` calls it once per file, so only the first call lists.
+        r.readdir = total
+            / run(&|d, j| {
+                if j == 0 {
+                    let n = std::fs::read_dir(d)?
+                        .map(|e| e.and_then(|e| e.file_type()))
+                        .collect::<std::io::Result<Vec<_>>>()?
+                        .len();
+                    if n as u64 != per {
+                        return Err(std::io::Error::other(format!("listed {n} of {per} files")));
+                    }
+                }
+                Ok(())
+            })?;
+        r.unlink = total / run(&|d, j| std::fs::remove_file(d.join(format!("f{j}"))))?;
+        let body = vec![0x5au8; DOM_FILE_BYTES];
+        r.small = total
+            / run(&|d, j| {
+                use std::io::Write as _;
+                std::fs::File::create(d.join(format!("s{j}")))?.write_all(&body)
+            })?;
+    }
     let _ = std::fs::remove_dir_all(&base);
-    Ok((total / create, stat, unlink))
+    Ok(r)
 }
 
 fn fastrand_suffix() -> u64 {
@@ -307,21 +429,30 @@ async fn run_in(
         o.clients,
         o.local_dir.display()
     );
-    let served = serve(work, SyncMode::Ordered).await?;
-    let mut f: [Vec<f64>; 7] = Default::default();
+    let served = serve(work, SyncMode::Ordered, drive_bytes(o)).await?;
+    let mut f: [Vec<f64>; 11] = Default::default();
     for round in 0..o.rounds.max(1) {
         let n = nacre_round(&served, o, round, false).await?;
-        let (lc, ls, lu) = tokio::task::block_in_place(|| local_round(&o.local_dir, o, false))?;
+        let l = tokio::task::block_in_place(|| local_round(&o.local_dir, o, false))?;
         let _ = writeln!(
             out,
-            "round {}: nacre create {:.0}/s stat {:.0}/s unlink {:.0}/s ping {:.0}/s | local create {lc:.0}/s stat {ls:.0}/s unlink {lu:.0}/s",
+            "round {}: nacre create {:.0}/s stat {:.0}/s readdir {:.0}/s unlink {:.0}/s 3,901-byte DoM files {:.0}/s ping {:.0}/s | local create {:.0}/s stat {:.0}/s readdir {:.0}/s unlink {:.0}/s 3,901-byte files {:.0}/s",
             round + 1,
             n.create,
             n.stat,
+            n.readdir,
             n.unlink,
-            n.ping
+            n.dom,
+            n.ping,
+            l.create,
+            l.stat,
+            l.readdir,
+            l.unlink,
+            l.small
         );
-        for (i, v) in [n.create, n.stat, n.unlink, n.ping, lc, ls, lu].into_iter().enumerate() {
+        let row =
+            [n.create, n.stat, n.unlink, n.ping, l.create, l.stat, l.unlink, n.readdir, l.readdir, n.dom, l.small];
+        for (i, v) in row.into_iter().enumerate() {
             f[i].push(v);
         }
     }
@@ -331,11 +462,11 @@ async fn run_in(
     let (create_ratio, unlink_ratio, stat_vs_ping) = (ratio(b[0], b[4]), ratio(b[2], b[6]), ratio(b[1], b[3]));
     let mut durable = (0.0, 0.0);
     if let (Some(dir), Some(dd)) = (durable_work, o.durable_dir.as_ref()) {
-        let served = serve(dir, SyncMode::Drives).await?;
+        let served = serve(dir, SyncMode::Drives, drive_bytes(o)).await?;
         let (mut nb, mut lb) = (Vec::new(), Vec::new());
         for round in 0..o.rounds.max(1) {
             let n = nacre_round(&served, o, 100 + round, true).await?;
-            let (lc, _, _) = tokio::task::block_in_place(|| local_round(dd, o, true))?;
+            let lc = tokio::task::block_in_place(|| local_round(dd, o, true))?.create;
             let _ = writeln!(
                 out,
                 "durable round {}: nacre create {:.0}/s | local create+fsync {lc:.0}/s",
@@ -352,6 +483,15 @@ async fn run_in(
     let _ = writeln!(out, "| create | {:.0} | {:.0} (local) | {create_ratio:.3} | ≥ 0.3 |", b[0], b[4]);
     let _ = writeln!(out, "| stat (one RPC) | {:.0} | {:.0} (ping RPC) | {stat_vs_ping:.3} | ≥ 0.5 |", b[1], b[3]);
     let _ = writeln!(out, "| unlink | {:.0} | {:.0} (local) | {unlink_ratio:.3} | ≥ 0.3 |", b[2], b[6]);
+    let _ = writeln!(
+        out,
+        "| readdir (entries, with attributes) | {:.0} | {:.0} (local, with types) | {:.3} | |",
+        b[7],
+        b[8],
+        ratio(b[7], b[8])
+    );
+    let _ =
+        writeln!(out, "| 3,901-byte files (DoM) | {:.0} | {:.0} (local) | {:.3} | |", b[9], b[10], ratio(b[9], b[10]));
     let _ = writeln!(out, "| local stat | | {:.0} | | |", b[5]);
     if o.durable_dir.is_some() {
         let _ = writeln!(
@@ -375,6 +515,12 @@ async fn run_in(
         "local_create_per_s": b[4],
         "local_stat_per_s": b[5],
         "local_unlink_per_s": b[6],
+        "readdir_per_s": b[7],
+        "local_readdir_per_s": b[8],
+        "dom_files_per_s": b[9],
+        "local_small_files_per_s": b[10],
+        "readdir_ratio": ratio(b[7], b[8]),
+        "dom_files_ratio": ratio(b[9], b[10]),
         "create_ratio": create_ratio,
         "unlink_ratio": unlink_ratio,
         "stat_vs_ping_ratio": stat_vs_ping,

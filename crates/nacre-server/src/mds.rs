@@ -16,6 +16,9 @@ use nacre_proto::param;
 use crate::mdt::namespace::RenameMode;
 use crate::mdt::{Cred, MdError, Namespace, ReplyKey, SetAttr};
 
+/// Bytes of names and attributes one readdir reply carries at most.
+const READDIR_REPLY_BYTES: usize = 60 << 10;
+
 /// Linux's EPROTO: a request that is not a well-formed MDS message.
 const EPROTO: i32 = 71;
 
@@ -204,7 +207,9 @@ impl Mds {
             Request::Getattr { fid } => answer(ns.getattr(fid), mdt::Reply::Attr),
             Request::Lookup { dir, name } => answer(ns.lookup(&c, dir, &name), mdt::Reply::Attr),
             Request::Readdir { dir, cookie, max } => {
-                answer(ns.readdir(&c, dir, cookie, max.clamp(1, READDIR_MAX) as usize), |(entries, eof)| {
+                // A page fits one reply body (64 KiB), with room for its header.
+                let max = max.clamp(1, READDIR_MAX) as usize;
+                answer(ns.readdir_bounded(&c, dir, cookie, max, READDIR_REPLY_BYTES), |(entries, eof)| {
                     mdt::Reply::Entries { entries, eof }
                 })
             }

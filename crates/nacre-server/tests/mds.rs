@@ -195,6 +195,39 @@ async fn operations_through_the_service() {
         .unwrap_err();
     assert_eq!(e.0, -errno::EINVAL);
     md.call(Request::Unlink { dir: d.fid, name: "striped".into(), rmdir: false }).await.unwrap();
+    // A listing of long names comes in pages that each fit one reply.
+    let long = md
+        .attr(Request::Create {
+            dir: root,
+            name: "long".into(),
+            mode: mode::S_IFDIR | 0o755,
+            target: vec![],
+            layout: vec![],
+        })
+        .await
+        .unwrap();
+    for i in 0..400 {
+        let name = format!("{i:03}{}", "n".repeat(250));
+        md.attr(Request::Create { dir: long.fid, name, mode: mode::S_IFREG | 0o644, target: vec![], layout: vec![] })
+            .await
+            .unwrap();
+    }
+    let (mut cookie, mut listed, mut pages) = (0, 0, 0);
+    loop {
+        let Reply::Entries { entries, eof } =
+            md.call(Request::Readdir { dir: long.fid, cookie, max: 1024 }).await.unwrap()
+        else {
+            panic!("not entries")
+        };
+        listed += entries.len();
+        pages += 1;
+        cookie = entries.last().map_or(cookie, |(e, _)| e.cookie);
+        if eof {
+            break;
+        }
+    }
+    assert_eq!(listed, 400);
+    assert!(pages > 1, "400 entries of 253-byte names cannot fit one 64 KiB reply");
     // Data on the MDT: a 3,901-byte file written and read back through the service.
     md.call(Request::Setdirlayout { dir: d.fid, layout: lfs("-E 64K -L mdt -E eof -c 1").encode() }).await.unwrap();
     let small = md
@@ -219,14 +252,14 @@ async fn operations_through_the_service() {
     assert_eq!(md.imp.call(op, &req, b"xy").await.unwrap().header.status, -errno::EFBIG);
     md.call(Request::Unlink { dir: d.fid, name: "dom".into(), rmdir: false }).await.unwrap();
     let Reply::StatFs { inodes, bytes_total, .. } = md.call(Request::Statfs).await.unwrap() else { panic!() };
-    assert_eq!(inodes, 1 + 1 + 49 + 1);
+    assert_eq!(inodes, 1 + 1 + 49 + 1 + 401);
     assert!(bytes_total > 0);
     // Bad input: a malformed body is refused with the reason.
     let f2 = md.imp.call(mdt::MDS_LOOKUP, &[1, 2, 3], &[]).await.unwrap();
     assert_eq!(f2.header.status, -71);
     assert!(String::from_utf8_lossy(&f2.body).contains("bad MDS request"));
     let p = mds.get_param("mdt.mdt0.md_stats");
-    assert!(p[0].1.contains("create 56") && p[0].1.contains("setdirlayout 2"), "{p:?}");
+    assert!(p[0].1.contains("create 457") && p[0].1.contains("setdirlayout 2"), "{p:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -72,6 +72,9 @@ pub const LOG_BYTES_MAX: u64 = 256 << 20;
 pub const XATTRS_BYTES_MAX: usize = 64 << 10;
 /// The virtual xattr that reads a file's layout (Lustre's `lustre.lov`).
 pub const LAYOUT_XATTR: &str = "lustre.lov";
+/// What one readdir entry costs in a reply besides its name (type, cookie, FID and
+/// attributes, with room to spare).
+pub const READDIR_ENTRY_BYTES: usize = 128;
 /// Bytes of a DoM block: small files take one.
 pub const DOM_BLOCK: u64 = 64 << 10;
 /// Bytes one DoM read or write moves at most.
@@ -1285,6 +1288,20 @@ impl Namespace {
     /// Up to `max` entries of `dir` after `cookie` (0 starts), each with its attributes;
     /// `true` once the listing is complete. Needs read permission on `dir`.
     pub fn readdir(&self, cred: &Cred, dir: Fid, cookie: u64, max: usize) -> Result<(Vec<(DirEntry, Attr)>, bool)> {
+        self.readdir_bounded(cred, dir, cookie, max, usize::MAX)
+    }
+
+    /// As [`Namespace::readdir`], with the page also bounded to about `max_bytes` of
+    /// names and attributes ([`READDIR_ENTRY_BYTES`] plus the name per entry), so that it
+    /// fits one reply.
+    pub fn readdir_bounded(
+        &self,
+        cred: &Cred,
+        dir: Fid,
+        cookie: u64,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<(Vec<(DirEntry, Attr)>, bool)> {
         let txn = self.db.begin_read()?;
         let inodes = txn.open_table(INODES)?;
         let d = decode_inode(
@@ -1301,10 +1318,12 @@ impl Namespace {
         let k = dir.key();
         let mut out = Vec::new();
         let mut last = None;
+        let mut bytes = 0usize;
         for e in t.range((k, cookie.saturating_add(1), "")..(k + 1, 0, ""))? {
             let (key, v) = e?;
             let (_, hash, name) = key.value();
-            if out.len() >= max.max(1) {
+            bytes += READDIR_ENTRY_BYTES + name.len();
+            if out.len() >= max.max(1) || (!out.is_empty() && bytes > max_bytes) {
                 // Never split a group of equal hashes (the cookie could not resume inside
                 // it): a page that would end inside one ends before it instead.
                 if last != Some(hash) {
