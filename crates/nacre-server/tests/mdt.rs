@@ -291,6 +291,9 @@ fn run_model(seed: u64, ops: usize) {
     let ns = Namespace::open(v, NamespaceOptions::default()).unwrap();
     compare(&ns, &m, 0, &format!("seed {seed} after a crash ({logged} checkpoints before it)"));
     assert_eq!(ns.statfs().unwrap().inodes, inodes, "inodes leaked or lost in the crash");
+    // FIDs are reserved ahead in stretches: after the crash none is handed out again.
+    let n = ns.create(&root(), ROOT, "after-the-crash", 0o644, None).unwrap();
+    assert!(!m.fids.contains(&n.fid) && n.fid > *m.fids.iter().max().unwrap(), "FID {} reused", n.fid);
 }
 
 /// Walk the namespace and the model together.

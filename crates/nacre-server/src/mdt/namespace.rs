@@ -379,7 +379,13 @@ struct Pools {
 struct FidAlloc {
     seq_k: u32,
     next_oid: u32,
+    /// Object ids below this (in sequence `seq_k`) are reserved in the database: FIDs
+    /// under it need no write of the allocator, and a restart resumes from it.
+    reserved: u32,
 }
+
+/// FIDs reserved at a time, so that the allocator is written once per this many creates.
+const FID_RESERVE: u32 = 4096;
 
 /// Open handles, in memory: they do not survive a restart (clients reopen, and files
 /// unlinked while open are then removed).
@@ -1131,7 +1137,7 @@ impl Namespace {
             txn.open_table(DOM)?;
         }
         txn.commit()?;
-        *lock(&ns.alloc) = FidAlloc { seq_k: 0, next_oid: 1 };
+        *lock(&ns.alloc) = FidAlloc { seq_k: 0, next_oid: 1, reserved: 1 };
         Ok(ns)
     }
 
@@ -1169,7 +1175,12 @@ impl Namespace {
                 p.osts.insert(k.value(), PoolState::decode(v.value())?);
             }
         }
-        *lock(&ns.alloc) = FidAlloc { seq_k: get("seq_k")? as u32, next_oid: get("next_oid")? as u32 };
+        let (mut seq_k, mut next_oid) = (get("seq_k")? as u32, get("next_oid")? as u32);
+        if next_oid == u32::MAX {
+            // The sequence may be used up to its last id: start the next one.
+            (seq_k, next_oid) = (seq_k + 1, 1);
+        }
+        *lock(&ns.alloc) = FidAlloc { seq_k, next_oid, reserved: next_oid };
         drop(m);
         drop(txn);
         let orphans: Vec<u128> = {
@@ -1224,7 +1235,7 @@ impl Namespace {
             db_len,
             capacity: size,
             opts,
-            alloc: Mutex::new(FidAlloc { seq_k: 0, next_oid: 1 }),
+            alloc: Mutex::new(FidAlloc { seq_k: 0, next_oid: 1, reserved: 1 }),
             commits: Mutex::new(Commits::default()),
             opens: Mutex::new(Opens::default()),
             stats: NamespaceStats::default(),
@@ -1577,9 +1588,12 @@ impl Namespace {
             // Nothing changed (every change failed its checks or was a replay).
             return Ok(out);
         }
-        if alloc.seq_k != lock(&self.alloc).seq_k || alloc.next_oid != lock(&self.alloc).next_oid {
+        let mut alloc = alloc;
+        if alloc.seq_k != lock(&self.alloc).seq_k || alloc.next_oid > alloc.reserved {
+            // Reserve the next stretch of FIDs: the database says where a restart resumes.
+            alloc.reserved = alloc.next_oid.saturating_add(FID_RESERVE);
             tx.put_meta("seq_k", alloc.seq_k as u64)?;
-            tx.put_meta("next_oid", alloc.next_oid as u64)?;
+            tx.put_meta("next_oid", alloc.reserved as u64)?;
         }
         let record = tx.seal();
         drop(tx);
