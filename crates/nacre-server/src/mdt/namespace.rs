@@ -990,31 +990,37 @@ impl Tx<'_> {
             self.put(&a, parent)?;
             return self.put_orphan(a.fid);
         }
-        self.destroy(a.fid)
+        self.destroy(&a, false)
     }
 
-    /// Remove an inode and everything hanging off it.
-    fn destroy(&self, fid: Fid) -> Result<()> {
-        let k = fid.key();
+    /// Remove an inode and everything hanging off it (what its type can have: a symlink
+    /// its target, a file its layout, objects and DoM data, a directory its default
+    /// layout; an orphan its orphan record).
+    fn destroy(&self, a: &Attr, orphan: bool) -> Result<()> {
+        let (fid, k) = (a.fid, a.fid.key());
         self.inodes()?.remove(k)?;
         self.record(T_INODES, DEL, |e| big(e, k));
-        if self.txn.open_table(SYMLINKS)?.remove(k)?.is_some() {
+        if mode::is_lnk(a.mode) && self.txn.open_table(SYMLINKS)?.remove(k)?.is_some() {
             self.record(T_SYMLINKS, DEL, |e| big(e, k));
         }
-        if self.txn.open_table(ORPHANS)?.remove(k)?.is_some() {
+        if orphan && self.txn.open_table(ORPHANS)?.remove(k)?.is_some() {
             self.record(T_ORPHANS, DEL, |e| big(e, k));
         }
-        self.del_layout(fid)?;
-        // The file's OST objects go to the destroy log, destroyed in the background.
-        let objects = self.txn.open_table(OBJECTS)?.remove(k)?.map(|v| v.value().to_vec());
-        if let Some(b) = objects {
-            self.record(T_OBJECTS, DEL, |e| big(e, k));
-            for (ost, oid) in decode_objects(&b)?.into_iter().flatten() {
-                self.txn.open_table(DESTROYS)?.insert((ost, oid), 1)?;
-                self.record(T_DESTROYS, PUT, |e| e.u32(ost).u64(oid));
-            }
+        if mode::is_reg(a.mode) || mode::is_dir(a.mode) {
+            self.del_layout(fid)?;
         }
-        self.trim_dom(fid, 0)?;
+        if mode::is_reg(a.mode) {
+            // The file's OST objects go to the destroy log, destroyed in the background.
+            let objects = self.txn.open_table(OBJECTS)?.remove(k)?.map(|v| v.value().to_vec());
+            if let Some(b) = objects {
+                self.record(T_OBJECTS, DEL, |e| big(e, k));
+                for (ost, oid) in decode_objects(&b)?.into_iter().flatten() {
+                    self.txn.open_table(DESTROYS)?.insert((ost, oid), 1)?;
+                    self.record(T_DESTROYS, PUT, |e| e.u32(ost).u64(oid));
+                }
+            }
+            self.trim_dom(fid, 0)?;
+        }
         let mut names: Vec<String> = Vec::new();
         for e in self.txn.open_table(XATTRS)?.range((k, "")..)? {
             let (key, _) = e?;
@@ -1204,7 +1210,13 @@ impl Namespace {
                     pools_changed: Default::default(),
                 };
                 for k in orphans {
-                    tx.destroy(Fid::from_key(k))?;
+                    match tx.get(Fid::from_key(k)) {
+                        Ok((a, _)) => tx.destroy(&a, true)?,
+                        // An orphan record without its inode: only the record goes.
+                        Err(_) => {
+                            txn.open_table(ORPHANS)?.remove(k)?;
+                        }
+                    }
                 }
             }
             txn.commit()?;
@@ -2394,7 +2406,8 @@ impl Namespace {
             Box::new(move |tx| {
                 let orphan = tx.txn.open_table(ORPHANS)?.get(key)?.is_some();
                 if orphan && tx.opens.get(&key).is_none_or(|&n| n == 0) {
-                    tx.destroy(Fid::from_key(key))?;
+                    let (a, _) = tx.get(Fid::from_key(key))?;
+                    tx.destroy(&a, true)?;
                 }
                 Ok(Answer::Done)
             }),
