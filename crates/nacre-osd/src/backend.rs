@@ -22,8 +22,8 @@
 
 use std::io;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
 
 use nacre_raid::volume::Volume;
 
@@ -51,6 +51,9 @@ impl Pending {
     /// writes page by page, and merging would copy a growing extent each time):
     /// neighbours are joined when they are written out.
     fn add(&mut self, offset: u64, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
         let end = offset + data.len() as u64;
         let overlapping: Vec<u64> = self
             .extents
@@ -134,7 +137,9 @@ pub struct VolumeBackend {
     /// The database's length as the header has it, for readers outside redb (statfs).
     len_seen: Arc<AtomicU64>,
     flush_drives: AtomicBool,
-    pending: Mutex<Pending>,
+    /// Written pages not yet on the volume. A read holds it shared across its volume read
+    /// and the overlay, so a flush cannot move a page out from under it in between.
+    pending: RwLock<Pending>,
 }
 
 impl std::fmt::Debug for VolumeBackend {
@@ -185,7 +190,7 @@ impl VolumeBackend {
             len_seen: Arc::new(AtomicU64::new(header.len)),
             header: Mutex::new(header),
             flush_drives: AtomicBool::new(mode == SyncMode::Drives),
-            pending: Mutex::new(Pending::default()),
+            pending: RwLock::new(Pending::default()),
         })
     }
 
@@ -204,6 +209,10 @@ impl VolumeBackend {
         self.flush_drives.store(mode == SyncMode::Drives, Ordering::Release);
     }
 
+    fn pending_mut(&self) -> std::sync::RwLockWriteGuard<'_, Pending> {
+        self.pending.write().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn data_at(&self) -> u64 {
         self.base + 2 * SLOT_BYTES
     }
@@ -212,7 +221,7 @@ impl VolumeBackend {
     /// one IO of up to [`JOINED_BYTES_MAX`]. On an error what was not written stays
     /// pending.
     fn write_pending(&self) -> io::Result<()> {
-        let mut p = lock(&self.pending);
+        let mut p = self.pending_mut();
         let mut run: Vec<u8> = Vec::new();
         let mut run_at = 0;
         let mut parts: Vec<(u64, usize)> = Vec::new();
@@ -282,8 +291,9 @@ impl redb::StorageBackend for VolumeBackend {
                 format!("read of {} bytes at {offset} past the database's {len}", out.len()),
             ));
         }
+        let p = self.pending.read().unwrap_or_else(|e| e.into_inner());
         self.volume.read(self.data_at() + offset, out).map_err(other)?;
-        lock(&self.pending).overlay(offset, out);
+        p.overlay(offset, out);
         Ok(())
     }
 
@@ -296,7 +306,7 @@ impl redb::StorageBackend for VolumeBackend {
         }
         let mut h = lock(&self.header);
         if len < h.len {
-            lock(&self.pending).truncate(len);
+            self.pending_mut().truncate(len);
         }
         // New bytes must read as zero: the region may hold anything from before.
         let zeros = vec![0u8; ZERO_STEP];
@@ -326,7 +336,7 @@ impl redb::StorageBackend for VolumeBackend {
             ));
         }
         let full = {
-            let mut p = lock(&self.pending);
+            let mut p = self.pending_mut();
             p.add(offset, data);
             p.bytes > PENDING_BYTES_MAX
         };

@@ -59,7 +59,14 @@ fn kind_code(k: TargetKind) -> u8 {
     }
 }
 
+/// Bytes the configuration may take: it travels in one reply body (64 KiB).
+pub const CONFIG_BYTES_MAX: usize = 60 << 10;
+/// Config requests that may wait for a change at once; more are answered at once, so
+/// waiting clients never hold every service thread.
+pub const WAITERS_MAX: usize = 16;
+
 pub struct Mgs {
+    waiters: std::sync::atomic::AtomicUsize,
     db: Database,
     config: Mutex<Config>,
     changed: tokio::sync::watch::Sender<u64>,
@@ -141,7 +148,7 @@ impl Mgs {
             }
         }
         let (changed, _) = tokio::sync::watch::channel(c.version);
-        Ok(Mgs { db, config: Mutex::new(c), changed })
+        Ok(Mgs { waiters: Default::default(), db, config: Mutex::new(c), changed })
     }
 
     /// The configuration now.
@@ -156,6 +163,13 @@ impl Mgs {
         let txn = self.db.begin_write().map_err(storage)?;
         if !f(&txn, &mut next)? {
             return Ok(c.version);
+        }
+        let size = next.encode().len();
+        if size > CONFIG_BYTES_MAX {
+            return Err(err(
+                errno::ENOSPC,
+                format!("the configuration would take {size} bytes; one reply carries {CONFIG_BYTES_MAX}"),
+            ));
         }
         next.version += 1;
         txn.open_table(META)
@@ -323,7 +337,19 @@ impl Mgs {
         };
         match r {
             Request::Config { have, wait_ms } => {
-                let wait = std::time::Duration::from_millis(wait_ms.min(WAIT_MS_MAX) as u64);
+                use std::sync::atomic::{AtomicUsize, Ordering};
+                /// Counts this request among the waiters while it lives (even if dropped).
+                struct Waiting<'a>(&'a AtomicUsize);
+                impl Drop for Waiting<'_> {
+                    fn drop(&mut self) {
+                        self.0.fetch_sub(1, Ordering::AcqRel);
+                    }
+                }
+                let mut wait = std::time::Duration::from_millis(wait_ms.min(WAIT_MS_MAX) as u64);
+                let _waiting = Waiting(&self.waiters);
+                if self.waiters.fetch_add(1, Ordering::AcqRel) >= WAITERS_MAX {
+                    wait = std::time::Duration::ZERO;
+                }
                 ok(self.wait(have, wait).await.encode())
             }
             Request::Register { fsname, target } => {

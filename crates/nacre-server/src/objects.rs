@@ -55,7 +55,6 @@ impl ObjectService {
     /// Attach `osts` to the namespace and start filling their pools and destroying what
     /// removed files left. Runs on the current tokio runtime.
     pub fn start(ns: Arc<Namespace>, osts: Vec<OstLink>, batch: u32) -> ObjectService {
-        ns.attach_osts(&osts.iter().map(|o| o.index).collect::<Vec<_>>());
         let batch = batch.max(2);
         let mut tasks = Vec::new();
         for link in osts.clone() {
@@ -68,6 +67,15 @@ impl ObjectService {
 }
 
 async fn precreate(ns: Arc<Namespace>, link: OstLink, batch: u32) {
+    // Attached through group commit first, so its pool exists and survives restarts.
+    loop {
+        let (ns2, ost) = (ns.clone(), link.index);
+        match blocking(move || ns2.attach_osts(&[ost])).await {
+            Some(Ok(())) => break,
+            Some(Err(_)) => tokio::time::sleep(Duration::from_millis(500)).await,
+            None => return,
+        }
+    }
     loop {
         let ns2 = ns.clone();
         let level = blocking(move || ns2.pool_levels())
@@ -91,36 +99,46 @@ async fn precreate(ns: Arc<Namespace>, link: OstLink, batch: u32) {
         };
         let ns2 = ns.clone();
         let ost = link.index;
-        if blocking(move || ns2.add_precreated(ost, first, count as u64)).await.is_none() {
-            return;
+        match blocking(move || ns2.add_precreated(ost, first, count as u64)).await {
+            Some(Ok(())) => {}
+            Some(Err(_)) => {
+                // Made but not recorded: have them destroyed rather than leaked, and
+                // slow down.
+                let ns2 = ns.clone();
+                let _ = blocking(move || ns2.discard_objects(ost, first, count as u64)).await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            None => return,
         }
     }
 }
 
 async fn destroy(ns: Arc<Namespace>, osts: Vec<OstLink>) {
     loop {
-        let ns2 = ns.clone();
-        let Some(Ok(pending)) = blocking(move || ns2.pending_destroys(DESTROY_PASS)).await else { return };
-        if pending.is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        }
-        let mut done = Vec::with_capacity(pending.len());
-        for (ost, oid) in pending {
-            let Some(link) = osts.iter().find(|l| l.index == ost) else { continue };
-            let (op, body) = Request::Destroy { target: link.target, oid }.encode();
-            match link.import.call(op, &body, &[]).await {
-                Ok(f) if f.header.status == 0 || f.header.status == ENOENT => done.push((ost, oid)),
-                _ => {}
+        // OST by OST, so that one that does not answer holds up only its own objects.
+        let mut any = false;
+        for link in &osts {
+            let (ns2, ost) = (ns.clone(), link.index);
+            let Some(Ok(pending)) = blocking(move || ns2.pending_destroys(Some(ost), DESTROY_PASS)).await else {
+                return;
+            };
+            let mut done = Vec::with_capacity(pending.len());
+            for (ost, oid) in pending {
+                let (op, body) = Request::Destroy { target: link.target, oid }.encode();
+                match link.import.call(op, &body, &[]).await {
+                    Ok(f) if f.header.status == 0 || f.header.status == ENOENT => done.push((ost, oid)),
+                    // Not now: try again on a later pass.
+                    _ => break,
+                }
+            }
+            any |= !done.is_empty();
+            let ns2 = ns.clone();
+            if blocking(move || ns2.destroyed(done)).await.is_none() {
+                return;
             }
         }
-        let progressed = !done.is_empty();
-        let ns2 = ns.clone();
-        if blocking(move || ns2.destroyed(done)).await.is_none() {
-            return;
-        }
-        if !progressed {
-            tokio::time::sleep(Duration::from_millis(500)).await;
+        if !any {
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 }

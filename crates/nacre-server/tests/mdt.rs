@@ -671,6 +671,11 @@ fn data_on_the_mdt_reads_back_and_follows_truncates_and_crashes() {
     let g = ns.create(&c, ROOT, "plain", 0o644, None).unwrap();
     assert_eq!(errno_of(ns.write_dom(&c, g.fid, 0, b"x", None)), errno::EINVAL);
     assert_eq!(errno_of(ns.write_dom(&Cred::user(5, 5), f.fid, 0, b"x", None)), errno::EACCES);
+    // A directory with a DoM default keeps no data itself.
+    let d = ns.mkdir(&c, ROOT, "domdir", 0o755, None).unwrap();
+    ns.set_dir_layout(&c, d.fid, Some(lfs("-E 1M -L mdt -E eof -c 1")), None).unwrap();
+    assert_eq!(errno_of(ns.write_dom(&c, d.fid, 0, b"x", None)), errno::EISDIR);
+    assert_eq!(errno_of(ns.read_dom(&c, d.fid, 0, 1)), errno::EISDIR);
     // Truncate down cuts the data; growing again reads zeros, not the old bytes.
     ns.setattr(&c, f.fid, SetAttr { size: Some(100), ..Default::default() }, None).unwrap();
     ns.setattr(&c, f.fid, SetAttr { size: Some(80_000), ..Default::default() }, None).unwrap();

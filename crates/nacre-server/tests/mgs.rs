@@ -74,6 +74,11 @@ fn registrations_and_parameters_persist_and_bad_input_is_refused() {
     let p = mgs.get_param("osc.*.*");
     assert_eq!(p, vec![("osc.*.max_rpcs_in_flight".to_string(), "16".to_string())]);
     assert!(mgs.get_param("mgs.MGS.targets")[0].1.contains("nacre-OST0001 10.0.0.3@tcp:9100,10.0.0.2@tcp:9100"));
+    // The configuration fits one reply: past that, parameters are refused.
+    let big = "x".repeat(4000);
+    let refused = (0..40).map(|i| mgs.set_param(&format!("llite.*.p{i}"), &big)).find_map(Result::err).unwrap();
+    assert_eq!(refused.errno, errno::ENOSPC, "{refused}");
+    assert!(mgs.config().encode().len() <= nacre_server::mgs::CONFIG_BYTES_MAX);
     // A restart keeps everything.
     let before = mgs.config();
     drop(mgs);

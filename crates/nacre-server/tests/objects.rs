@@ -70,7 +70,14 @@ async fn files_get_objects_by_layout_and_removed_files_lose_them() {
     let ns = Arc::new(Namespace::format(mdt.clone(), 0, NamespaceOptions::default()).unwrap());
     let links: Vec<OstLink> = (0..3).map(|i| OstLink { index: i, import: imp.clone(), target: i }).collect();
     let svc = ObjectService::start(ns.clone(), links.clone(), 64);
-    wait_for("the pools to fill", || ns.pool_levels().iter().all(|(_, n)| *n >= 32)).await;
+    wait_for("the pools to fill", || {
+        let l = ns.pool_levels();
+        l.len() == 3 && l.iter().all(|(_, n)| *n >= 32)
+    })
+    .await;
+    // An OST attached without objects (down, say) is skipped by free placement.
+    let ns2 = ns.clone();
+    tokio::task::spawn_blocking(move || ns2.attach_osts(&[9]).unwrap()).await.unwrap();
     let c = Cred::root();
     let ns2 = ns.clone();
     let files = tokio::task::spawn_blocking(move || {
@@ -99,7 +106,10 @@ async fn files_get_objects_by_layout_and_removed_files_lose_them() {
     assert_eq!((oa[0].len(), ob[0].len()), (1, 1));
     assert_ne!(oa[0][0], ob[0][0], "round-robin placement");
     assert_eq!(osts_of(two.fid), vec![vec![1, 2]]);
-    assert_eq!(osts_of(all.fid)[0].len(), 3);
+    assert_eq!(osts_of(all.fid)[0].len(), 3, "-1: every OST that has objects");
+    for f in [a.fid, b.fid, all.fid, many.fid, over.fid] {
+        assert!(osts_of(f).iter().flatten().all(|&o| o != 9), "a file placed on the empty OST 9");
+    }
     assert_eq!(osts_of(many.fid)[0].len(), 3, "without overstriping a file has at most one stripe per OST");
     let mut o = osts_of(over.fid)[0].clone();
     o.sort();
@@ -122,7 +132,7 @@ async fn files_get_objects_by_layout_and_removed_files_lose_them() {
     tokio::task::spawn_blocking(move || ns2.remove(&Cred::root(), Fid::ROOT, "all", false, None).unwrap())
         .await
         .unwrap();
-    wait_for("the destroy log to empty", || ns.pending_destroys(10).unwrap().is_empty()).await;
+    wait_for("the destroy log to empty", || ns.pending_destroys(None, 10).unwrap().is_empty()).await;
     for (o, oid) in gone.into_iter().flatten() {
         assert!(!exists(&imp, o, oid).await, "object {oid} of OST {o} outlived its file");
     }
@@ -135,14 +145,14 @@ async fn files_get_objects_by_layout_and_removed_files_lose_them() {
     tokio::task::spawn_blocking(move || ns2.remove(&Cred::root(), Fid::ROOT, "two", false, None).unwrap())
         .await
         .unwrap();
-    assert_eq!(ns.pending_destroys(10).unwrap().len(), 2);
+    assert_eq!(ns.pending_destroys(None, 10).unwrap().len(), 2);
     let levels = ns.pool_levels();
     std::mem::forget(ns);
     let ns = Arc::new(Namespace::open(mdt, NamespaceOptions::default()).unwrap());
     assert_eq!(ns.pool_levels(), levels, "precreated objects are not lost in a crash");
-    assert_eq!(ns.pending_destroys(10).unwrap().len(), 2);
+    assert_eq!(ns.pending_destroys(None, 10).unwrap().len(), 2);
     let _svc = ObjectService::start(ns.clone(), links, 64);
-    wait_for("the destroy log to empty after the restart", || ns.pending_destroys(10).unwrap().is_empty()).await;
+    wait_for("the destroy log to empty after the restart", || ns.pending_destroys(None, 10).unwrap().is_empty()).await;
     for (o, oid) in left.into_iter().flatten() {
         assert!(!exists(&imp, o, oid).await);
     }

@@ -42,6 +42,8 @@ pub struct MdLog {
     /// Next record: its offset in the data area and its sequence.
     head: u64,
     seq: u64,
+    /// Where the last record appended is, and its bytes (for `retract_last`).
+    last: Option<(u64, u64)>,
 }
 
 fn io(e: nacre_raid::RaidError) -> std::io::Error {
@@ -73,7 +75,7 @@ impl MdLog {
             }
         }
         let (slot_seq, generation) = best.unwrap_or((0, 0));
-        let mut log = MdLog { vol, base, size, flush, generation, slot_seq, head: 0, seq: 0 };
+        let mut log = MdLog { vol, base, size, flush, generation, slot_seq, head: 0, seq: 0, last: None };
         let mut records = Vec::new();
         if best.is_some() {
             let mut hdr = vec![0u8; ALIGN as usize];
@@ -145,6 +147,7 @@ impl MdLog {
         if self.flush {
             self.vol.flush().map_err(io)?;
         }
+        self.last = Some((self.head, total as u64));
         self.head += total as u64;
         self.seq += 1;
         Ok(())
@@ -162,6 +165,30 @@ impl MdLog {
         Ok(log)
     }
 
+    /// Take back the last record appended (its batch was refused after all): its header
+    /// block is zeroed, so replay stops before it.
+    pub fn retract_last(&mut self) -> std::io::Result<()> {
+        let Some((at, total)) = self.last.take() else {
+            return Err(std::io::Error::other("no record to take back"));
+        };
+        self.vol.write(self.data_at(at), &vec![0u8; ALIGN as usize]).map_err(io)?;
+        if self.flush {
+            self.vol.flush().map_err(io)?;
+        }
+        self.head -= total;
+        self.seq -= 1;
+        Ok(())
+    }
+
+    /// Start over under a generation drawn afresh (at open: records of a reset lost to a
+    /// power cut can never pass for the new generation's).
+    pub fn renew(&mut self) -> std::io::Result<()> {
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+        self.generation ^= nanos.rotate_left(17) | 1;
+        self.reset()
+    }
+
     /// Start over under a new generation: everything logged so far is durable elsewhere.
     pub fn reset(&mut self) -> std::io::Result<()> {
         let (slot_seq, generation) = (self.slot_seq + 1, self.generation.wrapping_add(1));
@@ -176,6 +203,7 @@ impl MdLog {
             self.vol.flush().map_err(io)?;
         }
         (self.slot_seq, self.generation, self.head, self.seq) = (slot_seq, generation, 0, 0);
+        self.last = None;
         Ok(())
     }
 }

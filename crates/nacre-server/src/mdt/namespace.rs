@@ -75,6 +75,8 @@ pub const LAYOUT_XATTR: &str = "lustre.lov";
 /// What one readdir entry costs in a reply besides its name (type, cookie, FID and
 /// attributes, with room to spare).
 pub const READDIR_ENTRY_BYTES: usize = 128;
+/// What a change without data logs at most, about (names, attributes, a reply record).
+const CHANGE_BYTES: usize = 4096;
 /// Bytes of a DoM block: small files take one.
 pub const DOM_BLOCK: u64 = 64 << 10;
 /// Bytes one DoM read or write moves at most.
@@ -272,6 +274,8 @@ type Change = Box<dyn FnOnce(&mut Tx<'_>) -> Result<Answer> + Send>;
 struct Queued {
     key: Option<ReplyKey>,
     change: Change,
+    /// About the bytes the change logs (its data, for DoM writes).
+    weight: usize,
     /// Where the answer goes once the batch is durable.
     answer: tokio::sync::oneshot::Sender<Result<Answer>>,
 }
@@ -413,9 +417,13 @@ struct LogState {
     since: std::time::Instant,
 }
 
+/// One MDT's namespace. Its methods block (on redb, and on group commit for changes):
+/// call them from blocking threads (`spawn_blocking` under tokio), never from async tasks.
 pub struct Namespace {
     index: u32,
     db: Database,
+    /// A logged batch could not be taken back: no change is accepted until a restart.
+    broken: std::sync::atomic::AtomicBool,
     /// OST object pools, as the last committed batch left them.
     pools: Mutex<Pools>,
     log: Mutex<LogState>,
@@ -782,40 +790,55 @@ impl Tx<'_> {
         if osts.is_empty() {
             return Ok(None);
         }
-        let n = osts.len() as u64;
+        // Free placement (no starting OST) uses the OSTs that have objects, as Lustre
+        // skips inactive OSTs; a starting OST is taken as asked.
+        let ready: Vec<u32> =
+            osts.iter().copied().filter(|o| pools.osts.get(o).is_some_and(|p| p.available() > 0)).collect();
         let mut objects: FileObjects = Vec::with_capacity(l.components.len());
-        let mut want: Vec<(usize, u64)> = Vec::new();
+        let mut want: Vec<(usize, u32)> = Vec::new();
         for c in &l.components {
             let Kind::Stripes(s) = &c.kind else {
                 objects.push(Vec::new());
                 continue;
             };
+            let list: &[u32] = if s.offset < 0 && !ready.is_empty() { &ready } else { &osts };
+            let m = list.len() as u64;
             let count = match s.count {
-                -1 => n,
+                -1 => m,
                 c if s.overstripe => c.max(1) as u64,
-                c => (c.max(1) as u64).min(n),
+                c => (c.max(1) as u64).min(m),
             };
             let start = if s.offset >= 0 {
-                osts.iter().position(|&o| o == s.offset as u32).ok_or_else(|| {
+                list.iter().position(|&o| o == s.offset as u32).ok_or_else(|| {
                     MdError::new(
                         errno::EINVAL,
                         format!("layout starts on OST {}, which this file system does not have", s.offset),
                     )
                 })? as u64
             } else {
-                let at = pools.rr % n;
+                let at = pools.rr % m;
                 pools.rr = pools.rr.wrapping_add(1);
                 at
             };
             objects.push(Vec::with_capacity(count as usize));
             for i in 0..count {
-                want.push((objects.len() - 1, (start + i) % n));
+                want.push((objects.len() - 1, list[((start + i) % m) as usize]));
             }
+        }
+        if want.len() > nacre_proto::layout::STRIPE_COUNT_MAX as usize {
+            return Err(MdError::new(
+                errno::EINVAL,
+                format!(
+                    "layout asks for {} objects; a file has at most {}",
+                    want.len(),
+                    nacre_proto::layout::STRIPE_COUNT_MAX
+                ),
+            ));
         }
         // Check every pool has what is asked before taking anything.
         let mut need: BTreeMap<u32, u64> = BTreeMap::new();
-        for &(_, slot) in &want {
-            *need.entry(osts[slot as usize]).or_default() += 1;
+        for &(_, ost) in &want {
+            *need.entry(ost).or_default() += 1;
         }
         for (ost, k) in &need {
             let have = pools.osts.get(ost).map_or(0, PoolState::available);
@@ -828,8 +851,7 @@ impl Tx<'_> {
                 ));
             }
         }
-        for (comp, slot) in want {
-            let ost = osts[slot as usize];
+        for (comp, ost) in want {
             let oid =
                 pools.osts.get_mut(&ost).and_then(PoolState::take).ok_or_else(|| storage("object pool emptied"))?;
             objects[comp].push((ost, oid));
@@ -870,18 +892,32 @@ impl Tx<'_> {
     }
 
     /// Cut the file's DoM data at `size`: blocks past it go, the block it ends in is cut.
-    fn trim_dom(&self, fid: Fid, size: u64) -> Result<()> {
+    /// Returns the bytes removed. Only the cut block's data is read.
+    fn trim_dom(&self, fid: Fid, size: u64) -> Result<u64> {
         let first = size / DOM_BLOCK;
-        for (b, mut v) in self.dom_blocks(fid, first, u64::MAX)? {
+        let blocks: Vec<(u64, u64)> = {
+            let t = self.txn.open_table(DOM)?;
+            let mut v = Vec::new();
+            for e in t.range((fid.key(), first)..=(fid.key(), u64::MAX))? {
+                let (k, d) = e?;
+                v.push((k.value().1, d.value().len() as u64));
+            }
+            v
+        };
+        let mut removed = 0;
+        for (b, len) in blocks {
             let start = b * DOM_BLOCK;
             if start >= size {
                 self.del_dom(fid, b)?;
-            } else if start + v.len() as u64 > size {
+                removed += len;
+            } else if start + len > size {
+                let mut v = self.dom_blocks(fid, b, b)?.pop().map(|x| x.1).unwrap_or_default();
                 v.truncate((size - start) as usize);
+                removed += len - v.len() as u64;
                 self.put_dom(fid, b, &v)?;
             }
         }
-        Ok(())
+        Ok(removed)
     }
 
     fn put_orphan(&self, fid: Fid) -> Result<()> {
@@ -1161,7 +1197,8 @@ impl Namespace {
             }
             txn.commit()?;
             let mut log = lock(&ns.log);
-            log.log.reset()?;
+            // A generation drawn afresh: records a lost reset left behind never match.
+            log.log.renew()?;
         }
         let txn = ns.db.begin_read()?;
         let m = txn.open_table(META).map_err(|e| MdError::new(errno::EINVAL, format!("not a metadata target: {e}")))?;
@@ -1228,7 +1265,8 @@ impl Namespace {
     fn regions(volume: &Volume) -> Result<(u64, u64)> {
         let cap = volume.capacity() / 4096 * 4096;
         let log = (cap / 8).min(LOG_BYTES_MAX) / 4096 * 4096;
-        if log < (1 << 20) {
+        // Half the log holds the largest change (a DoM write of DOM_IO_MAX) with room.
+        if log < (4 << 20) {
             return Err(MdError::new(errno::ENOSPC, format!("a metadata volume of {cap} bytes is too small")));
         }
         Ok((cap - log, log))
@@ -1243,6 +1281,7 @@ impl Namespace {
             index,
             db,
             log: Mutex::new(LogState { log, batches: 0, since: std::time::Instant::now() }),
+            broken: Default::default(),
             pools: Mutex::new(Pools::default()),
             db_len,
             capacity: size,
@@ -1456,10 +1495,15 @@ impl Namespace {
     // ---- changes ----
 
     /// Queue a change; true if the caller must run the batches (nobody else is).
-    fn enqueue(&self, key: Option<ReplyKey>, change: Change) -> (tokio::sync::oneshot::Receiver<Result<Answer>>, bool) {
+    fn enqueue(
+        &self,
+        key: Option<ReplyKey>,
+        change: Change,
+        weight: usize,
+    ) -> (tokio::sync::oneshot::Receiver<Result<Answer>>, bool) {
         let (answer, rx) = tokio::sync::oneshot::channel();
         let mut c = lock(&self.commits);
-        c.queue.push(Queued { key, change, answer });
+        c.queue.push(Queued { key, change, answer, weight: weight + CHANGE_BYTES });
         let lead = !c.running;
         c.running = true;
         (rx, lead)
@@ -1475,7 +1519,15 @@ impl Namespace {
                     c.running = false;
                     return;
                 }
-                let n = c.queue.len().min(self.opts.batch_max.max(1));
+                // At most `batch_max` changes and a quarter of the log's room, so that a
+                // batch always fits what a checkpoint leaves free (at least half).
+                let room = lock(&self.log).log.usage().1 as usize / 4;
+                let (mut n, mut bytes) = (0, 0);
+                while n < c.queue.len().min(self.opts.batch_max.max(1)) && (n == 0 || bytes + c.queue[n].weight <= room)
+                {
+                    bytes += c.queue[n].weight;
+                    n += 1;
+                }
                 c.queue.drain(..n).collect()
             };
             let (work, answers): (Vec<_>, Vec<_>) = batch.into_iter().map(|q| ((q.key, q.change), q.answer)).unzip();
@@ -1495,7 +1547,12 @@ impl Namespace {
     /// Run one change through group commit and wait for it; with a reply key, a change
     /// already run returns its stored answer.
     fn change(&self, key: Option<ReplyKey>, f: Change) -> Result<Answer> {
-        let (rx, lead) = self.enqueue(key, f);
+        self.change_weighted(key, f, 0)
+    }
+
+    /// As `change`, for a change that logs about `weight` bytes of data.
+    fn change_weighted(&self, key: Option<ReplyKey>, f: Change, weight: usize) -> Result<Answer> {
+        let (rx, lead) = self.enqueue(key, f, weight);
         if lead {
             self.run_batches();
         }
@@ -1539,6 +1596,12 @@ impl Namespace {
     }
 
     fn commit_inner(&self, batch: Vec<(Option<ReplyKey>, Change)>) -> Result<Vec<Result<Answer>>> {
+        if self.broken.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(MdError::new(
+                errno::EIO,
+                "the metadata log could not take back a failed batch: restart the MDT",
+            ));
+        }
         let mut log = lock(&self.log);
         self.checkpoint_if_due(&mut log)?;
         let mut txn = self.db.begin_write()?;
@@ -1577,9 +1640,10 @@ impl Namespace {
             let before = tx.mutations();
             let r = change(&mut tx);
             if let Err(e) = &r
-                && tx.mutations() != before
+                && (tx.mutations() != before || e.errno == errno::EIO)
             {
-                // It failed after writing: nothing of the batch may be kept.
+                // It failed after writing, or in storage (where a write may have gone
+                // half way): nothing of the batch may be kept.
                 return Err(e.clone());
             }
             if let Some(k) = key {
@@ -1610,17 +1674,26 @@ impl Namespace {
         let record = tx.seal();
         drop(tx);
         if !log.log.fits(record.len()) {
-            // A batch too large for what is left: make everything before it durable.
+            // Batches are sized to fit (see `run_batches`); should one not, it is refused
+            // whole, and the log is emptied for what comes next. (Committing it durably
+            // instead would let a crash replay older records over it.)
+            drop(txn);
+            drop(opens);
             self.checkpoint(&mut log)?;
-            if !log.log.fits(record.len()) {
-                return Err(MdError::new(
-                    errno::ENOSPC,
-                    format!("a batch of {} bytes does not fit the metadata log", record.len()),
-                ));
-            }
+            return Err(MdError::new(
+                errno::ENOSPC,
+                format!("a batch of {} bytes does not fit the metadata log: send it again", record.len()),
+            ));
         }
         log.log.append(&record)?;
-        txn.commit()?;
+        if let Err(e) = txn.commit() {
+            // The record must not outlive its batch: replay would apply what was refused.
+            // Take it back, or stop taking changes if even that fails.
+            if log.log.retract_last().is_err() {
+                self.broken.store(true, std::sync::atomic::Ordering::Release);
+            }
+            return Err(e.into());
+        }
         log.batches += 1;
         drop(opens);
         *lock(&self.alloc) = alloc;
@@ -1744,11 +1817,14 @@ impl Namespace {
                 format!("DoM write of {} bytes at {offset} passes the component's end at {end}", data.len()),
             )
         })?;
-        let (cred, data) = (cred.clone(), data.to_vec());
-        Self::attr_of(self.change(
+        let (cred, data, weight) = (cred.clone(), data.to_vec(), data.len());
+        Self::attr_of(self.change_weighted(
             key,
             Box::new(move |tx| {
                 let (mut a, p) = tx.get(fid)?;
+                if !mode::is_reg(a.mode) {
+                    return Err(MdError::new(errno::EISDIR, format!("{fid} is not a regular file: no data")));
+                }
                 if !may(&cred, &a, W) {
                     return Err(denied(&cred, "write", &a));
                 }
@@ -1778,6 +1854,7 @@ impl Namespace {
                 tx.put(&a, p)?;
                 Ok(Answer::Attr(a))
             }),
+            weight,
         )?)
     }
 
@@ -1788,6 +1865,9 @@ impl Namespace {
             return Err(MdError::new(errno::EINVAL, format!("DoM read of {len} bytes (at most {DOM_IO_MAX})")));
         }
         let a = self.getattr(fid)?;
+        if !mode::is_reg(a.mode) {
+            return Err(MdError::new(errno::EISDIR, format!("{fid} is not a regular file: no data")));
+        }
         if !may(cred, &a, R) {
             return Err(denied(cred, "read", &a));
         }
@@ -1815,11 +1895,45 @@ impl Namespace {
 
     /// Give new files objects on these OSTs (from now on). An OST's pool starts empty and
     /// fills as precreated objects are added ([`Namespace::add_precreated`]).
-    pub fn attach_osts(&self, osts: &[u32]) {
-        let mut p = lock(&self.pools);
-        for &o in osts {
-            p.osts.entry(o).or_default();
+    ///
+    /// Attaching goes through group commit like any change, so no batch running at the
+    /// same time can drop it, and it is recorded: a restart finds the OSTs attached.
+    pub fn attach_osts(&self, osts: &[u32]) -> Result<()> {
+        let osts = osts.to_vec();
+        self.change(
+            None,
+            Box::new(move |tx| {
+                let mut pools = tx.pools.borrow_mut();
+                for o in osts {
+                    if let std::collections::btree_map::Entry::Vacant(e) = pools.osts.entry(o) {
+                        e.insert(PoolState::default());
+                        tx.pools_changed.borrow_mut().insert(o);
+                    }
+                }
+                Ok(Answer::Done)
+            }),
+        )?;
+        Ok(())
+    }
+
+    /// Objects `[first, first + count)` of OST `ost` were made but will not be used (they
+    /// could not be added to its pool): queue them for destruction.
+    pub fn discard_objects(&self, ost: u32, first: u64, count: u64) -> Result<()> {
+        if count > 1 << 16 || first.checked_add(count).is_none() {
+            return Err(MdError::new(errno::EINVAL, format!("discarding {count} objects at {first}")));
         }
+        self.change(
+            None,
+            Box::new(move |tx| {
+                let mut t = tx.txn.open_table(DESTROYS)?;
+                for oid in first..first + count {
+                    t.insert((ost, oid), 1)?;
+                    tx.record(T_DESTROYS, PUT, |e| e.u32(ost).u64(oid));
+                }
+                Ok(Answer::Done)
+            }),
+        )?;
+        Ok(())
     }
 
     /// Each attached OST and how many precreated objects its pool holds.
@@ -1871,11 +1985,14 @@ impl Namespace {
         }
     }
 
-    /// Up to `max` objects of removed files still to destroy.
-    pub fn pending_destroys(&self, max: usize) -> Result<Vec<(u32, u64)>> {
+    /// Up to `max` objects of removed files still to destroy, on OST `ost` or on any.
+    pub fn pending_destroys(&self, ost: Option<u32>, max: usize) -> Result<Vec<(u32, u64)>> {
         let txn = self.db.begin_read()?;
         let t = txn.open_table(DESTROYS)?;
-        t.iter()?.take(max).map(|e| Ok(e?.0.value())).collect()
+        match ost {
+            Some(o) => t.range((o, 0)..=(o, u64::MAX))?.take(max).map(|e| Ok(e?.0.value())).collect(),
+            None => t.iter()?.take(max).map(|e| Ok(e?.0.value())).collect(),
+        }
     }
 
     /// These objects are destroyed on their OSTs: forget them.
@@ -2227,7 +2344,8 @@ impl Namespace {
                 }
                 if let Some(size) = s.size {
                     if size < a.size {
-                        tx.trim_dom(fid, size)?;
+                        let removed = tx.trim_dom(fid, size)?;
+                        a.blocks = a.blocks.saturating_sub(removed / 512);
                     }
                     a.size = size;
                     a.mtime_ns = tx.now;
