@@ -8,6 +8,7 @@ mod mgs;
 mod net;
 mod ost;
 mod raid;
+mod service;
 mod size;
 
 use clap::{Parser, Subcommand};

@@ -79,17 +79,7 @@ type CliResult = Result<(), Box<dyn std::error::Error>>;
 
 /// Assemble a metadata target's volume and open its namespace.
 pub fn open(dir: &Path, name: &str) -> Result<Namespace, Box<dyn std::error::Error>> {
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .collect();
-    paths.sort();
-    let drives: Vec<Arc<dyn BlockDevice>> = paths
-        .iter()
-        .map(|p| FileDrive::open(p).map(|d| Arc::new(d) as Arc<dyn BlockDevice>))
-        .collect::<Result<_, _>>()?;
-    let vol = Volume::assemble(drives, Some(name), &VolumeOptions::default())?.volume;
-    Ok(Namespace::open(Arc::new(vol), NamespaceOptions::default())?)
+    Ok(Namespace::open(crate::service::assemble(dir, name)?, NamespaceOptions::default())?)
 }
 
 /// Run one torture operation on the namespace.
@@ -215,23 +205,12 @@ pub fn run(cmd: MdtCommand) -> CliResult {
             let ns = Arc::new(open(&dir, &name)?);
             let index = ns.index();
             let mds = nacre_server::mds::Mds::new(&name, ns.clone());
-            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            rt.block_on(async {
-                let server = nacre_net::server::Server::start(
-                    Arc::new(nacre_net::transport::TcpTransport),
-                    &listen,
-                    mds.handler(),
-                    nacre_net::server::ServerConfig::default(),
-                )
-                .await?;
+            crate::service::serve_forever(&listen, mds.handler(), &name, |_, nid| async move {
                 if let Some(mgs) = &mgs {
-                    crate::mgs::register(mgs, &fsname, nacre_proto::mgs::TargetKind::Mdt, index, &server.nid()).await?;
+                    crate::mgs::register(mgs, &fsname, nacre_proto::mgs::TargetKind::Mdt, index, &nid).await?;
                     tokio::spawn(follow_osts(mgs.clone(), ns));
                 }
-                println!("serving {name} on {}", server.nid());
-                let _ = std::io::stdout().flush();
-                std::future::pending::<()>().await;
-                Ok::<(), Box<dyn std::error::Error>>(())
+                Ok(())
             })
         }
         MdtCommand::Torture { dir, name, seed, threads, prefix } => {

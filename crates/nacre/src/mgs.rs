@@ -1,7 +1,6 @@
 //! `nacre mgs …`: the management service of a file system — make one, serve it. Targets
 //! served with `--mgs NID` register with it when they start.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -35,17 +34,7 @@ pub enum MgsCommand {
 type CliResult = Result<(), Box<dyn std::error::Error>>;
 
 fn open(dir: &Path) -> Result<Mgs, Box<dyn std::error::Error>> {
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .collect();
-    paths.sort();
-    let drives: Vec<Arc<dyn BlockDevice>> = paths
-        .iter()
-        .map(|p| FileDrive::open(p).map(|d| Arc::new(d) as Arc<dyn BlockDevice>))
-        .collect::<Result<_, _>>()?;
-    let vol = Volume::assemble(drives, Some("mgs"), &VolumeOptions::default())?.volume;
-    Ok(Mgs::open(Arc::new(vol))?)
+    Ok(Mgs::open(crate::service::assemble(dir, "mgs")?)?)
 }
 
 pub fn run(cmd: MgsCommand) -> CliResult {
@@ -70,20 +59,8 @@ pub fn run(cmd: MgsCommand) -> CliResult {
         }
         MgsCommand::Serve { dir, listen } => {
             let mgs = Arc::new(open(&dir)?);
-            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            rt.block_on(async {
-                let server = nacre_net::server::Server::start(
-                    Arc::new(nacre_net::transport::TcpTransport),
-                    &listen,
-                    mgs.handler(),
-                    nacre_net::server::ServerConfig::default(),
-                )
-                .await?;
-                println!("serving the MGS of {} on {}", mgs.config().fsname, server.nid());
-                let _ = std::io::stdout().flush();
-                std::future::pending::<()>().await;
-                Ok::<(), Box<dyn std::error::Error>>(())
-            })
+            let what = format!("the MGS of {}", mgs.config().fsname);
+            crate::service::serve_forever(&listen, mgs.handler(), &what, |_, _| async { Ok(()) })
         }
     }
 }

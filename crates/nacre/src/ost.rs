@@ -93,25 +93,12 @@ fn volume_dirs(dir: &Path) -> (PathBuf, PathBuf) {
     (dir.join("data"), dir.join("index"))
 }
 
-fn drives_in(dir: &Path) -> Result<Vec<Arc<dyn BlockDevice>>, Box<dyn std::error::Error>> {
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .collect();
-    paths.sort();
-    Ok(paths
-        .iter()
-        .map(|p| FileDrive::open(p).map(|d| Arc::new(d) as Arc<dyn BlockDevice>))
-        .collect::<Result<_, _>>()?)
-}
-
 /// Assemble a target's volumes and open it.
 pub fn open(dir: &Path, name: &str) -> Result<Target, Box<dyn std::error::Error>> {
     let (data_dir, index_dir) = volume_dirs(dir);
-    let run = VolumeOptions::default();
-    let data = Volume::assemble(drives_in(&data_dir)?, Some(name), &run)?.volume;
-    let meta = Volume::assemble(drives_in(&index_dir)?, Some(&format!("{name}-index")), &run)?.volume;
-    Ok(Target::open(Arc::new(data), Arc::new(meta), TargetOptions::default())?)
+    let data = crate::service::assemble(&data_dir, name)?;
+    let meta = crate::service::assemble(&index_dir, &format!("{name}-index"))?;
+    Ok(Target::open(data, meta, TargetOptions::default())?)
 }
 
 pub fn run(cmd: OstCommand) -> CliResult {
@@ -209,23 +196,12 @@ pub fn run(cmd: OstCommand) -> CliResult {
         OstCommand::Serve { dir, name, listen, mgs, fsname, index } => {
             let t = Arc::new(open(&dir, &name)?);
             let oss = nacre_server::oss::Oss::named(vec![(name.clone(), t)], nacre_server::oss::OssConfig::default());
-            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            rt.block_on(async {
-                let server = nacre_net::server::Server::start(
-                    Arc::new(nacre_net::transport::TcpTransport),
-                    &listen,
-                    oss.handler(),
-                    nacre_net::server::ServerConfig::default(),
-                )
-                .await?;
-                oss.attach(server.handle());
+            crate::service::serve_forever(&listen, oss.handler(), &name, |handle, nid| async move {
+                oss.attach(handle);
                 if let Some(mgs) = &mgs {
-                    crate::mgs::register(mgs, &fsname, nacre_proto::mgs::TargetKind::Ost, index, &server.nid()).await?;
+                    crate::mgs::register(mgs, &fsname, nacre_proto::mgs::TargetKind::Ost, index, &nid).await?;
                 }
-                println!("serving {name} on {}", server.nid());
-                let _ = std::io::stdout().flush();
-                std::future::pending::<()>().await;
-                Ok::<(), Box<dyn std::error::Error>>(())
+                Ok(())
             })
         }
         OstCommand::Torture { dir, name, seed, threads } => {
