@@ -13,6 +13,7 @@ use nacre_proto::layout::Layout;
 use nacre_proto::mdt::{self, Creds, READDIR_MAX, Request, errno, mode, set, xattr};
 use nacre_proto::param;
 
+use crate::mdt::namespace::Answer;
 use crate::mdt::namespace::RenameMode;
 use crate::mdt::{Cred, MdError, Namespace, ReplyKey, SetAttr};
 
@@ -127,6 +128,9 @@ impl Mds {
                 if inline {
                     return mds.handle(req);
                 }
+                if let Some(reply) = mds.serve_change(&req).await {
+                    return reply;
+                }
                 match tokio::task::spawn_blocking(move || mds.handle(req)).await {
                     Ok(r) => r,
                     Err(e) => fail(-errno::EIO, format!("the request failed inside the server: {e}")),
@@ -173,19 +177,10 @@ impl Mds {
         out
     }
 
-    /// Serve one request (blocking).
-    pub fn handle(&self, req: Incoming) -> Reply {
+    /// Decode a request, count it, and make its reply key if it is a change.
+    fn prepare(&self, req: &Incoming) -> Result<(Cred, Request, Option<ReplyKey>), Reply> {
         let op = req.header.opcode;
-        if op == param::OP_GET_PARAM {
-            return match param::decode_get(&req.body) {
-                Ok(p) => Reply { status: 0, body: param::render(&self.get_param(&p)).into_bytes(), bulk: Bytes::new() },
-                Err(e) => fail(-EPROTO, format!("bad get-param request: {e}")),
-            };
-        }
-        let (creds, r) = match Request::decode(op, &req.body) {
-            Ok(v) => v,
-            Err(e) => return fail(-EPROTO, format!("bad MDS request: {e}")),
-        };
+        let (creds, r) = Request::decode(op, &req.body).map_err(|e| fail(-EPROTO, format!("bad MDS request: {e}")))?;
         if let Some(i) = OPS.iter().position(|(o, _)| *o == op) {
             self.counts[i].fetch_add(1, Ordering::Relaxed);
         }
@@ -201,7 +196,48 @@ impl Mds {
                 digest: digest.finalize() as u32,
             }
         });
-        let c = cred(creds);
+        Ok((cred(creds), r, key))
+    }
+
+    /// Creates of plain files and unlinks, the hot changes, go to group commit from the
+    /// transport's task and await their answer there: no blocking thread per request.
+    /// `None` for every other request.
+    async fn serve_change(self: &Arc<Self>, req: &Incoming) -> Option<Reply> {
+        if !matches!(req.header.opcode, mdt::MDS_CREATE | mdt::MDS_UNLINK) {
+            return None;
+        }
+        let (c, r, key) = match self.prepare(req) {
+            Ok(v) => v,
+            Err(reply) => return Some(reply),
+        };
+        let change = match r {
+            Request::Create { dir, name, mode: m, layout, .. }
+                if m & mode::S_IFMT == mode::S_IFREG && layout.is_empty() =>
+            {
+                Namespace::create_change(&c, dir, &name, m & mode::PERMS)
+            }
+            Request::Unlink { dir, name, rmdir } => Namespace::remove_change(&c, dir, &name, rmdir),
+            _ => return None,
+        };
+        Some(match self.ns.submit(key, change).await {
+            Ok(Answer::Attr(a)) => ok(mdt::Reply::Attr(a)),
+            Ok(_) => ok(mdt::Reply::Done),
+            Err(e) => fail(e.status(), e.message),
+        })
+    }
+
+    /// Serve one request (blocking).
+    pub fn handle(&self, req: Incoming) -> Reply {
+        if req.header.opcode == param::OP_GET_PARAM {
+            return match param::decode_get(&req.body) {
+                Ok(p) => Reply { status: 0, body: param::render(&self.get_param(&p)).into_bytes(), bulk: Bytes::new() },
+                Err(e) => fail(-EPROTO, format!("bad get-param request: {e}")),
+            };
+        }
+        let (c, r, key) = match self.prepare(&req) {
+            Ok(v) => v,
+            Err(reply) => return reply,
+        };
         let ns = &self.ns;
         match r {
             Request::Getattr { fid } => answer(ns.getattr(fid), mdt::Reply::Attr),

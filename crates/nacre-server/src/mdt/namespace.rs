@@ -269,7 +269,7 @@ impl Answer {
 }
 
 /// A queued change: runs against the shared transaction.
-type Change = Box<dyn FnOnce(&mut Tx<'_>) -> Result<Answer> + Send>;
+pub type Change = Box<dyn FnOnce(&mut Tx<'_>) -> Result<Answer> + Send>;
 
 struct Queued {
     key: Option<ReplyKey>,
@@ -1738,11 +1738,25 @@ impl Namespace {
 
     /// Make a regular file `name` in `dir` with permission bits `perms`.
     pub fn create(&self, cred: &Cred, dir: Fid, name: &str, perms: u32, key: Option<ReplyKey>) -> Result<Attr> {
+        Self::attr_of(self.change(key, Self::create_change(cred, dir, name, perms))?)
+    }
+
+    /// The change `create` makes, for [`Namespace::submit`].
+    pub fn create_change(cred: &Cred, dir: Fid, name: &str, perms: u32) -> Change {
         let (cred, name) = (cred.clone(), name.to_string());
-        Self::attr_of(self.change(
-            key,
-            Box::new(move |tx| Ok(Answer::Attr(tx.make(&cred, dir, &name, perms, mode::S_IFREG, None)?.0))),
-        )?)
+        Box::new(move |tx| Ok(Answer::Attr(tx.make(&cred, dir, &name, perms, mode::S_IFREG, None)?.0)))
+    }
+
+    /// Run a change through group commit from async code, without blocking the task: the
+    /// first to find no batch running starts the batches on a blocking thread, everyone
+    /// awaits their own answer.
+    pub async fn submit(self: &Arc<Self>, key: Option<ReplyKey>, change: Change) -> Result<Answer> {
+        let (rx, lead) = self.enqueue(key, change, 0);
+        if lead {
+            let me = self.clone();
+            tokio::task::spawn_blocking(move || me.run_batches());
+        }
+        rx.await.unwrap_or_else(|_| Err(MdError::new(errno::EIO, "the metadata change was dropped")))
     }
 
     /// Make a regular file with the layout `layout` (`lfs setstripe` on a new file); it
@@ -2089,38 +2103,39 @@ impl Namespace {
     /// Remove the entry `name` of `dir`: a non-directory (`rmdir` false) or an empty
     /// directory (`rmdir` true).
     pub fn remove(&self, cred: &Cred, dir: Fid, name: &str, rmdir: bool, key: Option<ReplyKey>) -> Result<()> {
-        let (cred, name) = (cred.clone(), name.to_string());
-        self.change(
-            key,
-            Box::new(move |tx| {
-                if name == "." || name == ".." {
-                    return Err(MdError::new(errno::EINVAL, format!("cannot remove {name:?}")));
-                }
-                let (d, dp) = tx.dir_for_change(&cred, dir)?;
-                let (child, _) = tx
-                    .lookup(dir, &name)?
-                    .ok_or_else(|| MdError::new(errno::ENOENT, format!("no {name:?} in {dir}")))?;
-                let (a, ap) = tx.get(child)?;
-                let is_dir = mode::is_dir(a.mode);
-                if rmdir && !is_dir {
-                    return Err(MdError::new(errno::ENOTDIR, format!("{name:?} is not a directory")));
-                }
-                if !rmdir && is_dir {
-                    return Err(MdError::new(errno::EISDIR, format!("{name:?} is a directory")));
-                }
-                if !Tx::sticky_ok(&cred, &d, &a) {
-                    return Err(MdError::new(errno::EPERM, format!("{name:?} is in a sticky directory and not yours")));
-                }
-                if is_dir && !tx.dir_is_empty(child)? {
-                    return Err(MdError::new(errno::ENOTEMPTY, format!("directory {name:?} is not empty")));
-                }
-                tx.remove_entry(dir, &name)?;
-                tx.touch_dir(d, dp, if is_dir { -1 } else { 0 })?;
-                tx.drop_link(a, ap)?;
-                Ok(Answer::Done)
-            }),
-        )?;
+        self.change(key, Self::remove_change(cred, dir, name, rmdir))?;
         Ok(())
+    }
+
+    /// The change `remove` makes, for [`Namespace::submit`].
+    pub fn remove_change(cred: &Cred, dir: Fid, name: &str, rmdir: bool) -> Change {
+        let (cred, name) = (cred.clone(), name.to_string());
+        Box::new(move |tx| {
+            if name == "." || name == ".." {
+                return Err(MdError::new(errno::EINVAL, format!("cannot remove {name:?}")));
+            }
+            let (d, dp) = tx.dir_for_change(&cred, dir)?;
+            let (child, _) =
+                tx.lookup(dir, &name)?.ok_or_else(|| MdError::new(errno::ENOENT, format!("no {name:?} in {dir}")))?;
+            let (a, ap) = tx.get(child)?;
+            let is_dir = mode::is_dir(a.mode);
+            if rmdir && !is_dir {
+                return Err(MdError::new(errno::ENOTDIR, format!("{name:?} is not a directory")));
+            }
+            if !rmdir && is_dir {
+                return Err(MdError::new(errno::EISDIR, format!("{name:?} is a directory")));
+            }
+            if !Tx::sticky_ok(&cred, &d, &a) {
+                return Err(MdError::new(errno::EPERM, format!("{name:?} is in a sticky directory and not yours")));
+            }
+            if is_dir && !tx.dir_is_empty(child)? {
+                return Err(MdError::new(errno::ENOTEMPTY, format!("directory {name:?} is not empty")));
+            }
+            tx.remove_entry(dir, &name)?;
+            tx.touch_dir(d, dp, if is_dir { -1 } else { 0 })?;
+            tx.drop_link(a, ap)?;
+            Ok(Answer::Done)
+        })
     }
 
     /// Rename `src_dir/src_name` to `dst_dir/dst_name`.
