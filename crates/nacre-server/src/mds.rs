@@ -206,6 +206,15 @@ impl Mds {
         if !matches!(req.header.opcode, mdt::MDS_CREATE | mdt::MDS_UNLINK) {
             return None;
         }
+        // Only what this path serves is counted here; the rest goes to `handle`.
+        let plain = |r: &Request| match r {
+            Request::Create { mode: m, layout, .. } => m & mode::S_IFMT == mode::S_IFREG && layout.is_empty(),
+            Request::Unlink { .. } => true,
+            _ => false,
+        };
+        if !Request::decode(req.header.opcode, &req.body).is_ok_and(|(_, r)| plain(&r)) {
+            return None;
+        }
         let (c, r, key) = match self.prepare(req) {
             Ok(v) => v,
             Err(reply) => return Some(reply),
