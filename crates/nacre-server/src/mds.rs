@@ -199,17 +199,18 @@ impl Mds {
         Ok((cred(creds), r, key))
     }
 
-    /// Creates of plain files and unlinks, the hot changes, go to group commit from the
-    /// transport's task and await their answer there: no blocking thread per request.
+    /// Creates of plain files, unlinks and DoM writes, the hot changes, go to group commit
+    /// from the transport's task and await their answer there: no blocking thread per
+    /// request.
     /// `None` for every other request.
     async fn serve_change(self: &Arc<Self>, req: &Incoming) -> Option<Reply> {
-        if !matches!(req.header.opcode, mdt::MDS_CREATE | mdt::MDS_UNLINK) {
+        if !matches!(req.header.opcode, mdt::MDS_CREATE | mdt::MDS_UNLINK | mdt::MDS_DOM_WRITE) {
             return None;
         }
         // Only what this path serves is counted here; the rest goes to `handle`.
         let plain = |r: &Request| match r {
             Request::Create { mode: m, layout, .. } => m & mode::S_IFMT == mode::S_IFREG && layout.is_empty(),
-            Request::Unlink { .. } => true,
+            Request::Unlink { .. } | Request::DomWrite { .. } => true,
             _ => false,
         };
         if !Request::decode(req.header.opcode, &req.body).is_ok_and(|(_, r)| plain(&r)) {
@@ -219,16 +220,19 @@ impl Mds {
             Ok(v) => v,
             Err(reply) => return Some(reply),
         };
-        let change = match r {
-            Request::Create { dir, name, mode: m, layout, .. }
-                if m & mode::S_IFMT == mode::S_IFREG && layout.is_empty() =>
-            {
-                Namespace::create_change(&c, dir, &name, m & mode::PERMS)
+        let (change, weight) = match r {
+            Request::Create { dir, name, mode: m, .. } => {
+                (Namespace::create_change(&c, dir, &name, m & mode::PERMS), 0)
             }
-            Request::Unlink { dir, name, rmdir } => Namespace::remove_change(&c, dir, &name, rmdir),
+            Request::Unlink { dir, name, rmdir } => (Namespace::remove_change(&c, dir, &name, rmdir), 0),
+            // Its checks read the layout: quick, from redb's cache.
+            Request::DomWrite { fid, offset } => match self.ns.write_dom_change(&c, fid, offset, &req.bulk) {
+                Ok(v) => v,
+                Err(e) => return Some(fail(e.status(), e.message)),
+            },
             _ => return None,
         };
-        Some(match self.ns.submit(key, change).await {
+        Some(match self.ns.submit(key, change, weight).await {
             Ok(Answer::Attr(a)) => ok(mdt::Reply::Attr(a)),
             Ok(_) => ok(mdt::Reply::Done),
             Err(e) => fail(e.status(), e.message),

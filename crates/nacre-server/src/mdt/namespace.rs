@@ -1750,8 +1750,8 @@ impl Namespace {
     /// Run a change through group commit from async code, without blocking the task: the
     /// first to find no batch running starts the batches on a blocking thread, everyone
     /// awaits their own answer.
-    pub async fn submit(self: &Arc<Self>, key: Option<ReplyKey>, change: Change) -> Result<Answer> {
-        let (rx, lead) = self.enqueue(key, change, 0);
+    pub async fn submit(self: &Arc<Self>, key: Option<ReplyKey>, change: Change, weight: usize) -> Result<Answer> {
+        let (rx, lead) = self.enqueue(key, change, weight);
         if lead {
             let me = self.clone();
             tokio::task::spawn_blocking(move || me.run_batches());
@@ -1817,6 +1817,13 @@ impl Namespace {
     /// Write `data` at `offset` of a file's DoM component (the bytes its layout keeps on
     /// the MDT). Bytes past the component belong to its OST components: EFBIG here.
     pub fn write_dom(&self, cred: &Cred, fid: Fid, offset: u64, data: &[u8], key: Option<ReplyKey>) -> Result<Attr> {
+        let (change, weight) = self.write_dom_change(cred, fid, offset, data)?;
+        Self::attr_of(self.change_weighted(key, change, weight)?)
+    }
+
+    /// The change `write_dom` makes and the bytes it logs, for [`Namespace::submit`]; the
+    /// checks that need no transaction are made here.
+    pub fn write_dom_change(&self, cred: &Cred, fid: Fid, offset: u64, data: &[u8]) -> Result<(Change, usize)> {
         if data.len() > DOM_IO_MAX {
             return Err(MdError::new(
                 errno::EINVAL,
@@ -1832,8 +1839,7 @@ impl Namespace {
             )
         })?;
         let (cred, data, weight) = (cred.clone(), data.to_vec(), data.len());
-        Self::attr_of(self.change_weighted(
-            key,
+        Ok((
             Box::new(move |tx| {
                 let (mut a, p) = tx.get(fid)?;
                 if !mode::is_reg(a.mode) {
@@ -1869,7 +1875,7 @@ impl Namespace {
                 Ok(Answer::Attr(a))
             }),
             weight,
-        )?)
+        ))
     }
 
     /// Read up to `len` bytes at `offset` of a file's DoM component; short at the end of
