@@ -321,15 +321,16 @@ struct LocalRates {
     create: f64,
     stat: f64,
     readdir: f64,
-    unlink: f64,
     /// Files made and written with 3,901 bytes.
     small: f64,
 }
 
 /// The local file system doing the same: `threads` threads, each in its own fresh
 /// directory. `fsync_dir` syncs the directory after each create (and measures creates
-/// only).
-fn local_round(root: &Path, o: &MdsBenchOptions, fsync_dir: bool) -> Result<LocalRates, BenchError> {
+/// only). Returns the rates and the folder the files are in: they are removed (and the
+/// unlinks timed, [`local_unlink`]) only after every round, because a journal-less ext4
+/// crawls on creates for minutes after many deletes (it avoids recently freed inodes).
+fn local_round(root: &Path, o: &MdsBenchOptions, fsync_dir: bool) -> Result<(LocalRates, PathBuf), BenchError> {
     let per = (o.files / o.clients as u64).max(1);
     let base = root.join(format!("nacre-bench-mds-local-{}-{}", std::process::id(), fastrand_suffix()));
     let dirs: Vec<PathBuf> = (0..o.clients).map(|i| base.join(format!("t{i}"))).collect();
@@ -380,7 +381,6 @@ fn local_round(root: &Path, o: &MdsBenchOptions, fsync_dir: bool) -> Result<Loca
                 }
                 Ok(())
             })?;
-        r.unlink = total / run(&|d, j| std::fs::remove_file(d.join(format!("f{j}"))))?;
         let body = vec![0x5au8; DOM_FILE_BYTES];
         r.small = total
             / run(&|d, j| {
@@ -388,8 +388,31 @@ fn local_round(root: &Path, o: &MdsBenchOptions, fsync_dir: bool) -> Result<Loca
                 std::fs::File::create(d.join(format!("s{j}")))?.write_all(&body)
             })?;
     }
-    let _ = std::fs::remove_dir_all(&base);
-    Ok(r)
+    Ok((r, base))
+}
+
+/// Threads removing one round's empty files (`f{j}` in `t{i}`), then the whole folder;
+/// returns the unlink rate.
+fn local_unlink(base: &Path, o: &MdsBenchOptions) -> Result<f64, BenchError> {
+    let per = (o.files / o.clients as u64).max(1);
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..o.clients)
+            .map(|i| {
+                let d = base.join(format!("t{i}"));
+                s.spawn(move || -> std::io::Result<()> {
+                    for j in 0..per {
+                        std::fs::remove_file(d.join(format!("f{j}")))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter().try_for_each(|h| h.join().map_err(|_| std::io::Error::other("a thread panicked"))?)
+    })?;
+    let rate = (per * o.clients as u64) as f64 / started.elapsed().as_secs_f64();
+    let _ = std::fs::remove_dir_all(base);
+    Ok(rate)
 }
 
 fn fastrand_suffix() -> u64 {
@@ -431,12 +454,14 @@ async fn run_in(
     );
     let served = serve(work, SyncMode::Ordered, drive_bytes(o)).await?;
     let mut f: [Vec<f64>; 11] = Default::default();
+    let mut local_dirs = Vec::new();
     for round in 0..o.rounds.max(1) {
         let n = nacre_round(&served, o, round, false).await?;
-        let l = tokio::task::block_in_place(|| local_round(&o.local_dir, o, false))?;
+        let (l, base) = tokio::task::block_in_place(|| local_round(&o.local_dir, o, false))?;
+        local_dirs.push(base);
         let _ = writeln!(
             out,
-            "round {}: nacre create {:.0}/s stat {:.0}/s readdir {:.0}/s unlink {:.0}/s 3,901-byte DoM files {:.0}/s ping {:.0}/s | local create {:.0}/s stat {:.0}/s readdir {:.0}/s unlink {:.0}/s 3,901-byte files {:.0}/s",
+            "round {}: nacre create {:.0}/s stat {:.0}/s readdir {:.0}/s unlink {:.0}/s 3,901-byte DoM files {:.0}/s ping {:.0}/s | local create {:.0}/s stat {:.0}/s readdir {:.0}/s 3,901-byte files {:.0}/s",
             round + 1,
             n.create,
             n.stat,
@@ -447,14 +472,19 @@ async fn run_in(
             l.create,
             l.stat,
             l.readdir,
-            l.unlink,
             l.small
         );
-        let row =
-            [n.create, n.stat, n.unlink, n.ping, l.create, l.stat, l.unlink, n.readdir, l.readdir, n.dom, l.small];
+        let row = [n.create, n.stat, n.unlink, n.ping, l.create, l.stat, 0.0, n.readdir, l.readdir, n.dom, l.small];
         for (i, v) in row.into_iter().enumerate() {
             f[i].push(v);
         }
+    }
+    // The local unlinks, after every round's creates.
+    f[6].clear();
+    for base in &local_dirs {
+        let rate = tokio::task::block_in_place(|| local_unlink(base, o))?;
+        let _ = writeln!(out, "local unlink {rate:.0}/s");
+        f[6].push(rate);
     }
     let _ = served.volume.name();
     drop(served);
@@ -464,9 +494,12 @@ async fn run_in(
     if let (Some(dir), Some(dd)) = (durable_work, o.durable_dir.as_ref()) {
         let served = serve(dir, SyncMode::Drives, drive_bytes(o)).await?;
         let (mut nb, mut lb) = (Vec::new(), Vec::new());
+        let mut durable_dirs = Vec::new();
         for round in 0..o.rounds.max(1) {
             let n = nacre_round(&served, o, 100 + round, true).await?;
-            let lc = tokio::task::block_in_place(|| local_round(dd, o, true))?.create;
+            let (l, base) = tokio::task::block_in_place(|| local_round(dd, o, true))?;
+            durable_dirs.push(base);
+            let lc = l.create;
             let _ = writeln!(
                 out,
                 "durable round {}: nacre create {:.0}/s | local create+fsync {lc:.0}/s",
@@ -477,6 +510,9 @@ async fn run_in(
             lb.push(lc);
         }
         durable = (peak(&nb), peak(&lb));
+        for d in durable_dirs {
+            let _ = std::fs::remove_dir_all(d);
+        }
     }
     let durable_ratio = ratio(durable.0, durable.1);
     let _ = writeln!(out, "\n| operation | Nacre /s | reference /s | ratio | target |\n|---|---:|---:|---:|---:|");
