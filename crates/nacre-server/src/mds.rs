@@ -199,18 +199,26 @@ impl Mds {
         Ok((cred(creds), r, key))
     }
 
-    /// Creates of plain files, unlinks and DoM writes, the hot changes, go to group commit
-    /// from the transport's task and await their answer there: no blocking thread per
-    /// request.
+    /// Creates of files and directories, unlinks, renames, setattrs and DoM writes go to
+    /// group commit from the transport's task and await their answer there: no blocking
+    /// thread per request. The rest (symlinks, links, xattrs, layouts, open and close)
+    /// take a blocking thread.
     /// `None` for every other request.
     async fn serve_change(self: &Arc<Self>, req: &Incoming) -> Option<Reply> {
-        if !matches!(req.header.opcode, mdt::MDS_CREATE | mdt::MDS_UNLINK | mdt::MDS_DOM_WRITE) {
+        if !matches!(
+            req.header.opcode,
+            mdt::MDS_CREATE | mdt::MDS_UNLINK | mdt::MDS_DOM_WRITE | mdt::MDS_RENAME | mdt::MDS_SETATTR
+        ) {
             return None;
         }
         // Only what this path serves is counted here; the rest goes to `handle`.
         let plain = |r: &Request| match r {
-            Request::Create { mode: m, layout, .. } => m & mode::S_IFMT == mode::S_IFREG && layout.is_empty(),
-            Request::Unlink { .. } | Request::DomWrite { .. } => true,
+            Request::Create { mode: m, layout, .. } => {
+                matches!(m & mode::S_IFMT, mode::S_IFREG | mode::S_IFDIR) && layout.is_empty()
+            }
+            Request::Unlink { .. } | Request::DomWrite { .. } | Request::Rename { .. } | Request::Setattr { .. } => {
+                true
+            }
             _ => false,
         };
         if !Request::decode(req.header.opcode, &req.body).is_ok_and(|(_, r)| plain(&r)) {
@@ -221,9 +229,17 @@ impl Mds {
             Err(reply) => return Some(reply),
         };
         let (change, weight) = match r {
+            Request::Create { dir, name, mode: m, .. } if m & mode::S_IFMT == mode::S_IFDIR => {
+                (Namespace::mkdir_change(&c, dir, &name, m & mode::PERMS), 0)
+            }
             Request::Create { dir, name, mode: m, .. } => {
                 (Namespace::create_change(&c, dir, &name, m & mode::PERMS), 0)
             }
+            Request::Rename { src_dir, src_name, dst_dir, dst_name, noreplace } => {
+                let how = if noreplace { RenameMode::NoReplace } else { RenameMode::Replace };
+                (Namespace::rename_change(&c, src_dir, &src_name, dst_dir, &dst_name, how), 0)
+            }
+            Request::Setattr { fid, set } => (Namespace::setattr_change(&c, fid, set_attr(&set)), 0),
             Request::Unlink { dir, name, rmdir } => (Namespace::remove_change(&c, dir, &name, rmdir), 0),
             // Its checks read the layout: quick, from redb's cache.
             Request::DomWrite { fid, offset } => match self.ns.write_dom_change(&c, fid, offset, &req.bulk) {

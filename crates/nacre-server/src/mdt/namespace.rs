@@ -2048,11 +2048,13 @@ impl Namespace {
     }
 
     pub fn mkdir(&self, cred: &Cred, dir: Fid, name: &str, perms: u32, key: Option<ReplyKey>) -> Result<Attr> {
+        Self::attr_of(self.change(key, Self::mkdir_change(cred, dir, name, perms))?)
+    }
+
+    /// The change `mkdir` makes, for [`Namespace::submit`].
+    pub fn mkdir_change(cred: &Cred, dir: Fid, name: &str, perms: u32) -> Change {
         let (cred, name) = (cred.clone(), name.to_string());
-        Self::attr_of(self.change(
-            key,
-            Box::new(move |tx| Ok(Answer::Attr(tx.make(&cred, dir, &name, perms, mode::S_IFDIR, None)?.0))),
-        )?)
+        Box::new(move |tx| Ok(Answer::Attr(tx.make(&cred, dir, &name, perms, mode::S_IFDIR, None)?.0)))
     }
 
     pub fn symlink(&self, cred: &Cred, dir: Fid, name: &str, target: &[u8], key: Option<ReplyKey>) -> Result<Attr> {
@@ -2156,239 +2158,235 @@ impl Namespace {
         how: RenameMode,
         key: Option<ReplyKey>,
     ) -> Result<()> {
-        let (cred, src_name, dst_name) = (cred.clone(), src_name.to_string(), dst_name.to_string());
-        self.change(
-            key,
-            Box::new(move |tx| {
-                check_name(&dst_name)?;
-                if src_name == "." || src_name == ".." {
-                    return Err(MdError::new(errno::EINVAL, format!("cannot rename {src_name:?}")));
-                }
-                let (sd, sdp) = tx.dir_for_change(&cred, src_dir)?;
-                let (dd, ddp) = if dst_dir == src_dir { (sd, sdp) } else { tx.dir_for_change(&cred, dst_dir)? };
-                let (child, kind) = tx
-                    .lookup(src_dir, &src_name)?
-                    .ok_or_else(|| MdError::new(errno::ENOENT, format!("no {src_name:?} in {src_dir}")))?;
-                let (mut a, ap) = tx.get(child)?;
-                if !Tx::sticky_ok(&cred, &sd, &a) {
-                    return Err(MdError::new(
-                        errno::EPERM,
-                        format!("{src_name:?} is in a sticky directory and not yours"),
-                    ));
-                }
-                let is_dir = mode::is_dir(a.mode);
-                let victim = tx.lookup(dst_dir, &dst_name)?;
-                if let Some((v, _)) = victim {
-                    if how == RenameMode::NoReplace {
-                        return Err(MdError::new(errno::EEXIST, format!("{dst_name:?} exists in {dst_dir}")));
-                    }
-                    if v == child {
-                        // Two names of one inode: POSIX says do nothing.
-                        return Ok(Answer::Done);
-                    }
-                }
-                if is_dir && dst_dir != src_dir {
-                    // No directory may move below itself.
-                    let mut at = dst_dir;
-                    loop {
-                        if at == child {
-                            return Err(MdError::new(
-                                errno::EINVAL,
-                                format!("cannot move directory {child} into its own subtree"),
-                            ));
-                        }
-                        if at == Fid::ROOT {
-                            break;
-                        }
-                        let (_, p) = tx.get(at)?;
-                        if p == at || p == Fid::default() {
-                            break;
-                        }
-                        at = p;
-                    }
-                    // Its `..` changes: that needs write permission on it.
-                    if !may(&cred, &a, W) {
-                        return Err(denied(&cred, "move", &a));
-                    }
-                }
-                let victim = match victim {
-                    Some((v, _)) => {
-                        let (va, vp) = tx.get(v)?;
-                        let v_dir = mode::is_dir(va.mode);
-                        if is_dir && !v_dir {
-                            return Err(MdError::new(errno::ENOTDIR, format!("{dst_name:?} is not a directory")));
-                        }
-                        if !is_dir && v_dir {
-                            return Err(MdError::new(errno::EISDIR, format!("{dst_name:?} is a directory")));
-                        }
-                        if v_dir && !tx.dir_is_empty(v)? {
-                            return Err(MdError::new(errno::ENOTEMPTY, format!("directory {dst_name:?} is not empty")));
-                        }
-                        if !Tx::sticky_ok(&cred, &dd, &va) {
-                            return Err(MdError::new(
-                                errno::EPERM,
-                                format!("{dst_name:?} is in a sticky directory and not yours"),
-                            ));
-                        }
-                        Some((va, vp, v_dir))
-                    }
-                    None => None,
-                };
-                if is_dir && victim.is_none() && dst_dir != src_dir && dd.nlink >= LINK_MAX {
-                    return Err(MdError::new(errno::EMLINK, format!("{dst_dir} has {LINK_MAX} links")));
-                }
-                // Every check passed: now change.
-                tx.remove_entry(src_dir, &src_name)?;
-                if victim.is_some() {
-                    tx.remove_entry(dst_dir, &dst_name)?;
-                }
-                tx.add_entry(dst_dir, &dst_name, child, kind)?;
-                a.ctime_ns = tx.now;
-                tx.put(&a, if is_dir { dst_dir } else { ap })?;
-                let replaced_dir = victim.as_ref().is_some_and(|v| v.2);
-                if src_dir == dst_dir {
-                    tx.touch_dir(sd, sdp, if replaced_dir { -1 } else { 0 })?;
-                } else {
-                    tx.touch_dir(sd, sdp, if is_dir { -1 } else { 0 })?;
-                    let (dd, ddp) = tx.get(dst_dir)?;
-                    tx.touch_dir(
-                        dd,
-                        ddp,
-                        if is_dir && !replaced_dir {
-                            1
-                        } else if replaced_dir && !is_dir {
-                            -1
-                        } else {
-                            0
-                        },
-                    )?;
-                }
-                if let Some((va, vp, _)) = victim {
-                    tx.drop_link(va, vp)?;
-                }
-                let _ = ddp;
-                Ok(Answer::Done)
-            }),
-        )?;
+        self.change(key, Self::rename_change(cred, src_dir, src_name, dst_dir, dst_name, how))?;
         Ok(())
+    }
+
+    /// The change `rename` makes, for [`Namespace::submit`].
+    pub fn rename_change(
+        cred: &Cred,
+        src_dir: Fid,
+        src_name: &str,
+        dst_dir: Fid,
+        dst_name: &str,
+        how: RenameMode,
+    ) -> Change {
+        let (cred, src_name, dst_name) = (cred.clone(), src_name.to_string(), dst_name.to_string());
+        Box::new(move |tx| {
+            check_name(&dst_name)?;
+            if src_name == "." || src_name == ".." {
+                return Err(MdError::new(errno::EINVAL, format!("cannot rename {src_name:?}")));
+            }
+            let (sd, sdp) = tx.dir_for_change(&cred, src_dir)?;
+            let (dd, ddp) = if dst_dir == src_dir { (sd, sdp) } else { tx.dir_for_change(&cred, dst_dir)? };
+            let (child, kind) = tx
+                .lookup(src_dir, &src_name)?
+                .ok_or_else(|| MdError::new(errno::ENOENT, format!("no {src_name:?} in {src_dir}")))?;
+            let (mut a, ap) = tx.get(child)?;
+            if !Tx::sticky_ok(&cred, &sd, &a) {
+                return Err(MdError::new(errno::EPERM, format!("{src_name:?} is in a sticky directory and not yours")));
+            }
+            let is_dir = mode::is_dir(a.mode);
+            let victim = tx.lookup(dst_dir, &dst_name)?;
+            if let Some((v, _)) = victim {
+                if how == RenameMode::NoReplace {
+                    return Err(MdError::new(errno::EEXIST, format!("{dst_name:?} exists in {dst_dir}")));
+                }
+                if v == child {
+                    // Two names of one inode: POSIX says do nothing.
+                    return Ok(Answer::Done);
+                }
+            }
+            if is_dir && dst_dir != src_dir {
+                // No directory may move below itself.
+                let mut at = dst_dir;
+                loop {
+                    if at == child {
+                        return Err(MdError::new(
+                            errno::EINVAL,
+                            format!("cannot move directory {child} into its own subtree"),
+                        ));
+                    }
+                    if at == Fid::ROOT {
+                        break;
+                    }
+                    let (_, p) = tx.get(at)?;
+                    if p == at || p == Fid::default() {
+                        break;
+                    }
+                    at = p;
+                }
+                // Its `..` changes: that needs write permission on it.
+                if !may(&cred, &a, W) {
+                    return Err(denied(&cred, "move", &a));
+                }
+            }
+            let victim = match victim {
+                Some((v, _)) => {
+                    let (va, vp) = tx.get(v)?;
+                    let v_dir = mode::is_dir(va.mode);
+                    if is_dir && !v_dir {
+                        return Err(MdError::new(errno::ENOTDIR, format!("{dst_name:?} is not a directory")));
+                    }
+                    if !is_dir && v_dir {
+                        return Err(MdError::new(errno::EISDIR, format!("{dst_name:?} is a directory")));
+                    }
+                    if v_dir && !tx.dir_is_empty(v)? {
+                        return Err(MdError::new(errno::ENOTEMPTY, format!("directory {dst_name:?} is not empty")));
+                    }
+                    if !Tx::sticky_ok(&cred, &dd, &va) {
+                        return Err(MdError::new(
+                            errno::EPERM,
+                            format!("{dst_name:?} is in a sticky directory and not yours"),
+                        ));
+                    }
+                    Some((va, vp, v_dir))
+                }
+                None => None,
+            };
+            if is_dir && victim.is_none() && dst_dir != src_dir && dd.nlink >= LINK_MAX {
+                return Err(MdError::new(errno::EMLINK, format!("{dst_dir} has {LINK_MAX} links")));
+            }
+            // Every check passed: now change.
+            tx.remove_entry(src_dir, &src_name)?;
+            if victim.is_some() {
+                tx.remove_entry(dst_dir, &dst_name)?;
+            }
+            tx.add_entry(dst_dir, &dst_name, child, kind)?;
+            a.ctime_ns = tx.now;
+            tx.put(&a, if is_dir { dst_dir } else { ap })?;
+            let replaced_dir = victim.as_ref().is_some_and(|v| v.2);
+            if src_dir == dst_dir {
+                tx.touch_dir(sd, sdp, if replaced_dir { -1 } else { 0 })?;
+            } else {
+                tx.touch_dir(sd, sdp, if is_dir { -1 } else { 0 })?;
+                let (dd, ddp) = tx.get(dst_dir)?;
+                tx.touch_dir(
+                    dd,
+                    ddp,
+                    if is_dir && !replaced_dir {
+                        1
+                    } else if replaced_dir && !is_dir {
+                        -1
+                    } else {
+                        0
+                    },
+                )?;
+            }
+            if let Some((va, vp, _)) = victim {
+                tx.drop_link(va, vp)?;
+            }
+            let _ = ddp;
+            Ok(Answer::Done)
+        })
     }
 
     /// Change attributes, with POSIX's rules on who may change what.
     pub fn setattr(&self, cred: &Cred, fid: Fid, s: SetAttr, key: Option<ReplyKey>) -> Result<Attr> {
+        Self::attr_of(self.change(key, Self::setattr_change(cred, fid, s))?)
+    }
+
+    /// The change `setattr` makes, for [`Namespace::submit`].
+    pub fn setattr_change(cred: &Cred, fid: Fid, s: SetAttr) -> Change {
         let cred = cred.clone();
-        Self::attr_of(self.change(
-            key,
-            Box::new(move |tx| {
-                let (mut a, p) = tx.get(fid)?;
-                let owner = cred.uid == 0 || cred.uid == a.uid;
-                if let Some(m) = s.mode {
-                    if !owner {
-                        return Err(MdError::new(
-                            errno::EPERM,
-                            format!("uid {} does not own {fid}: no chmod", cred.uid),
-                        ));
-                    }
-                    if m & !mode::PERMS != 0 {
-                        return Err(MdError::new(
-                            errno::EINVAL,
-                            format!("mode {m:o} has bits beyond {:o}", mode::PERMS),
-                        ));
-                    }
+        Box::new(move |tx| {
+            let (mut a, p) = tx.get(fid)?;
+            let owner = cred.uid == 0 || cred.uid == a.uid;
+            if let Some(m) = s.mode {
+                if !owner {
+                    return Err(MdError::new(errno::EPERM, format!("uid {} does not own {fid}: no chmod", cred.uid)));
                 }
-                // Linux's chown_ok and chgrp_ok: the owner may "change" the owner to itself
-                // and the group to one of its groups; anything else is root's.
-                if let Some(u) = s.uid
-                    && cred.uid != 0
-                    && !(cred.uid == a.uid && u == a.uid)
-                {
-                    return Err(MdError::new(errno::EPERM, format!("uid {} may not give {fid} to uid {u}", cred.uid)));
+                if m & !mode::PERMS != 0 {
+                    return Err(MdError::new(errno::EINVAL, format!("mode {m:o} has bits beyond {:o}", mode::PERMS)));
                 }
-                if let Some(g) = s.gid
-                    && cred.uid != 0
-                    && !(cred.uid == a.uid && (g == a.gid || cred.in_group(g)))
-                {
-                    return Err(MdError::new(
-                        errno::EPERM,
-                        format!("uid {} may not give {fid} to group {g}", cred.uid),
-                    ));
+            }
+            // Linux's chown_ok and chgrp_ok: the owner may "change" the owner to itself
+            // and the group to one of its groups; anything else is root's.
+            if let Some(u) = s.uid
+                && cred.uid != 0
+                && !(cred.uid == a.uid && u == a.uid)
+            {
+                return Err(MdError::new(errno::EPERM, format!("uid {} may not give {fid} to uid {u}", cred.uid)));
+            }
+            if let Some(g) = s.gid
+                && cred.uid != 0
+                && !(cred.uid == a.uid && (g == a.gid || cred.in_group(g)))
+            {
+                return Err(MdError::new(errno::EPERM, format!("uid {} may not give {fid} to group {g}", cred.uid)));
+            }
+            if let Some(size) = s.size {
+                if mode::is_dir(a.mode) {
+                    return Err(MdError::new(errno::EISDIR, format!("{fid} is a directory: no truncate")));
                 }
-                if let Some(size) = s.size {
-                    if mode::is_dir(a.mode) {
-                        return Err(MdError::new(errno::EISDIR, format!("{fid} is a directory: no truncate")));
-                    }
-                    if !mode::is_reg(a.mode) {
-                        return Err(MdError::new(errno::EINVAL, format!("{fid} is not a regular file: no truncate")));
-                    }
-                    if !may(&cred, &a, W) {
-                        return Err(denied(&cred, "truncate", &a));
-                    }
-                    if size > i64::MAX as u64 {
-                        return Err(MdError::new(errno::EFBIG, format!("size {size} is too large")));
-                    }
+                if !mode::is_reg(a.mode) {
+                    return Err(MdError::new(errno::EINVAL, format!("{fid} is not a regular file: no truncate")));
                 }
-                for t in [s.atime_ns, s.mtime_ns].into_iter().flatten() {
-                    // Explicit times need ownership (EPERM); "now" also suits a writer
-                    // (EACCES otherwise).
-                    match t {
-                        Some(_) if !owner => {
-                            return Err(MdError::new(
-                                errno::EPERM,
-                                format!("uid {} may not set times of {fid}", cred.uid),
-                            ));
-                        }
-                        None if !owner && !may(&cred, &a, W) => return Err(denied(&cred, "touch", &a)),
-                        _ => {}
-                    }
+                if !may(&cred, &a, W) {
+                    return Err(denied(&cred, "truncate", &a));
                 }
-                let group_exec = |m: u32| m & 0o010 != 0;
-                if (s.uid.is_some() || s.gid.is_some()) && !mode::is_dir(a.mode) {
-                    // A chown clears setuid, and setgid where it means set-group-id (with
-                    // group execute).
+                if size > i64::MAX as u64 {
+                    return Err(MdError::new(errno::EFBIG, format!("size {size} is too large")));
+                }
+            }
+            for t in [s.atime_ns, s.mtime_ns].into_iter().flatten() {
+                // Explicit times need ownership (EPERM); "now" also suits a writer
+                // (EACCES otherwise).
+                match t {
+                    Some(_) if !owner => {
+                        return Err(MdError::new(errno::EPERM, format!("uid {} may not set times of {fid}", cred.uid)));
+                    }
+                    None if !owner && !may(&cred, &a, W) => return Err(denied(&cred, "touch", &a)),
+                    _ => {}
+                }
+            }
+            let group_exec = |m: u32| m & 0o010 != 0;
+            if (s.uid.is_some() || s.gid.is_some()) && !mode::is_dir(a.mode) {
+                // A chown clears setuid, and setgid where it means set-group-id (with
+                // group execute).
+                a.mode &= !mode::S_ISUID;
+                if group_exec(a.mode) {
+                    a.mode &= !mode::S_ISGID;
+                }
+            }
+            if let Some(u) = s.uid {
+                a.uid = u;
+            }
+            if let Some(g) = s.gid {
+                a.gid = g;
+            }
+            if let Some(m) = s.mode {
+                let mut m = m;
+                // Without the (new) group, a non-root owner's chmod drops setgid.
+                if cred.uid != 0 && !cred.in_group(a.gid) {
+                    m &= !mode::S_ISGID;
+                }
+                a.mode = (a.mode & mode::S_IFMT) | m;
+            }
+            if let Some(size) = s.size {
+                if size < a.size {
+                    let removed = tx.trim_dom(fid, size)?;
+                    a.blocks = a.blocks.saturating_sub(removed / 512);
+                }
+                a.size = size;
+                a.mtime_ns = tx.now;
+                if cred.uid != 0 {
+                    // As a write does: no setuid after a change by someone else.
                     a.mode &= !mode::S_ISUID;
                     if group_exec(a.mode) {
                         a.mode &= !mode::S_ISGID;
                     }
                 }
-                if let Some(u) = s.uid {
-                    a.uid = u;
-                }
-                if let Some(g) = s.gid {
-                    a.gid = g;
-                }
-                if let Some(m) = s.mode {
-                    let mut m = m;
-                    // Without the (new) group, a non-root owner's chmod drops setgid.
-                    if cred.uid != 0 && !cred.in_group(a.gid) {
-                        m &= !mode::S_ISGID;
-                    }
-                    a.mode = (a.mode & mode::S_IFMT) | m;
-                }
-                if let Some(size) = s.size {
-                    if size < a.size {
-                        let removed = tx.trim_dom(fid, size)?;
-                        a.blocks = a.blocks.saturating_sub(removed / 512);
-                    }
-                    a.size = size;
-                    a.mtime_ns = tx.now;
-                    if cred.uid != 0 {
-                        // As a write does: no setuid after a change by someone else.
-                        a.mode &= !mode::S_ISUID;
-                        if group_exec(a.mode) {
-                            a.mode &= !mode::S_ISGID;
-                        }
-                    }
-                }
-                if let Some(t) = s.atime_ns {
-                    a.atime_ns = t.unwrap_or(tx.now);
-                }
-                if let Some(t) = s.mtime_ns {
-                    a.mtime_ns = t.unwrap_or(tx.now);
-                }
-                a.ctime_ns = tx.now;
-                tx.put(&a, p)?;
-                Ok(Answer::Attr(a))
-            }),
-        )?)
+            }
+            if let Some(t) = s.atime_ns {
+                a.atime_ns = t.unwrap_or(tx.now);
+            }
+            if let Some(t) = s.mtime_ns {
+                a.mtime_ns = t.unwrap_or(tx.now);
+            }
+            a.ctime_ns = tx.now;
+            tx.put(&a, p)?;
+            Ok(Answer::Attr(a))
+        })
     }
 
     /// Set xattr `name`; `create` fails if it exists (EEXIST), `replace` if it does not
