@@ -565,6 +565,17 @@ fn apply(txn: &WriteTransaction, rec: &[u8]) -> Result<()> {
             DEL => false,
             other => return Err(storage(format!("log record with operation {other}"))),
         };
+        // Put (reading the value only then) or delete `key` in `table`.
+        macro_rules! redo {
+            ($table:expr, $key:expr, $value:expr) => {{
+                let mut t = txn.open_table($table)?;
+                if put {
+                    t.insert($key, $value)?;
+                } else {
+                    t.remove($key)?;
+                }
+            }};
+        }
         match table {
             T_META => {
                 let k = d.str("meta key", 64)?;
@@ -573,92 +584,47 @@ fn apply(txn: &WriteTransaction, rec: &[u8]) -> Result<()> {
             }
             T_INODES => {
                 let k = big(&mut d, "inode")?;
-                if put {
-                    txn.open_table(INODES)?.insert(k, d.bytes("inode", 1 << 16)?)?;
-                } else {
-                    txn.open_table(INODES)?.remove(k)?;
-                }
+                redo!(INODES, k, d.bytes("inode", 1 << 16)?);
             }
             T_DIRENTS => {
                 let (dir, hash, name) = (big(&mut d, "directory")?, d.u64("hash")?, d.str("name", NAME_MAX)?);
-                if put {
-                    let (child, kind) = (big(&mut d, "child")?, d.u32("type")?);
-                    txn.open_table(DIRENTS)?.insert((dir, hash, name), (child, kind))?;
-                } else {
-                    txn.open_table(DIRENTS)?.remove((dir, hash, name))?;
-                }
+                redo!(DIRENTS, (dir, hash, name), (big(&mut d, "child")?, d.u32("type")?));
             }
             T_SYMLINKS => {
                 let k = big(&mut d, "symlink")?;
-                if put {
-                    txn.open_table(SYMLINKS)?.insert(k, d.bytes("target", SYMLINK_MAX)?)?;
-                } else {
-                    txn.open_table(SYMLINKS)?.remove(k)?;
-                }
+                redo!(SYMLINKS, k, d.bytes("target", SYMLINK_MAX)?);
             }
             T_XATTRS => {
                 let (k, name) = (big(&mut d, "xattr inode")?, d.str("xattr name", XATTR_NAME_MAX)?);
-                if put {
-                    txn.open_table(XATTRS)?.insert((k, name), d.bytes("xattr value", XATTR_SIZE_MAX)?)?;
-                } else {
-                    txn.open_table(XATTRS)?.remove((k, name))?;
-                }
+                redo!(XATTRS, (k, name), d.bytes("xattr value", XATTR_SIZE_MAX)?);
             }
             T_ORPHANS => {
                 let k = big(&mut d, "orphan")?;
-                if put {
-                    txn.open_table(ORPHANS)?.insert(k, 1)?;
-                } else {
-                    txn.open_table(ORPHANS)?.remove(k)?;
-                }
+                redo!(ORPHANS, k, 1);
             }
             T_LAYOUTS => {
                 let k = big(&mut d, "layout inode")?;
-                if put {
-                    txn.open_table(LAYOUTS)?.insert(k, d.bytes("layout", 1 << 16)?)?;
-                } else {
-                    txn.open_table(LAYOUTS)?.remove(k)?;
-                }
+                redo!(LAYOUTS, k, d.bytes("layout", 1 << 16)?);
             }
             T_OBJECTS => {
                 let k = big(&mut d, "objects inode")?;
-                if put {
-                    txn.open_table(OBJECTS)?.insert(k, d.bytes("objects", 1 << 20)?)?;
-                } else {
-                    txn.open_table(OBJECTS)?.remove(k)?;
-                }
+                redo!(OBJECTS, k, d.bytes("objects", 1 << 20)?);
             }
             T_POOLS => {
                 let ost = d.u32("pool OST")?;
-                if put {
-                    txn.open_table(POOLS)?.insert(ost, d.bytes("pool", 1 << 16)?)?;
-                } else {
-                    txn.open_table(POOLS)?.remove(ost)?;
-                }
+                redo!(POOLS, ost, d.bytes("pool", 1 << 16)?);
             }
             T_DESTROYS => {
                 let (ost, oid) = (d.u32("destroy OST")?, d.u64("destroy object")?);
-                if put {
-                    txn.open_table(DESTROYS)?.insert((ost, oid), 1)?;
-                } else {
-                    txn.open_table(DESTROYS)?.remove((ost, oid))?;
-                }
+                redo!(DESTROYS, (ost, oid), 1);
             }
             T_DOM => {
                 let (k, b) = (big(&mut d, "DoM inode")?, d.u64("DoM block")?);
-                if put {
-                    txn.open_table(DOM)?.insert((k, b), d.bytes("DoM data", DOM_BLOCK as usize)?)?;
-                } else {
-                    txn.open_table(DOM)?.remove((k, b))?;
-                }
+                redo!(DOM, (k, b), d.bytes("DoM data", DOM_BLOCK as usize)?);
             }
             T_REPLIES => {
                 let (c, x) = (d.u64("client")?, d.u64("xid")?);
-                if put {
-                    txn.open_table(REPLIES)?.insert((c, x), d.bytes("reply", 1 << 16)?)?;
-                } else {
-                    txn.open_table(REPLIES)?.remove((c, x))?;
-                }
+                redo!(REPLIES, (c, x), d.bytes("reply", 1 << 16)?);
             }
             other => return Err(storage(format!("log record for table {other}"))),
         }
