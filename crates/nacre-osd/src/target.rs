@@ -384,6 +384,13 @@ impl Target {
         self.opts.max_object_bytes
     }
 
+    /// The id the next created object will get: every object ever made here is below it.
+    pub fn next_oid(&self) -> Result<u64> {
+        let txn = self.db.begin_read()?;
+        let m = txn.open_table(META)?;
+        Ok(m.get("next_oid")?.map(|v| v.value()).unwrap_or(FIRST_OID))
+    }
+
     /// Make `count` new empty objects; returns their ids (consecutive).
     pub fn create(&self, count: u32) -> Result<Range<u64>> {
         if count == 0 || count > CREATE_BATCH_MAX {

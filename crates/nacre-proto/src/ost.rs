@@ -16,6 +16,7 @@ pub const OST_GETATTR: u16 = 106;
 pub const OST_SETATTR: u16 = 107;
 pub const OST_SYNC: u16 = 108;
 pub const OST_STATFS: u16 = 109;
+pub const OST_LAST_ID: u16 = 110;
 
 /// Bits of [`SetAttr::mask`]: which fields to change.
 pub mod set {
@@ -112,6 +113,10 @@ pub enum Request {
     Statfs {
         target: u32,
     },
+    /// The id the target's next object will get (for the MDS's orphan cleanup).
+    LastId {
+        target: u32,
+    },
 }
 
 fn put_attr(e: Enc, a: &Attr) -> Enc {
@@ -165,6 +170,7 @@ impl Request {
             }
             Request::Sync { target } => (OST_SYNC, e.u32(*target).done()),
             Request::Statfs { target } => (OST_STATFS, e.u32(*target).done()),
+            Request::LastId { target } => (OST_LAST_ID, e.u32(*target).done()),
         }
     }
 
@@ -181,6 +187,7 @@ impl Request {
             OST_SETATTR => "setattr",
             OST_SYNC => "sync",
             OST_STATFS => "statfs",
+            OST_LAST_ID => "last id",
             other => return Err(ProtoError::Invalid(format!("opcode {other} is not an OST operation"))),
         };
         let mut d = Dec::new(body, name, VERSION)?;
@@ -213,7 +220,8 @@ impl Request {
                 Request::Setattr { target, oid, set: SetAttr { mask, attr: get_attr(&mut d)? } }
             }
             OST_SYNC => Request::Sync { target },
-            _ => Request::Statfs { target },
+            OST_STATFS => Request::Statfs { target },
+            _ => Request::LastId { target },
         };
         d.end()?;
         Ok(r)
@@ -303,6 +311,7 @@ mod tests {
             Request::Setattr { target: 0, oid: 1, set: SetAttr { mask: set::UID | set::PARENT, attr: a } },
             Request::Sync { target: 3 },
             Request::Statfs { target: 3 },
+            Request::LastId { target: 1 },
         ];
         for r in all {
             let (op, body) = r.encode();

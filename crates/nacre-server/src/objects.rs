@@ -76,6 +76,7 @@ async fn precreate(ns: Arc<Namespace>, link: OstLink, batch: u32) {
             None => return,
         }
     }
+    cleanup_orphans(&ns, &link).await;
     loop {
         let ns2 = ns.clone();
         let level = blocking(move || ns2.pool_levels())
@@ -110,6 +111,36 @@ async fn precreate(ns: Arc<Namespace>, link: OstLink, batch: u32) {
             }
             None => return,
         }
+    }
+}
+
+/// Objects the OST made for this MDT's precreates but that never reached its pool (the
+/// answer was lost, or the MDS stopped in between) are orphans: every id from the end of
+/// the last recorded range up to the OST's next one. They go to the destroy log, as
+/// Lustre's MDS has the OST destroy its orphans when they reconnect. An OST this MDT has
+/// never precreated on is left alone (its objects are not ours).
+async fn cleanup_orphans(ns: &Arc<Namespace>, link: &OstLink) {
+    let ns2 = ns.clone();
+    let ost = link.index;
+    let Some(high) = blocking(move || ns2.objects_high(ost)).await else { return };
+    if high == 0 {
+        return;
+    }
+    let (op, body) = Request::LastId { target: link.target }.encode();
+    let next = match link.import.call(op, &body, &[]).await {
+        Ok(f) if f.header.status == 0 && f.body.len() == 8 => {
+            u64::from_le_bytes(f.body[..8].try_into().unwrap_or([0; 8]))
+        }
+        _ => return,
+    };
+    let mut at = high;
+    while at < next {
+        let count = (next - at).min(4096);
+        let ns2 = ns.clone();
+        if !matches!(blocking(move || ns2.discard_objects(ost, at, count)).await, Some(Ok(()))) {
+            return;
+        }
+        at += count;
     }
 }
 

@@ -294,7 +294,8 @@ impl Oss {
             | Request::Getattr { target, .. }
             | Request::Setattr { target, .. }
             | Request::Sync { target }
-            | Request::Statfs { target } => *target,
+            | Request::Statfs { target }
+            | Request::LastId { target } => *target,
         };
         let (_, t, stats) = match self.target(target) {
             Ok(t) => t,
@@ -310,7 +311,7 @@ impl Oss {
             Request::Getattr { .. } => Op::Getattr,
             Request::Setattr { .. } => Op::Setattr,
             Request::Sync { .. } => Op::Sync,
-            Request::Statfs { .. } => Op::Statfs,
+            Request::Statfs { .. } | Request::LastId { .. } => Op::Statfs,
         };
         let reply = self.serve(t, r, &req);
         if reply.status == 0 {
@@ -381,6 +382,10 @@ impl Oss {
             Request::Setattr { oid, set, .. } => attr_reply(t.setattr(oid, &from_wire(&set))),
             Request::Sync { .. } => match t.sync() {
                 Ok(()) => Reply::default(),
+                Err(e) => osd_fail(e),
+            },
+            Request::LastId { .. } => match t.next_oid() {
+                Ok(n) => Reply { status: 0, body: n.to_le_bytes().to_vec(), bulk: Bytes::new() },
                 Err(e) => osd_fail(e),
             },
             Request::Statfs { .. } => match t.statfs() {

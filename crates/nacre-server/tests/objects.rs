@@ -147,6 +147,9 @@ async fn files_get_objects_by_layout_and_removed_files_lose_them() {
         .unwrap();
     assert_eq!(ns.pending_destroys(None, 10).unwrap().len(), 2);
     let levels = ns.pool_levels();
+    // A precreate whose answer never reached the MDT: objects on OST 0 nobody recorded.
+    let (op, body) = Request::Create { target: 0, count: 10 }.encode();
+    let (lost, _) = nacre_proto::ost::decode_created(&imp.call(op, &body, &[]).await.unwrap().body).unwrap();
     std::mem::forget(ns);
     let ns = Arc::new(Namespace::open(mdt, NamespaceOptions::default()).unwrap());
     assert_eq!(ns.pool_levels(), levels, "precreated objects are not lost in a crash");
@@ -155,6 +158,21 @@ async fn files_get_objects_by_layout_and_removed_files_lose_them() {
     wait_for("the destroy log to empty after the restart", || ns.pending_destroys(None, 10).unwrap().is_empty()).await;
     for (o, oid) in left.into_iter().flatten() {
         assert!(!exists(&imp, o, oid).await);
+    }
+    // Those orphans are found and destroyed when the OST is attached again.
+    let t = Instant::now();
+    while exists(&imp, 0, lost + 9).await {
+        assert!(t.elapsed() < Duration::from_secs(30), "orphan objects outlived the restart");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for oid in lost..lost + 10 {
+        assert!(!exists(&imp, 0, oid).await, "orphan {oid} kept");
+    }
+    // Files' objects are not orphans.
+    for f in [a.fid, b.fid, many.fid] {
+        for (o, oid) in ns.objects(f).unwrap().into_iter().flatten() {
+            assert!(exists(&imp, o, oid).await, "object {oid} of OST {o} destroyed as an orphan");
+        }
     }
     // Files made after the restart take objects nobody had.
     let ns2 = ns.clone();

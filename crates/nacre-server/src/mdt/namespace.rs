@@ -292,6 +292,9 @@ struct Commits {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PoolState {
     pub ranges: std::collections::VecDeque<(u64, u64)>,
+    /// The end of the last range ever added: objects of this OST at or past it were never
+    /// recorded here (orphans of a precreate whose answer was lost).
+    pub high: u64,
 }
 
 /// Ranges one OST's pool keeps at most (each one precreate batch).
@@ -317,7 +320,7 @@ impl PoolState {
         for (a, b) in &self.ranges {
             e = e.u64(*a).u64(*b);
         }
-        e.done()
+        e.u64(self.high).done()
     }
 
     fn decode(b: &[u8]) -> Result<PoolState> {
@@ -330,8 +333,9 @@ impl PoolState {
         for _ in 0..n {
             ranges.push_back((d.u64("range start")?, d.u64("range end")?));
         }
+        let high = d.u64("high water")?;
         d.end()?;
-        Ok(PoolState { ranges })
+        Ok(PoolState { ranges, high })
     }
 }
 
@@ -1922,6 +1926,11 @@ impl Namespace {
         Ok(())
     }
 
+    /// The end of the last precreated range recorded for OST `ost` (0: none ever).
+    pub fn objects_high(&self, ost: u32) -> u64 {
+        lock(&self.pools).osts.get(&ost).map_or(0, |p| p.high)
+    }
+
     /// Each attached OST and how many precreated objects its pool holds.
     pub fn pool_levels(&self) -> Vec<(u32, u64)> {
         lock(&self.pools).osts.iter().map(|(o, p)| (*o, p.available())).collect()
@@ -1953,6 +1962,7 @@ impl Namespace {
                     ));
                 }
                 p.ranges.push_back((first, first + count));
+                p.high = p.high.max(first + count);
                 tx.pools_changed.borrow_mut().insert(ost);
                 Ok(Answer::Done)
             }),
