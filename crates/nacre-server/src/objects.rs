@@ -120,12 +120,6 @@ async fn precreate(ns: Arc<Namespace>, link: OstLink, batch: u32) {
 /// Lustre's MDS has the OST destroy its orphans when they reconnect. An OST this MDT has
 /// never precreated on is left alone (its objects are not ours).
 async fn cleanup_orphans(ns: &Arc<Namespace>, link: &OstLink) {
-    let ns2 = ns.clone();
-    let ost = link.index;
-    let Some(high) = blocking(move || ns2.objects_high(ost)).await else { return };
-    if high == 0 {
-        return;
-    }
     let (op, body) = Request::LastId { target: link.target }.encode();
     let next = match link.import.call(op, &body, &[]).await {
         Ok(f) if f.header.status == 0 && f.body.len() == 8 => {
@@ -133,14 +127,11 @@ async fn cleanup_orphans(ns: &Arc<Namespace>, link: &OstLink) {
         }
         _ => return,
     };
-    let mut at = high;
-    while at < next {
-        let count = (next - at).min(4096);
-        let ns2 = ns.clone();
-        if !matches!(blocking(move || ns2.discard_objects(ost, at, count)).await, Some(Ok(()))) {
+    loop {
+        let (ns2, ost) = (ns.clone(), link.index);
+        if !matches!(blocking(move || ns2.reclaim_orphans(ost, next)).await, Some(Ok(true))) {
             return;
         }
-        at += count;
     }
 }
 

@@ -1721,12 +1721,39 @@ impl Namespace {
     /// first to find no batch running starts the batches on a blocking thread, everyone
     /// awaits their own answer.
     pub async fn submit(self: &Arc<Self>, key: Option<ReplyKey>, change: Change, weight: usize) -> Result<Answer> {
+        /// Runs the batches on its blocking thread; dropped without running (the runtime
+        /// is shutting down), it stands the leader down and fails what waits, so nobody
+        /// waits forever on batches nobody runs.
+        struct Runner(Option<Arc<Namespace>>);
+        impl Drop for Runner {
+            fn drop(&mut self) {
+                if let Some(ns) = self.0.take() {
+                    ns.abandon_batches();
+                }
+            }
+        }
         let (rx, lead) = self.enqueue(key, change, weight);
         if lead {
-            let me = self.clone();
-            tokio::task::spawn_blocking(move || me.run_batches());
+            let mut runner = Runner(Some(self.clone()));
+            tokio::task::spawn_blocking(move || {
+                if let Some(ns) = runner.0.take() {
+                    ns.run_batches();
+                }
+            });
         }
         rx.await.unwrap_or_else(|_| Err(MdError::new(errno::EIO, "the metadata change was dropped")))
+    }
+
+    /// Stand the leader down and fail every queued change (nobody will run them).
+    fn abandon_batches(&self) {
+        let queued: Vec<Queued> = {
+            let mut c = lock(&self.commits);
+            c.running = false;
+            c.queue.drain(..).collect()
+        };
+        for q in queued {
+            let _ = q.answer.send(Err(MdError::new(errno::EIO, "the MDT is shutting down")));
+        }
     }
 
     /// Make a regular file with the layout `layout` (`lfs setstripe` on a new file); it
@@ -1926,9 +1953,35 @@ impl Namespace {
         Ok(())
     }
 
-    /// The end of the last precreated range recorded for OST `ost` (0: none ever).
-    pub fn objects_high(&self, ost: u32) -> u64 {
-        lock(&self.pools).osts.get(&ost).map_or(0, |p| p.high)
+    /// Reclaim OST `ost`'s orphans below `next` (its next object id): the objects from the
+    /// end of the last range this MDT recorded up to `next`, at most 4,096 per call, go to
+    /// the destroy log and the high-water mark rises past them, in one change, so a
+    /// precreate answer that arrives late can no longer add them to the pool. Returns
+    /// true while some remain. An OST this MDT never precreated on is left alone.
+    ///
+    /// This assumes one MDT creates on the OST; with several (DNE), each needs its own
+    /// object sequence there, as in Lustre.
+    pub fn reclaim_orphans(&self, ost: u32, next: u64) -> Result<bool> {
+        let more = self.change(
+            None,
+            Box::new(move |tx| {
+                let mut pools = tx.pools.borrow_mut();
+                let Some(p) = pools.osts.get_mut(&ost) else { return Ok(Answer::Done) };
+                if p.high == 0 || p.high >= next {
+                    return Ok(Answer::Done);
+                }
+                let upto = next.min(p.high.saturating_add(4096));
+                let mut t = tx.txn.open_table(DESTROYS)?;
+                for oid in p.high..upto {
+                    t.insert((ost, oid), 1)?;
+                    tx.record(T_DESTROYS, PUT, |e| e.u32(ost).u64(oid));
+                }
+                p.high = upto;
+                tx.pools_changed.borrow_mut().insert(ost);
+                Ok(if upto < next { Answer::Attr(Attr::default()) } else { Answer::Done })
+            }),
+        )?;
+        Ok(matches!(more, Answer::Attr(_)))
     }
 
     /// Each attached OST and how many precreated objects its pool holds.
@@ -1953,6 +2006,12 @@ impl Namespace {
                     return Err(MdError::new(
                         errno::ENOSPC,
                         format!("OST {ost}'s pool holds {POOL_RANGES_MAX} ranges already"),
+                    ));
+                }
+                if first < p.high {
+                    return Err(MdError::new(
+                        errno::ESTALE,
+                        format!("objects {first}+{count} of OST {ost} are below its high-water mark {}: reclaimed as orphans", p.high),
                     ));
                 }
                 if p.ranges.iter().any(|&(a, b)| first < b && a < first + count) {
@@ -2386,8 +2445,8 @@ impl Namespace {
         }
         let a = self.getattr(fid)?;
         self.xattr_access(cred, &a, name, W)?;
-        let (name, value) = (name.to_string(), value.to_vec());
-        self.change(
+        let (name, value, weight) = (name.to_string(), value.to_vec(), value.len());
+        self.change_weighted(
             key,
             Box::new(move |tx| {
                 let (mut a, p) = tx.get(fid)?;
@@ -2422,6 +2481,7 @@ impl Namespace {
                 tx.put(&a, p)?;
                 Ok(Answer::Done)
             }),
+            weight,
         )?;
         Ok(())
     }
