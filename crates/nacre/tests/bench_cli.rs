@@ -1,11 +1,8 @@
 //! The benches at small sizes, end to end: each runs, verifies what it reads, and ends
 //! with a JSON line holding every figure the issues ask for.
 
-use std::process::Command;
-
-fn nacre() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_nacre"))
-}
+mod common;
+use common::*;
 
 /// The OST bench at a small size: every figure in its JSON line, each positive, and the
 /// small-write bound no higher than its two references allow.
@@ -18,27 +15,23 @@ fn bench_ost_prints_every_figure() {
         .output()
         .unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let last = stdout.lines().last().unwrap();
-    let v: serde_json::Value = serde_json::from_str(last).unwrap();
-    for key in [
-        "raw_write_gbps",
-        "raw_read_gbps",
-        "write_gbps",
-        "rewrite_gbps",
-        "read_gbps",
-        "small_write_gbps",
-        "raw_index_small_gbps",
-        "small_write_bound_gbps",
-        "write_ratio",
-        "read_ratio",
-        "small_write_ratio",
-        "small_write_bound_ratio",
-    ] {
-        let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} missing in {last}"));
-        assert!(x > 0.0, "{key} = {x}");
-    }
+    let v = bench_figures(
+        &out,
+        &[
+            "raw_write_gbps",
+            "raw_read_gbps",
+            "write_gbps",
+            "rewrite_gbps",
+            "read_gbps",
+            "small_write_gbps",
+            "raw_index_small_gbps",
+            "small_write_bound_gbps",
+            "write_ratio",
+            "read_ratio",
+            "small_write_ratio",
+            "small_write_bound_ratio",
+        ],
+    );
     let f = |k: &str| v[k].as_f64().unwrap();
     assert!(f("small_write_bound_gbps") <= f("raw_index_small_gbps").min(f("raw_write_gbps")));
     assert_eq!(v["objects_created"].as_u64(), Some(99_328));
@@ -59,23 +52,20 @@ fn bench_mds_prints_every_figure() {
         .output()
         .unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-    for key in [
-        "create_per_s",
-        "stat_per_s",
-        "unlink_per_s",
-        "ping_per_s",
-        "readdir_per_s",
-        "dom_files_per_s",
-        "local_create_per_s",
-        "create_ratio",
-        "unlink_ratio",
-        "stat_vs_ping_ratio",
-        "durable_create_ratio",
-    ] {
-        let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} missing"));
-        assert!(x > 0.0, "{key} = {x}");
-    }
+    bench_figures(
+        &out,
+        &[
+            "create_per_s",
+            "stat_per_s",
+            "unlink_per_s",
+            "ping_per_s",
+            "readdir_per_s",
+            "dom_files_per_s",
+            "local_create_per_s",
+            "create_ratio",
+            "unlink_ratio",
+            "stat_vs_ping_ratio",
+            "durable_create_ratio",
+        ],
+    );
 }

@@ -5,35 +5,18 @@
 //! old or new bytes, nothing else).
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::Arc;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use nacre_bench::torture;
-use nacre_raid::{BlockDevice, FileDrive, Volume, VolumeOptions};
+use nacre_raid::{Volume, VolumeOptions};
 
-fn nacre() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_nacre"))
-}
-
-fn drives_in(dir: &Path) -> Vec<Arc<dyn BlockDevice>> {
-    let mut paths: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
-    paths.sort();
-    paths.into_iter().map(|p| Arc::new(FileDrive::open(&p).unwrap()) as Arc<dyn BlockDevice>).collect()
-}
-
-fn seed() -> u64 {
-    let seed = std::env::var("NACRE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-    });
-    eprintln!("crash test: seed {seed} (rerun with NACRE_SEED={seed})");
-    seed
-}
+mod common;
+use common::*;
 
 #[test]
 fn sigkill_mid_write_then_assemble_scrub_and_verify() {
-    let seed = seed();
+    let seed = seed("crash test");
     let tmp = std::env::temp_dir().join(format!("nacre-crash-{}-{seed}", std::process::id()));
     let dir = tmp.join("drives");
     let out = nacre()

@@ -8,7 +8,7 @@
 //! entries.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -16,28 +16,15 @@ use std::time::{Duration, Instant};
 use nacre_bench::torture::MdtModel;
 use nacre_proto::fid::Fid;
 use nacre_proto::mdt::mode;
-use nacre_raid::{BlockDevice, FileDrive, Volume, VolumeOptions};
+use nacre_raid::{Volume, VolumeOptions};
 use nacre_server::mdt::{Cred, Namespace, NamespaceOptions};
 
-fn nacre() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_nacre"))
-}
+mod common;
+use common::*;
 
 fn open(dir: &std::path::Path) -> Namespace {
-    let mut paths: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
-    paths.sort();
-    let drives: Vec<Arc<dyn BlockDevice>> =
-        paths.into_iter().map(|p| Arc::new(FileDrive::open(&p).unwrap()) as Arc<dyn BlockDevice>).collect();
-    let vol = Volume::assemble(drives, Some("mdt0"), &VolumeOptions::default()).unwrap().volume;
+    let vol = Volume::assemble(drives_in(dir), Some("mdt0"), &VolumeOptions::default()).unwrap().volume;
     Namespace::open(Arc::new(vol), NamespaceOptions::default()).unwrap()
-}
-
-fn seed() -> u64 {
-    let seed = std::env::var("NACRE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-    });
-    eprintln!("mdt crash test: seed {seed} (rerun with NACRE_SEED={seed})");
-    seed
 }
 
 /// A directory's entries as the model keeps them: name → (directory?, size).
@@ -60,7 +47,7 @@ const THREADS: u64 = 4;
 
 #[test]
 fn sigkill_mid_operations_then_every_acknowledged_one_is_there_and_nothing_is_half_done() {
-    let seed = seed();
+    let seed = seed("mdt crash test");
     let dir = std::env::temp_dir().join(format!("nacre-mdt-crash-{}-{seed}", std::process::id()));
     let out = nacre().args(["mdt", "format", "--size", "64M"]).arg("--dir").arg(&dir).output().unwrap();
     assert!(out.status.success(), "format failed: {}", String::from_utf8_lossy(&out.stderr));

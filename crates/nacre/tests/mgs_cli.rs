@@ -3,20 +3,10 @@
 //! them, `set-param -P` stores a parameter, and a bad one is refused with the reason.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 
-fn nacre() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_nacre"))
-}
-
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+mod common;
+use common::*;
 
 /// Start a serving process; returns it and the NID it printed.
 fn serve(args: &[&str], dir: &std::path::Path) -> (Kill, String) {

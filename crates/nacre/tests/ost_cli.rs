@@ -2,7 +2,7 @@
 //! TCP, written through the OSS with a job id, and its statistics read back by name.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 
 use nacre_net::client::{Client, ClientConfig, Request as RpcRequest};
@@ -10,18 +10,8 @@ use nacre_net::nid::Nid;
 use nacre_net::transport::TcpTransport;
 use nacre_proto::ost::{self, Request};
 
-fn nacre() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_nacre"))
-}
-
-struct Kill(std::process::Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+mod common;
+use common::*;
 
 #[test]
 fn served_target_counts_jobs_and_get_param_reads_them() {

@@ -4,24 +4,17 @@
 //! `nacre ost check` finds it clean, and every acknowledged write reads back exactly.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use nacre_bench::torture;
 use nacre_osd::{Target, TargetOptions};
-use nacre_raid::{BlockDevice, FileDrive, Volume, VolumeOptions};
+use nacre_raid::{Volume, VolumeOptions};
 
-fn nacre() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_nacre"))
-}
-
-fn drives_in(dir: &std::path::Path) -> Vec<Arc<dyn BlockDevice>> {
-    let mut paths: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
-    paths.sort();
-    paths.into_iter().map(|p| Arc::new(FileDrive::open(&p).unwrap()) as Arc<dyn BlockDevice>).collect()
-}
+mod common;
+use common::*;
 
 fn open(dir: &std::path::Path) -> Target {
     let run = VolumeOptions::default();
@@ -30,17 +23,9 @@ fn open(dir: &std::path::Path) -> Target {
     Target::open(Arc::new(data), Arc::new(meta), TargetOptions::default()).unwrap()
 }
 
-fn seed() -> u64 {
-    let seed = std::env::var("NACRE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-    });
-    eprintln!("ost crash test: seed {seed} (rerun with NACRE_SEED={seed})");
-    seed
-}
-
 #[test]
 fn sigkill_mid_writes_then_every_acknowledged_write_reads_back_and_check_is_clean() {
-    let seed = seed();
+    let seed = seed("ost crash test");
     let dir = std::env::temp_dir().join(format!("nacre-ost-crash-{}-{seed}", std::process::id()));
     let out = nacre()
         .args(["ost", "format", "--size", "96M", "--data-drives", "6", "--strip", "32K", "--index-size", "48M"])

@@ -1,0 +1,54 @@
+//! What the `nacre` command's tests share: running the binary, reopening drive files,
+//! seeds that can be replayed, killing a child on the way out, and reading a bench's JSON
+//! line. Each test binary uses part of it.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Child, Command};
+use std::sync::Arc;
+
+use nacre_raid::{BlockDevice, FileDrive};
+
+pub fn nacre() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_nacre"))
+}
+
+/// Every file in `dir`, in name order, opened as a drive.
+pub fn drives_in(dir: &Path) -> Vec<Arc<dyn BlockDevice>> {
+    let mut paths: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    paths.sort();
+    paths.into_iter().map(|p| Arc::new(FileDrive::open(&p).unwrap()) as Arc<dyn BlockDevice>).collect()
+}
+
+/// `NACRE_SEED` if set, else the clock; printed so a failing run can be replayed.
+pub fn seed(test: &str) -> u64 {
+    let seed = std::env::var("NACRE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    });
+    eprintln!("{test}: seed {seed} (rerun with NACRE_SEED={seed})");
+    seed
+}
+
+/// A child process killed (and reaped) when the test is done with it, pass or fail.
+pub struct Kill(pub Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The last line of a successful bench run, as JSON, after checking that each of `keys`
+/// is there and positive.
+pub fn bench_figures(out: &std::process::Output, keys: &[&str]) -> serde_json::Value {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap();
+    let v: serde_json::Value = serde_json::from_str(last).unwrap();
+    for key in keys {
+        let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} missing in {last}"));
+        assert!(x > 0.0, "{key} = {x}");
+    }
+    v
+}
