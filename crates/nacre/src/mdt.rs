@@ -49,13 +49,8 @@ pub enum MdtCommand {
         /// Where to listen, e.g. 0.0.0.0@tcp:9200 (port 0: any free one, printed).
         #[arg(long)]
         listen: nacre_net::nid::Nid,
-        /// The MGS to register with once listening (the NID it registers is the one it
-        /// listens on: give a reachable address, not 0.0.0.0).
-        #[arg(long)]
-        mgs: Option<nacre_net::nid::Nid>,
-        /// The file system it belongs to.
-        #[arg(long, default_value = "nacre")]
-        fsname: String,
+        #[command(flatten)]
+        join: crate::mgs::JoinArgs,
     },
     /// Run seeded namespace operations forever, printing each acknowledged one (crash
     /// tests).
@@ -201,13 +196,13 @@ pub fn run(cmd: MdtCommand) -> CliResult {
             );
             Ok(())
         }
-        MdtCommand::Serve { dir, name, listen, mgs, fsname } => {
+        MdtCommand::Serve { dir, name, listen, join } => {
             let ns = Arc::new(open(&dir, &name)?);
             let index = ns.index();
             let mds = nacre_server::mds::Mds::new(&name, ns.clone());
             crate::service::serve_forever(&listen, mds.handler(), &name, |_, nid| async move {
-                if let Some(mgs) = &mgs {
-                    crate::mgs::register(mgs, &fsname, nacre_proto::mgs::TargetKind::Mdt, index, &nid).await?;
+                if let Some(mgs) = &join.mgs {
+                    crate::mgs::register(mgs, &join.fsname, nacre_proto::mgs::TargetKind::Mdt, index, &nid).await?;
                     tokio::spawn(follow_osts(mgs.clone(), ns));
                 }
                 Ok(())

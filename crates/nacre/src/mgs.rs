@@ -10,6 +10,19 @@ use nacre_proto::mgs::{Request, TargetEntry, TargetKind};
 use nacre_raid::{BlockDevice, CreateOptions, FileDrive, Level, Volume, VolumeOptions};
 use nacre_server::mgs::Mgs;
 
+/// How a served target joins its file system: the MGS to register with, and the file
+/// system's name.
+#[derive(clap::Args)]
+pub struct JoinArgs {
+    /// The MGS to register with once listening (the NID it registers is the one it
+    /// listens on: give a reachable address, not 0.0.0.0).
+    #[arg(long)]
+    pub mgs: Option<Nid>,
+    /// The file system it belongs to.
+    #[arg(long, default_value = "nacre")]
+    pub fsname: String,
+}
+
 #[derive(Subcommand)]
 pub enum MgsCommand {
     /// Make a new MGS for a file system: two drive files in a RAID1 and an empty

@@ -62,13 +62,8 @@ pub enum OstCommand {
         /// Where to listen, e.g. 0.0.0.0@tcp:9100 (port 0: any free one, printed).
         #[arg(long)]
         listen: nacre_net::nid::Nid,
-        /// The MGS to register with once listening (the NID it registers is the one it
-        /// listens on: give a reachable address, not 0.0.0.0).
-        #[arg(long)]
-        mgs: Option<nacre_net::nid::Nid>,
-        /// The file system it belongs to.
-        #[arg(long, default_value = "nacre")]
-        fsname: String,
+        #[command(flatten)]
+        join: crate::mgs::JoinArgs,
         /// The OST's index in its file system.
         #[arg(long, default_value_t = 0)]
         index: u32,
@@ -193,13 +188,13 @@ pub fn run(cmd: OstCommand) -> CliResult {
             );
             Ok(())
         }
-        OstCommand::Serve { dir, name, listen, mgs, fsname, index } => {
+        OstCommand::Serve { dir, name, listen, join, index } => {
             let t = Arc::new(open(&dir, &name)?);
             let oss = nacre_server::oss::Oss::named(vec![(name.clone(), t)], nacre_server::oss::OssConfig::default());
             crate::service::serve_forever(&listen, oss.handler(), &name, |handle, nid| async move {
                 oss.attach(handle);
-                if let Some(mgs) = &mgs {
-                    crate::mgs::register(mgs, &fsname, nacre_proto::mgs::TargetKind::Ost, index, &nid).await?;
+                if let Some(mgs) = &join.mgs {
+                    crate::mgs::register(mgs, &join.fsname, nacre_proto::mgs::TargetKind::Ost, index, &nid).await?;
                 }
                 Ok(())
             })
