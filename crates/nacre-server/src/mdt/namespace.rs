@@ -1290,19 +1290,17 @@ impl Namespace {
         }
         let txn = self.db.begin_read()?;
         let inodes = txn.open_table(INODES)?;
-        let get = |f: Fid| -> Result<Attr> {
+        let get = |f: Fid| -> Result<(Attr, Fid)> {
             let v = inodes.get(f.key())?.ok_or_else(|| MdError::new(errno::ENOENT, format!("no inode {f}")))?;
-            Ok(decode_inode(v.value())?.0)
+            decode_inode(v.value())
         };
-        let d = get(dir)?;
+        let (d, parent) = get(dir)?;
         if !mode::is_dir(d.mode) {
             return Err(MdError::new(errno::ENOTDIR, format!("{dir} is not a directory")));
         }
         if !may(cred, &d, X) {
             return Err(denied(cred, "search", &d));
         }
-        let (_, parent) =
-            decode_inode(inodes.get(dir.key())?.ok_or_else(|| MdError::new(errno::ENOENT, "gone"))?.value())?;
         let child = match name {
             "." => dir,
             ".." => parent,
@@ -1314,7 +1312,7 @@ impl Namespace {
                 Fid::from_key(v.value().0)
             }
         };
-        get(child)
+        Ok(get(child)?.0)
     }
 
     /// Up to `max` entries of `dir` after `cookie` (0 starts), each with its attributes;
