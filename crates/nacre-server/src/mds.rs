@@ -179,8 +179,14 @@ impl Mds {
 
     /// Decode a request, count it, and make its reply key if it is a change.
     fn prepare(&self, req: &Incoming) -> Result<(Cred, Request, Option<ReplyKey>), Reply> {
+        let (creds, r) = Request::decode(req.header.opcode, &req.body)
+            .map_err(|e| fail(-EPROTO, format!("bad MDS request: {e}")))?;
+        Ok(self.account(req, creds, r))
+    }
+
+    /// Count a decoded request and make its reply key if it is a change.
+    fn account(&self, req: &Incoming, creds: Creds, r: Request) -> (Cred, Request, Option<ReplyKey>) {
         let op = req.header.opcode;
-        let (creds, r) = Request::decode(op, &req.body).map_err(|e| fail(-EPROTO, format!("bad MDS request: {e}")))?;
         if let Some(i) = OPS.iter().position(|(o, _)| *o == op) {
             self.counts[i].fetch_add(1, Ordering::Relaxed);
         }
@@ -196,7 +202,7 @@ impl Mds {
                 digest: digest.finalize() as u32,
             }
         });
-        Ok((cred(creds), r, key))
+        (cred(creds), r, key)
     }
 
     /// Creates of files and directories, unlinks, renames, setattrs and DoM writes go to
@@ -221,13 +227,9 @@ impl Mds {
             }
             _ => false,
         };
-        if !Request::decode(req.header.opcode, &req.body).is_ok_and(|(_, r)| plain(&r)) {
-            return None;
-        }
-        let (c, r, key) = match self.prepare(req) {
-            Ok(v) => v,
-            Err(reply) => return Some(reply),
-        };
+        // A malformed body goes to `handle` too, which answers it.
+        let (creds, r) = Request::decode(req.header.opcode, &req.body).ok().filter(|(_, r)| plain(r))?;
+        let (c, r, key) = self.account(req, creds, r);
         let (change, weight) = match r {
             Request::Create { dir, name, mode: m, .. } if m & mode::S_IFMT == mode::S_IFDIR => {
                 (Namespace::mkdir_change(&c, dir, &name, m & mode::PERMS), 0)
