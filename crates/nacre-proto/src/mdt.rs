@@ -38,6 +38,8 @@ pub mod errno {
     pub const ENOTEMPTY: i32 = 39;
     pub const ELOOP: i32 = 40;
     pub const ENODATA: i32 = 61;
+    /// The object lives on another MDT: the message says which to ask.
+    pub const EREMOTE: i32 = 66;
     pub const EOPNOTSUPP: i32 = 95;
     pub const ESTALE: i32 = 116;
 }
@@ -154,6 +156,11 @@ pub const MDS_GETLAYOUT: u16 = 316;
 pub const MDS_SETDIRLAYOUT: u16 = 317;
 pub const MDS_DOM_READ: u16 = 318;
 pub const MDS_DOM_WRITE: u16 = 319;
+pub const MDS_MKDIR: u16 = 320;
+pub const MDS_GETDIRSTRIPE: u16 = 321;
+pub const MDS_SETDIRDEFAULT: u16 = 322;
+/// From one MDT to another: updates of an operation the first coordinates.
+pub const MDS_UPDATE: u16 = 323;
 
 /// Supplementary groups a request may carry.
 pub const GROUPS_MAX: usize = 64;
@@ -298,6 +305,33 @@ pub enum Request {
         fid: Fid,
         offset: u64,
     },
+    /// A directory placed and striped as asked (`lfs mkdir -i MDT -c COUNT`): `mdt` -1
+    /// and `count` 0 follow the parent's default; `count` -1 stripes over every MDT.
+    Mkdir {
+        dir: Fid,
+        name: String,
+        mode: u32,
+        mdt: i32,
+        count: i32,
+    },
+    /// A directory's stripes and default for subdirectories (empty bytes: none).
+    Getdirstripe {
+        dir: Fid,
+    },
+    /// Set (empty: remove) the default of a directory's new subdirectories
+    /// ([`crate::dne::DirDefault::encode`]).
+    Setdirdefault {
+        dir: Fid,
+        default: Vec<u8>,
+    },
+    /// An update MDT `coordinator` asks of this one, as step `xid` of its operations;
+    /// every step of its below `acked_below` is finished.
+    Update {
+        coordinator: u32,
+        xid: u64,
+        acked_below: u64,
+        update: crate::dne::Update,
+    },
 }
 
 /// Bytes an encoded layout may have on the wire.
@@ -318,6 +352,7 @@ impl Request {
                 | Request::Getlayout { .. }
                 | Request::DomRead { .. }
                 | Request::Open { .. }
+                | Request::Getdirstripe { .. }
         )
     }
 
@@ -366,6 +401,14 @@ impl Request {
             Request::Setdirlayout { dir, layout } => (MDS_SETDIRLAYOUT, dir.put(e).bytes(layout).done()),
             Request::DomRead { fid, offset, len } => (MDS_DOM_READ, fid.put(e).u64(*offset).u32(*len).done()),
             Request::DomWrite { fid, offset } => (MDS_DOM_WRITE, fid.put(e).u64(*offset).done()),
+            Request::Mkdir { dir, name, mode, mdt, count } => {
+                (MDS_MKDIR, s(dir.put(e), name).u32(*mode).u32(*mdt as u32).u32(*count as u32).done())
+            }
+            Request::Getdirstripe { dir } => (MDS_GETDIRSTRIPE, dir.put(e).done()),
+            Request::Setdirdefault { dir, default } => (MDS_SETDIRDEFAULT, dir.put(e).bytes(default).done()),
+            Request::Update { coordinator, xid, acked_below, update } => {
+                (MDS_UPDATE, update.put(e.u32(*coordinator).u64(*xid).u64(*acked_below)).done())
+            }
         }
     }
 
@@ -393,6 +436,10 @@ impl Request {
             MDS_SETDIRLAYOUT => "setdirlayout",
             MDS_DOM_READ => "dom read",
             MDS_DOM_WRITE => "dom write",
+            MDS_MKDIR => "mkdir",
+            MDS_GETDIRSTRIPE => "getdirstripe",
+            MDS_SETDIRDEFAULT => "setdirdefault",
+            MDS_UPDATE => "update",
             other => return Err(ProtoError::Invalid(format!("opcode {other} is not an MDS operation"))),
         };
         let mut d = Dec::new(body, name, VERSION)?;
@@ -481,6 +528,24 @@ impl Request {
                 Request::DomRead { fid: Fid::get(&mut d, "fid")?, offset: d.u64("offset")?, len: d.u32("length")? }
             }
             MDS_DOM_WRITE => Request::DomWrite { fid: Fid::get(&mut d, "fid")?, offset: d.u64("offset")? },
+            MDS_MKDIR => Request::Mkdir {
+                dir: Fid::get(&mut d, "directory")?,
+                name: name_of(&mut d, "name")?,
+                mode: d.u32("mode")?,
+                mdt: d.u32("MDT index")? as i32,
+                count: d.u32("stripe count")? as i32,
+            },
+            MDS_GETDIRSTRIPE => Request::Getdirstripe { dir: Fid::get(&mut d, "directory")? },
+            MDS_SETDIRDEFAULT => Request::Setdirdefault {
+                dir: Fid::get(&mut d, "directory")?,
+                default: d.bytes("default", 64)?.to_vec(),
+            },
+            MDS_UPDATE => Request::Update {
+                coordinator: d.u32("coordinator")?,
+                xid: d.u64("update xid")?,
+                acked_below: d.u64("acked xid")?,
+                update: crate::dne::Update::get(&mut d)?,
+            },
             _ => Request::Statfs,
         };
         d.end()?;
@@ -513,6 +578,11 @@ pub enum Reply {
     Layout {
         layout: Vec<u8>,
         objects: Vec<Vec<(u32, u64)>>,
+    },
+    /// A directory's stripes and default ([`crate::dne`] encodings; empty: none).
+    DirStripe {
+        stripe: Vec<u8>,
+        default: Vec<u8>,
     },
 }
 
@@ -554,6 +624,7 @@ impl Reply {
                 }
                 e.done()
             }
+            Reply::DirStripe { stripe, default } => e.u8(9).bytes(stripe).bytes(default).done(),
         }
     }
 
@@ -619,6 +690,10 @@ impl Reply {
                 }
                 Reply::Layout { layout, objects }
             }
+            9 => Reply::DirStripe {
+                stripe: d.bytes("directory stripe", 8 + 16 * crate::dne::DIR_STRIPES_MAX + 8)?.to_vec(),
+                default: d.bytes("directory default", 64)?.to_vec(),
+            },
             k => return Err(ProtoError::Invalid(format!("MDS reply of unknown kind {k}"))),
         };
         d.end()?;
@@ -665,6 +740,15 @@ mod tests {
             Request::Setdirlayout { dir: f, layout: vec![3] },
             Request::DomRead { fid: f, offset: 5, len: 3901 },
             Request::DomWrite { fid: f, offset: 1 << 19 },
+            Request::Mkdir { dir: f, name: "d".into(), mode: 0o755, mdt: 1, count: -1 },
+            Request::Getdirstripe { dir: f },
+            Request::Setdirdefault { dir: f, default: vec![4] },
+            Request::Update {
+                coordinator: 1,
+                xid: 77,
+                acked_below: 64,
+                update: crate::dne::Update::Link { fid: f, delta: 1 },
+            },
         ];
         for r in all {
             let (op, body) = r.encode(&creds);
@@ -695,6 +779,7 @@ mod tests {
             Reply::StatFs { inodes: 1, bytes_used: 2, bytes_total: 3 },
             Reply::Done,
             Reply::Layout { layout: vec![1, 2, 3], objects: vec![vec![], vec![(0, 5), (3, 9)]] },
+            Reply::DirStripe { stripe: vec![1, 2], default: vec![] },
         ];
         for r in replies {
             let b = r.encode();
