@@ -1,6 +1,7 @@
 //! `nacre-server`: the services. The OSS ([`oss`]) serves object storage targets over the
 //! transport; the MDS ([`mds`]) serves a metadata target's namespace ([`mdt`]).
 
+pub mod dne;
 pub mod mds;
 pub mod mdt;
 pub mod mgs;

@@ -9,12 +9,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use nacre_net::server::{Handler, Incoming, Reply};
+use nacre_proto::fid::Fid;
 use nacre_proto::layout::Layout;
 use nacre_proto::mdt::{self, Creds, READDIR_MAX, Request, errno, mode, set, xattr};
 use nacre_proto::param;
 
-use crate::mdt::namespace::Answer;
+use crate::dne::{Coordinator, coordinator_client, update_digest};
 use crate::mdt::namespace::RenameMode;
+use crate::mdt::namespace::{Answer, NEEDS_COORDINATION};
 use crate::mdt::{Cred, MdError, Namespace, ReplyKey, SetAttr};
 
 /// Bytes of names and attributes one readdir reply carries at most.
@@ -24,7 +26,7 @@ const READDIR_REPLY_BYTES: usize = 60 << 10;
 const EPROTO: i32 = 71;
 
 /// Operations counted in `md_stats`, by opcode.
-const OPS: [(u16, &str); 20] = [
+const OPS: [(u16, &str); 24] = [
     (mdt::MDS_GETATTR, "getattr"),
     (mdt::MDS_LOOKUP, "lookup"),
     (mdt::MDS_READDIR, "readdir"),
@@ -45,12 +47,17 @@ const OPS: [(u16, &str); 20] = [
     (mdt::MDS_SETDIRLAYOUT, "setdirlayout"),
     (mdt::MDS_DOM_READ, "dom_read"),
     (mdt::MDS_DOM_WRITE, "dom_write"),
+    (mdt::MDS_MKDIR, "mkdir"),
+    (mdt::MDS_GETDIRSTRIPE, "getdirstripe"),
+    (mdt::MDS_SETDIRDEFAULT, "setdirdefault"),
+    (mdt::MDS_UPDATE, "update"),
 ];
 
 pub struct Mds {
     name: String,
     ns: Arc<Namespace>,
     counts: [AtomicU64; OPS.len()],
+    dne: Arc<Coordinator>,
 }
 
 fn fail(status: i32, message: String) -> Reply {
@@ -66,6 +73,16 @@ fn answer<T>(r: Result<T, MdError>, f: impl FnOnce(T) -> mdt::Reply) -> Reply {
         Ok(v) => ok(f(v)),
         Err(e) => fail(e.status(), e.message),
     }
+}
+
+/// The reply key of a change: the client, the xid, what the client has acknowledged, and
+/// a digest of the request.
+fn reply_key(h: &nacre_net::frame::FrameHeader, client: u64, body: &[u8], bulk: &[u8]) -> ReplyKey {
+    let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    digest.update(&h.opcode.to_le_bytes());
+    digest.update(body);
+    digest.update(bulk);
+    ReplyKey { client, xid: h.xid, acked_below: h.acked_xid, digest: digest.finalize() as u32 }
 }
 
 fn cred(c: Creds) -> Cred {
@@ -96,7 +113,20 @@ fn set_attr(s: &mdt::SetAttr) -> SetAttr {
 impl Mds {
     /// Serve `ns` as target `name` (`mdt0`).
     pub fn new(name: &str, ns: Arc<Namespace>) -> Arc<Mds> {
-        Arc::new(Mds { name: name.to_string(), ns, counts: Default::default() })
+        let dne = Arc::new(Coordinator::new(ns.clone()));
+        Arc::new(Mds { name: name.to_string(), ns, counts: Default::default(), dne })
+    }
+
+    /// The coordinator of operations over several MDTs: tell it the other MDTs
+    /// ([`Coordinator::set_peers`]).
+    pub fn coordinator(&self) -> &Arc<Coordinator> {
+        &self.dne
+    }
+
+    /// Run again the operations over several MDTs that a stop left half done; call it
+    /// once, from the runtime, when the MDS starts. Returns how many there were.
+    pub fn recover(&self) -> Result<usize, MdError> {
+        self.dne.recover()
     }
 
     pub fn namespace(&self) -> &Arc<Namespace> {
@@ -123,18 +153,27 @@ impl Mds {
                         | mdt::MDS_STATFS
                         | mdt::MDS_GETLAYOUT
                         | mdt::MDS_DOM_READ
+                        | mdt::MDS_GETDIRSTRIPE
                         | param::OP_GET_PARAM
                 );
                 if inline {
                     return mds.handle(req);
                 }
-                if let Some(reply) = mds.serve_change(&req).await {
-                    return reply;
+                let (header, client) = (req.header, req.client);
+                let (reply, body) = match mds.serve_change(&req).await {
+                    Some(reply) => (reply, req.body),
+                    None => {
+                        let (m, body) = (mds.clone(), req.body.clone());
+                        match tokio::task::spawn_blocking(move || m.handle(req)).await {
+                            Ok(r) => (r, body),
+                            Err(e) => (fail(-errno::EIO, format!("the request failed inside the server: {e}")), body),
+                        }
+                    }
+                };
+                if reply.status == -NEEDS_COORDINATION {
+                    return mds.coordinate(header, client, &body).await;
                 }
-                match tokio::task::spawn_blocking(move || mds.handle(req)).await {
-                    Ok(r) => r,
-                    Err(e) => fail(-errno::EIO, format!("the request failed inside the server: {e}")),
-                }
+                reply
             })
         })
     }
@@ -190,19 +229,34 @@ impl Mds {
         if let Some(i) = OPS.iter().position(|(o, _)| *o == op) {
             self.counts[i].fetch_add(1, Ordering::Relaxed);
         }
-        let key = r.is_change().then(|| {
-            let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
-            digest.update(&op.to_le_bytes());
-            digest.update(&req.body);
-            digest.update(&req.bulk);
-            ReplyKey {
-                client: req.client,
-                xid: req.header.xid,
-                acked_below: req.header.acked_xid,
-                digest: digest.finalize() as u32,
-            }
-        });
+        let key = r.is_change().then(|| reply_key(&req.header, req.client, &req.body, &req.bulk));
         (cred(creds), r, key)
+    }
+
+    /// Carry out, over several MDTs, a change the local path found it could not make
+    /// alone (a remote inode, a striped directory).
+    async fn coordinate(&self, header: nacre_net::frame::FrameHeader, client: u64, body: &[u8]) -> Reply {
+        let (creds, r) = match Request::decode(header.opcode, body) {
+            Ok(v) => v,
+            Err(e) => return fail(-EPROTO, format!("bad MDS request: {e}")),
+        };
+        let key = Some(reply_key(&header, client, body, &[]));
+        let (c, dne) = (cred(creds), &self.dne);
+        let r = match r {
+            Request::Unlink { dir, name, rmdir } => dne.remove(key, &c, dir, &name, rmdir).await,
+            Request::Rename { src_dir, src_name, dst_dir, dst_name, noreplace } => {
+                let how = if noreplace { RenameMode::NoReplace } else { RenameMode::Replace };
+                dne.rename(key, &c, src_dir, &src_name, dst_dir, &dst_name, how).await
+            }
+            Request::Link { fid, dir, name } => dne.link(key, &c, fid, dir, &name).await,
+            Request::Setattr { fid, set } => dne.setattr(key, &c, fid, set_attr(&set)).await,
+            other => Err(MdError::new(errno::EIO, format!("{other:?} cannot span MDTs"))),
+        };
+        match r {
+            Ok(Answer::Attr(a)) => ok(mdt::Reply::Attr(a)),
+            Ok(_) => ok(mdt::Reply::Done),
+            Err(e) => fail(e.status(), e.message),
+        }
     }
 
     /// Creates of files and directories, unlinks, renames, setattrs and DoM writes go to
@@ -213,7 +267,14 @@ impl Mds {
     async fn serve_change(self: &Arc<Self>, req: &Incoming) -> Option<Reply> {
         if !matches!(
             req.header.opcode,
-            mdt::MDS_CREATE | mdt::MDS_UNLINK | mdt::MDS_DOM_WRITE | mdt::MDS_RENAME | mdt::MDS_SETATTR
+            mdt::MDS_CREATE
+                | mdt::MDS_UNLINK
+                | mdt::MDS_DOM_WRITE
+                | mdt::MDS_RENAME
+                | mdt::MDS_SETATTR
+                | mdt::MDS_MKDIR
+                | mdt::MDS_SETDIRDEFAULT
+                | mdt::MDS_UPDATE
         ) {
             return None;
         }
@@ -222,9 +283,13 @@ impl Mds {
             Request::Create { mode: m, layout, .. } => {
                 matches!(m & mode::S_IFMT, mode::S_IFREG | mode::S_IFDIR) && layout.is_empty()
             }
-            Request::Unlink { .. } | Request::DomWrite { .. } | Request::Rename { .. } | Request::Setattr { .. } => {
-                true
-            }
+            Request::Unlink { .. }
+            | Request::DomWrite { .. }
+            | Request::Rename { .. }
+            | Request::Setattr { .. }
+            | Request::Mkdir { .. }
+            | Request::Setdirdefault { .. }
+            | Request::Update { .. } => true,
             _ => false,
         };
         // A malformed body goes to `handle` too, which answers it.
@@ -232,7 +297,37 @@ impl Mds {
         let (c, r, key) = self.account(req, creds, r);
         let (change, weight) = match r {
             Request::Create { dir, name, mode: m, .. } if m & mode::S_IFMT == mode::S_IFDIR => {
-                (Namespace::mkdir_change(&c, dir, &name, m & mode::PERMS), 0)
+                return Some(self.mkdir(key, &c, dir, &name, m & mode::PERMS, -1, 0).await);
+            }
+            Request::Mkdir { dir, name, mode: m, mdt: at, count } => {
+                return Some(self.mkdir(key, &c, dir, &name, m & mode::PERMS, at, count).await);
+            }
+            Request::Setdirdefault { dir, default } => {
+                let d = if default.is_empty() {
+                    None
+                } else {
+                    match nacre_proto::dne::DirDefault::decode(&default) {
+                        Ok(d) => match d.validate(self.dne.mdts()) {
+                            Ok(()) => Some(d),
+                            Err(e) => return Some(fail(-errno::EINVAL, format!("directory default: {e}"))),
+                        },
+                        Err(e) => return Some(fail(-errno::EINVAL, format!("directory default: {e}"))),
+                    }
+                };
+                (Namespace::set_dir_default_change(&c, dir, d), 0)
+            }
+            Request::Update { coordinator, xid, acked_below, update } => {
+                let key = ReplyKey {
+                    client: coordinator_client(coordinator),
+                    xid,
+                    acked_below,
+                    digest: update_digest(&update),
+                };
+                return Some(match self.ns.submit(Some(key), Namespace::update_change(update), 0).await {
+                    Ok(Answer::Attr(a)) => ok(mdt::Reply::Attr(a)),
+                    Ok(_) => ok(mdt::Reply::Done),
+                    Err(e) => fail(e.status(), e.message),
+                });
             }
             Request::Create { dir, name, mode: m, .. } => {
                 (Namespace::create_change(&c, dir, &name, m & mode::PERMS), 0)
@@ -255,6 +350,31 @@ impl Mds {
             Ok(_) => ok(mdt::Reply::Done),
             Err(e) => fail(e.status(), e.message),
         })
+    }
+
+    /// A mkdir: here and plain by the local path, else placed (`-i`), striped (`-c`)
+    /// or by the parent's default over the MDTs by the coordinator.
+    #[allow(clippy::too_many_arguments)]
+    async fn mkdir(
+        &self,
+        key: Option<ReplyKey>,
+        c: &Cred,
+        dir: Fid,
+        name: &str,
+        perms: u32,
+        at: i32,
+        count: i32,
+    ) -> Reply {
+        let r = match self.dne.placement(dir, at, count).await {
+            Ok(None) => self.ns.submit(key, Namespace::mkdir_change(c, dir, name, perms), 0).await,
+            Ok(Some(place)) => self.dne.mkdir(key, c, dir, name, perms, place).await,
+            Err(e) => Err(e),
+        };
+        match r {
+            Ok(Answer::Attr(a)) => ok(mdt::Reply::Attr(a)),
+            Ok(_) => ok(mdt::Reply::Done),
+            Err(e) => fail(e.status(), e.message),
+        }
     }
 
     /// Serve one request (blocking).
@@ -335,6 +455,22 @@ impl Mds {
             },
             Request::DomWrite { fid, offset } => {
                 answer(ns.write_dom(&c, fid, offset, &req.bulk, key), mdt::Reply::Attr)
+            }
+            Request::Getdirstripe { dir } => answer(
+                ns.getattr(dir).and_then(|a| {
+                    if !mode::is_dir(a.mode) {
+                        return Err(MdError::new(errno::ENOTDIR, format!("{dir} is not a directory")));
+                    }
+                    Ok((ns.dir_stripe(dir)?, ns.dir_default(dir)?))
+                }),
+                |(s, d)| mdt::Reply::DirStripe {
+                    stripe: s.map(|s| s.encode()).unwrap_or_default(),
+                    default: d.map(|d| d.encode()).unwrap_or_default(),
+                },
+            ),
+            // Served on the async path (`serve_change`), which takes every well-formed one.
+            Request::Mkdir { .. } | Request::Setdirdefault { .. } | Request::Update { .. } => {
+                fail(-errno::EIO, "mkdir, setdirdefault and update are served on the async path".into())
             }
             Request::Statfs => answer(ns.statfs(), |s| mdt::Reply::StatFs {
                 inodes: s.inodes,

@@ -29,6 +29,8 @@ use nacre_proto::mdt::{Attr, DirEntry, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XA
 use nacre_proto::wire::Enc;
 
 use super::log::MdLog;
+
+pub mod dne;
 use nacre_raid::Volume;
 use redb::{
     Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTransaction,
@@ -52,10 +54,44 @@ const DESTROYS: TableDefinition<(u32, u64), u8> = TableDefinition::new("destroys
 /// a missing block reads as zeros.
 const DOM: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("dom");
 const REPLIES: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("replies");
+/// Striped directories: master FID → [`nacre_proto::dne::DirStripe`].
+const DIRSTRIPES: TableDefinition<u128, &[u8]> = TableDefinition::new("dirstripes");
+/// Directory → the default of its new subdirectories ([`nacre_proto::dne::DirDefault`]).
+const DIRDEFAULTS: TableDefinition<u128, &[u8]> = TableDefinition::new("dirdefaults");
+/// Operations over several MDTs this one coordinates and has not finished
+/// ([`dne::Intent`]).
+const INTENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("intents");
 
 const FORMAT: u64 = 1;
 /// Cookies 0 (start), 1 and 2 (`.` and `..` in a FUSE listing) are never an entry's.
 const COOKIE_MIN: u64 = 3;
+/// Not an errno: a change found it needs other MDTs (a remote inode, a striped
+/// directory), and the MDS coordinates it over them instead ([`dne`]). Never stored as a
+/// reply.
+pub const NEEDS_COORDINATION: i32 = 0x1_0000;
+
+fn coordinate(why: String) -> MdError {
+    MdError::new(NEEDS_COORDINATION, why)
+}
+
+/// The attributes of an entry whose inode lives on another MDT: its FID and type only.
+pub fn remote_attr(fid: Fid, kind: u32) -> Attr {
+    Attr { fid, mode: kind & mode::S_IFMT, ..Attr::default() }
+}
+
+/// EREMOTE if `dir` is a striped directory: its entries are in its shards.
+fn striped_here(txn: &redb::ReadTransaction, dir: Fid) -> Result<()> {
+    match txn.open_table(DIRSTRIPES)?.get(dir.key())? {
+        Some(v) => {
+            let s = nacre_proto::dne::DirStripe::decode(v.value())?;
+            Err(MdError::new(
+                errno::EREMOTE,
+                format!("{dir} is striped over {} MDTs: its entries are in its shards", s.shards.len()),
+            ))
+        }
+        None => Ok(()),
+    }
+}
 /// Hard links one inode may have (ext4's limit).
 pub const LINK_MAX: u32 = 65_000;
 /// Replies kept per client beyond what it has acknowledged.
@@ -240,6 +276,8 @@ pub enum Answer {
     /// An open file: the handle and the attributes.
     Opened(u64, Attr),
     Done,
+    /// An operation over several MDTs was begun as intent `id` (see [`dne`]).
+    Intent(u64),
 }
 
 impl Answer {
@@ -249,6 +287,7 @@ impl Answer {
             Answer::Attr(a) => a.put(Enc::new(1).u8(1)).done(),
             Answer::Opened(h, a) => a.put(Enc::new(1).u8(2).u64(*h)).done(),
             Answer::Done => Enc::new(1).u8(3).done(),
+            Answer::Intent(id) => Enc::new(1).u8(4).u64(*id).done(),
         }
     }
 
@@ -261,6 +300,7 @@ impl Answer {
                 Answer::Opened(h, Attr::get(&mut d)?)
             }
             3 => Answer::Done,
+            4 => Answer::Intent(d.u64("intent")?),
             k => return Err(storage(format!("stored reply of unknown kind {k}"))),
         };
         d.end()?;
@@ -553,6 +593,9 @@ const T_OBJECTS: u8 = 9;
 const T_POOLS: u8 = 10;
 const T_DESTROYS: u8 = 11;
 const T_DOM: u8 = 12;
+const T_DIRSTRIPES: u8 = 13;
+const T_DIRDEFAULTS: u8 = 14;
+const T_INTENTS: u8 = 15;
 const PUT: u8 = 1;
 const DEL: u8 = 2;
 
@@ -629,6 +672,18 @@ fn apply(txn: &WriteTransaction, rec: &[u8]) -> Result<()> {
             T_REPLIES => {
                 let (c, x) = (d.u64("client")?, d.u64("xid")?);
                 redo!(REPLIES, (c, x), d.bytes("reply", 1 << 16)?);
+            }
+            T_DIRSTRIPES => {
+                let k = big(&mut d, "striped directory")?;
+                redo!(DIRSTRIPES, k, d.bytes("directory stripe", 1 << 16)?);
+            }
+            T_DIRDEFAULTS => {
+                let k = big(&mut d, "directory default")?;
+                redo!(DIRDEFAULTS, k, d.bytes("directory default", 64)?);
+            }
+            T_INTENTS => {
+                let k = d.u64("intent")?;
+                redo!(INTENTS, k, d.bytes("intent", 1 << 20)?);
             }
             other => return Err(storage(format!("log record for table {other}"))),
         }
@@ -926,6 +981,7 @@ impl Tx<'_> {
         if !may(cred, &d, W | X) {
             return Err(denied(cred, "change entries of", &d));
         }
+        self.not_striped(dir)?;
         Ok((d, p))
     }
 
@@ -1015,6 +1071,10 @@ impl Tx<'_> {
         if mode::is_reg(a.mode) || mode::is_dir(a.mode) {
             self.del_layout(fid)?;
         }
+        if mode::is_dir(a.mode) {
+            self.del_dir_stripe(fid)?;
+            self.set_dir_default(fid, None)?;
+        }
         if mode::is_reg(a.mode) {
             // The file's OST objects go to the destroy log, destroyed in the background.
             let objects = self.txn.open_table(OBJECTS)?.remove(k)?.map(|v| v.value().to_vec());
@@ -1097,6 +1157,11 @@ impl Tx<'_> {
             ctime_ns: self.now,
         };
         self.put(&a, if kind == mode::S_IFDIR { dir } else { Fid::default() })?;
+        if kind == mode::S_IFDIR
+            && let Some(def) = self.dir_default_of(dir)?.and_then(|d| d.inherited())
+        {
+            self.set_dir_default(fid, Some(def))?;
+        }
         if let Some(l) = &layout {
             self.put_layout(fid, l)?;
         }
@@ -1147,6 +1212,9 @@ impl Namespace {
             txn.open_table(POOLS)?;
             txn.open_table(DESTROYS)?;
             txn.open_table(DOM)?;
+            txn.open_table(DIRSTRIPES)?;
+            txn.open_table(DIRDEFAULTS)?;
+            txn.open_table(INTENTS)?;
         }
         txn.commit()?;
         *lock(&ns.alloc) = FidAlloc { seq_k: 0, next_oid: 1, reserved: 1 };
@@ -1165,6 +1233,10 @@ impl Namespace {
             for r in &records {
                 apply(&txn, r)?;
             }
+            // Tables newer than the MDT's format start empty.
+            txn.open_table(DIRSTRIPES)?;
+            txn.open_table(DIRDEFAULTS)?;
+            txn.open_table(INTENTS)?;
             txn.commit()?;
             let mut log = lock(&ns.log);
             // A generation drawn afresh: records a lost reset left behind never match.
@@ -1301,17 +1373,26 @@ impl Namespace {
         if !may(cred, &d, X) {
             return Err(denied(cred, "search", &d));
         }
-        let child = match name {
-            "." => dir,
-            ".." => parent,
+        if name != "." && name != ".." {
+            striped_here(&txn, dir)?;
+        }
+        let (child, kind) = match name {
+            "." => (dir, mode::S_IFDIR),
+            ".." => (parent, mode::S_IFDIR),
             _ => {
                 let t = txn.open_table(DIRENTS)?;
                 let v = t
                     .get((dir.key(), cookie_of(name), name))?
                     .ok_or_else(|| MdError::new(errno::ENOENT, format!("no {name:?} in {dir}")))?;
-                Fid::from_key(v.value().0)
+                let (f, k) = v.value();
+                (Fid::from_key(f), k)
             }
         };
+        if child.mdt() != Some(self.index) {
+            // Lustre's answer for a remote entry: its FID, whose sequence names the MDT
+            // that has its attributes.
+            return Ok(remote_attr(child, kind));
+        }
         Ok(get(child)?.0)
     }
 
@@ -1344,6 +1425,7 @@ impl Namespace {
         if !may(cred, &d, R) {
             return Err(denied(cred, "list", &d));
         }
+        striped_here(&txn, dir)?;
         let t = txn.open_table(DIRENTS)?;
         let k = dir.key();
         let mut out = Vec::new();
@@ -1369,6 +1451,7 @@ impl Namespace {
             let child = Fid::from_key(child);
             let a = match inodes.get(child.key())? {
                 Some(v) => decode_inode(v.value())?.0,
+                None if child.mdt() != Some(self.index) => remote_attr(child, kind),
                 None => continue,
             };
             out.push((DirEntry { name: name.to_string(), fid: child, kind, cookie: hash }, a));
@@ -1614,7 +1697,9 @@ impl Namespace {
                 // half way): nothing of the batch may be kept.
                 return Err(e.clone());
             }
-            if let Some(k) = key {
+            if let Some(k) = key
+                && !r.as_ref().is_err_and(|e| e.errno == NEEDS_COORDINATION)
+            {
                 tx.put_reply(k.client, k.xid, &Stored { digest: k.digest, answer: r.clone() }.encode())?;
                 self.prune_replies(&tx, k)?;
             }
@@ -1700,7 +1785,7 @@ impl Namespace {
     fn attr_of(a: Answer) -> Result<Attr> {
         match a {
             Answer::Attr(a) | Answer::Opened(_, a) => Ok(a),
-            Answer::Done => Err(storage("a change that makes an inode answered nothing")),
+            Answer::Done | Answer::Intent(_) => Err(storage("a change that makes an inode answered nothing")),
         }
     }
 
@@ -2118,6 +2203,7 @@ impl Namespace {
             Box::new(move |tx| {
                 check_name(&name)?;
                 let (d, dp) = tx.dir_for_change(&cred, dir)?;
+                tx.local(fid)?;
                 let (mut a, p) = tx.get(fid)?;
                 if mode::is_dir(a.mode) {
                     return Err(MdError::new(errno::EPERM, format!("{fid} is a directory: no hard links")));
@@ -2158,8 +2244,12 @@ impl Namespace {
             let (d, dp) = tx.dir_for_change(&cred, dir)?;
             let (child, _) =
                 tx.lookup(dir, &name)?.ok_or_else(|| MdError::new(errno::ENOENT, format!("no {name:?} in {dir}")))?;
+            tx.local(child)?;
             let (a, ap) = tx.get(child)?;
             let is_dir = mode::is_dir(a.mode);
+            if is_dir && tx.dir_stripe(child)?.is_some() {
+                return Err(coordinate(format!("{name:?} is a striped directory")));
+            }
             if rmdir && !is_dir {
                 return Err(MdError::new(errno::ENOTDIR, format!("{name:?} is not a directory")));
             }
@@ -2211,10 +2301,12 @@ impl Namespace {
                 return Err(MdError::new(errno::EINVAL, format!("cannot rename {src_name:?}")));
             }
             let (sd, sdp) = tx.dir_for_change(&cred, src_dir)?;
+            tx.local(dst_dir)?;
             let (dd, ddp) = if dst_dir == src_dir { (sd, sdp) } else { tx.dir_for_change(&cred, dst_dir)? };
             let (child, kind) = tx
                 .lookup(src_dir, &src_name)?
                 .ok_or_else(|| MdError::new(errno::ENOENT, format!("no {src_name:?} in {src_dir}")))?;
+            tx.local(child)?;
             let (mut a, ap) = tx.get(child)?;
             if !Tx::sticky_ok(&cred, &sd, &a) {
                 return Err(MdError::new(errno::EPERM, format!("{src_name:?} is in a sticky directory and not yours")));
@@ -2243,6 +2335,7 @@ impl Namespace {
                     if at == Fid::ROOT {
                         break;
                     }
+                    tx.local(at)?;
                     let (_, p) = tx.get(at)?;
                     if p == at || p == Fid::default() {
                         break;
@@ -2256,8 +2349,12 @@ impl Namespace {
             }
             let victim = match victim {
                 Some((v, _)) => {
+                    tx.local(v)?;
                     let (va, vp) = tx.get(v)?;
                     let v_dir = mode::is_dir(va.mode);
+                    if v_dir && tx.dir_stripe(v)?.is_some() {
+                        return Err(coordinate(format!("{dst_name:?} is a striped directory")));
+                    }
                     if is_dir && !v_dir {
                         return Err(MdError::new(errno::ENOTDIR, format!("{dst_name:?} is not a directory")));
                     }
@@ -2321,6 +2418,20 @@ impl Namespace {
 
     /// The change `setattr` makes, for [`Namespace::submit`].
     pub fn setattr_change(cred: &Cred, fid: Fid, s: SetAttr) -> Change {
+        let cred = cred.clone();
+        Box::new(move |tx| {
+            tx.local(fid)?;
+            if (s.mode.is_some() || s.uid.is_some() || s.gid.is_some()) && tx.dir_stripe(fid)?.is_some() {
+                // Its shards take the same (see `dne`).
+                return Err(coordinate(format!("{fid} is a striped directory")));
+            }
+            Self::setattr_change_plain(&cred, fid, s)(tx)
+        })
+    }
+
+    /// As [`Namespace::setattr_change`], for the inode alone (a striped directory's
+    /// master, whose shards the coordinator changes after it).
+    pub fn setattr_change_plain(cred: &Cred, fid: Fid, s: SetAttr) -> Change {
         let cred = cred.clone();
         Box::new(move |tx| {
             let (mut a, p) = tx.get(fid)?;
