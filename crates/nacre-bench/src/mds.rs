@@ -78,15 +78,104 @@ fn drive_bytes(o: &MdsBenchOptions) -> u64 {
 }
 
 async fn serve(dir: &Path, sync: SyncMode, drive: u64) -> Result<Served, BenchError> {
+    Ok(serve_mdt(dir, sync, drive, 0).await?.0)
+}
+
+/// MDT `index` served over loopback TCP.
+async fn serve_mdt(dir: &Path, sync: SyncMode, drive: u64, index: u32) -> Result<(Served, Arc<Mds>), BenchError> {
     std::fs::create_dir_all(dir)?;
     let volume = Arc::new(create(&make_drives(dir, 4, drive)?, Level::Raid10, 256 << 10)?);
     let opts = NamespaceOptions { sync, ..NamespaceOptions::default() };
-    let ns = tokio::task::block_in_place(|| Namespace::format(volume.clone(), 0, opts)).map_err(bad)?;
-    let mds = Mds::new("mdt0", Arc::new(ns));
+    let ns = tokio::task::block_in_place(|| Namespace::format(volume.clone(), index, opts)).map_err(bad)?;
+    let mds = Mds::new(&format!("mdt{index}"), Arc::new(ns));
     let nid: Nid = "127.0.0.1@tcp:0".parse().map_err(bad)?;
     let server =
         Server::start(Arc::new(TcpTransport), &nid, mds.handler(), ServerConfig::default()).await.map_err(bad)?;
-    Ok(Served { server, volume })
+    Ok((Served { server, volume }, mds))
+}
+
+/// A file system of `n` MDTs over loopback TCP, each knowing the others.
+async fn serve_mdts(dir: &Path, drive: u64, n: u32) -> Result<Vec<Served>, BenchError> {
+    let mut out = Vec::new();
+    let mut mds = Vec::new();
+    for i in 0..n {
+        let (s, m) = serve_mdt(&dir.join(format!("mdt{i}")), SyncMode::Ordered, drive, i).await?;
+        out.push(s);
+        mds.push(m);
+    }
+    let nids: std::collections::HashMap<u32, Nid> =
+        out.iter().enumerate().map(|(i, s)| (i as u32, s.server.nid())).collect();
+    for m in &mds {
+        m.coordinator().set_peers(n, Client::new(Arc::new(TcpTransport), ClientConfig::default()), nids.clone());
+    }
+    Ok(out)
+}
+
+/// Creates and unlinks per second of `files` names in one directory shared by every
+/// client: a directory striped over every MDT of `mdts` (each name sent to its shard's
+/// MDT), or a plain one when there is one MDT.
+async fn shared_dir_round(mdts: &[Served], o: &MdsBenchOptions, round: usize) -> Result<(f64, f64), BenchError> {
+    let per = (o.files / o.clients as u64).max(1);
+    let mut conns: Vec<Vec<Arc<Import>>> = Vec::new();
+    for _ in 0..o.clients {
+        let c = Client::new(Arc::new(TcpTransport), ClientConfig::default());
+        let mut v = Vec::new();
+        for m in mdts {
+            v.push(c.connect(&m.server.nid()).await.map_err(bad)?);
+        }
+        conns.push(v);
+    }
+    let n = mdts.len() as i32;
+    let mkdir = Request::Mkdir { dir: Fid::ROOT, name: format!("shared-r{round}"), mode: 0o755, mdt: 0, count: n };
+    let dir = match call(&conns[0][0], &mkdir).await? {
+        Reply::Attr(a) => a.fid,
+        other => return Err(BenchError::Bad(format!("mkdir answered {other:?}"))),
+    };
+    let shards = match call(&conns[0][0], &Request::Getdirstripe { dir }).await? {
+        Reply::DirStripe { stripe, .. } if !stripe.is_empty() => {
+            nacre_proto::dne::DirStripe::decode(&stripe).map_err(bad)?
+        }
+        _ => nacre_proto::dne::DirStripe { hash: nacre_proto::dne::HASH_FNV_1A_64, shards: vec![dir] },
+    };
+    let shards = Arc::new(shards);
+    let phase = |unlink: bool| {
+        let shards = shards.clone();
+        let conns = conns.clone();
+        async move {
+            let started = Instant::now();
+            let mut set = tokio::task::JoinSet::new();
+            for (i, imps) in conns.into_iter().enumerate() {
+                let shards = shards.clone();
+                set.spawn(async move {
+                    for j in 0..per {
+                        let name = format!("c{i}-f{j}");
+                        let shard = shards.shards[shards.shard_of(&name)];
+                        let imp = &imps[shard.mdt().unwrap_or(0) as usize % imps.len()];
+                        let r = if unlink {
+                            Request::Unlink { dir: shard, name, rmdir: false }
+                        } else {
+                            Request::Create {
+                                dir: shard,
+                                name,
+                                mode: mode::S_IFREG | 0o644,
+                                target: vec![],
+                                layout: vec![],
+                            }
+                        };
+                        call(imp, &r).await?;
+                    }
+                    Ok::<(), BenchError>(())
+                });
+            }
+            while let Some(r) = set.join_next().await {
+                r.map_err(bad)??;
+            }
+            Ok::<f64, BenchError>((per * o.clients as u64) as f64 / started.elapsed().as_secs_f64())
+        }
+    };
+    let create = phase(false).await?;
+    let unlink = phase(true).await?;
+    Ok((create, unlink))
 }
 
 async fn call(imp: &Import, r: &Request) -> Result<Reply, BenchError> {
@@ -486,6 +575,24 @@ async fn run_in(
         let _ = writeln!(out, "local unlink {rate:.0}/s");
         f[6].push(rate);
     }
+    // DNE: one directory shared by every client, striped over two MDTs, against the
+    // same on one MDT, rounds interleaved.
+    let two = serve_mdts(&work.join("dne"), drive_bytes(o), 2).await?;
+    let mut dne: [Vec<f64>; 4] = Default::default();
+    for round in 0..o.rounds.max(1) {
+        let (c1, u1) = shared_dir_round(std::slice::from_ref(&served), o, round).await?;
+        let (c2, u2) = shared_dir_round(&two, o, round).await?;
+        let _ = writeln!(
+            out,
+            "shared directory round {}: one MDT create {c1:.0}/s unlink {u1:.0}/s | striped over two MDTs create {c2:.0}/s unlink {u2:.0}/s",
+            round + 1
+        );
+        for (i, v) in [c1, u1, c2, u2].into_iter().enumerate() {
+            dne[i].push(v);
+        }
+    }
+    drop(two);
+    let d: Vec<f64> = dne.iter().map(|v| peak(v)).collect();
     let _ = served.volume.name();
     drop(served);
     let b: Vec<f64> = f.iter().map(|v| peak(v)).collect();
@@ -529,6 +636,21 @@ async fn run_in(
     let _ =
         writeln!(out, "| 3,901-byte files (DoM) | {:.0} | {:.0} (local) | {:.3} | |", b[9], b[10], ratio(b[9], b[10]));
     let _ = writeln!(out, "| local stat | | {:.0} | | |", b[5]);
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let _ = writeln!(
+        out,
+        "| create, shared directory striped over 2 MDTs | {:.0} | {:.0} (1 MDT) | {:.3} | ≥ 1.5 with enough cores ({cores} here) |",
+        d[2],
+        d[0],
+        ratio(d[2], d[0])
+    );
+    let _ = writeln!(
+        out,
+        "| unlink, shared directory striped over 2 MDTs | {:.0} | {:.0} (1 MDT) | {:.3} | |",
+        d[3],
+        d[1],
+        ratio(d[3], d[1])
+    );
     if o.durable_dir.is_some() {
         let _ = writeln!(
             out,
@@ -543,7 +665,13 @@ async fn run_in(
         "files": o.files,
         "clients": o.clients,
         "rounds": o.rounds,
-        "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "cores": cores,
+        "one_mdt_shared_create_per_s": d[0],
+        "one_mdt_shared_unlink_per_s": d[1],
+        "two_mdt_striped_create_per_s": d[2],
+        "two_mdt_striped_unlink_per_s": d[3],
+        "two_mdt_create_ratio": ratio(d[2], d[0]),
+        "two_mdt_unlink_ratio": ratio(d[3], d[1]),
         "create_per_s": b[0],
         "stat_per_s": b[1],
         "unlink_per_s": b[2],

@@ -93,9 +93,10 @@ fn run_op(ns: &Namespace, dir: Fid, op: &MdtOp) -> Result<(), nacre_server::mdt:
     }
 }
 
-/// Follow the file system's OSTs in the MGS's configuration: whenever the set changes,
-/// connect to each and (re)start the precreate and destroy tasks over them.
-async fn follow_osts(mgs: nacre_net::nid::Nid, ns: Arc<Namespace>) {
+/// Follow the file system's targets in the MGS's configuration: tell the coordinator of
+/// operations over several MDTs where the other MDTs are, and whenever the set of OSTs
+/// changes, connect to each and (re)start the precreate and destroy tasks over them.
+async fn follow_config(mgs: nacre_net::nid::Nid, ns: Arc<Namespace>, dne: Arc<nacre_server::dne::Coordinator>) {
     use nacre_proto::mgs::{Config, Request, TargetKind};
     let client = nacre_net::client::Client::new(
         Arc::new(nacre_net::transport::TcpTransport),
@@ -117,6 +118,14 @@ async fn follow_osts(mgs: nacre_net::nid::Nid, ns: Arc<Namespace>) {
             continue;
         };
         have = cfg.version;
+        let mdts: std::collections::HashMap<u32, nacre_net::nid::Nid> = cfg
+            .targets
+            .iter()
+            .filter(|t| t.kind == TargetKind::Mdt && t.index != ns.index())
+            .filter_map(|t| Some((t.index, t.nids.first()?.parse().ok()?)))
+            .collect();
+        let count = cfg.targets.iter().filter(|t| t.kind == TargetKind::Mdt).map(|t| t.index + 1).max().unwrap_or(1);
+        dne.set_peers(count, client.clone(), mdts);
         let osts: Vec<(u32, String)> = cfg
             .targets
             .iter()
@@ -200,10 +209,18 @@ pub fn run(cmd: MdtCommand) -> CliResult {
             let ns = Arc::new(open(&dir, &name)?);
             let index = ns.index();
             let mds = nacre_server::mds::Mds::new(&name, ns.clone());
+            let dne = mds.coordinator().clone();
+            let label = name.clone();
             crate::service::serve_forever(&listen, mds.handler(), &name, |_, nid| async move {
+                // Operations over several MDTs a stop cut short are finished first (their
+                // steps wait for the other MDTs, known from the MGS).
+                let open = mds.recover()?;
+                if open > 0 {
+                    eprintln!("{label}: finishing {open} operations over several MDTs");
+                }
                 if let Some(mgs) = &join.mgs {
                     crate::mgs::register(mgs, &join.fsname, nacre_proto::mgs::TargetKind::Mdt, index, &nid).await?;
-                    tokio::spawn(follow_osts(mgs.clone(), ns));
+                    tokio::spawn(follow_config(mgs.clone(), ns, dne));
                 }
                 Ok(())
             })

@@ -66,6 +66,12 @@ fn bench_mds_prints_every_figure() {
             "unlink_ratio",
             "stat_vs_ping_ratio",
             "durable_create_ratio",
+            "one_mdt_shared_create_per_s",
+            "two_mdt_striped_create_per_s",
+            "two_mdt_striped_unlink_per_s",
+            "two_mdt_create_ratio",
+            "two_mdt_unlink_ratio",
+            "cores",
         ],
     );
 }

@@ -1199,8 +1199,10 @@ impl Namespace {
                 ctime_ns: now,
                 ..Attr::default()
             };
+            // The root lives on MDT 0; every MDT has the table.
+            let mut inodes = txn.open_table(INODES)?;
             if index == 0 {
-                txn.open_table(INODES)?.insert(Fid::ROOT.key(), encode_inode(&root, Fid::ROOT).as_slice())?;
+                inodes.insert(Fid::ROOT.key(), encode_inode(&root, Fid::ROOT).as_slice())?;
             }
             txn.open_table(DIRENTS)?;
             txn.open_table(SYMLINKS)?;
