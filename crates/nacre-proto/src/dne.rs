@@ -13,7 +13,7 @@
 //! "`--max-inherit-rr`"), below which a subdirectory stays on its parent's MDT.
 
 use crate::fid::{Fid, name_hash};
-use crate::mdt::{Attr, Creds, GROUPS_MAX, NAME_MAX};
+use crate::mdt::{Attr, Creds, NAME_MAX};
 use crate::wire::{Dec, Enc, ProtoError};
 
 /// Shards a striped directory has at most.
@@ -162,28 +162,8 @@ pub enum Update {
     Rmdir { fid: Fid },
     /// A directory's parent (`..`) after a rename.
     SetParent { fid: Fid, parent: Fid },
-    /// A shard takes its master's permissions and owner.
+    /// A shard takes its master's permissions and owner (answers its attributes).
     CopyAttr { fid: Fid, mode: u32, uid: u32, gid: u32 },
-}
-
-fn put_creds(e: Enc, c: &Creds) -> Enc {
-    let mut e = e.u32(c.uid).u32(c.gid).u32(c.groups.len() as u32);
-    for g in &c.groups {
-        e = e.u32(*g);
-    }
-    e
-}
-
-fn get_creds(d: &mut Dec<'_>) -> Result<Creds, ProtoError> {
-    let (uid, gid, n) = (d.u32("uid")?, d.u32("gid")?, d.u32("group count")? as usize);
-    if n > GROUPS_MAX {
-        return Err(ProtoError::Invalid(format!("{n} supplementary groups; at most {GROUPS_MAX}")));
-    }
-    let mut groups = Vec::with_capacity(n);
-    for _ in 0..n {
-        groups.push(d.u32("group")?);
-    }
-    Ok(Creds { uid, gid, groups })
 }
 
 impl Update {
@@ -194,10 +174,10 @@ impl Update {
                 parent.put(attr.put(e.u8(1))).bytes(stripe).bytes(default)
             }
             Update::AddEntry { creds, dir, name: n, fid, kind, dlink, replace } => {
-                fid.put(name(dir.put(put_creds(e.u8(2), creds)), n)).u32(*kind).u32(*dlink as u32).u8(*replace as u8)
+                fid.put(name(dir.put(creds.put(e.u8(2))), n)).u32(*kind).u32(*dlink as u32).u8(*replace as u8)
             }
             Update::DelEntry { creds, dir, name: n, fid, kind, owner, dlink } => {
-                fid.put(name(dir.put(put_creds(e.u8(3), creds)), n)).u32(*kind).u32(*owner).u32(*dlink as u32)
+                fid.put(name(dir.put(creds.put(e.u8(3))), n)).u32(*kind).u32(*owner).u32(*dlink as u32)
             }
             Update::Link { fid, delta } => fid.put(e.u8(4)).u32(*delta as u32),
             Update::Rmdir { fid } => fid.put(e.u8(5)),
@@ -216,7 +196,7 @@ impl Update {
                 default: d.bytes("directory default", 64)?.to_vec(),
             },
             2 => Update::AddEntry {
-                creds: get_creds(d)?,
+                creds: Creds::get(d)?,
                 dir: Fid::get(d, "directory")?,
                 name: name(d)?,
                 fid: Fid::get(d, "fid")?,
@@ -225,7 +205,7 @@ impl Update {
                 replace: d.u8("replace flag")? != 0,
             },
             3 => Update::DelEntry {
-                creds: get_creds(d)?,
+                creds: Creds::get(d)?,
                 dir: Fid::get(d, "directory")?,
                 name: name(d)?,
                 fid: Fid::get(d, "fid")?,

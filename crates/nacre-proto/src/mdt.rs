@@ -175,6 +175,29 @@ pub struct Creds {
     pub groups: Vec<u32>,
 }
 
+impl Creds {
+    pub fn put(&self, e: Enc) -> Enc {
+        let mut e = e.u32(self.uid).u32(self.gid).u32(self.groups.len() as u32);
+        for g in &self.groups {
+            e = e.u32(*g);
+        }
+        e
+    }
+
+    /// Credentials, with at most [`GROUPS_MAX`] supplementary groups.
+    pub fn get(d: &mut Dec<'_>) -> Result<Creds, ProtoError> {
+        let (uid, gid, n) = (d.u32("uid")?, d.u32("gid")?, d.u32("group count")? as usize);
+        if n > GROUPS_MAX {
+            return Err(ProtoError::Invalid(format!("{n} supplementary groups; at most {GROUPS_MAX}")));
+        }
+        let mut groups = Vec::with_capacity(n);
+        for _ in 0..n {
+            groups.push(d.u32("group")?);
+        }
+        Ok(Creds { uid, gid, groups })
+    }
+}
+
 /// Bits of [`SetAttr::mask`].
 pub mod set {
     pub const MODE: u32 = 1;
@@ -358,10 +381,7 @@ impl Request {
 
     /// The opcode and body of this request from `creds`.
     pub fn encode(&self, creds: &Creds) -> (u16, Vec<u8>) {
-        let mut e = Enc::new(VERSION).u32(creds.uid).u32(creds.gid).u32(creds.groups.len() as u32);
-        for g in &creds.groups {
-            e = e.u32(*g);
-        }
+        let e = creds.put(Enc::new(VERSION));
         let s = |e: Enc, v: &str| e.bytes(v.as_bytes());
         match self {
             Request::Getattr { fid } => (MDS_GETATTR, fid.put(e).done()),
@@ -443,15 +463,7 @@ impl Request {
             other => return Err(ProtoError::Invalid(format!("opcode {other} is not an MDS operation"))),
         };
         let mut d = Dec::new(body, name, VERSION)?;
-        let (uid, gid, n) = (d.u32("uid")?, d.u32("gid")?, d.u32("group count")? as usize);
-        if n > GROUPS_MAX {
-            return Err(ProtoError::Invalid(format!("{n} supplementary groups; at most {GROUPS_MAX}")));
-        }
-        let mut groups = Vec::with_capacity(n);
-        for _ in 0..n {
-            groups.push(d.u32("group")?);
-        }
-        let creds = Creds { uid, gid, groups };
+        let creds = Creds::get(&mut d)?;
         // Names are bounded a little above the limit, so the MDS can answer an over-long
         // one with ENAMETOOLONG instead of a protocol error.
         let name_of = |d: &mut Dec<'_>, what| d.str(what, NAME_MAX * 4).map(str::to_string);

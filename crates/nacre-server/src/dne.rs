@@ -37,6 +37,11 @@ pub fn coordinator_client(c: u32) -> u64 {
     0xC00D_0000_0000_0000 | c as u64
 }
 
+/// Is `client` the reply-key client of some MDT's steps?
+pub fn is_coordinator_client(client: u64) -> bool {
+    client >> 32 == 0xC00D_0000
+}
+
 /// Intents one MDT runs at once: each holds at most a few reply records per MDT, which
 /// stay below the per-client bound.
 pub const INTENTS_IN_FLIGHT: usize = 64;
@@ -71,7 +76,7 @@ pub struct Coordinator {
     mdts: AtomicU32,
     links: Mutex<Links>,
     /// Intents running, with a channel that gets their answer.
-    running: Mutex<HashMap<u64, watch::Receiver<Option<Result<Answer>>>>>,
+    running: Mutex<HashMap<u64, RunningAnswer>>,
     /// Ids of the intents running, for the `acked_below` of step keys.
     ids: Mutex<BTreeSet<u64>>,
     slots: Semaphore,
@@ -81,6 +86,9 @@ pub struct Coordinator {
     pub resent: AtomicU64,
     pub undone: AtomicU64,
 }
+
+/// Where the answer of an intent another task runs will come.
+type RunningAnswer = watch::Receiver<Option<Result<Answer>>>;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -224,10 +232,7 @@ impl Coordinator {
 
     /// Run an intent to its end: its steps in order, the undos of those done if one
     /// fails; then end it, giving the client's record the answer.
-    async fn run(&self, intent: Intent) -> Result<Answer> {
-        let (tx, rx) = watch::channel(None);
-        lock(&self.running).insert(intent.id, rx);
-        lock(&self.ids).insert(intent.id);
+    async fn run(&self, intent: Intent, tx: watch::Sender<Option<Result<Answer>>>) -> Result<Answer> {
         let mut answer = Ok(Answer::Done);
         for (i, s) in intent.steps.iter().enumerate() {
             match self.exec(intent.id, i, false, s.mdt, &s.update).await {
@@ -257,10 +262,40 @@ impl Coordinator {
         let end = Namespace::end_intent_change(intent.id, intent.client, answer.clone());
         let ended = self.ns.submit(None, end, 0).await;
         lock(&self.running).remove(&intent.id);
-        lock(&self.ids).remove(&intent.id);
+        if ended.is_ok() {
+            // Still open otherwise: its step records must stay.
+            lock(&self.ids).remove(&intent.id);
+        }
         let _ = tx.send(Some(answer.clone()));
         ended?;
         answer
+    }
+
+    /// Take intent `id` to run it, or, if it runs already, the channel of its answer.
+    fn claim(&self, id: u64) -> std::result::Result<watch::Sender<Option<Result<Answer>>>, RunningAnswer> {
+        let mut running = lock(&self.running);
+        if let Some(rx) = running.get(&id) {
+            return Err(rx.clone());
+        }
+        let (tx, rx) = watch::channel(None);
+        running.insert(id, rx);
+        lock(&self.ids).insert(id);
+        Ok(tx)
+    }
+
+    /// What a change keyed `key` already answered, if anything: an operation over
+    /// several MDTs resent while (or after) it ran finds its intent here. `None`: nothing
+    /// stored, plan it afresh.
+    pub async fn stored(&self, key: Option<ReplyKey>) -> Option<Result<Answer>> {
+        key?;
+        // A probe that changes nothing and is never stored: only a stored answer is
+        // anything but NEEDS_COORDINATION.
+        let probe: crate::mdt::namespace::Change = Box::new(|_| Err(MdError::new(NEEDS_COORDINATION, "probe")));
+        match self.ns.submit(key, probe, 0).await {
+            Err(e) if e.errno == NEEDS_COORDINATION => None,
+            Ok(Answer::Intent(id)) => Some(self.finish(key, id).await),
+            other => Some(other),
+        }
     }
 
     /// Begin an intent under the client's key and run it; a resent request finds the
@@ -281,25 +316,28 @@ impl Coordinator {
 
     /// The answer of intent `id`: wait for it if it runs, run it if it is open and
     /// nobody runs it, or read its final answer from the client's record.
-    async fn finish(&self, key: Option<ReplyKey>, id: u64) -> Result<Answer> {
-        let waiting = lock(&self.running).get(&id).cloned();
-        if let Some(mut rx) = waiting {
-            loop {
+    pub async fn finish(&self, key: Option<ReplyKey>, id: u64) -> Result<Answer> {
+        match self.claim(id) {
+            Err(mut rx) => loop {
                 if let Some(a) = rx.borrow().clone() {
                     return a;
                 }
                 if rx.changed().await.is_err() {
                     break;
                 }
-            }
-        }
-        let ns = self.ns.clone();
-        let open = blocking(move || ns.intent_open(id)).await?;
-        if open {
-            let ns = self.ns.clone();
-            let intent = blocking(move || ns.intents()).await?.into_iter().find(|i| i.id == id);
-            if let Some(i) = intent {
-                return self.run(i).await;
+            },
+            Ok(tx) => {
+                let ns = self.ns.clone();
+                let intent = blocking(move || ns.intents()).await.map(|v| v.into_iter().find(|i| i.id == id));
+                match intent {
+                    Ok(Some(i)) => return self.run(i, tx).await,
+                    _ => {
+                        // Ended already: nothing to run.
+                        lock(&self.running).remove(&id);
+                        lock(&self.ids).remove(&id);
+                        let _ = tx.send(None);
+                    }
+                }
             }
         }
         // Ended: the client's record holds its answer now.
@@ -312,14 +350,12 @@ impl Coordinator {
     pub fn recover(self: &Arc<Self>) -> Result<usize> {
         let open = self.ns.intents()?;
         let n = open.len();
-        for i in &open {
-            lock(&self.ids).insert(i.id);
-        }
-        for i in open {
+        let claimed: Vec<_> = open.into_iter().filter_map(|i| self.claim(i.id).ok().map(|tx| (i, tx))).collect();
+        for (i, tx) in claimed {
             let me = self.clone();
             tokio::spawn(async move {
                 let id = i.id;
-                if let Err(e) = me.run(i).await {
+                if let Err(e) = me.run(i, tx).await {
                     eprintln!("mdt{}: recovered intent {id} ended with: {}", me.index(), e.message);
                 }
             });
@@ -332,7 +368,7 @@ impl Coordinator {
     /// directory on this MDT, made by the local path.
     pub async fn placement(&self, dir: Fid, mdt: i32, count: i32) -> Result<Option<(u32, u32)>> {
         let n = self.mdts();
-        if n <= 1 && mdt <= 0 && count.abs() <= 1 {
+        if n <= 1 && mdt <= 0 && (-1..=1).contains(&count) {
             return Ok(None);
         }
         let def = if mdt < 0 || count == 0 {
@@ -676,7 +712,7 @@ impl Coordinator {
                 Answer::Attr(a) => a,
                 _ => return Err(MdError::new(errno::EIO, "setattr answered no attributes")),
             };
-            let steps: Vec<Step> = shards
+            let mut steps: Vec<Step> = shards
                 .iter()
                 .map(|&f| Step {
                     mdt: f.mdt().unwrap_or(0),
@@ -684,14 +720,20 @@ impl Coordinator {
                     undo: None,
                 })
                 .collect();
+            // Last, the master once more: its attributes are the answer, stored for
+            // resends too.
+            steps.push(Step {
+                mdt: fid.mdt().unwrap_or(0),
+                update: Update::CopyAttr { fid, mode: a.mode, uid: a.uid, gid: a.gid },
+                undo: None,
+            });
             let n = steps.len();
             if n > STEPS_MAX {
                 return Err(MdError::new(errno::EINVAL, "too many shards"));
             }
-            Ok((steps, None))
+            Ok((steps, Some(n as u32 - 1)))
         })
-        .await?;
-        Ok(Answer::Attr(self.getattr(fid).await?))
+        .await
     }
 
     /// Is `e` the local path saying it needs this coordinator?

@@ -240,22 +240,33 @@ impl Mds {
             Ok(v) => v,
             Err(e) => return fail(-EPROTO, format!("bad MDS request: {e}")),
         };
+
         let key = Some(reply_key(&header, client, body, &[]));
         let (c, dne) = (cred(creds), &self.dne);
-        let r = match r {
-            Request::Unlink { dir, name, rmdir } => dne.remove(key, &c, dir, &name, rmdir).await,
-            Request::Rename { src_dir, src_name, dst_dir, dst_name, noreplace } => {
-                let how = if noreplace { RenameMode::NoReplace } else { RenameMode::Replace };
-                dne.rename(key, &c, src_dir, &src_name, dst_dir, &dst_name, how).await
-            }
-            Request::Link { fid, dir, name } => dne.link(key, &c, fid, dir, &name).await,
-            Request::Setattr { fid, set } => dne.setattr(key, &c, fid, set_attr(&set)).await,
-            other => Err(MdError::new(errno::EIO, format!("{other:?} cannot span MDTs"))),
+        // A resend finds the operation its first copy began (or its answer).
+        let r = match dne.stored(key).await {
+            Some(r) => r,
+            None => self.plan(key, &c, r).await,
         };
         match r {
             Ok(Answer::Attr(a)) => ok(mdt::Reply::Attr(a)),
             Ok(_) => ok(mdt::Reply::Done),
             Err(e) => fail(e.status(), e.message),
+        }
+    }
+
+    /// Plan and run a change over several MDTs.
+    async fn plan(&self, key: Option<ReplyKey>, c: &Cred, r: Request) -> Result<Answer, MdError> {
+        let dne = &self.dne;
+        match r {
+            Request::Unlink { dir, name, rmdir } => dne.remove(key, c, dir, &name, rmdir).await,
+            Request::Rename { src_dir, src_name, dst_dir, dst_name, noreplace } => {
+                let how = if noreplace { RenameMode::NoReplace } else { RenameMode::Replace };
+                dne.rename(key, c, src_dir, &src_name, dst_dir, &dst_name, how).await
+            }
+            Request::Link { fid, dir, name } => dne.link(key, c, fid, dir, &name).await,
+            Request::Setattr { fid, set } => dne.setattr(key, c, fid, set_attr(&set)).await,
+            other => Err(MdError::new(errno::EIO, format!("{other:?} cannot span MDTs"))),
         }
     }
 
@@ -347,6 +358,8 @@ impl Mds {
         };
         Some(match self.ns.submit(key, change, weight).await {
             Ok(Answer::Attr(a)) => ok(mdt::Reply::Attr(a)),
+            // A resend of an operation over several MDTs: the coordinator answers it.
+            Ok(Answer::Intent(_)) => fail(-NEEDS_COORDINATION, "resent".into()),
             Ok(_) => ok(mdt::Reply::Done),
             Err(e) => fail(e.status(), e.message),
         })
@@ -366,7 +379,11 @@ impl Mds {
         count: i32,
     ) -> Reply {
         let r = match self.dne.placement(dir, at, count).await {
-            Ok(None) => self.ns.submit(key, Namespace::mkdir_change(c, dir, name, perms), 0).await,
+            Ok(None) => match self.ns.submit(key, Namespace::mkdir_change(c, dir, name, perms), 0).await {
+                // Resent: its first copy was placed elsewhere.
+                Ok(Answer::Intent(id)) => self.dne.finish(key, id).await,
+                r => r,
+            },
             Ok(Some(place)) => self.dne.mkdir(key, c, dir, name, perms, place).await,
             Err(e) => Err(e),
         };

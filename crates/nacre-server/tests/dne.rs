@@ -418,3 +418,36 @@ async fn a_crash_of_the_coordinator_is_finished_at_restart() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_operation_over_two_mdts_gets_its_first_answer() {
+    let (fs, _net) = file_system(2).await;
+    let d = fs.mkdir(Fid::ROOT, "d", 1, 0).await.unwrap();
+    let f = fs.create(d.fid, "f").await.unwrap();
+    let h = fs.mds[0].handler();
+    // A link on MDT 0 to a file on MDT 1, sent twice with one xid: one link, the same
+    // attributes both times.
+    let link = Request::Link { fid: f.fid, dir: Fid::ROOT, name: "l".into() };
+    let first = h(incoming(77, 1, &link)).await;
+    let again = h(incoming(77, 1, &link)).await;
+    assert_eq!(first.status, 0, "{}", String::from_utf8_lossy(&first.body));
+    assert_eq!((again.status, &again.body), (0, &first.body));
+    assert_eq!(fs.getattr(f.fid).await.unwrap().nlink, 2);
+    // The unlink of a remote directory, resent: done once, answered twice.
+    fs.unlink(d.fid, "f", false).await.unwrap();
+    let rmdir = Request::Unlink { dir: Fid::ROOT, name: "d".into(), rmdir: true };
+    assert_eq!(h(incoming(77, 2, &rmdir)).await.status, 0);
+    assert_eq!(h(incoming(77, 2, &rmdir)).await.status, 0, "not ENOENT");
+    // A chmod of a striped directory, resent: attributes both times.
+    let s = fs.mkdir(Fid::ROOT, "s", 0, 2).await.unwrap();
+    let chmod =
+        Request::Setattr { fid: s.fid, set: mdt::SetAttr { mask: mdt::set::MODE, mode: 0o750, ..Default::default() } };
+    for _ in 0..2 {
+        let r = h(incoming(77, 3, &chmod)).await;
+        match Reply::decode(&r.body).unwrap() {
+            Reply::Attr(a) => assert_eq!(a.mode, mode::S_IFDIR | 0o750),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(fs.intents(), 0);
+}

@@ -3,8 +3,6 @@
 //! acknowledged directory is there, every name on MDT 0 leads to an inode on MDT 1, and
 //! MDT 1 holds no inode that no name leads to: no operation was left half done.
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,16 +12,6 @@ use nacre_proto::mdt::{Creds, Reply, Request};
 
 mod common;
 use common::*;
-
-fn serve(args: &[&str], dir: &std::path::Path) -> (Kill, String) {
-    let mut child =
-        nacre().args(args).arg("--dir").arg(dir).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    assert!(line.starts_with("serving"), "{args:?} printed {line:?}");
-    (Kill(child), line.trim().rsplit(' ').next().unwrap().to_string())
-}
 
 fn ok(out: std::process::Output) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -2,22 +2,8 @@
 //! and two targets as three processes over TCP; the targets register, `get-param` shows
 //! them, `set-param -P` stores a parameter, and a bad one is refused with the reason.
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
-
 mod common;
 use common::*;
-
-/// Start a serving process; returns it and the NID it printed.
-fn serve(args: &[&str], dir: &std::path::Path) -> (Kill, String) {
-    let mut child =
-        nacre().args(args).arg("--dir").arg(dir).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    assert!(line.starts_with("serving"), "{args:?} printed {line:?}");
-    (Kill(child), line.trim().rsplit(' ').next().unwrap().to_string())
-}
 
 fn ok(out: std::process::Output) -> String {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

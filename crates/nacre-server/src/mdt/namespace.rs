@@ -74,6 +74,12 @@ fn coordinate(why: String) -> MdError {
     MdError::new(NEEDS_COORDINATION, why)
 }
 
+/// A resent request whose first copy began an operation over several MDTs: the
+/// coordinator has its answer.
+fn resent_intent() -> MdError {
+    coordinate("resent: its operation over several MDTs has the answer".to_string())
+}
+
 /// The attributes of an entry whose inode lives on another MDT: its FID and type only.
 pub fn remote_attr(fid: Fid, kind: u32) -> Attr {
     Attr { fid, mode: kind & mode::S_IFMT, ..Attr::default() }
@@ -1771,7 +1777,9 @@ impl Namespace {
                     kept += 1;
                 }
             }
-            if kept > REPLIES_PER_CLIENT_MAX {
+            // Another MDT's steps are kept until it says their intents ended: dropping
+            // one early could run it again after a restart.
+            if kept > REPLIES_PER_CLIENT_MAX && !crate::dne::is_coordinator_client(k.client) {
                 for e in t.range((k.client, k.acked_below)..=(k.client, u64::MAX))?.take(kept - REPLIES_PER_CLIENT_MAX)
                 {
                     old.push(e?.0.value().1);
@@ -1787,7 +1795,16 @@ impl Namespace {
     fn attr_of(a: Answer) -> Result<Attr> {
         match a {
             Answer::Attr(a) | Answer::Opened(_, a) => Ok(a),
-            Answer::Done | Answer::Intent(_) => Err(storage("a change that makes an inode answered nothing")),
+            Answer::Done => Err(storage("a change that makes an inode answered nothing")),
+            Answer::Intent(_) => Err(resent_intent()),
+        }
+    }
+
+    /// A change's answer when it answers nothing but may have been resent.
+    fn done(a: Answer) -> Result<()> {
+        match a {
+            Answer::Intent(_) => Err(resent_intent()),
+            _ => Ok(()),
         }
     }
 
@@ -2232,8 +2249,7 @@ impl Namespace {
     /// Remove the entry `name` of `dir`: a non-directory (`rmdir` false) or an empty
     /// directory (`rmdir` true).
     pub fn remove(&self, cred: &Cred, dir: Fid, name: &str, rmdir: bool, key: Option<ReplyKey>) -> Result<()> {
-        self.change(key, Self::remove_change(cred, dir, name, rmdir))?;
-        Ok(())
+        Self::done(self.change(key, Self::remove_change(cred, dir, name, rmdir))?)
     }
 
     /// The change `remove` makes, for [`Namespace::submit`].
@@ -2283,8 +2299,7 @@ impl Namespace {
         how: RenameMode,
         key: Option<ReplyKey>,
     ) -> Result<()> {
-        self.change(key, Self::rename_change(cred, src_dir, src_name, dst_dir, dst_name, how))?;
-        Ok(())
+        Self::done(self.change(key, Self::rename_change(cred, src_dir, src_name, dst_dir, dst_name, how))?)
     }
 
     /// The change `rename` makes, for [`Namespace::submit`].

@@ -13,6 +13,24 @@ pub fn nacre() -> Command {
     Command::new(env!("CARGO_BIN_EXE_nacre"))
 }
 
+/// Start a serving process (`args` then `--dir DIR`); returns it and the NID it printed.
+pub fn serve(args: &[&str], dir: &Path) -> (Kill, String) {
+    use std::io::BufRead;
+    let mut child = nacre()
+        .args(args)
+        .arg("--dir")
+        .arg(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut line).unwrap();
+    assert!(line.starts_with("serving"), "{args:?} printed {line:?}");
+    (Kill(child), line.trim().rsplit(' ').next().unwrap().to_string())
+}
+
 /// Every file in `dir`, in name order, opened as a drive.
 pub fn drives_in(dir: &Path) -> Vec<Arc<dyn BlockDevice>> {
     let mut paths: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();

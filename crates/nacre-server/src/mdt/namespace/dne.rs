@@ -351,7 +351,7 @@ impl Tx<'_> {
                 a.mode = (a.mode & mode::S_IFMT) | (m & mode::PERMS);
                 (a.uid, a.gid, a.ctime_ns) = (*uid, *gid, self.now);
                 self.put(&a, p)?;
-                Ok(Answer::Done)
+                Ok(Answer::Attr(a))
             }
         }
     }
