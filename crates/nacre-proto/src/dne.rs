@@ -160,6 +160,12 @@ pub enum Update {
     Link { fid: Fid, delta: i32 },
     /// Remove an empty directory inode (ENOTEMPTY if it has entries).
     Rmdir { fid: Fid },
+    /// The first step of removing a directory: if it is empty (ENOTEMPTY if not), its
+    /// link count drops to none, so that nothing can be made in it any more, while its
+    /// name is still there.
+    Kill { fid: Fid },
+    /// Undo a [`Update::Kill`]: an empty directory's two links again.
+    Revive { fid: Fid },
     /// A directory's parent (`..`) after a rename.
     SetParent { fid: Fid, parent: Fid },
     /// A shard takes its master's permissions and owner (answers its attributes).
@@ -183,6 +189,8 @@ impl Update {
             Update::Rmdir { fid } => fid.put(e.u8(5)),
             Update::SetParent { fid, parent } => parent.put(fid.put(e.u8(6))),
             Update::CopyAttr { fid, mode, uid, gid } => fid.put(e.u8(7)).u32(*mode).u32(*uid).u32(*gid),
+            Update::Kill { fid } => fid.put(e.u8(8)),
+            Update::Revive { fid } => fid.put(e.u8(9)),
         }
     }
 
@@ -222,6 +230,8 @@ impl Update {
                 uid: d.u32("uid")?,
                 gid: d.u32("gid")?,
             },
+            8 => Update::Kill { fid: Fid::get(d, "fid")? },
+            9 => Update::Revive { fid: Fid::get(d, "fid")? },
             k => return Err(ProtoError::Invalid(format!("update of unknown kind {k}"))),
         })
     }
@@ -288,6 +298,8 @@ mod tests {
             Update::Rmdir { fid: Fid::new(1, 3) },
             Update::SetParent { fid: Fid::new(1, 4), parent: Fid::ROOT },
             Update::CopyAttr { fid: Fid::new(1, 5), mode: 0o40755, uid: 1, gid: 2 },
+            Update::Kill { fid: Fid::new(1, 6) },
+            Update::Revive { fid: Fid::new(1, 7) },
         ];
         for u in us {
             let b = u.put(Enc::new(1)).done();
@@ -295,7 +307,7 @@ mod tests {
             assert_eq!(Update::get(&mut d).unwrap(), u);
             d.end().unwrap();
         }
-        let mut d = Dec::new(&[1, 9], "update", 1).unwrap();
-        assert!(Update::get(&mut d).unwrap_err().to_string().contains("unknown kind 9"));
+        let mut d = Dec::new(&[1, 99], "update", 1).unwrap();
+        assert!(Update::get(&mut d).unwrap_err().to_string().contains("unknown kind 99"));
     }
 }

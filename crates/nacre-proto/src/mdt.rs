@@ -41,6 +41,8 @@ pub mod errno {
     /// The object lives on another MDT: the message says which to ask.
     pub const EREMOTE: i32 = 66;
     pub const EOPNOTSUPP: i32 = 95;
+    /// Busy: send the request again a little later.
+    pub const EINPROGRESS: i32 = 115;
     pub const ESTALE: i32 = 116;
 }
 

@@ -42,9 +42,15 @@ pub fn is_coordinator_client(client: u64) -> bool {
     client >> 32 == 0xC00D_0000
 }
 
-/// Intents one MDT runs at once: each holds at most a few reply records per MDT, which
-/// stay below the per-client bound.
+/// Intents one MDT runs at once.
 pub const INTENTS_IN_FLIGHT: usize = 64;
+
+/// Requests one MDS coordinates at once (planning included); more are answered
+/// EINPROGRESS. It is a quarter of the transport's service slots, so that slots stay free
+/// for the updates other MDTs send: two MDTs coordinating towards each other can never
+/// hold every slot of both and wait on each other, and an MDT that is down holds up at
+/// most this many requests here.
+pub const COORDINATING_MAX: usize = 16;
 
 /// A step's xid: the intent's id, the step, and whether it is the undo.
 fn step_xid(intent: u64, step: usize, undo: bool) -> u64 {
@@ -80,6 +86,7 @@ pub struct Coordinator {
     /// Ids of the intents running, for the `acked_below` of step keys.
     ids: Mutex<BTreeSet<u64>>,
     slots: Semaphore,
+    gate: Semaphore,
     /// Round-robin placement of new directories.
     rr: AtomicU64,
     /// Steps sent again after a transport error, and intents undone.
@@ -103,10 +110,24 @@ impl Coordinator {
             running: Mutex::new(HashMap::new()),
             ids: Mutex::new(BTreeSet::new()),
             slots: Semaphore::new(INTENTS_IN_FLIGHT),
+            gate: Semaphore::new(COORDINATING_MAX),
             rr: AtomicU64::new(0),
             resent: AtomicU64::new(0),
             undone: AtomicU64::new(0),
         }
+    }
+
+    /// Leave to coordinate one request, or EINPROGRESS if [`COORDINATING_MAX`] are.
+    pub fn enter(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        self.gate.try_acquire().map_err(|_| {
+            MdError::new(
+                errno::EINPROGRESS,
+                format!(
+                    "MDT{} is coordinating {COORDINATING_MAX} operations over several MDTs: send again",
+                    self.index()
+                ),
+            )
+        })
     }
 
     fn index(&self) -> u32 {
@@ -473,37 +494,30 @@ impl Coordinator {
         .await
     }
 
-    /// The steps that remove directory `fid` (striped or not) once its name is gone,
-    /// and make it again if a later one fails.
-    async fn rmdir_steps(&self, fid: Fid, a: &Attr, parent: Fid) -> Result<Vec<Step>> {
-        let (stripe, default) = self.dir_stripe(fid).await?;
-        let default = default.map(|d| d.encode()).unwrap_or_default();
-        let mut steps = Vec::new();
-        if let Some(s) = &stripe {
-            for &shard in &s.shards {
-                let sa = self.getattr(shard).await?;
-                steps.push(Step {
-                    mdt: shard.mdt().unwrap_or(0),
-                    update: Update::Rmdir { fid: shard },
-                    undo: Some(Update::MakeInode { attr: sa, parent: fid, stripe: vec![], default: default.clone() }),
-                });
-            }
+    /// The steps that empty-check and then remove directory `fid` (striped or not):
+    /// `Kill` each shard and the master, where a non-empty one fails with nothing yet
+    /// undone but earlier kills; then, after its name has gone, `Rmdir` each, which can
+    /// no longer fail (a killed directory takes no new entries).
+    async fn rmdir_steps(&self, fid: Fid) -> Result<(Vec<Step>, Vec<Step>)> {
+        let mut dirs = match self.dir_stripe(fid).await?.0 {
+            Some(s) => s.shards,
+            None => Vec::new(),
+        };
+        dirs.push(fid);
+        let at = |f: Fid| f.mdt().ok_or_else(|| MdError::new(errno::ESTALE, format!("{f} belongs to no MDT")));
+        let mut kills = Vec::new();
+        let mut rmdirs = Vec::new();
+        for f in dirs {
+            let m = at(f)?;
+            kills.push(Step { mdt: m, update: Update::Kill { fid: f }, undo: Some(Update::Revive { fid: f }) });
+            rmdirs.push(Step { mdt: m, update: Update::Rmdir { fid: f }, undo: None });
         }
-        steps.push(Step {
-            mdt: fid.mdt().unwrap_or(0),
-            update: Update::Rmdir { fid },
-            undo: Some(Update::MakeInode {
-                attr: *a,
-                parent,
-                stripe: stripe.map(|s| s.encode()).unwrap_or_default(),
-                default,
-            }),
-        });
-        Ok(steps)
+        Ok((kills, rmdirs))
     }
 
     /// Unlink or rmdir of a name whose inode lives on another MDT, or of a striped
-    /// directory: the name goes first, then the inode (or every shard, then the master).
+    /// directory: a directory (each shard, then the master) is checked empty and closed
+    /// to new entries first, then the name goes, then the inodes.
     pub async fn remove(
         &self,
         key: Option<ReplyKey>,
@@ -522,7 +536,9 @@ impl Coordinator {
         }
         let kind = a.mode & mode::S_IFMT;
         let dlink = if is_dir { -1 } else { 0 };
-        let mut steps = vec![Step {
+        let (kills, rmdirs) = if is_dir { self.rmdir_steps(child).await? } else { (Vec::new(), Vec::new()) };
+        let mut steps = kills;
+        steps.push(Step {
             mdt: self.index(),
             update: Update::DelEntry {
                 creds: creds(cred),
@@ -542,9 +558,9 @@ impl Coordinator {
                 dlink: -dlink,
                 replace: false,
             }),
-        }];
+        });
         if is_dir {
-            steps.extend(self.rmdir_steps(child, &a, dir).await?);
+            steps.extend(rmdirs);
         } else {
             steps.push(Step {
                 mdt: child.mdt().unwrap_or(0),

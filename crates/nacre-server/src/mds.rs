@@ -243,6 +243,10 @@ impl Mds {
 
         let key = Some(reply_key(&header, client, body, &[]));
         let (c, dne) = (cred(creds), &self.dne);
+        let _entered = match dne.enter() {
+            Ok(p) => p,
+            Err(e) => return fail(e.status(), e.message),
+        };
         // A resend finds the operation its first copy began (or its answer).
         let r = match dne.stored(key).await {
             Some(r) => r,
@@ -381,10 +385,16 @@ impl Mds {
         let r = match self.dne.placement(dir, at, count).await {
             Ok(None) => match self.ns.submit(key, Namespace::mkdir_change(c, dir, name, perms), 0).await {
                 // Resent: its first copy was placed elsewhere.
-                Ok(Answer::Intent(id)) => self.dne.finish(key, id).await,
+                Ok(Answer::Intent(id)) => match self.dne.enter() {
+                    Ok(_entered) => self.dne.finish(key, id).await,
+                    Err(e) => Err(e),
+                },
                 r => r,
             },
-            Ok(Some(place)) => self.dne.mkdir(key, c, dir, name, perms, place).await,
+            Ok(Some(place)) => match self.dne.enter() {
+                Ok(_entered) => self.dne.mkdir(key, c, dir, name, perms, place).await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         match r {

@@ -451,3 +451,42 @@ async fn a_resent_operation_over_two_mdts_gets_its_first_answer() {
     }
     assert_eq!(fs.intents(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_mdt_holds_up_a_bounded_number_of_requests() {
+    let (fs, net) = file_system(2).await;
+    // MDT 1 stops answering MDT 0: remote mkdirs wait for it, each holding a slot.
+    let rule = fs._servers[1].faults().add(&format!("drop opcode={}", mdt::MDS_UPDATE)).unwrap();
+    let max = nacre_server::dne::COORDINATING_MAX;
+    let mut waiting = Vec::new();
+    for i in 0..max {
+        // A client each: one client keeps only so many requests in flight.
+        let c = Client::new(Arc::new(net.transport(&format!("w{i}"))), ClientConfig::default());
+        let imp = c.connect(&"mds0@mem".parse().unwrap()).await.unwrap();
+        let r = Request::Mkdir { dir: Fid::ROOT, name: format!("w{i}"), mode: 0o755, mdt: 1, count: 0 };
+        waiting.push(tokio::spawn(async move {
+            let (op, body) = r.encode(&Creds::default());
+            let f = imp.call(op, &body, &[]).await.unwrap();
+            (f.header.status, c)
+        }));
+    }
+    for _ in 0..500 {
+        if fs.intents() == max {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(fs.intents(), max);
+    // One more is turned away at once, and local work goes on.
+    let e = fs.mkdir(Fid::ROOT, "more", 1, 0).await.unwrap_err();
+    assert_eq!(e.0, errno::EINPROGRESS, "{}", e.1);
+    fs.create(Fid::ROOT, "local").await.unwrap();
+    // MDT 1 answers again: every waiting mkdir ends, each once.
+    fs._servers[1].faults().remove(rule);
+    for w in waiting {
+        assert_eq!(tokio::time::timeout(Duration::from_secs(120), w).await.unwrap().unwrap().0, 0);
+    }
+    assert_eq!(fs.names(Fid::ROOT).await.len(), max + 1);
+    assert_eq!(fs.mds[1].namespace().statfs().unwrap().inodes, max as u64);
+    assert_eq!(fs.intents(), 0);
+}

@@ -338,6 +338,31 @@ impl Tx<'_> {
                 self.destroy(&a, false)?;
                 Ok(Answer::Done)
             }
+            Update::Kill { fid } => {
+                self.local(*fid)?;
+                let (mut a, p) = self.get(*fid)?;
+                if !mode::is_dir(a.mode) {
+                    return Err(MdError::new(errno::ENOTDIR, format!("{fid} is not a directory")));
+                }
+                if !self.dir_is_empty(*fid)? {
+                    return Err(MdError::new(errno::ENOTEMPTY, format!("directory {fid} is not empty")));
+                }
+                a.nlink = 0;
+                a.ctime_ns = self.now;
+                self.put(&a, p)?;
+                Ok(Answer::Done)
+            }
+            Update::Revive { fid } => {
+                self.local(*fid)?;
+                let (mut a, p) = self.get(*fid)?;
+                if !mode::is_dir(a.mode) {
+                    return Err(MdError::new(errno::ENOTDIR, format!("{fid} is not a directory")));
+                }
+                a.nlink = 2;
+                a.ctime_ns = self.now;
+                self.put(&a, p)?;
+                Ok(Answer::Done)
+            }
             Update::SetParent { fid, parent } => {
                 self.local(*fid)?;
                 let (mut a, _) = self.get(*fid)?;
