@@ -1245,3 +1245,79 @@ lcm_entry_count:   3
         stripe_of(M, M, 1, 0);
     }
 }
+
+/// OST pools (Lustre's `lctl pool_new`/`pool_add`): named sets of OSTs that a layout's
+/// `-p POOL` allocates from. The MGS stores each as the parameter `lov.pool.NAME`, whose
+/// value lists OST indices (`0,2,4-7`); every MDT follows them.
+pub mod pools {
+    /// The parameter prefix of a pool.
+    pub const PARAM_PREFIX: &str = "lov.pool.";
+    /// OSTs one pool lists at most.
+    pub const OSTS_MAX: usize = 65_536;
+
+    /// Check a pool name: 1 to [`super::POOL_NAME_MAX`] letters, digits, `_`, `.`, `-`.
+    pub fn check_name(name: &str) -> Result<(), String> {
+        if name.is_empty() || name.len() > super::POOL_NAME_MAX {
+            return Err(format!("pool name {name:?}: 1 to {} bytes", super::POOL_NAME_MAX));
+        }
+        if let Some(ch) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))) {
+            return Err(format!("pool name {name:?} has the character {ch:?}; only letters, digits, '_', '.' and '-'"));
+        }
+        Ok(())
+    }
+
+    /// Parse an OST list: indices and ranges separated by commas (`0,2,4-7`), sorted and
+    /// without repeats in the result.
+    pub fn parse_osts(s: &str) -> Result<Vec<u32>, String> {
+        let mut out = std::collections::BTreeSet::new();
+        for part in s.split(',').map(str::trim) {
+            let num =
+                |t: &str| t.trim().parse::<u32>().map_err(|_| format!("{t:?} in OST list {s:?} is not an OST index"));
+            let (a, b) = match part.split_once('-') {
+                Some((a, b)) => (num(a)?, num(b)?),
+                None => (num(part)?, num(part)?),
+            };
+            if a > b {
+                return Err(format!("range {part:?} in OST list {s:?} runs backwards"));
+            }
+            if (b - a) as usize >= OSTS_MAX || out.len() + (b - a) as usize >= OSTS_MAX {
+                return Err(format!("OST list {s:?} names more than {OSTS_MAX} OSTs"));
+            }
+            out.extend(a..=b);
+        }
+        Ok(out.into_iter().collect())
+    }
+
+    /// The pools among `params` (name, value): name → OSTs. Malformed ones are left out
+    /// (the MGS refuses them when they are set).
+    pub fn from_params<'a>(
+        params: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> std::collections::BTreeMap<String, Vec<u32>> {
+        params
+            .into_iter()
+            .filter_map(|(n, v)| {
+                let name = n.strip_prefix(PARAM_PREFIX)?;
+                check_name(name).ok()?;
+                Some((name.to_string(), parse_osts(v).ok()?))
+            })
+            .collect()
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn ost_lists_and_names() {
+            assert_eq!(parse_osts("0,2,4-7, 3").unwrap(), vec![0, 2, 3, 4, 5, 6, 7]);
+            assert!(parse_osts("x").unwrap_err().contains("not an OST index"));
+            assert!(parse_osts("5-2").unwrap_err().contains("backwards"));
+            assert!(parse_osts("0-4000000000").unwrap_err().contains("more than"));
+            assert!(check_name("fast_1").is_ok());
+            assert!(check_name("a/b").unwrap_err().contains("'/'"));
+            assert!(check_name("sixteen-bytes-xx").unwrap_err().contains("1 to 15"));
+            let p = from_params([("lov.pool.fast", "0-1"), ("osc.*.checksums", "0"), ("lov.pool.bad", "?")]);
+            assert_eq!(p.into_iter().collect::<Vec<_>>(), vec![("fast".to_string(), vec![0, 1])]);
+        }
+    }
+}

@@ -235,6 +235,13 @@ impl Mgs {
         if value.len() > PARAM_VALUE_MAX || value.contains('\n') {
             return Err(err(errno::EINVAL, format!("value of {name}: one line of at most {PARAM_VALUE_MAX} bytes")));
         }
+        if let Some(pool) = name.strip_prefix(nacre_proto::layout::pools::PARAM_PREFIX) {
+            use nacre_proto::layout::pools;
+            pools::check_name(pool).map_err(|e| err(errno::EINVAL, e))?;
+            if !value.is_empty() {
+                pools::parse_osts(value).map_err(|e| err(errno::EINVAL, format!("pool {pool}: {e}")))?;
+            }
+        }
         self.change(|txn, c| {
             let at = c.params.iter().position(|(n, _)| n == name);
             let mut t = txn.open_table(PARAMS).map_err(storage)?;

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use nacre_proto::fid::Fid;
+use nacre_proto::layout::Layout;
 use nacre_proto::mdt::{Attr, errno, mode};
 use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, Volume, VolumeOptions};
 use nacre_server::mdt::{Cred, MdError, Namespace, NamespaceOptions, RenameMode, ReplyKey, SetAttr};
@@ -586,7 +587,7 @@ fn concurrent_creates_share_commits() {
 
 #[test]
 fn layouts_are_inherited_validated_and_survive_a_crash() {
-    use nacre_proto::layout::{EOF, Kind, Layout};
+    use nacre_proto::layout::{EOF, Kind};
     let (ns, v) = ns();
     let c = root();
     let lfs = |args: &str| Layout::from_lfs_args(&args.split_whitespace().collect::<Vec<_>>()).unwrap();
@@ -689,4 +690,41 @@ fn data_on_the_mdt_reads_back_and_follows_truncates_and_crashes() {
     assert_eq!(ns.read_dom(&c, f.fid, 0, 1 << 20).unwrap(), back);
     ns.remove(&c, ROOT, "small", false, None).unwrap();
     assert_eq!(errno_of(ns.read_dom(&c, f.fid, 0, 10)), errno::ENOENT);
+}
+
+#[test]
+fn pools_are_checked_and_place_objects_on_their_osts() {
+    let (ns, _v) = ns();
+    let c = root();
+    ns.attach_osts(&[0, 1, 2]).unwrap();
+    for ost in 0..3 {
+        ns.add_precreated(ost, 100, 50).unwrap();
+    }
+    let lfs = |a: &str| Layout::from_lfs_args(&a.split_whitespace().collect::<Vec<_>>()).unwrap();
+    // No pools heard from the MGS yet: a layout naming one is refused, naming why.
+    let e = ns.create_with_layout(&c, Fid::ROOT, "early", 0o644, lfs("-c 2 -p fast"), None).unwrap_err();
+    assert!(e.errno == errno::EINVAL && e.message.contains("from the MGS"), "{e:?}");
+    ns.set_ost_pools(BTreeMap::from([("fast".to_string(), vec![1, 2]), ("gone".to_string(), vec![7])]));
+    let e = ns.create_with_layout(&c, Fid::ROOT, "f", 0o644, lfs("-c 2 -p nope"), None).unwrap_err();
+    assert!(e.errno == errno::EINVAL && e.message.contains("not defined"), "{e:?}");
+    let e = ns.set_dir_layout(&c, Fid::ROOT, Some(lfs("-c 1 -p nope")), None).unwrap_err();
+    assert_eq!(e.errno, errno::EINVAL);
+    // A pool whose OSTs have no objects here: ENOSPC, nothing made.
+    let e = ns.create_with_layout(&c, Fid::ROOT, "g", 0o644, lfs("-c 1 -p gone"), None).unwrap_err();
+    assert_eq!(e.errno, errno::ENOSPC, "{e:?}");
+    assert_eq!(errno_of(ns.lookup(&c, Fid::ROOT, "g")), errno::ENOENT);
+    // Every file of pool `fast` has its objects on OSTs 1 and 2 only, even with -c -1.
+    for (i, l) in ["-c 2 -p fast", "-c -1 -p fast", "-c 1 -p fast"].into_iter().enumerate() {
+        let a = ns.create_with_layout(&c, Fid::ROOT, &format!("p{i}"), 0o644, lfs(l), None).unwrap();
+        let osts: Vec<u32> = ns.objects(a.fid).unwrap().into_iter().flatten().map(|(o, _)| o).collect();
+        assert!(!osts.is_empty() && osts.iter().all(|o| [1, 2].contains(o)), "{l}: {osts:?}");
+        assert_eq!(osts.len(), [2, 2, 1][i], "{l}");
+    }
+    // Inherited from a directory default too.
+    ns.set_dir_layout(&c, Fid::ROOT, Some(lfs("-c 1 -p fast")), None).unwrap();
+    for i in 0..4 {
+        let a = ns.create(&c, Fid::ROOT, &format!("q{i}"), 0o644, None).unwrap();
+        let osts: Vec<u32> = ns.objects(a.fid).unwrap().into_iter().flatten().map(|(o, _)| o).collect();
+        assert!(osts.len() == 1 && osts[0] != 0, "{osts:?}");
+    }
 }

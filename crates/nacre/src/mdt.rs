@@ -126,6 +126,9 @@ async fn follow_config(mgs: nacre_net::nid::Nid, ns: Arc<Namespace>, dne: Arc<na
             .collect();
         let count = cfg.targets.iter().filter(|t| t.kind == TargetKind::Mdt).map(|t| t.index + 1).max().unwrap_or(1);
         dne.set_peers(count, client.clone(), mdts);
+        ns.set_ost_pools(nacre_proto::layout::pools::from_params(
+            cfg.params.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+        ));
         let osts: Vec<(u32, String)> = cfg
             .targets
             .iter()

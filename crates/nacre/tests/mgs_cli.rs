@@ -78,6 +78,32 @@ fn targets_register_with_the_mgs_and_set_param_p_stores_parameters() {
         assert_eq!(ost_index, 0);
         let (op, body) = nacre_proto::ost::Request::Getattr { target: 0, oid }.encode();
         assert_eq!(os.call(op, &body, &[]).await.unwrap().header.status, 0, "object {oid} is on the OST");
+        // An OST pool set on the MGS reaches the MDS: a layout may name it, and only it.
+        ok(nacre().args(["set-param", "-P", "--server", &mgs, "lov.pool.fast=0"]).output().unwrap());
+        let bad = nacre().args(["set-param", "-P", "--server", &mgs, "lov.pool.slow=zero"]).output().unwrap();
+        assert!(!bad.status.success());
+        assert!(String::from_utf8_lossy(&bad.stderr).contains("not an OST index"));
+        let create = |name: &str, pool: &str| Request::Create {
+            dir: nacre_proto::fid::Fid::ROOT,
+            name: name.into(),
+            mode: mode::S_IFREG | 0o644,
+            target: vec![],
+            layout: nacre_proto::layout::Layout::from_lfs_args(&["-c", "1", "-p", pool]).unwrap().encode(),
+        };
+        let started = std::time::Instant::now();
+        loop {
+            let (op, body) = create("pooled", "fast").encode(&Creds::default());
+            let f = md.call(op, &body, &[]).await.unwrap();
+            if f.header.status == 0 {
+                break;
+            }
+            assert!(started.elapsed() < std::time::Duration::from_secs(30), "{}", String::from_utf8_lossy(&f.body));
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let (op, body) = create("unpooled", "slow").encode(&Creds::default());
+        let f = md.call(op, &body, &[]).await.unwrap();
+        assert_eq!(f.header.status, -22);
+        assert!(String::from_utf8_lossy(&f.body).contains("not defined"));
     });
     // A target of another file system is refused, and says so.
     let other_dir = base.join("ost1");

@@ -484,6 +484,8 @@ pub struct Namespace {
     alloc: Mutex<FidAlloc>,
     commits: Mutex<Commits>,
     opens: Mutex<Opens>,
+    /// OST pools by name, as the MGS last said (`None`: not heard yet).
+    ost_pools: Mutex<Option<BTreeMap<String, Vec<u32>>>>,
     /// Transactions committed, and the changes in them.
     pub stats: NamespaceStats,
 }
@@ -805,6 +807,7 @@ impl Tx<'_> {
         };
         l.fill_defaults(&fs_default);
         l.validate().map_err(|e| MdError::new(errno::EINVAL, format!("layout: {e}")))?;
+        self.ns.check_pools(&l)?;
         Ok(l)
     }
 
@@ -832,7 +835,19 @@ impl Tx<'_> {
                 objects.push(Vec::new());
                 continue;
             };
-            let list: &[u32] = if s.offset < 0 && !ready.is_empty() { &ready } else { &osts };
+            let in_pool: Vec<u32>;
+            let mut list: &[u32] = if s.offset < 0 && !ready.is_empty() { &ready } else { &osts };
+            if let Some(p) = &s.pool {
+                let members = self.ns.pool_osts(p)?;
+                in_pool = list.iter().copied().filter(|o| members.contains(o)).collect();
+                if in_pool.is_empty() {
+                    return Err(MdError::new(
+                        errno::ENOSPC,
+                        format!("pool {p} has no OST this MDT has objects on (it lists {members:?})"),
+                    ));
+                }
+                list = &in_pool;
+            }
             let m = list.len() as u64;
             let count = match s.count {
                 -1 => m,
@@ -1339,12 +1354,48 @@ impl Namespace {
             alloc: Mutex::new(FidAlloc { seq_k: 0, next_oid: 1, reserved: 1 }),
             commits: Mutex::new(Commits::default()),
             opens: Mutex::new(Opens::default()),
+            ost_pools: Mutex::new(None),
             stats: NamespaceStats::default(),
         })
     }
 
     pub fn index(&self) -> u32 {
         self.index
+    }
+
+    /// The OST pools as the MGS defines them (`lov.pool.NAME` parameters): layouts may
+    /// name only these, and their objects go only to their OSTs.
+    pub fn set_ost_pools(&self, pools: BTreeMap<String, Vec<u32>>) {
+        *lock(&self.ost_pools) = Some(pools);
+    }
+
+    /// The OSTs of pool `name`; EINVAL if there is no such pool.
+    fn pool_osts(&self, name: &str) -> Result<Vec<u32>> {
+        match &*lock(&self.ost_pools) {
+            None => Err(MdError::new(
+                errno::EINVAL,
+                format!("layout names pool {name:?}, and this MDT has no pools (they come from the MGS)"),
+            )),
+            Some(p) => p.get(name).cloned().ok_or_else(|| {
+                let known: Vec<&String> = p.keys().collect();
+                MdError::new(
+                    errno::EINVAL,
+                    format!(
+                        "layout names pool {name:?}, which is not defined (pools: {known:?}; lov.pool.NAME on the MGS)"
+                    ),
+                )
+            }),
+        }
+    }
+
+    /// EINVAL unless every pool `l` names exists.
+    fn check_pools(&self, l: &Layout) -> Result<()> {
+        for c in &l.components {
+            if let Kind::Stripes(Striping { pool: Some(p), .. }) = &c.kind {
+                self.pool_osts(p)?;
+            }
+        }
+        Ok(())
     }
 
     // ---- reads ----
@@ -1881,6 +1932,7 @@ impl Namespace {
     pub fn set_dir_layout(&self, cred: &Cred, dir: Fid, layout: Option<Layout>, key: Option<ReplyKey>) -> Result<()> {
         if let Some(l) = &layout {
             l.validate().map_err(|e| MdError::new(errno::EINVAL, format!("layout: {e}")))?;
+            self.check_pools(l)?;
         }
         let cred = cred.clone();
         self.change(
