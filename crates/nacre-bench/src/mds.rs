@@ -111,71 +111,191 @@ async fn serve_mdts(dir: &Path, drive: u64, n: u32) -> Result<Vec<Served>, Bench
     Ok(out)
 }
 
-/// Creates and unlinks per second of `files` names in one directory shared by every
-/// client: a directory striped over every MDT of `mdts` (each name sent to its shard's
-/// MDT), or a plain one when there is one MDT.
-async fn shared_dir_round(mdts: &[Served], o: &MdsBenchOptions, round: usize) -> Result<(f64, f64), BenchError> {
+/// Rates (per second) in one directory shared by every client.
+#[derive(Debug, Clone, Copy, Default)]
+struct SharedRates {
+    create: f64,
+    stat: f64,
+    /// Entries listed per second, every client listing the whole directory.
+    readdir: f64,
+    unlink: f64,
+    /// 3,901-byte files with their data on the MDT: a create and a DoM write each.
+    dom: f64,
+}
+
+/// One round in a directory shared by every client: striped over every MDT of `mdts`
+/// (each name sent to its shard's MDT), or a plain one when there is one MDT. Each
+/// client makes `files / clients` names, stats them, lists the whole directory, removes
+/// them, then makes as many 3,901-byte DoM files.
+async fn shared_dir_round(mdts: &[Served], o: &MdsBenchOptions, round: usize) -> Result<SharedRates, BenchError> {
     let per = (o.files / o.clients as u64).max(1);
-    let mut conns: Vec<Vec<Arc<Import>>> = Vec::new();
+    let total = (per * o.clients as u64) as f64;
+    let mut conns: Vec<Arc<Vec<Arc<Import>>>> = Vec::new();
     for _ in 0..o.clients {
         let c = Client::new(Arc::new(TcpTransport), ClientConfig::default());
         let mut v = Vec::new();
         for m in mdts {
             v.push(c.connect(&m.server.nid()).await.map_err(bad)?);
         }
-        conns.push(v);
+        conns.push(Arc::new(v));
     }
     let n = mdts.len() as i32;
-    let mkdir = Request::Mkdir { dir: Fid::ROOT, name: format!("shared-r{round}"), mode: 0o755, mdt: 0, count: n };
-    let dir = match call(&conns[0][0], &mkdir).await? {
-        Reply::Attr(a) => a.fid,
-        other => return Err(BenchError::Bad(format!("mkdir answered {other:?}"))),
-    };
-    let shards = match call(&conns[0][0], &Request::Getdirstripe { dir }).await? {
-        Reply::DirStripe { stripe, .. } if !stripe.is_empty() => {
-            nacre_proto::dne::DirStripe::decode(&stripe).map_err(bad)?
-        }
-        _ => nacre_proto::dne::DirStripe { hash: nacre_proto::dne::HASH_FNV_1A_64, shards: vec![dir] },
-    };
-    let shards = Arc::new(shards);
-    let phase = |unlink: bool| {
-        let shards = shards.clone();
-        let conns = conns.clone();
-        async move {
-            let started = Instant::now();
-            let mut set = tokio::task::JoinSet::new();
-            for (i, imps) in conns.into_iter().enumerate() {
-                let shards = shards.clone();
-                set.spawn(async move {
-                    for j in 0..per {
-                        let name = format!("c{i}-f{j}");
-                        let shard = shards.shards[shards.shard_of(&name)];
-                        let imp = &imps[shard.mdt().unwrap_or(0) as usize % imps.len()];
-                        let r = if unlink {
-                            Request::Unlink { dir: shard, name, rmdir: false }
-                        } else {
-                            Request::Create {
-                                dir: shard,
-                                name,
-                                mode: mode::S_IFREG | 0o644,
-                                target: vec![],
-                                layout: vec![],
-                            }
-                        };
-                        call(imp, &r).await?;
+    let mut stripes = Vec::new();
+    for what in ["shared", "dom"] {
+        let mkdir = Request::Mkdir { dir: Fid::ROOT, name: format!("{what}-r{round}"), mode: 0o755, mdt: 0, count: n };
+        let dir = match call(&conns[0][0], &mkdir).await? {
+            Reply::Attr(a) => a.fid,
+            other => return Err(BenchError::Bad(format!("mkdir answered {other:?}"))),
+        };
+        let stripe = match call(&conns[0][0], &Request::Getdirstripe { dir }).await? {
+            Reply::DirStripe { stripe, .. } if !stripe.is_empty() => {
+                nacre_proto::dne::DirStripe::decode(&stripe).map_err(bad)?
+            }
+            _ => nacre_proto::dne::DirStripe { hash: nacre_proto::dne::HASH_FNV_1A_64, shards: vec![dir] },
+        };
+        stripes.push(Arc::new(stripe));
+    }
+    let (names, dom) = (stripes[0].clone(), stripes[1].clone());
+    let dom_layout = Layout::from_lfs_args(&["-E", "64K", "-L", "mdt", "-E", "eof", "-c", "1"]).map_err(bad)?.encode();
+    for &shard in &dom.shards {
+        let imp = &conns[0][shard.mdt().unwrap_or(0) as usize % mdts.len()];
+        call(imp, &Request::Setdirlayout { dir: shard, layout: dom_layout.clone() }).await?;
+    }
+    // The import of the MDT that holds `fid`.
+    fn at(imps: &[Arc<Import>], fid: Fid) -> &Arc<Import> {
+        &imps[fid.mdt().unwrap_or(0) as usize % imps.len()]
+    }
+    let fids: Arc<std::sync::Mutex<Vec<Vec<Fid>>>> = Arc::new(std::sync::Mutex::new(vec![Vec::new(); o.clients]));
+    let create = {
+        let (names, fids) = (names.clone(), fids.clone());
+        each(&conns, move |i, imps| {
+            let (names, fids) = (names.clone(), fids.clone());
+            async move {
+                let mut mine = Vec::with_capacity(per as usize);
+                for j in 0..per {
+                    let name = format!("c{i}-f{j}");
+                    let shard = names.shards[names.shard_of(&name)];
+                    let r = Request::Create {
+                        dir: shard,
+                        name,
+                        mode: mode::S_IFREG | 0o644,
+                        target: vec![],
+                        layout: vec![],
+                    };
+                    match call(at(&imps, shard), &r).await? {
+                        Reply::Attr(a) => mine.push(a.fid),
+                        other => return Err(BenchError::Bad(format!("create answered {other:?}"))),
                     }
-                    Ok::<(), BenchError>(())
-                });
+                }
+                fids.lock().unwrap_or_else(|e| e.into_inner())[i] = mine;
+                Ok(())
             }
-            while let Some(r) = set.join_next().await {
-                r.map_err(bad)??;
-            }
-            Ok::<f64, BenchError>((per * o.clients as u64) as f64 / started.elapsed().as_secs_f64())
-        }
+        })
+        .await?
     };
-    let create = phase(false).await?;
-    let unlink = phase(true).await?;
-    Ok((create, unlink))
+    let stat = each(&conns, move |i, imps| {
+        let mine = fids.lock().unwrap_or_else(|e| e.into_inner())[i].clone();
+        async move {
+            for fid in mine {
+                match call(at(&imps, fid), &Request::Getattr { fid }).await? {
+                    Reply::Attr(a) if a.fid == fid => {}
+                    other => return Err(BenchError::Bad(format!("getattr of {fid} answered {other:?}"))),
+                }
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    let clients = o.clients as u64;
+    let readdir = {
+        let names = names.clone();
+        each(&conns, move |i, imps| {
+            let names = names.clone();
+            async move {
+                let mut seen = 0u64;
+                for &shard in &names.shards {
+                    let mut cookie = 0;
+                    loop {
+                        let r = Request::Readdir { dir: shard, cookie, max: 1024 };
+                        let Reply::Entries { entries, eof } = call(at(&imps, shard), &r).await? else {
+                            return Err(BenchError::Bad("readdir answered something else".into()));
+                        };
+                        seen += entries.len() as u64;
+                        cookie = entries.last().map_or(cookie, |(e, _)| e.cookie);
+                        if eof {
+                            break;
+                        }
+                    }
+                }
+                if seen != per * clients {
+                    return Err(BenchError::Verify(format!("client {i} listed {seen} entries")));
+                }
+                Ok(())
+            }
+        })
+        .await?
+    };
+    let unlink = {
+        let names = names.clone();
+        each(&conns, move |i, imps| {
+            let names = names.clone();
+            async move {
+                for j in 0..per {
+                    let name = format!("c{i}-f{j}");
+                    let shard = names.shards[names.shard_of(&name)];
+                    call(at(&imps, shard), &Request::Unlink { dir: shard, name, rmdir: false }).await?;
+                }
+                Ok(())
+            }
+        })
+        .await?
+    };
+    let body = Arc::new(vec![0x5au8; DOM_FILE_BYTES]);
+    let dom_secs = each(&conns, move |i, imps| {
+        let (dom, body) = (dom.clone(), body.clone());
+        async move {
+            for j in 0..per {
+                let name = format!("c{i}-s{j}");
+                let shard = dom.shards[dom.shard_of(&name)];
+                let r =
+                    Request::Create { dir: shard, name, mode: mode::S_IFREG | 0o644, target: vec![], layout: vec![] };
+                let Reply::Attr(a) = call(at(&imps, shard), &r).await? else {
+                    return Err(BenchError::Bad("create answered something else".into()));
+                };
+                let (op, req) = Request::DomWrite { fid: a.fid, offset: 0 }.encode(&Creds::default());
+                let f = at(&imps, a.fid).call(op, &req, &body).await.map_err(bad)?;
+                if f.header.status != 0 {
+                    return Err(BenchError::Bad(format!("DoM write: {}", String::from_utf8_lossy(&f.body))));
+                }
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(SharedRates {
+        create: total / create,
+        stat: total / stat,
+        readdir: total * o.clients as f64 / readdir,
+        unlink: total / unlink,
+        dom: total / dom_secs,
+    })
+}
+
+/// Run `f(client index, its imports)` for every client at once; the seconds it took all.
+async fn each<F, Fut>(conns: &[Arc<Vec<Arc<Import>>>], f: F) -> Result<f64, BenchError>
+where
+    F: Fn(usize, Arc<Vec<Arc<Import>>>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), BenchError>> + Send + 'static,
+{
+    let started = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for (i, c) in conns.iter().enumerate() {
+        set.spawn(f(i, c.clone()));
+    }
+    while let Some(r) = set.join_next().await {
+        r.map_err(bad)??;
+    }
+    Ok(started.elapsed().as_secs_f64())
 }
 
 async fn call(imp: &Import, r: &Request) -> Result<Reply, BenchError> {
@@ -578,16 +698,35 @@ async fn run_in(
     // DNE: one directory shared by every client, striped over two MDTs, against the
     // same on one MDT, rounds interleaved.
     let two = serve_mdts(&work.join("dne"), drive_bytes(o), 2).await?;
-    let mut dne: [Vec<f64>; 4] = Default::default();
+    let mut dne: [Vec<f64>; 10] = Default::default();
     for round in 0..o.rounds.max(1) {
-        let (c1, u1) = shared_dir_round(std::slice::from_ref(&served), o, round).await?;
-        let (c2, u2) = shared_dir_round(&two, o, round).await?;
-        let _ = writeln!(
-            out,
-            "shared directory round {}: one MDT create {c1:.0}/s unlink {u1:.0}/s | striped over two MDTs create {c2:.0}/s unlink {u2:.0}/s",
-            round + 1
-        );
-        for (i, v) in [c1, u1, c2, u2].into_iter().enumerate() {
+        let one = shared_dir_round(std::slice::from_ref(&served), o, round).await?;
+        let two = shared_dir_round(&two, o, round).await?;
+        for (what, r) in [("one MDT", one), ("striped over two MDTs", two)] {
+            let _ = writeln!(
+                out,
+                "shared directory round {}, {what}: create {:.0}/s stat {:.0}/s readdir {:.0}/s unlink {:.0}/s 3,901-byte DoM files {:.0}/s",
+                round + 1,
+                r.create,
+                r.stat,
+                r.readdir,
+                r.unlink,
+                r.dom
+            );
+        }
+        let row = [
+            one.create,
+            one.stat,
+            one.readdir,
+            one.unlink,
+            one.dom,
+            two.create,
+            two.stat,
+            two.readdir,
+            two.unlink,
+            two.dom,
+        ];
+        for (i, v) in row.into_iter().enumerate() {
             dne[i].push(v);
         }
     }
@@ -639,18 +778,12 @@ async fn run_in(
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let _ = writeln!(
         out,
-        "| create, shared directory striped over 2 MDTs | {:.0} | {:.0} (1 MDT) | {:.3} | ≥ 1.5 with enough cores ({cores} here) |",
-        d[2],
-        d[0],
-        ratio(d[2], d[0])
+        "\n| shared directory | striped over 2 MDTs /s | 1 MDT /s | ratio | target |\n|---|---:|---:|---:|---:|"
     );
-    let _ = writeln!(
-        out,
-        "| unlink, shared directory striped over 2 MDTs | {:.0} | {:.0} (1 MDT) | {:.3} | |",
-        d[3],
-        d[1],
-        ratio(d[3], d[1])
-    );
+    for (k, what) in ["create", "stat", "readdir (entries)", "unlink", "3,901-byte DoM files"].iter().enumerate() {
+        let target = if k == 0 { format!("≥ 1.5 with enough cores ({cores} here)") } else { String::new() };
+        let _ = writeln!(out, "| {what} | {:.0} | {:.0} | {:.3} | {target} |", d[5 + k], d[k], ratio(d[5 + k], d[k]));
+    }
     if o.durable_dir.is_some() {
         let _ = writeln!(
             out,
@@ -667,11 +800,20 @@ async fn run_in(
         "rounds": o.rounds,
         "cores": cores,
         "one_mdt_shared_create_per_s": d[0],
-        "one_mdt_shared_unlink_per_s": d[1],
-        "two_mdt_striped_create_per_s": d[2],
-        "two_mdt_striped_unlink_per_s": d[3],
-        "two_mdt_create_ratio": ratio(d[2], d[0]),
-        "two_mdt_unlink_ratio": ratio(d[3], d[1]),
+        "one_mdt_shared_stat_per_s": d[1],
+        "one_mdt_shared_readdir_per_s": d[2],
+        "one_mdt_shared_unlink_per_s": d[3],
+        "one_mdt_shared_dom_files_per_s": d[4],
+        "two_mdt_striped_create_per_s": d[5],
+        "two_mdt_striped_stat_per_s": d[6],
+        "two_mdt_striped_readdir_per_s": d[7],
+        "two_mdt_striped_unlink_per_s": d[8],
+        "two_mdt_striped_dom_files_per_s": d[9],
+        "two_mdt_create_ratio": ratio(d[5], d[0]),
+        "two_mdt_stat_ratio": ratio(d[6], d[1]),
+        "two_mdt_readdir_ratio": ratio(d[7], d[2]),
+        "two_mdt_unlink_ratio": ratio(d[8], d[3]),
+        "two_mdt_dom_files_ratio": ratio(d[9], d[4]),
         "create_per_s": b[0],
         "stat_per_s": b[1],
         "unlink_per_s": b[2],
