@@ -55,6 +55,22 @@ const DESTAGED_BY_SEQ: TableDefinition<(u64, u64, u64), ()> = TableDefinition::n
 
 const FORMAT: u64 = 1;
 const FIRST_OID: u64 = 1;
+/// Object ids are `group << GROUP_SHIFT | n`: each MDT precreates in a group of its own
+/// (its index), so that one MDT's orphan cleanup never reaches another's objects
+/// (Lustre's per-MDT object sequences on an OST).
+pub const GROUP_SHIFT: u32 = 48;
+/// Groups a target keeps apart.
+pub const GROUPS_MAX: u32 = 1 << 16;
+
+/// The META key of a group's next object id (group 0 keeps the original key).
+fn next_key(group: u32) -> String {
+    if group == 0 { "next_oid".to_string() } else { format!("next_oid.{group}") }
+}
+
+/// The group of an object id.
+pub fn group_of(oid: u64) -> u32 {
+    (oid >> GROUP_SHIFT) as u32
+}
 /// How long (in 1 ms waits) a write waits for a full journal to drain.
 const JOURNAL_FULL_WAITS: u32 = 5000;
 
@@ -384,27 +400,48 @@ impl Target {
         self.opts.max_object_bytes
     }
 
-    /// The id the next created object will get: every object ever made here is below it.
+    /// The id the next object created in group 0 will get.
     pub fn next_oid(&self) -> Result<u64> {
-        let txn = self.db.begin_read()?;
-        let m = txn.open_table(META)?;
-        Ok(m.get("next_oid")?.map(|v| v.value()).unwrap_or(FIRST_OID))
+        self.next_oid_in(0)
     }
 
-    /// Make `count` new empty objects; returns their ids (consecutive).
+    /// The id the next object created in `group` will get: every object ever made in it
+    /// is below it.
+    pub fn next_oid_in(&self, group: u32) -> Result<u64> {
+        if group >= GROUPS_MAX {
+            return Err(OsdError::Invalid(format!("object group {group} (0 to {})", GROUPS_MAX - 1)));
+        }
+        let txn = self.db.begin_read()?;
+        let m = txn.open_table(META)?;
+        Ok(m.get(next_key(group).as_str())?.map(|v| v.value()).unwrap_or(((group as u64) << GROUP_SHIFT) | FIRST_OID))
+    }
+
+    /// Make `count` new empty objects in group 0; returns their ids (consecutive).
     pub fn create(&self, count: u32) -> Result<Range<u64>> {
+        self.create_in(0, count)
+    }
+
+    /// Make `count` new empty objects in `group`; returns their ids (consecutive).
+    pub fn create_in(&self, group: u32, count: u32) -> Result<Range<u64>> {
         if count == 0 || count > CREATE_BATCH_MAX {
             return Err(OsdError::Invalid(format!("create of {count} objects (1 to {CREATE_BATCH_MAX})")));
         }
+        if group >= GROUPS_MAX {
+            return Err(OsdError::Invalid(format!("object group {group} (0 to {})", GROUPS_MAX - 1)));
+        }
+        let key = next_key(group);
         let now = now_ns();
         let attr = ObjectAttr { mtime_ns: now, atime_ns: now, ctime_ns: now, ..ObjectAttr::default() }.encode();
         let txn = self.db.begin_write()?;
         let first;
         {
             let mut m = txn.open_table(META)?;
-            first = m.get("next_oid")?.map(|v| v.value()).unwrap_or(FIRST_OID);
+            first = m.get(key.as_str())?.map(|v| v.value()).unwrap_or(((group as u64) << GROUP_SHIFT) | FIRST_OID);
+            if group_of(first + count as u64) != group {
+                return Err(OsdError::Invalid(format!("object group {group} is full")));
+            }
             let objects = m.get("objects")?.map(|v| v.value()).unwrap_or(0);
-            m.insert("next_oid", first + count as u64)?;
+            m.insert(key.as_str(), first + count as u64)?;
             m.insert("objects", objects + count as u64)?;
             let mut o = txn.open_table(OBJECTS)?;
             for oid in first..first + count as u64 {
@@ -1290,12 +1327,13 @@ impl Target {
             problem(format!("{leaked} chunks are neither mapped nor free (leaked)"));
         }
         let mut count = 0u64;
-        let mut max_oid = 0;
+        let mut max_oid: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
         for e in objects.iter()? {
             let (k, v) = e?;
             let oid = k.value();
             count += 1;
-            max_oid = max_oid.max(oid);
+            let m = max_oid.entry(group_of(oid)).or_default();
+            *m = (*m).max(oid);
             let a = ObjectAttr::decode(oid, v.value())?;
             let chunks = per_object.get(&oid).copied().unwrap_or(0);
             // Bytes past the size in the last chunk must be zero.
@@ -1325,8 +1363,11 @@ impl Target {
         if get("objects")? != count {
             problem(format!("object counter {} but {count} objects exist", get("objects")?));
         }
-        if count > 0 && get("next_oid")? <= max_oid {
-            problem(format!("next object id {} is not past the largest, {max_oid:#x}", get("next_oid")?));
+        for (&group, &max) in &max_oid {
+            let next = get(&next_key(group))?;
+            if next <= max {
+                problem(format!("next object id {next:#x} of group {group} is not past its largest, {max:#x}"));
+            }
         }
         rep.objects = count;
         rep.mapped_chunks = mapped;

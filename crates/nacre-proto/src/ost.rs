@@ -63,9 +63,11 @@ pub struct StatFs {
 /// A request to an OST.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
+    /// `count` new objects in `group` (the precreating MDT's index).
     Create {
         target: u32,
         count: u32,
+        group: u32,
     },
     Destroy {
         target: u32,
@@ -116,6 +118,7 @@ pub enum Request {
     /// The id the target's next object will get (for the MDS's orphan cleanup).
     LastId {
         target: u32,
+        group: u32,
     },
 }
 
@@ -151,7 +154,7 @@ impl Request {
     pub fn encode(&self) -> (u16, Vec<u8>) {
         let e = Enc::new(VERSION);
         match self {
-            Request::Create { target, count } => (OST_CREATE, e.u32(*target).u32(*count).done()),
+            Request::Create { target, count, group } => (OST_CREATE, e.u32(*target).u32(*count).u32(*group).done()),
             Request::Destroy { target, oid } => (OST_DESTROY, e.u32(*target).u64(*oid).done()),
             Request::Read { target, oid, offset, len, checksum } => {
                 (OST_READ, e.u32(*target).u64(*oid).u64(*offset).u32(*len).u8(*checksum as u8).done())
@@ -170,7 +173,7 @@ impl Request {
             }
             Request::Sync { target } => (OST_SYNC, e.u32(*target).done()),
             Request::Statfs { target } => (OST_STATFS, e.u32(*target).done()),
-            Request::LastId { target } => (OST_LAST_ID, e.u32(*target).done()),
+            Request::LastId { target, group } => (OST_LAST_ID, e.u32(*target).u32(*group).done()),
         }
     }
 
@@ -193,7 +196,7 @@ impl Request {
         let mut d = Dec::new(body, name, VERSION)?;
         let target = d.u32("target")?;
         let r = match opcode {
-            OST_CREATE => Request::Create { target, count: d.u32("count")? },
+            OST_CREATE => Request::Create { target, count: d.u32("count")?, group: d.u32("group")? },
             OST_DESTROY => Request::Destroy { target, oid: d.u64("object")? },
             OST_READ => Request::Read {
                 target,
@@ -221,7 +224,7 @@ impl Request {
             }
             OST_SYNC => Request::Sync { target },
             OST_STATFS => Request::Statfs { target },
-            _ => Request::LastId { target },
+            _ => Request::LastId { target, group: d.u32("group")? },
         };
         d.end()?;
         Ok(r)
@@ -300,7 +303,7 @@ mod tests {
             parent: [9, 10],
         };
         let all = [
-            Request::Create { target: 1, count: 1024 },
+            Request::Create { target: 1, count: 1024, group: 3 },
             Request::Destroy { target: 0, oid: 5 },
             Request::Read { target: 2, oid: 7, offset: 1 << 40, len: 1 << 24, checksum: true },
             Request::Write { target: 2, oid: 7, offset: 3, len: 47_008, crc: Some(0xdead_beef) },
@@ -311,7 +314,7 @@ mod tests {
             Request::Setattr { target: 0, oid: 1, set: SetAttr { mask: set::UID | set::PARENT, attr: a } },
             Request::Sync { target: 3 },
             Request::Statfs { target: 3 },
-            Request::LastId { target: 1 },
+            Request::LastId { target: 1, group: 2 },
         ];
         for r in all {
             let (op, body) = r.encode();

@@ -88,7 +88,8 @@ async fn precreate(ns: Arc<Namespace>, link: OstLink, batch: u32) {
             tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
         }
-        let (op, body) = Request::Create { target: link.target, count: batch }.encode();
+        // Objects in this MDT's own group: no other MDT's cleanup reaches them.
+        let (op, body) = Request::Create { target: link.target, count: batch, group: ns.index() }.encode();
         let made = match link.import.call(op, &body, &[]).await {
             Ok(f) if f.header.status == 0 => ost::decode_created(&f.body).ok(),
             _ => None,
@@ -120,7 +121,7 @@ async fn precreate(ns: Arc<Namespace>, link: OstLink, batch: u32) {
 /// Lustre's MDS has the OST destroy its orphans when they reconnect. An OST this MDT has
 /// never precreated on is left alone (its objects are not ours).
 async fn cleanup_orphans(ns: &Arc<Namespace>, link: &OstLink) {
-    let (op, body) = Request::LastId { target: link.target }.encode();
+    let (op, body) = Request::LastId { target: link.target, group: ns.index() }.encode();
     let next = match link.import.call(op, &body, &[]).await {
         Ok(f) if f.header.status == 0 && f.body.len() == 8 => {
             u64::from_le_bytes(f.body[..8].try_into().unwrap_or([0; 8]))

@@ -295,7 +295,7 @@ impl Oss {
             | Request::Setattr { target, .. }
             | Request::Sync { target }
             | Request::Statfs { target }
-            | Request::LastId { target } => *target,
+            | Request::LastId { target, .. } => *target,
         };
         let (_, t, stats) = match self.target(target) {
             Ok(t) => t,
@@ -322,14 +322,14 @@ impl Oss {
 
     fn serve(&self, t: &Target, r: Request, req: &Incoming) -> Reply {
         match r {
-            Request::Create { count, .. } => {
+            Request::Create { count, group, .. } => {
                 if count == 0 || count > self.cfg.create_batch_max {
                     return fail(
                         errno::EINVAL,
                         format!("create of {count} objects (1 to {})", self.cfg.create_batch_max),
                     );
                 }
-                match t.create(count) {
+                match t.create_in(group, count) {
                     Ok(ids) => Reply { status: 0, body: ost::encode_created(ids.start, count), bulk: Bytes::new() },
                     Err(e) => osd_fail(e),
                 }
@@ -384,7 +384,7 @@ impl Oss {
                 Ok(()) => Reply::default(),
                 Err(e) => osd_fail(e),
             },
-            Request::LastId { .. } => match t.next_oid() {
+            Request::LastId { group, .. } => match t.next_oid_in(group) {
                 Ok(n) => Reply { status: 0, body: n.to_le_bytes().to_vec(), bulk: Bytes::new() },
                 Err(e) => osd_fail(e),
             },

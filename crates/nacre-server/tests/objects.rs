@@ -148,7 +148,7 @@ async fn files_get_objects_by_layout_and_removed_files_lose_them() {
     assert_eq!(ns.pending_destroys(None, 10).unwrap().len(), 2);
     let levels = ns.pool_levels();
     // A precreate whose answer never reached the MDT: objects on OST 0 nobody recorded.
-    let (op, body) = Request::Create { target: 0, count: 10 }.encode();
+    let (op, body) = Request::Create { target: 0, count: 10, group: 0 }.encode();
     let (lost, _) = nacre_proto::ost::decode_created(&imp.call(op, &body, &[]).await.unwrap().body).unwrap();
     std::mem::forget(ns);
     let ns = Arc::new(Namespace::open(mdt, NamespaceOptions::default()).unwrap());
@@ -181,5 +181,69 @@ async fn files_get_objects_by_layout_and_removed_files_lose_them() {
         .unwrap();
     for (o, oid) in ns.objects(n.fid).unwrap().into_iter().flatten() {
         assert!(!seen.contains(&(o, oid)), "object {oid} of OST {o} given twice across a restart");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_mdts_precreate_apart_and_clean_up_only_their_own_orphans() {
+    let net = MemNetwork::new();
+    let oss = Oss::new(vec![ost(0)], OssConfig::default());
+    let server = Server::start(
+        Arc::new(net.transport("oss")),
+        &"oss@mem".parse().unwrap(),
+        oss.handler(),
+        ServerConfig::default(),
+    )
+    .await
+    .unwrap();
+    let imp =
+        Client::new(Arc::new(net.transport("mds")), ClientConfig::default()).connect(&server.nid()).await.unwrap();
+    let links = vec![OstLink { index: 0, import: imp.clone(), target: 0 }];
+    let mut mdts = Vec::new();
+    for i in 0..2u32 {
+        let v = vol(&format!("mdt{i}-"), Level::Raid1, 2, 64 << 20, 64 << 10);
+        let ns = Arc::new(Namespace::format(v, i, NamespaceOptions::default()).unwrap());
+        let ns2 = ns.clone();
+        tokio::task::spawn_blocking(move || ns2.attach_osts(&[0]).unwrap()).await.unwrap();
+        let svc = ObjectService::start(ns.clone(), links.clone(), 64);
+        wait_for("a first precreate", || ns.pool_levels().iter().any(|(_, l)| *l > 0)).await;
+        mdts.push((ns, svc));
+    }
+    // A directory on MDT 1 (the root is on MDT 0), as MDT 0 makes one there.
+    let dir1 = Fid::new(Fid::seq_of(1, nacre_server::mdt::namespace::dne::PEER_SEQ_BASE), 1);
+    let attr = nacre_proto::mdt::Attr {
+        fid: dir1,
+        mode: nacre_proto::mdt::mode::S_IFDIR | 0o755,
+        nlink: 2,
+        ..Default::default()
+    };
+    let make = nacre_proto::dne::Update::MakeInode { attr, parent: Fid::ROOT, stripe: vec![], default: vec![] };
+    mdts[1].0.submit(None, Namespace::update_change(make), 0).await.unwrap();
+    // Each MDT's files have objects in its own group of the OST's ids.
+    let mut files = Vec::new();
+    for (i, (ns, _)) in mdts.iter().enumerate() {
+        let (ns2, dir) = (ns.clone(), [Fid::ROOT, dir1][i]);
+        let a = tokio::task::spawn_blocking(move || ns2.create(&Cred::root(), dir, "f", 0o644, None).unwrap())
+            .await
+            .unwrap();
+        let objects: Vec<(u32, u64)> = ns.objects(a.fid).unwrap().into_iter().flatten().collect();
+        assert!(objects.iter().all(|(_, oid)| nacre_osd::target::group_of(*oid) == i as u32), "{objects:?}");
+        files.push(objects);
+    }
+    // MDT 0 restarts its object service: its orphan cleanup leaves MDT 1's objects, and
+    // MDT 1's precreated pool, alone.
+    let (ns0, svc0) = mdts.remove(0);
+    drop(svc0);
+    let _svc0 = ObjectService::start(ns0.clone(), links.clone(), 64);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for (o, oid) in &files[1] {
+        assert!(exists(&imp, *o, *oid).await, "MDT 1's object {oid:#x} destroyed by MDT 0");
+    }
+    let (ns1, _svc1) = &mdts[0];
+    let ns2 = ns1.clone();
+    let b =
+        tokio::task::spawn_blocking(move || ns2.create(&Cred::root(), dir1, "g", 0o644, None).unwrap()).await.unwrap();
+    for (o, oid) in ns1.objects(b.fid).unwrap().into_iter().flatten() {
+        assert!(exists(&imp, o, oid).await, "MDT 1's pool object {oid:#x} is gone");
     }
 }

@@ -51,7 +51,7 @@ impl Ost {
     }
 
     async fn create(&self, count: u32) -> Result<(u64, u32), Fail> {
-        let f = self.call(Request::Create { target: 0, count }, &[]).await?;
+        let f = self.call(Request::Create { target: 0, count, group: 0 }, &[]).await?;
         Ok(ost::decode_created(&f.body).unwrap())
     }
 
@@ -156,7 +156,7 @@ async fn refusals_carry_their_errno_and_reason_and_change_nothing() {
     let cases: Vec<(Request, Vec<u8>, i32, &str)> = vec![
         (Request::Getattr { target: 5, oid }, vec![], errno::ENODEV, "no target 5"),
         (Request::Getattr { target: 0, oid: oid + 99 }, vec![], -2, "no object"),
-        (Request::Create { target: 0, count: 0 }, vec![], errno::EINVAL, "create of 0"),
+        (Request::Create { target: 0, count: 0, group: 0 }, vec![], errno::EINVAL, "create of 0"),
         (Request::Read { target: 0, oid, offset: 0, len: 5 << 20, checksum: false }, vec![], errno::EINVAL, "brw_size"),
         (Request::Write { target: 0, oid, offset: 0, len: 9, crc: None }, vec![1; 3], errno::EPROTO, "announces 9"),
         (

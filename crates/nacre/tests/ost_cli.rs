@@ -41,7 +41,7 @@ fn served_target_counts_jobs_and_get_param_reads_them() {
     rt.block_on(async {
         let client = Client::new(Arc::new(TcpTransport), ClientConfig::default());
         let imp = client.connect(&nid).await.unwrap();
-        let (op, body) = Request::Create { target: 0, count: 16 }.encode();
+        let (op, body) = Request::Create { target: 0, count: 16, group: 0 }.encode();
         let (first, _) = ost::decode_created(&imp.call(op, &body, &[]).await.unwrap().body).unwrap();
         let data = vec![9u8; 1 << 20];
         for i in 0..3u64 {
