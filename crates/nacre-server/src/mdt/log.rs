@@ -42,8 +42,6 @@ pub struct MdLog {
     /// Next record: its offset in the data area and its sequence.
     head: u64,
     seq: u64,
-    /// Where the last record appended is, and its bytes (for `retract_last`).
-    last: Option<(u64, u64)>,
 }
 
 fn io(e: nacre_raid::RaidError) -> std::io::Error {
@@ -52,7 +50,7 @@ fn io(e: nacre_raid::RaidError) -> std::io::Error {
 
 impl MdLog {
     /// The data area's bytes.
-    fn room(&self) -> u64 {
+    pub fn room(&self) -> u64 {
         self.size - 2 * SLOT
     }
 
@@ -75,7 +73,7 @@ impl MdLog {
             }
         }
         let (slot_seq, generation) = best.unwrap_or((0, 0));
-        let mut log = MdLog { vol, base, size, flush, generation, slot_seq, head: 0, seq: 0, last: None };
+        let mut log = MdLog { vol, base, size, flush, generation, slot_seq, head: 0, seq: 0 };
         let mut records = Vec::new();
         if best.is_some() {
             let mut hdr = vec![0u8; ALIGN as usize];
@@ -106,7 +104,7 @@ impl MdLog {
         self.base + 2 * SLOT + off
     }
 
-    fn padded(len: usize) -> u64 {
+    pub fn padded(len: usize) -> u64 {
         ((RECORD_HEADER + len) as u64).div_ceil(ALIGN) * ALIGN
     }
 
@@ -147,7 +145,6 @@ impl MdLog {
         if self.flush {
             self.vol.flush().map_err(io)?;
         }
-        self.last = Some((self.head, total as u64));
         self.head += total as u64;
         self.seq += 1;
         Ok(())
@@ -163,21 +160,6 @@ impl MdLog {
         log.generation = nanos ^ ((std::process::id() as u64) << 40);
         log.reset()?;
         Ok(log)
-    }
-
-    /// Take back the last record appended (its batch was refused after all): its header
-    /// block is zeroed, so replay stops before it.
-    pub fn retract_last(&mut self) -> std::io::Result<()> {
-        let Some((at, total)) = self.last.take() else {
-            return Err(std::io::Error::other("no record to take back"));
-        };
-        self.vol.write(self.data_at(at), &vec![0u8; ALIGN as usize]).map_err(io)?;
-        if self.flush {
-            self.vol.flush().map_err(io)?;
-        }
-        self.head -= total;
-        self.seq -= 1;
-        Ok(())
     }
 
     /// Start over under a generation drawn afresh (at open: records of a reset lost to a
@@ -203,7 +185,6 @@ impl MdLog {
             self.vol.flush().map_err(io)?;
         }
         (self.slot_seq, self.generation, self.head, self.seq) = (slot_seq, generation, 0, 0);
-        self.last = None;
         Ok(())
     }
 }

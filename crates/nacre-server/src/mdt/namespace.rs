@@ -31,6 +31,7 @@ use nacre_proto::wire::Enc;
 use super::log::MdLog;
 
 pub mod dne;
+mod writer;
 use nacre_raid::Volume;
 use redb::{
     Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTransaction,
@@ -105,8 +106,8 @@ pub const REPLIES_PER_CLIENT_MAX: usize = 1024;
 /// A checkpoint (a durable redb commit, then the log starts over) comes after this many
 /// logged batches, after [`CHECKPOINT_INTERVAL`], or when the log is half full: redb slows
 /// down as non-durable commits pile up, since it frees no page until a durable one.
-pub const CHECKPOINT_BATCHES: u64 = 256;
-pub const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
+pub const CHECKPOINT_BATCHES: u64 = 1024;
+pub const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 /// The redo log's share of the volume: an eighth, at most this.
 pub const LOG_BYTES_MAX: u64 = 256 << 20;
 /// Bytes of xattr names and values one inode may hold (ext4 with large xattrs in inodes
@@ -460,11 +461,18 @@ pub struct MdtStatFs {
     pub bytes_total: u64,
 }
 
-/// The redo log and when it was last checkpointed.
-struct LogState {
-    log: super::log::MdLog,
+/// A committed batch: its redo record (none if it changed nothing) and its answers.
+type Staged = (Option<Vec<u8>>, Vec<Result<Answer>>);
+
+/// What the committing thread keeps between batches: batches since the last
+/// checkpoint, and when it was.
+struct Lead {
     batches: u64,
     since: std::time::Instant,
+}
+
+fn broken() -> MdError {
+    MdError::new(errno::EIO, "the metadata log failed: restart the MDT")
 }
 
 /// One MDT's namespace. Its methods block (on redb, and on group commit for changes):
@@ -472,11 +480,11 @@ struct LogState {
 pub struct Namespace {
     index: u32,
     db: Database,
-    /// A logged batch could not be taken back: no change is accepted until a restart.
-    broken: std::sync::atomic::AtomicBool,
     /// OST object pools, as the last committed batch left them.
     pools: Mutex<Pools>,
-    log: Mutex<LogState>,
+    /// Appends batches' records to the redo log.
+    writer: writer::LogWriter,
+    lead: Mutex<Lead>,
     /// The database's length on the volume, and the room it has.
     db_len: Arc<std::sync::atomic::AtomicU64>,
     capacity: u64,
@@ -1261,9 +1269,8 @@ impl Namespace {
             txn.open_table(DIRDEFAULTS)?;
             txn.open_table(INTENTS)?;
             txn.commit()?;
-            let mut log = lock(&ns.log);
             // A generation drawn afresh: records a lost reset left behind never match.
-            log.log.renew()?;
+            ns.writer.with_log(|l| l.renew())?;
         }
         let txn = ns.db.begin_read()?;
         let m = txn.open_table(META).map_err(|e| MdError::new(errno::EINVAL, format!("not a metadata target: {e}")))?;
@@ -1345,8 +1352,8 @@ impl Namespace {
         Ok(Namespace {
             index,
             db,
-            log: Mutex::new(LogState { log, batches: 0, since: std::time::Instant::now() }),
-            broken: Default::default(),
+            writer: writer::LogWriter::start(log),
+            lead: Mutex::new(Lead { batches: 0, since: std::time::Instant::now() }),
             pools: Mutex::new(Pools::default()),
             db_len,
             capacity: size,
@@ -1631,7 +1638,7 @@ impl Namespace {
                 }
                 // At most `batch_max` changes and a quarter of the log's room, so that a
                 // batch always fits what a checkpoint leaves free (at least half).
-                let room = lock(&self.log).log.usage().1 as usize / 4;
+                let room = self.writer.room() as usize / 4;
                 let (mut n, mut bytes) = (0, 0);
                 while n < c.queue.len().min(self.opts.batch_max.max(1)) && (n == 0 || bytes + c.queue[n].weight <= room)
                 {
@@ -1640,17 +1647,7 @@ impl Namespace {
                 }
                 c.queue.drain(..n).collect()
             };
-            let (work, answers): (Vec<_>, Vec<_>) = batch.into_iter().map(|q| ((q.key, q.change), q.answer)).unzip();
-            let n = work.len();
-            // A panic inside a change must not leave `running` set and everyone waiting:
-            // it fails the batch instead.
-            let results =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.commit(work))).unwrap_or_else(|_| {
-                    vec![Err(MdError::new(errno::EIO, "the metadata change failed inside the server")); n]
-                });
-            for (tx, r) in answers.into_iter().zip(results) {
-                let _ = tx.send(r);
-            }
+            self.commit(batch);
         }
     }
 
@@ -1669,51 +1666,76 @@ impl Namespace {
         rx.blocking_recv().unwrap_or_else(|_| Err(MdError::new(errno::EIO, "the metadata change was dropped")))
     }
 
-    /// One transaction for a batch of changes; their answers once it is durable.
-    fn commit(&self, batch: Vec<(Option<ReplyKey>, Change)>) -> Vec<Result<Answer>> {
+    /// Commit a batch of changes in one transaction and hand its record to the log
+    /// writer, which answers each change once the record is on the drives (at once, for
+    /// a batch that changed nothing or failed).
+    fn commit(&self, batch: Vec<Queued>) {
         let n = batch.len();
-        match self.commit_inner(batch) {
-            Ok(r) => {
+        let (work, answers): (Vec<_>, Vec<_>) = batch.into_iter().map(|q| ((q.key, q.change), q.answer)).unzip();
+        // A panic inside a change must not leave `running` set and everyone waiting: it
+        // fails the batch instead.
+        let staged = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.commit_inner(work)))
+            .unwrap_or_else(|_| Err(MdError::new(errno::EIO, "the metadata change failed inside the server")));
+        match staged {
+            Ok((record, out)) => {
                 self.stats.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 self.stats.changes.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-                r
+                match record {
+                    Some(record) => {
+                        self.writer.submit(writer::Job { record, answers: answers.into_iter().zip(out).collect() })
+                    }
+                    None => {
+                        for (tx, r) in answers.into_iter().zip(out) {
+                            let _ = tx.send(r);
+                        }
+                    }
+                }
             }
-            Err(e) => vec![Err(e); n],
+            Err(e) => {
+                for tx in answers {
+                    let _ = tx.send(Err(e.clone()));
+                }
+            }
         }
     }
 
     /// Make redb durable and start the log over, if it is time (see [`CHECKPOINT_BATCHES`]).
-    fn checkpoint_if_due(&self, log: &mut LogState) -> Result<()> {
-        let (used, room) = log.log.usage();
-        let due = used > room / 2
-            || log.batches >= CHECKPOINT_BATCHES
-            || (log.batches > 0 && log.since.elapsed() >= CHECKPOINT_INTERVAL);
+    fn checkpoint_if_due(&self, lead: &mut Lead) -> Result<()> {
+        let due = self.writer.used() > self.writer.room() / 2
+            || lead.batches >= CHECKPOINT_BATCHES
+            || (lead.batches > 0 && lead.since.elapsed() >= CHECKPOINT_INTERVAL);
         if due {
-            self.checkpoint(log)?;
+            self.checkpoint(lead)?;
         }
         Ok(())
     }
 
-    fn checkpoint(&self, log: &mut LogState) -> Result<()> {
+    /// Make redb durable and start the log over, once every record handed to the log
+    /// writer is written.
+    fn checkpoint(&self, lead: &mut Lead) -> Result<()> {
+        self.writer.drain();
+        if self.writer.broken() {
+            return Err(broken());
+        }
         let mut txn = self.db.begin_write()?;
         txn.set_durability(redb::Durability::Immediate).map_err(storage)?;
         txn.commit()?;
-        log.log.reset()?;
-        log.batches = 0;
-        log.since = std::time::Instant::now();
+        self.writer.with_log(|l| l.reset())?;
+        lead.batches = 0;
+        lead.since = std::time::Instant::now();
         self.stats.checkpoints.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
-    fn commit_inner(&self, batch: Vec<(Option<ReplyKey>, Change)>) -> Result<Vec<Result<Answer>>> {
-        if self.broken.load(std::sync::atomic::Ordering::Acquire) {
-            return Err(MdError::new(
-                errno::EIO,
-                "the metadata log could not take back a failed batch: restart the MDT",
-            ));
+    /// Run a batch in one redb transaction and commit it (without durability); returns
+    /// its redo record (none if nothing changed) and the answers, which may go out once
+    /// the record is written.
+    fn commit_inner(&self, batch: Vec<(Option<ReplyKey>, Change)>) -> Result<Staged> {
+        if self.writer.broken() {
+            return Err(broken());
         }
-        let mut log = lock(&self.log);
-        self.checkpoint_if_due(&mut log)?;
+        let mut lead = lock(&self.lead);
+        self.checkpoint_if_due(&mut lead)?;
         let mut txn = self.db.begin_write()?;
         txn.set_durability(redb::Durability::None).map_err(storage)?;
         // Held to the end of the batch: an open cannot slip in between the check that a
@@ -1774,7 +1796,7 @@ impl Namespace {
         let pools = tx.pools.borrow().clone();
         if tx.mutations() == 0 {
             // Nothing changed (every change failed its checks or was a replay).
-            return Ok(out);
+            return Ok((None, out));
         }
         let mut alloc = alloc;
         if alloc.seq_k != lock(&self.alloc).seq_k || alloc.next_oid > alloc.reserved {
@@ -1785,32 +1807,26 @@ impl Namespace {
         }
         let record = tx.seal();
         drop(tx);
-        if !log.log.fits(record.len()) {
+        if !self.writer.fits(record.len()) {
             // Batches are sized to fit (see `run_batches`); should one not, it is refused
             // whole, and the log is emptied for what comes next. (Committing it durably
             // instead would let a crash replay older records over it.)
             drop(txn);
             drop(opens);
-            self.checkpoint(&mut log)?;
+            self.checkpoint(&mut lead)?;
             return Err(MdError::new(
                 errno::ENOSPC,
                 format!("a batch of {} bytes does not fit the metadata log: send it again", record.len()),
             ));
         }
-        log.log.append(&record)?;
-        if let Err(e) = txn.commit() {
-            // The record must not outlive its batch: replay would apply what was refused.
-            // Take it back, or stop taking changes if even that fails.
-            if log.log.retract_last().is_err() {
-                self.broken.store(true, std::sync::atomic::Ordering::Release);
-            }
-            return Err(e.into());
-        }
-        log.batches += 1;
+        // Committed before its record is written: the record goes to the log writer, and
+        // nobody hears of the batch until it is written (see [`writer`]).
+        txn.commit()?;
+        lead.batches += 1;
         drop(opens);
         *lock(&self.alloc) = alloc;
         *lock(&self.pools) = pools;
-        Ok(out)
+        Ok((Some(record), out))
     }
 
     /// Drop the records a client has acknowledged, and its oldest beyond the bound.
