@@ -71,10 +71,11 @@ struct Served {
     volume: Arc<Volume>,
 }
 
-/// Bytes of each of the MDT's four drives: room for every round's files (about 4 KiB of
-/// database and log per file and round, mirrored over two pairs), at least 64 MiB.
+/// Bytes of each of the MDT's four drives (sparse files): room for every round's files
+/// and the DoM files the rounds keep (about 12 KiB of database and log per file and
+/// round, mirrored over two pairs), at least 64 MiB.
 fn drive_bytes(o: &MdsBenchOptions) -> u64 {
-    ((o.files * o.rounds.max(1) as u64 * 8) << 10).clamp(64 << 20, 4 << 30).div_ceil(1 << 20) << 20
+    ((o.files * o.rounds.max(1) as u64 * 24) << 10).clamp(64 << 20, 8 << 30).div_ceil(1 << 20) << 20
 }
 
 async fn serve(dir: &Path, sync: SyncMode, drive: u64) -> Result<Served, BenchError> {
@@ -156,6 +157,7 @@ async fn shared_dir_round(mdts: &[Served], o: &MdsBenchOptions, round: usize) ->
         stripes.push(Arc::new(stripe));
     }
     let (names, dom) = (stripes[0].clone(), stripes[1].clone());
+    let dom_shards = dom.clone();
     let dom_layout = Layout::from_lfs_args(&["-E", "64K", "-L", "mdt", "-E", "eof", "-c", "1"]).map_err(bad)?.encode();
     for &shard in &dom.shards {
         let imp = &conns[0][shard.mdt().unwrap_or(0) as usize % mdts.len()];
@@ -272,6 +274,14 @@ async fn shared_dir_round(mdts: &[Served], o: &MdsBenchOptions, round: usize) ->
         }
     })
     .await?;
+    // The DoM files go (untimed), so that every round starts from the same fill.
+    let dom_names: Vec<(Fid, String)> = (0..o.clients)
+        .flat_map(|i| (0..per).map(move |j| format!("c{i}-s{j}")))
+        .map(|n| (dom_shards.shards[dom_shards.shard_of(&n)], n))
+        .collect();
+    for (shard, name) in dom_names {
+        call(at(&conns[0], shard), &Request::Unlink { dir: shard, name, rmdir: false }).await?;
+    }
     Ok(SharedRates {
         create: total / create,
         stat: total / stat,

@@ -728,3 +728,43 @@ fn pools_are_checked_and_place_objects_on_their_osts() {
         assert!(osts.len() == 1 && osts[0] != 0, "{osts:?}");
     }
 }
+
+#[test]
+fn a_full_mdt_refuses_growth_with_enospc_and_removals_still_work() {
+    let (ns, _v) = ns();
+    let c = root();
+    let lfs = |a: &str| Layout::from_lfs_args(&a.split_whitespace().collect::<Vec<_>>()).unwrap();
+    ns.set_dir_layout(&c, Fid::ROOT, Some(lfs("-E 1M -L mdt")), None).unwrap();
+    let body = vec![0x33u8; 1 << 20];
+    let mut made = 0;
+    let err = loop {
+        let name = format!("f{made}");
+        let f = match ns.create(&c, Fid::ROOT, &name, 0o644, None) {
+            Ok(f) => f,
+            Err(e) => break e,
+        };
+        made += 1;
+        if let Err(e) = ns.write_dom(&c, f.fid, 0, &body, None) {
+            break e;
+        }
+        assert!(made < 10_000, "never full");
+    };
+    // Refused with ENOSPC, naming the fill; never a poisoned database.
+    assert_eq!(err.errno, errno::ENOSPC, "{err:?}");
+    assert!(err.message.contains("fills"), "{err:?}");
+    // What is there reads back, removals work, and so does a create afterwards.
+    assert_eq!(ns.read_dom(&c, ns.lookup(&c, Fid::ROOT, "f0").unwrap().fid, 0, 16).unwrap(), vec![0x33u8; 16]);
+    for i in 0..made {
+        ns.remove(&c, Fid::ROOT, &format!("f{i}"), false, None).unwrap();
+    }
+    // Once a checkpoint has let redb give its freed tail back, files can be made again.
+    let started = std::time::Instant::now();
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        ns.setattr(&c, Fid::ROOT, SetAttr { mtime_ns: Some(None), ..SetAttr::default() }, None).unwrap();
+        match ns.create(&c, Fid::ROOT, "after", 0o644, None) {
+            Ok(_) => break,
+            Err(e) => assert!(started.elapsed().as_secs() < 5, "still refused after the removals: {e:?}"),
+        }
+    }
+}

@@ -129,24 +129,38 @@ impl MdLog {
 
     /// Append one record; returns once it is on the drives.
     pub fn append(&mut self, payload: &[u8]) -> std::io::Result<()> {
-        if !self.fits(payload.len()) {
+        self.append_all(&[payload])
+    }
+
+    /// Append records, in order, with one write and one flush; returns once all are on
+    /// the drives. Should the write be torn by a crash, replay stops at the first record
+    /// that did not land, and none of them was acknowledged.
+    pub fn append_all(&mut self, payloads: &[&[u8]]) -> std::io::Result<()> {
+        let total: u64 = payloads.iter().map(|p| Self::padded(p.len())).sum();
+        if self.head + total > self.room() {
             return Err(std::io::Error::other("metadata log is full: checkpoint first"));
         }
-        let total = Self::padded(payload.len()) as usize;
-        let mut rec = vec![0u8; total];
-        rec[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
-        rec[8..16].copy_from_slice(&self.generation.to_le_bytes());
-        rec[16..24].copy_from_slice(&self.seq.to_le_bytes());
-        rec[24..28].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-        rec[RECORD_HEADER..RECORD_HEADER + payload.len()].copy_from_slice(payload);
-        let crc = crc32c(&rec[..RECORD_HEADER + payload.len()]);
-        rec[28..32].copy_from_slice(&crc.to_le_bytes());
-        self.vol.write(self.data_at(self.head), &rec).map_err(io)?;
+        let mut buf = vec![0u8; total as usize];
+        let (mut at, mut seq) = (0usize, self.seq);
+        for payload in payloads {
+            let len = Self::padded(payload.len()) as usize;
+            let rec = &mut buf[at..at + len];
+            rec[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+            rec[8..16].copy_from_slice(&self.generation.to_le_bytes());
+            rec[16..24].copy_from_slice(&seq.to_le_bytes());
+            rec[24..28].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+            rec[RECORD_HEADER..RECORD_HEADER + payload.len()].copy_from_slice(payload);
+            let crc = crc32c(&rec[..RECORD_HEADER + payload.len()]);
+            rec[28..32].copy_from_slice(&crc.to_le_bytes());
+            at += len;
+            seq += 1;
+        }
+        self.vol.write(self.data_at(self.head), &buf).map_err(io)?;
         if self.flush {
             self.vol.flush().map_err(io)?;
         }
-        self.head += total as u64;
-        self.seq += 1;
+        self.head += total;
+        self.seq = seq;
         Ok(())
     }
 

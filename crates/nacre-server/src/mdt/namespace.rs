@@ -106,8 +106,8 @@ pub const REPLIES_PER_CLIENT_MAX: usize = 1024;
 /// A checkpoint (a durable redb commit, then the log starts over) comes after this many
 /// logged batches, after [`CHECKPOINT_INTERVAL`], or when the log is half full: redb slows
 /// down as non-durable commits pile up, since it frees no page until a durable one.
-pub const CHECKPOINT_BATCHES: u64 = 1024;
-pub const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+pub const CHECKPOINT_BATCHES: u64 = 256;
+pub const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
 /// The redo log's share of the volume: an eighth, at most this.
 pub const LOG_BYTES_MAX: u64 = 256 << 20;
 /// Bytes of xattr names and values one inode may hold (ext4 with large xattrs in inodes
@@ -1153,6 +1153,7 @@ impl Tx<'_> {
             return Err(MdError::new(errno::EEXIST, format!("{name:?} exists in {dir} (as {f})")));
         }
         self.dir_for_change(cred, dir)?;
+        self.ns.room_to_grow()?;
         let layout = if kind == mode::S_IFREG { Some(self.layout_for_new_file(dir, layout)?) } else { None };
         // The last check (a pool may be short): after it only writes.
         let objects = match &layout {
@@ -1368,6 +1369,26 @@ impl Namespace {
 
     pub fn index(&self) -> u32 {
         self.index
+    }
+
+    /// ENOSPC for new inodes and DoM data once redb's next growth of its file would not
+    /// fit the region: redb doubles its file below 4 GiB (and adds up to two 4 GiB
+    /// regions beyond), and a growth that fails poisons it until a restart. Removals are
+    /// let through, to free room.
+    fn room_to_grow(&self) -> Result<()> {
+        let used = self.db_len.load(std::sync::atomic::Ordering::Acquire);
+        let next = if used < 4 << 30 { used * 2 } else { used + (8 << 30) };
+        if next > self.capacity {
+            return Err(MdError::new(
+                errno::ENOSPC,
+                format!(
+                    "the MDT's database fills {} MiB of {} MiB, and its next growth would not fit",
+                    used >> 20,
+                    self.capacity >> 20
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The OST pools as the MGS defines them (`lov.pool.NAME` parameters): layouts may
@@ -1999,6 +2020,7 @@ impl Namespace {
         }
         let end =
             self.dom_end(fid)?.ok_or_else(|| MdError::new(errno::EINVAL, format!("{fid} keeps no data on the MDT")))?;
+        self.room_to_grow()?;
         let stop = offset.checked_add(data.len() as u64).filter(|&s| s <= end).ok_or_else(|| {
             MdError::new(
                 errno::EFBIG,

@@ -23,8 +23,9 @@ use super::super::log::MdLog;
 use super::{Answer, MdError, Result, lock};
 
 /// Batches handed over and not yet being written, at most: the committing thread waits
-/// beyond it.
-const QUEUED_MAX: usize = 2;
+/// beyond it. The writer takes every batch waiting at once, in one write and one flush,
+/// so that batches made while a flush runs share the next one.
+const QUEUED_MAX: usize = 64;
 
 /// A committed batch waiting for its record to be written.
 pub(super) struct Job {
@@ -139,13 +140,18 @@ impl LogWriter {
 }
 
 fn write_loop(s: &Shared, rx: Receiver<Job>) {
-    while let Ok(job) = rx.recv() {
-        let padded = MdLog::padded(job.record.len());
+    while let Ok(first) = rx.recv() {
+        let mut jobs = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            jobs.push(more);
+        }
+        let padded: u64 = jobs.iter().map(|j| MdLog::padded(j.record.len())).sum();
         let r = if s.broken.load(Ordering::Acquire) {
             Err(MdError::new(errno::EIO, "the metadata log failed earlier: restart the MDT"))
         } else {
             let mut log = lock(&s.log);
-            match log.append(&job.record) {
+            let records: Vec<&[u8]> = jobs.iter().map(|j| j.record.as_slice()).collect();
+            match log.append_all(&records) {
                 Ok(()) => {
                     s.head.store(log.usage().0, Ordering::Release);
                     Ok(())
@@ -157,7 +163,9 @@ fn write_loop(s: &Shared, rx: Receiver<Job>) {
             }
         };
         s.pending.fetch_sub(padded, Ordering::AcqRel);
-        finish(s, job, r);
+        for job in jobs {
+            finish(s, job, r.clone());
+        }
     }
 }
 
