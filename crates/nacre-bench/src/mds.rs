@@ -71,11 +71,11 @@ struct Served {
     volume: Arc<Volume>,
 }
 
-/// Bytes of each of the MDT's four drives (sparse files): room for every round's files
-/// and the DoM files the rounds keep (about 12 KiB of database and log per file and
-/// round, mirrored over two pairs), at least 64 MiB.
+/// Bytes of each of the MDT's four drives: room for every round's files (about 4 KiB of
+/// database and log per file and round, mirrored over two pairs), at least 64 MiB. The
+/// drives are written whole when the volume is made: under /dev/shm they take memory.
 fn drive_bytes(o: &MdsBenchOptions) -> u64 {
-    ((o.files * o.rounds.max(1) as u64 * 24) << 10).clamp(64 << 20, 8 << 30).div_ceil(1 << 20) << 20
+    ((o.files * o.rounds.max(1) as u64 * 8) << 10).clamp(64 << 20, 4 << 30).div_ceil(1 << 20) << 20
 }
 
 async fn serve(dir: &Path, sync: SyncMode, drive: u64) -> Result<Served, BenchError> {
@@ -496,6 +496,7 @@ async fn nacre_round(
         dom_dirs.push(a.fid);
     }
     let dom_dirs = Arc::new(dom_dirs);
+    let dom_dirs_left = dom_dirs.clone();
     let body = Arc::new(vec![0x5au8; DOM_FILE_BYTES]);
     let dom_secs = all(&imports, move |i, imp| {
         let (dirs, body) = (dom_dirs.clone(), body.clone());
@@ -516,6 +517,18 @@ async fn nacre_round(
                 if f.header.status != 0 {
                     return Err(BenchError::Bad(format!("DoM write: {}", String::from_utf8_lossy(&f.body))));
                 }
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    // The DoM files go (untimed): every round starts from the same fill, and the MDT
+    // needs no room for the rounds before.
+    all(&imports, move |i, imp| {
+        let dirs = dom_dirs_left.clone();
+        async move {
+            for j in 0..per {
+                call(&imp, &Request::Unlink { dir: dirs[i], name: format!("s{j}"), rmdir: false }).await?;
             }
             Ok(())
         }
