@@ -202,10 +202,16 @@ pub struct Server {
     _tasks: JoinSet<()>,
 }
 
+/// Evictions a slow listener may fall behind by before it is told it lagged.
+const EVICTED_QUEUE: usize = 1024;
+
 struct Shared {
     nid: Nid,
     cfg: ServerConfig,
     handler: Handler,
+    /// Clients evicted (or replaced by a new incarnation): services drop what they keep
+    /// for them.
+    evicted: tokio::sync::broadcast::Sender<u64>,
     faults: Arc<FaultInjector>,
     ni: Arc<CreditPool>,
     buffers: Arc<Semaphore>,
@@ -375,6 +381,7 @@ impl Server {
         let shared = Arc::new(Shared {
             nid: listener.nid(),
             handler,
+            evicted: tokio::sync::broadcast::channel(EVICTED_QUEUE).0,
             faults: Arc::new(FaultInjector::new(fresh_seed())),
             ni: CreditPool::new(cfg.credits),
             buffers: Arc::new(Semaphore::new(cfg.req_buffers_max.max(1))),
@@ -476,8 +483,20 @@ pub struct ServerHandle {
 }
 
 impl ServerHandle {
+    /// The clients this server lets go from now on (evicted, disconnected, or replaced
+    /// by a restarted incarnation), for services that keep state per client. `None` if
+    /// the server has stopped.
+    pub fn evictions(&self) -> Option<tokio::sync::broadcast::Receiver<u64>> {
+        self.shared.upgrade().map(|s| s.evicted.subscribe())
+    }
+
     pub fn stats(&self) -> Option<ServerStats> {
         self.shared.upgrade().map(|s| s.stats())
+    }
+
+    /// Is `client` connected (it has an export here)?
+    pub fn connected(&self, client: u64) -> bool {
+        self.shared.upgrade().is_some_and(|s| lock(&s.exports).contains_key(&client))
     }
 
     pub fn policy(&self) -> Option<Policy> {
@@ -874,6 +893,10 @@ impl Shared {
             }
         };
         self.retire(export);
+        if removed {
+            // Nobody listening is fine; a listener that lags learns it (and may resync).
+            let _ = self.evicted.send(export.client);
+        }
         if removed && !why.is_empty() {
             self.counters.evictions.fetch_add(1, Ordering::Relaxed);
             eprintln!("nacre-net: {}: client {:016x} at {}: {why}", self.nid, export.client, export.peer);

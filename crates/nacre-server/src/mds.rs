@@ -123,6 +123,30 @@ impl Mds {
         &self.dne
     }
 
+    /// Let go of what this MDS keeps for the clients `server` lets go (evicted, or gone):
+    /// their open files are closed (a file unlinked while open goes with its last close)
+    /// and their reply records deleted. A client connected again by then keeps both.
+    pub fn follow_evictions(self: &Arc<Self>, server: nacre_net::server::ServerHandle) {
+        let Some(mut rx) = server.evictions() else { return };
+        let ns = self.ns.clone();
+        tokio::spawn(async move {
+            use tokio::sync::broadcast::error::RecvError;
+            loop {
+                match rx.recv().await {
+                    Ok(client) if !server.connected(client) => {
+                        let ns = ns.clone();
+                        let r = tokio::task::spawn_blocking(move || ns.forget_client(client)).await;
+                        if let Ok(Err(e)) = r {
+                            eprintln!("mds: letting go of client {client:016x}: {}", e.message);
+                        }
+                    }
+                    Ok(_) | Err(RecvError::Lagged(_)) => {}
+                    Err(RecvError::Closed) => return,
+                }
+            }
+        });
+    }
+
     /// Run again the operations over several MDTs that a stop left half done; call it
     /// once, from the runtime, when the MDS starts. Returns how many there were.
     pub fn recover(&self) -> Result<usize, MdError> {

@@ -327,3 +327,32 @@ fn a_change_resent_after_a_restart_gets_its_stored_answer() {
     let e = mds.handle(incoming(43, 6, 6, &create));
     assert_eq!(e.status, -errno::EEXIST);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_client_loses_its_open_files_and_reply_records() {
+    let (server, mds, net, _md) = setup().await;
+    mds.follow_evictions(server.handle());
+    let client = Client::new(Arc::new(net.transport("c9")), ClientConfig::default());
+    let md = Md { imp: client.connect(&server.nid()).await.unwrap(), creds: Creds::default() };
+    let f = md
+        .attr(Request::Create {
+            dir: Fid::ROOT,
+            name: "held".into(),
+            mode: mode::S_IFREG | 0o644,
+            target: vec![],
+            layout: vec![],
+        })
+        .await
+        .unwrap();
+    md.call(Request::Open { fid: f.fid, read: true, write: true }).await.unwrap();
+    md.call(Request::Unlink { dir: Fid::ROOT, name: "held".into(), rmdir: false }).await.unwrap();
+    let ns = mds.namespace().clone();
+    assert_eq!(ns.getattr(f.fid).unwrap().nlink, 0, "open: it lives on");
+    assert!(ns.reply_records(client.id()).unwrap() > 0);
+    assert!(server.evict(client.id()));
+    let started = std::time::Instant::now();
+    while ns.getattr(f.fid).is_ok() || ns.reply_records(client.id()).unwrap() > 0 {
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "the evicted client's state stayed");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

@@ -2763,6 +2763,42 @@ impl Namespace {
         Ok(())
     }
 
+    /// Let go of client `client` (the transport evicted it, or it left): its open files
+    /// are closed and its reply records deleted.
+    pub fn forget_client(&self, client: u64) -> Result<()> {
+        self.release_client(client)?;
+        self.change(
+            None,
+            Box::new(move |tx| {
+                let xids: Vec<u64> = {
+                    let t = tx.txn.open_table(REPLIES)?;
+                    let mut v = Vec::new();
+                    for e in t.range((client, 0)..=(client, u64::MAX))? {
+                        v.push(e?.0.value().1);
+                    }
+                    v
+                };
+                for x in xids {
+                    tx.del_reply(client, x)?;
+                }
+                Ok(Answer::Done)
+            }),
+        )?;
+        Ok(())
+    }
+
+    /// Reply records kept for `client`.
+    pub fn reply_records(&self, client: u64) -> Result<usize> {
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(REPLIES)?;
+        let mut n = 0;
+        for e in t.range((client, 0)..=(client, u64::MAX))? {
+            e?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// Close a handle of client `owner`; the last close of a file unlinked meanwhile
     /// removes it.
     pub fn close_file(&self, owner: u64, handle: u64) -> Result<()> {
