@@ -159,8 +159,9 @@ impl Mds {
 
     /// The transport handler of this MDS. Lookups, getattrs and listings run where they
     /// arrive: they read redb's cache and a hop to another thread would cost more than
-    /// they do (≈ 25 µs to wake a thread here). Changes, opens and closes wait for group
-    /// commit or its locks, so they run on blocking threads.
+    /// they do (≈ 25 µs to wake a thread here). Changes await group commit on the
+    /// transport's task (see `serve_change`); opens and closes take the namespace's locks,
+    /// so they run on blocking threads.
     pub fn handler(self: &Arc<Self>) -> Handler {
         let mds = self.clone();
         Arc::new(move |req: Incoming| {
@@ -298,10 +299,10 @@ impl Mds {
         }
     }
 
-    /// Creates of files and directories, unlinks, renames, setattrs and DoM writes go to
-    /// group commit from the transport's task and await their answer there: no blocking
-    /// thread per request. The rest (symlinks, links, xattrs, layouts, open and close)
-    /// take a blocking thread.
+    /// Every change (creates of every kind, links, unlinks, renames, setattrs, xattrs,
+    /// layouts, DoM writes, DNE's) goes to group commit from the transport's task and
+    /// awaits its answer there: no blocking thread per request. Opens and closes, which
+    /// wait on the namespace's locks, take a blocking thread.
     /// `None` for every other request.
     async fn serve_change(self: &Arc<Self>, req: &Incoming) -> Option<Reply> {
         if !matches!(
@@ -314,15 +315,21 @@ impl Mds {
                 | mdt::MDS_MKDIR
                 | mdt::MDS_SETDIRDEFAULT
                 | mdt::MDS_UPDATE
+                | mdt::MDS_LINK
+                | mdt::MDS_SETXATTR
+                | mdt::MDS_REMOVEXATTR
+                | mdt::MDS_SETDIRLAYOUT
         ) {
             return None;
         }
         // Only what this path serves is counted here; the rest goes to `handle`.
         let plain = |r: &Request| match r {
-            Request::Create { mode: m, layout, .. } => {
-                matches!(m & mode::S_IFMT, mode::S_IFREG | mode::S_IFDIR) && layout.is_empty()
-            }
-            Request::Unlink { .. }
+            Request::Create { .. }
+            | Request::Link { .. }
+            | Request::Setxattr { .. }
+            | Request::Removexattr { .. }
+            | Request::Setdirlayout { .. }
+            | Request::Unlink { .. }
             | Request::DomWrite { .. }
             | Request::Rename { .. }
             | Request::Setattr { .. }
@@ -368,8 +375,44 @@ impl Mds {
                     Err(e) => fail(e.status(), e.message),
                 });
             }
-            Request::Create { dir, name, mode: m, .. } => {
-                (Namespace::create_change(&c, dir, &name, m & mode::PERMS), 0)
+            Request::Create { dir, name, mode: m, target, layout } => {
+                let perms = m & mode::PERMS;
+                let change = match m & mode::S_IFMT {
+                    mode::S_IFLNK => Namespace::symlink_change(&c, dir, &name, &target),
+                    mode::S_IFREG | 0 if !layout.is_empty() => match Layout::decode(&layout) {
+                        Ok(l) => Ok(Namespace::create_with_layout_change(&c, dir, &name, perms, l)),
+                        Err(e) => Err(MdError::new(errno::EINVAL, format!("layout: {e}"))),
+                    },
+                    mode::S_IFREG | 0 => Ok(Namespace::create_change(&c, dir, &name, perms)),
+                    other => Err(MdError::new(errno::EINVAL, format!("file type {other:o} is not supported"))),
+                };
+                match change {
+                    Ok(change) => (change, 0),
+                    Err(e) => return Some(fail(e.status(), e.message)),
+                }
+            }
+            Request::Link { fid, dir, name } => (Namespace::link_change(&c, fid, dir, &name), 0),
+            // Their checks read an inode or validate a layout: quick, from redb's cache.
+            Request::Setxattr { fid, name, value, flags } => {
+                let (create, replace) = (flags & xattr::CREATE != 0, flags & xattr::REPLACE != 0);
+                match self.ns.setxattr_change(&c, fid, &name, &value, create, replace) {
+                    Ok(v) => v,
+                    Err(e) => return Some(fail(e.status(), e.message)),
+                }
+            }
+            Request::Removexattr { fid, name } => match self.ns.removexattr_change(&c, fid, &name) {
+                Ok(change) => (change, 0),
+                Err(e) => return Some(fail(e.status(), e.message)),
+            },
+            Request::Setdirlayout { dir, layout } => {
+                let l = if layout.is_empty() { Ok(None) } else { Layout::decode(&layout).map(Some) };
+                match l
+                    .map_err(|e| MdError::new(errno::EINVAL, format!("layout: {e}")))
+                    .and_then(|l| self.ns.set_dir_layout_change(&c, dir, l))
+                {
+                    Ok(change) => (change, 0),
+                    Err(e) => return Some(fail(e.status(), e.message)),
+                }
             }
             Request::Rename { src_dir, src_name, dst_dir, dst_name, noreplace } => {
                 let how = if noreplace { RenameMode::NoReplace } else { RenameMode::Replace };

@@ -1957,44 +1957,49 @@ impl Namespace {
         layout: Layout,
         key: Option<ReplyKey>,
     ) -> Result<Attr> {
+        Self::attr_of(self.change(key, Self::create_with_layout_change(cred, dir, name, perms, layout))?)
+    }
+
+    /// The change `create_with_layout` makes, for [`Namespace::submit`].
+    pub fn create_with_layout_change(cred: &Cred, dir: Fid, name: &str, perms: u32, layout: Layout) -> Change {
         let (cred, name) = (cred.clone(), name.to_string());
-        Self::attr_of(self.change(
-            key,
-            Box::new(move |tx| Ok(Answer::Attr(tx.make(&cred, dir, &name, perms, mode::S_IFREG, Some(&layout))?.0))),
-        )?)
+        Box::new(move |tx| Ok(Answer::Attr(tx.make(&cred, dir, &name, perms, mode::S_IFREG, Some(&layout))?.0)))
     }
 
     /// Set (or, with `None`, remove) the default layout of directory `dir`, which its new
     /// files inherit; on the root it is the file system's default. The owner or root may.
     pub fn set_dir_layout(&self, cred: &Cred, dir: Fid, layout: Option<Layout>, key: Option<ReplyKey>) -> Result<()> {
+        self.change(key, self.set_dir_layout_change(cred, dir, layout)?)?;
+        Ok(())
+    }
+
+    /// The change `set_dir_layout` makes (after checking the layout), for
+    /// [`Namespace::submit`].
+    pub fn set_dir_layout_change(&self, cred: &Cred, dir: Fid, layout: Option<Layout>) -> Result<Change> {
         if let Some(l) = &layout {
             l.validate().map_err(|e| MdError::new(errno::EINVAL, format!("layout: {e}")))?;
             self.check_pools(l)?;
         }
         let cred = cred.clone();
-        self.change(
-            key,
-            Box::new(move |tx| {
-                let (mut d, p) = tx.get(dir)?;
-                if !mode::is_dir(d.mode) {
-                    return Err(MdError::new(
-                        errno::ENOTDIR,
-                        format!("{dir} is not a directory: a file's layout is set when it is made"),
-                    ));
-                }
-                if cred.uid != 0 && cred.uid != d.uid {
-                    return Err(MdError::new(errno::EPERM, format!("uid {} does not own {dir}", cred.uid)));
-                }
-                match &layout {
-                    Some(l) => tx.put_layout(dir, l)?,
-                    None => tx.del_layout(dir)?,
-                }
-                d.ctime_ns = tx.now;
-                tx.put(&d, p)?;
-                Ok(Answer::Done)
-            }),
-        )?;
-        Ok(())
+        Ok(Box::new(move |tx| {
+            let (mut d, p) = tx.get(dir)?;
+            if !mode::is_dir(d.mode) {
+                return Err(MdError::new(
+                    errno::ENOTDIR,
+                    format!("{dir} is not a directory: a file's layout is set when it is made"),
+                ));
+            }
+            if cred.uid != 0 && cred.uid != d.uid {
+                return Err(MdError::new(errno::EPERM, format!("uid {} does not own {dir}", cred.uid)));
+            }
+            match &layout {
+                Some(l) => tx.put_layout(dir, l)?,
+                None => tx.del_layout(dir)?,
+            }
+            d.ctime_ns = tx.now;
+            tx.put(&d, p)?;
+            Ok(Answer::Done)
+        }))
     }
 
     /// Where a file's DoM component ends, if its layout starts with one.
@@ -2285,6 +2290,11 @@ impl Namespace {
     }
 
     pub fn symlink(&self, cred: &Cred, dir: Fid, name: &str, target: &[u8], key: Option<ReplyKey>) -> Result<Attr> {
+        Self::attr_of(self.change(key, Self::symlink_change(cred, dir, name, target)?)?)
+    }
+
+    /// The change `symlink` makes (after checking the target), for [`Namespace::submit`].
+    pub fn symlink_change(cred: &Cred, dir: Fid, name: &str, target: &[u8]) -> Result<Change> {
         if target.is_empty() || target.len() > SYMLINK_MAX {
             return Err(MdError::new(
                 if target.is_empty() { errno::ENOENT } else { errno::ENAMETOOLONG },
@@ -2292,48 +2302,47 @@ impl Namespace {
             ));
         }
         let (cred, name, target) = (cred.clone(), name.to_string(), target.to_vec());
-        Self::attr_of(self.change(
-            key,
-            Box::new(move |tx| {
-                let (mut a, _, _) = tx.make(&cred, dir, &name, 0o777, mode::S_IFLNK, None)?;
-                a.size = target.len() as u64;
-                tx.put(&a, Fid::default())?;
-                tx.put_symlink(a.fid, &target)?;
-                Ok(Answer::Attr(a))
-            }),
-        )?)
+        Ok(Box::new(move |tx| {
+            let (mut a, _, _) = tx.make(&cred, dir, &name, 0o777, mode::S_IFLNK, None)?;
+            a.size = target.len() as u64;
+            tx.put(&a, Fid::default())?;
+            tx.put_symlink(a.fid, &target)?;
+            Ok(Answer::Attr(a))
+        }))
     }
 
     /// A new name `name` in `dir` for the existing file `fid`.
     pub fn link(&self, cred: &Cred, fid: Fid, dir: Fid, name: &str, key: Option<ReplyKey>) -> Result<Attr> {
+        Self::attr_of(self.change(key, Self::link_change(cred, fid, dir, name))?)
+    }
+
+    /// The change `link` makes, for [`Namespace::submit`].
+    pub fn link_change(cred: &Cred, fid: Fid, dir: Fid, name: &str) -> Change {
         let (cred, name) = (cred.clone(), name.to_string());
-        Self::attr_of(self.change(
-            key,
-            Box::new(move |tx| {
-                check_name(&name)?;
-                let (d, dp) = tx.dir_for_change(&cred, dir)?;
-                tx.local(fid)?;
-                let (mut a, p) = tx.get(fid)?;
-                if mode::is_dir(a.mode) {
-                    return Err(MdError::new(errno::EPERM, format!("{fid} is a directory: no hard links")));
-                }
-                if a.nlink == 0 {
-                    return Err(MdError::new(errno::ENOENT, format!("{fid} was unlinked")));
-                }
-                if a.nlink >= LINK_MAX {
-                    return Err(MdError::new(errno::EMLINK, format!("{fid} has {LINK_MAX} links")));
-                }
-                if tx.lookup(dir, &name)?.is_some() {
-                    return Err(MdError::new(errno::EEXIST, format!("{name:?} exists in {dir}")));
-                }
-                a.nlink += 1;
-                a.ctime_ns = tx.now;
-                tx.put(&a, p)?;
-                tx.add_entry(dir, &name, fid, a.mode & mode::S_IFMT)?;
-                tx.touch_dir(d, dp, 0)?;
-                Ok(Answer::Attr(a))
-            }),
-        )?)
+        Box::new(move |tx| {
+            check_name(&name)?;
+            let (d, dp) = tx.dir_for_change(&cred, dir)?;
+            tx.local(fid)?;
+            let (mut a, p) = tx.get(fid)?;
+            if mode::is_dir(a.mode) {
+                return Err(MdError::new(errno::EPERM, format!("{fid} is a directory: no hard links")));
+            }
+            if a.nlink == 0 {
+                return Err(MdError::new(errno::ENOENT, format!("{fid} was unlinked")));
+            }
+            if a.nlink >= LINK_MAX {
+                return Err(MdError::new(errno::EMLINK, format!("{fid} has {LINK_MAX} links")));
+            }
+            if tx.lookup(dir, &name)?.is_some() {
+                return Err(MdError::new(errno::EEXIST, format!("{name:?} exists in {dir}")));
+            }
+            a.nlink += 1;
+            a.ctime_ns = tx.now;
+            tx.put(&a, p)?;
+            tx.add_entry(dir, &name, fid, a.mode & mode::S_IFMT)?;
+            tx.touch_dir(d, dp, 0)?;
+            Ok(Answer::Attr(a))
+        })
     }
 
     /// Remove the entry `name` of `dir`: a non-directory (`rmdir` false) or an empty
@@ -2653,6 +2662,22 @@ impl Namespace {
         replace: bool,
         key: Option<ReplyKey>,
     ) -> Result<()> {
+        let (change, weight) = self.setxattr_change(cred, fid, name, value, create, replace)?;
+        self.change_weighted(key, change, weight)?;
+        Ok(())
+    }
+
+    /// The change `setxattr` makes (after checking access) and the bytes it logs, for
+    /// [`Namespace::submit`].
+    pub fn setxattr_change(
+        &self,
+        cred: &Cred,
+        fid: Fid,
+        name: &str,
+        value: &[u8],
+        create: bool,
+        replace: bool,
+    ) -> Result<(Change, usize)> {
         if value.len() > XATTR_SIZE_MAX {
             return Err(MdError::new(
                 errno::E2BIG,
@@ -2662,63 +2687,61 @@ impl Namespace {
         let a = self.getattr(fid)?;
         self.xattr_access(cred, &a, name, W)?;
         let (name, value, weight) = (name.to_string(), value.to_vec(), value.len());
-        self.change_weighted(
-            key,
-            Box::new(move |tx| {
-                let (mut a, p) = tx.get(fid)?;
-                let mut used = 0usize;
-                let mut old = None;
-                for e in tx.txn.open_table(XATTRS)?.range((fid.key(), "")..)? {
-                    let (k, v) = e?;
-                    let (owner, n) = k.value();
-                    if owner != fid.key() {
-                        break;
-                    }
-                    if n == name {
-                        old = Some(n.len() + v.value().len());
-                    } else {
-                        used += n.len() + v.value().len();
-                    }
+        let change: Change = Box::new(move |tx| {
+            let (mut a, p) = tx.get(fid)?;
+            let mut used = 0usize;
+            let mut old = None;
+            for e in tx.txn.open_table(XATTRS)?.range((fid.key(), "")..)? {
+                let (k, v) = e?;
+                let (owner, n) = k.value();
+                if owner != fid.key() {
+                    break;
                 }
-                if create && old.is_some() {
-                    return Err(MdError::new(errno::EEXIST, format!("{fid} has xattr {name} already")));
+                if n == name {
+                    old = Some(n.len() + v.value().len());
+                } else {
+                    used += n.len() + v.value().len();
                 }
-                if replace && old.is_none() {
-                    return Err(MdError::new(errno::ENODATA, format!("{fid} has no xattr {name}")));
-                }
-                if used + name.len() + value.len() > XATTRS_BYTES_MAX {
-                    return Err(MdError::new(
-                        errno::ENOSPC,
-                        format!("{fid} would hold more than {XATTRS_BYTES_MAX} bytes of xattrs"),
-                    ));
-                }
-                tx.put_xattr(fid, &name, &value)?;
-                a.ctime_ns = tx.now;
-                tx.put(&a, p)?;
-                Ok(Answer::Done)
-            }),
-            weight,
-        )?;
-        Ok(())
+            }
+            if create && old.is_some() {
+                return Err(MdError::new(errno::EEXIST, format!("{fid} has xattr {name} already")));
+            }
+            if replace && old.is_none() {
+                return Err(MdError::new(errno::ENODATA, format!("{fid} has no xattr {name}")));
+            }
+            if used + name.len() + value.len() > XATTRS_BYTES_MAX {
+                return Err(MdError::new(
+                    errno::ENOSPC,
+                    format!("{fid} would hold more than {XATTRS_BYTES_MAX} bytes of xattrs"),
+                ));
+            }
+            tx.put_xattr(fid, &name, &value)?;
+            a.ctime_ns = tx.now;
+            tx.put(&a, p)?;
+            Ok(Answer::Done)
+        });
+        Ok((change, weight))
     }
 
     pub fn removexattr(&self, cred: &Cred, fid: Fid, name: &str, key: Option<ReplyKey>) -> Result<()> {
+        self.change(key, self.removexattr_change(cred, fid, name)?)?;
+        Ok(())
+    }
+
+    /// The change `removexattr` makes (after checking access), for [`Namespace::submit`].
+    pub fn removexattr_change(&self, cred: &Cred, fid: Fid, name: &str) -> Result<Change> {
         let a = self.getattr(fid)?;
         self.xattr_access(cred, &a, name, W)?;
         let name = name.to_string();
-        self.change(
-            key,
-            Box::new(move |tx| {
-                let (mut a, p) = tx.get(fid)?;
-                if !tx.del_xattr(fid, &name)? {
-                    return Err(MdError::new(errno::ENODATA, format!("{fid} has no xattr {name}")));
-                }
-                a.ctime_ns = tx.now;
-                tx.put(&a, p)?;
-                Ok(Answer::Done)
-            }),
-        )?;
-        Ok(())
+        Ok(Box::new(move |tx| {
+            let (mut a, p) = tx.get(fid)?;
+            if !tx.del_xattr(fid, &name)? {
+                return Err(MdError::new(errno::ENODATA, format!("{fid} has no xattr {name}")));
+            }
+            a.ctime_ns = tx.now;
+            tx.put(&a, p)?;
+            Ok(Answer::Done)
+        }))
     }
 
     /// Open `fid` for reading and/or writing on behalf of client `owner`; returns a
