@@ -322,24 +322,8 @@ impl Mds {
         ) {
             return None;
         }
-        // Only what this path serves is counted here; the rest goes to `handle`.
-        let plain = |r: &Request| match r {
-            Request::Create { .. }
-            | Request::Link { .. }
-            | Request::Setxattr { .. }
-            | Request::Removexattr { .. }
-            | Request::Setdirlayout { .. }
-            | Request::Unlink { .. }
-            | Request::DomWrite { .. }
-            | Request::Rename { .. }
-            | Request::Setattr { .. }
-            | Request::Mkdir { .. }
-            | Request::Setdirdefault { .. }
-            | Request::Update { .. } => true,
-            _ => false,
-        };
-        // A malformed body goes to `handle` too, which answers it.
-        let (creds, r) = Request::decode(req.header.opcode, &req.body).ok().filter(|(_, r)| plain(r))?;
+        // A malformed body goes to `handle`, which answers it.
+        let (creds, r) = Request::decode(req.header.opcode, &req.body).ok()?;
         let (c, r, key) = self.account(req, creds, r);
         let (change, weight) = match r {
             Request::Create { dir, name, mode: m, .. } if m & mode::S_IFMT == mode::S_IFDIR => {
