@@ -120,7 +120,7 @@ struct SharedRates {
     /// Entries listed per second, every client listing the whole directory.
     readdir: f64,
     unlink: f64,
-    /// 3,901-byte files with their data on the MDT: a create and a DoM write each.
+    /// 3,901-byte files with their data on the MDT: one create carrying its data each.
     dom: f64,
 }
 
@@ -261,14 +261,7 @@ async fn shared_dir_round(mdts: &[Served], o: &MdsBenchOptions, round: usize) ->
                 let shard = dom.shards[dom.shard_of(&name)];
                 let r =
                     Request::Create { dir: shard, name, mode: mode::S_IFREG | 0o644, target: vec![], layout: vec![] };
-                let Reply::Attr(a) = call(at(&imps, shard), &r).await? else {
-                    return Err(BenchError::Bad("create answered something else".into()));
-                };
-                let (op, req) = Request::DomWrite { fid: a.fid, offset: 0 }.encode(&Creds::default());
-                let f = at(&imps, a.fid).call(op, &req, &body).await.map_err(bad)?;
-                if f.header.status != 0 {
-                    return Err(BenchError::Bad(format!("DoM write: {}", String::from_utf8_lossy(&f.body))));
-                }
+                create_with_data(at(&imps, shard), &r, &body).await?;
             }
             Ok(())
         }
@@ -308,6 +301,20 @@ where
     Ok(started.elapsed().as_secs_f64())
 }
 
+/// A create that carries the file's data (kept on the MDT by the directory's DoM
+/// default), checked to have made a file of that size.
+async fn create_with_data(imp: &Import, r: &Request, data: &[u8]) -> Result<(), BenchError> {
+    let (op, body) = r.encode(&Creds::default());
+    let f = imp.call(op, &body, data).await.map_err(bad)?;
+    if f.header.status != 0 {
+        return Err(BenchError::Bad(format!("create with data: {}", String::from_utf8_lossy(&f.body))));
+    }
+    match Reply::decode(&f.body).map_err(bad)? {
+        Reply::Attr(a) if a.size == data.len() as u64 => Ok(()),
+        other => Err(BenchError::Verify(format!("create with {} bytes answered {other:?}", data.len()))),
+    }
+}
+
 async fn call(imp: &Import, r: &Request) -> Result<Reply, BenchError> {
     let (op, body) = r.encode(&Creds::default());
     let f = imp.call(op, &body, &[]).await.map_err(bad)?;
@@ -325,7 +332,7 @@ struct NacreRates {
     ping: f64,
     /// Entries listed per second (readdir with attributes, pages of 1,024).
     readdir: f64,
-    /// 3,901-byte files made per second: a create and a DoM write each.
+    /// 3,901-byte files made per second: one create carrying its data each.
     dom: f64,
 }
 
@@ -509,14 +516,7 @@ async fn nacre_round(
                     target: vec![],
                     layout: vec![],
                 };
-                let Reply::Attr(a) = call(&imp, &r).await? else {
-                    return Err(BenchError::Bad("create answered something else".into()));
-                };
-                let (op, req) = Request::DomWrite { fid: a.fid, offset: 0 }.encode(&Creds::default());
-                let f = imp.call(op, &req, &body).await.map_err(bad)?;
-                if f.header.status != 0 {
-                    return Err(BenchError::Bad(format!("DoM write: {}", String::from_utf8_lossy(&f.body))));
-                }
+                create_with_data(&imp, &r, &body).await?;
             }
             Ok(())
         }

@@ -252,7 +252,9 @@ pub enum Request {
     },
     /// A regular file, directory or symlink, by the type bits of `mode`; a symlink's
     /// target is `target`; a file's layout is `layout` ([`crate::layout::Layout::encode`];
-    /// empty: inherited).
+    /// empty: inherited). A regular file's first bytes may come as the request's bulk:
+    /// its inherited layout must keep them on the MDT (DoM), and the file is made and
+    /// written in one change.
     Create {
         dir: Fid,
         name: String,

@@ -361,18 +361,35 @@ impl Mds {
             }
             Request::Create { dir, name, mode: m, target, layout } => {
                 let perms = m & mode::PERMS;
-                let change = match m & mode::S_IFMT {
-                    mode::S_IFLNK => Namespace::symlink_change(&c, dir, &name, &target),
-                    mode::S_IFREG | 0 if !layout.is_empty() => match Layout::decode(&layout) {
-                        Ok(l) => Ok(Namespace::create_with_layout_change(&c, dir, &name, perms, l)),
-                        Err(e) => Err(MdError::new(errno::EINVAL, format!("layout: {e}"))),
-                    },
-                    mode::S_IFREG | 0 => Ok(Namespace::create_change(&c, dir, &name, perms)),
-                    other => Err(MdError::new(errno::EINVAL, format!("file type {other:o} is not supported"))),
-                };
-                match change {
-                    Ok(change) => (change, 0),
-                    Err(e) => return Some(fail(e.status(), e.message)),
+                if !req.bulk.is_empty() {
+                    // A small file and its first bytes, kept on the MDT, in one change.
+                    let made = match m & mode::S_IFMT {
+                        mode::S_IFREG | 0 if layout.is_empty() => {
+                            self.ns.create_with_data_change(&c, dir, &name, perms, &req.bulk)
+                        }
+                        _ => Err(MdError::new(
+                            errno::EINVAL,
+                            "data comes with the create of a regular file that inherits its layout".to_string(),
+                        )),
+                    };
+                    match made {
+                        Ok(v) => v,
+                        Err(e) => return Some(fail(e.status(), e.message)),
+                    }
+                } else {
+                    let change = match m & mode::S_IFMT {
+                        mode::S_IFLNK => Namespace::symlink_change(&c, dir, &name, &target),
+                        mode::S_IFREG | 0 if !layout.is_empty() => match Layout::decode(&layout) {
+                            Ok(l) => Ok(Namespace::create_with_layout_change(&c, dir, &name, perms, l)),
+                            Err(e) => Err(MdError::new(errno::EINVAL, format!("layout: {e}"))),
+                        },
+                        mode::S_IFREG | 0 => Ok(Namespace::create_change(&c, dir, &name, perms)),
+                        other => Err(MdError::new(errno::EINVAL, format!("file type {other:o} is not supported"))),
+                    };
+                    match change {
+                        Ok(change) => (change, 0),
+                        Err(e) => return Some(fail(e.status(), e.message)),
+                    }
                 }
             }
             Request::Link { fid, dir, name } => (Namespace::link_change(&c, fid, dir, &name), 0),

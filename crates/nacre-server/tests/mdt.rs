@@ -768,3 +768,35 @@ fn a_full_mdt_refuses_growth_with_enospc_and_removals_still_work() {
         }
     }
 }
+
+#[test]
+fn a_small_file_is_made_with_its_data_in_one_change() {
+    let (ns, _v) = ns();
+    let c = root();
+    let lfs = |a: &str| Layout::from_lfs_args(&a.split_whitespace().collect::<Vec<_>>()).unwrap();
+    let plain = ns.mkdir(&c, Fid::ROOT, "plain", 0o755, None).unwrap();
+    let dom = ns.mkdir(&c, Fid::ROOT, "dom", 0o755, None).unwrap();
+    ns.set_dir_layout(&c, dom.fid, Some(lfs("-E 64K -L mdt -E eof -c 1")), None).unwrap();
+    let body: Vec<u8> = (0..3901u32).map(|i| (i % 253) as u8).collect();
+    let commits = ns.stats.commits.load(std::sync::atomic::Ordering::Relaxed);
+    let a = ns.create_with_data(&c, dom.fid, "small", 0o600, &body, None).unwrap();
+    assert_eq!(ns.stats.commits.load(std::sync::atomic::Ordering::Relaxed), commits + 1, "one change");
+    assert_eq!((a.size, a.mode), (3901, mode::S_IFREG | 0o600));
+    assert_eq!(ns.read_dom(&c, a.fid, 0, 8192).unwrap(), body);
+    // A mode without write permission still takes the data its creator sends (as an
+    // open with O_CREAT of mode 0444 may write).
+    let u = Cred::user(1000, 1000);
+    ns.setattr(&c, dom.fid, SetAttr { mode: Some(0o777), ..SetAttr::default() }, None).unwrap();
+    let ro = ns.create_with_data(&u, dom.fid, "ro", 0o444, b"mine", None).unwrap();
+    assert_eq!((ro.uid, ro.size), (1000, 4));
+    assert_eq!(ns.read_dom(&u, ro.fid, 0, 16).unwrap(), b"mine");
+    // No DoM component, or data past it: refused, nothing made.
+    let e = ns.create_with_data(&c, plain.fid, "f", 0o644, &body, None).unwrap_err();
+    assert!(e.errno == errno::EINVAL && e.message.contains("no DoM"), "{e:?}");
+    assert_eq!(errno_of(ns.lookup(&c, plain.fid, "f")), errno::ENOENT);
+    let big = vec![1u8; (64 << 10) + 1];
+    assert_eq!(errno_of(ns.create_with_data(&c, dom.fid, "big", 0o644, &big, None)), errno::EFBIG);
+    assert_eq!(errno_of(ns.lookup(&c, dom.fid, "big")), errno::ENOENT);
+    assert_eq!(errno_of(ns.create_with_data(&c, dom.fid, "small", 0o644, b"y", None)), errno::EEXIST);
+    assert_eq!(ns.read_dom(&c, a.fid, 0, 8192).unwrap(), body, "unchanged by the refused create");
+}

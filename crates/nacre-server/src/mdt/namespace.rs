@@ -945,6 +945,38 @@ impl Tx<'_> {
         Ok(())
     }
 
+    /// Write `data` at `[offset, stop)` of file `fid`'s DoM blocks (the caller checked it
+    /// is a regular file, the range lies in its DoM component, and the write is allowed);
+    /// returns its attributes.
+    fn write_dom_at(&mut self, fid: Fid, offset: u64, stop: u64, data: &[u8]) -> Result<Attr> {
+        let (mut a, p) = self.get(fid)?;
+        if data.is_empty() {
+            return Ok(a);
+        }
+        let (first, last) = (offset / DOM_BLOCK, (stop - 1) / DOM_BLOCK);
+        let mut old: HashMap<u64, Vec<u8>> = self.dom_blocks(fid, first, last)?.into_iter().collect();
+        let mut added = 0u64;
+        for b in first..=last {
+            let start = b * DOM_BLOCK;
+            let (lo, hi) = (offset.max(start), stop.min(start + DOM_BLOCK));
+            let mut block = old.remove(&b).unwrap_or_default();
+            let before = block.len() as u64;
+            if (block.len() as u64) < hi - start {
+                block.resize((hi - start) as usize, 0);
+            }
+            block[(lo - start) as usize..(hi - start) as usize]
+                .copy_from_slice(&data[(lo - offset) as usize..(hi - offset) as usize]);
+            added += block.len() as u64 - before;
+            self.put_dom(fid, b, &block)?;
+        }
+        a.size = a.size.max(stop);
+        a.blocks += added.div_ceil(512);
+        a.mtime_ns = self.now;
+        a.ctime_ns = self.now;
+        self.put(&a, p)?;
+        Ok(a)
+    }
+
     /// Cut the file's DoM data at `size`: blocks past it go, the block it ends in is cut.
     /// Returns the bytes removed. Only the cut block's data is read.
     fn trim_dom(&self, fid: Fid, size: u64) -> Result<u64> {
@@ -2035,38 +2067,73 @@ impl Namespace {
         let (cred, data, weight) = (cred.clone(), data.to_vec(), data.len());
         Ok((
             Box::new(move |tx| {
-                let (mut a, p) = tx.get(fid)?;
+                let (a, _) = tx.get(fid)?;
                 if !mode::is_reg(a.mode) {
                     return Err(MdError::new(errno::EISDIR, format!("{fid} is not a regular file: no data")));
                 }
                 if !may(&cred, &a, W) {
                     return Err(denied(&cred, "write", &a));
                 }
+                Ok(Answer::Attr(tx.write_dom_at(fid, offset, stop, &data)?))
+            }),
+            weight,
+        ))
+    }
+
+    /// See [`Namespace::create_with_data_change`].
+    pub fn create_with_data(
+        &self,
+        cred: &Cred,
+        dir: Fid,
+        name: &str,
+        perms: u32,
+        data: &[u8],
+        key: Option<ReplyKey>,
+    ) -> Result<Attr> {
+        let (change, weight) = self.create_with_data_change(cred, dir, name, perms, data)?;
+        Self::attr_of(self.change_weighted(key, change, weight)?)
+    }
+
+    /// Make a regular file whose layout starts with a DoM component and write `data` at
+    /// its start, in one change: a small file in one request instead of two. The file's
+    /// layout is inherited as for any create; it must keep the data on the MDT.
+    pub fn create_with_data_change(
+        &self,
+        cred: &Cred,
+        dir: Fid,
+        name: &str,
+        perms: u32,
+        data: &[u8],
+    ) -> Result<(Change, usize)> {
+        if data.len() > DOM_IO_MAX {
+            return Err(MdError::new(
+                errno::EINVAL,
+                format!("data of {} bytes with a create (at most {DOM_IO_MAX})", data.len()),
+            ));
+        }
+        self.room_to_grow()?;
+        let (cred, name, data, weight) = (cred.clone(), name.to_string(), data.to_vec(), data.len());
+        Ok((
+            Box::new(move |tx| {
+                // Checked before anything is written: the layout the file will get.
+                let l = tx.layout_for_new_file(dir, None)?;
+                let end = l.components.first().filter(|c| c.kind == Kind::Mdt).map(|c| c.end).ok_or_else(|| {
+                    MdError::new(
+                        errno::EINVAL,
+                        format!("a new file in {dir} keeps no data on the MDT (no DoM component)"),
+                    )
+                })?;
+                if data.len() as u64 > end {
+                    return Err(MdError::new(
+                        errno::EFBIG,
+                        format!("{} bytes with a create pass the DoM component's end at {end}", data.len()),
+                    ));
+                }
+                let (a, _, _) = tx.make(&cred, dir, &name, perms, mode::S_IFREG, None)?;
                 if data.is_empty() {
                     return Ok(Answer::Attr(a));
                 }
-                let (first, last) = (offset / DOM_BLOCK, (stop - 1) / DOM_BLOCK);
-                let mut old: HashMap<u64, Vec<u8>> = tx.dom_blocks(fid, first, last)?.into_iter().collect();
-                let mut added = 0u64;
-                for b in first..=last {
-                    let start = b * DOM_BLOCK;
-                    let (lo, hi) = (offset.max(start), stop.min(start + DOM_BLOCK));
-                    let mut block = old.remove(&b).unwrap_or_default();
-                    let before = block.len() as u64;
-                    if (block.len() as u64) < hi - start {
-                        block.resize((hi - start) as usize, 0);
-                    }
-                    block[(lo - start) as usize..(hi - start) as usize]
-                        .copy_from_slice(&data[(lo - offset) as usize..(hi - offset) as usize]);
-                    added += block.len() as u64 - before;
-                    tx.put_dom(fid, b, &block)?;
-                }
-                a.size = a.size.max(stop);
-                a.blocks += added.div_ceil(512);
-                a.mtime_ns = tx.now;
-                a.ctime_ns = tx.now;
-                tx.put(&a, p)?;
-                Ok(Answer::Attr(a))
+                Ok(Answer::Attr(tx.write_dom_at(a.fid, 0, data.len() as u64, &data)?))
             }),
             weight,
         ))
