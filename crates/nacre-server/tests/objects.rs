@@ -39,6 +39,23 @@ fn lfs(a: &str) -> Layout {
     Layout::from_lfs_args(&a.split_whitespace().collect::<Vec<_>>()).unwrap()
 }
 
+/// An OSS of `n` fresh OSTs on the in-memory network, and the MDS's import of it.
+async fn oss_with(n: usize) -> (Server, Arc<Import>) {
+    let net = MemNetwork::new();
+    let oss = Oss::new((0..n).map(ost).collect(), OssConfig::default());
+    let server = Server::start(
+        Arc::new(net.transport("oss")),
+        &"oss@mem".parse().unwrap(),
+        oss.handler(),
+        ServerConfig::default(),
+    )
+    .await
+    .unwrap();
+    let imp =
+        Client::new(Arc::new(net.transport("mds")), ClientConfig::default()).connect(&server.nid()).await.unwrap();
+    (server, imp)
+}
+
 async fn exists(imp: &Import, target: u32, oid: u64) -> bool {
     let (op, body) = Request::Getattr { target, oid }.encode();
     imp.call(op, &body, &[]).await.unwrap().header.status == 0
@@ -54,18 +71,7 @@ async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_get_objects_by_layout_and_removed_files_lose_them() {
-    let net = MemNetwork::new();
-    let oss = Oss::new(vec![ost(0), ost(1), ost(2)], OssConfig::default());
-    let server = Server::start(
-        Arc::new(net.transport("oss")),
-        &"oss@mem".parse().unwrap(),
-        oss.handler(),
-        ServerConfig::default(),
-    )
-    .await
-    .unwrap();
-    let imp =
-        Client::new(Arc::new(net.transport("mds")), ClientConfig::default()).connect(&server.nid()).await.unwrap();
+    let (_server, imp) = oss_with(3).await;
     let mdt = vol("mdt", Level::Raid10, 4, 32 << 20, 64 << 10);
     let ns = Arc::new(Namespace::format(mdt.clone(), 0, NamespaceOptions::default()).unwrap());
     let links: Vec<OstLink> = (0..3).map(|i| OstLink { index: i, import: imp.clone(), target: i }).collect();
@@ -186,18 +192,7 @@ async fn files_get_objects_by_layout_and_removed_files_lose_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_mdts_precreate_apart_and_clean_up_only_their_own_orphans() {
-    let net = MemNetwork::new();
-    let oss = Oss::new(vec![ost(0)], OssConfig::default());
-    let server = Server::start(
-        Arc::new(net.transport("oss")),
-        &"oss@mem".parse().unwrap(),
-        oss.handler(),
-        ServerConfig::default(),
-    )
-    .await
-    .unwrap();
-    let imp =
-        Client::new(Arc::new(net.transport("mds")), ClientConfig::default()).connect(&server.nid()).await.unwrap();
+    let (_server, imp) = oss_with(1).await;
     let links = vec![OstLink { index: 0, import: imp.clone(), target: 0 }];
     let mut mdts = Vec::new();
     for i in 0..2u32 {
