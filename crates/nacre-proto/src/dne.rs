@@ -166,6 +166,8 @@ pub enum Update {
     Kill { fid: Fid },
     /// Undo a [`Update::Kill`]: an empty directory's two links again.
     Revive { fid: Fid },
+    /// A shard takes its master's default for new subdirectories (encoded; empty: none).
+    CopyDefault { fid: Fid, default: Vec<u8> },
     /// A directory's parent (`..`) after a rename.
     SetParent { fid: Fid, parent: Fid },
     /// A shard takes its master's permissions and owner (answers its attributes).
@@ -191,6 +193,7 @@ impl Update {
             Update::CopyAttr { fid, mode, uid, gid } => fid.put(e.u8(7)).u32(*mode).u32(*uid).u32(*gid),
             Update::Kill { fid } => fid.put(e.u8(8)),
             Update::Revive { fid } => fid.put(e.u8(9)),
+            Update::CopyDefault { fid, default } => fid.put(e.u8(10)).bytes(default),
         }
     }
 
@@ -232,6 +235,7 @@ impl Update {
             },
             8 => Update::Kill { fid: Fid::get(d, "fid")? },
             9 => Update::Revive { fid: Fid::get(d, "fid")? },
+            10 => Update::CopyDefault { fid: Fid::get(d, "fid")?, default: d.bytes("directory default", 64)?.to_vec() },
             k => return Err(ProtoError::Invalid(format!("update of unknown kind {k}"))),
         })
     }
@@ -300,6 +304,7 @@ mod tests {
             Update::CopyAttr { fid: Fid::new(1, 5), mode: 0o40755, uid: 1, gid: 2 },
             Update::Kill { fid: Fid::new(1, 6) },
             Update::Revive { fid: Fid::new(1, 7) },
+            Update::CopyDefault { fid: Fid::new(1, 8), default: vec![1, 2] },
         ];
         for u in us {
             let b = u.put(Enc::new(1)).done();

@@ -752,6 +752,37 @@ impl Coordinator {
         .await
     }
 
+    /// `setdirstripe -D` on a striped directory: the master changes in the transaction
+    /// that stores the intent, then every shard takes the same default (subdirectories
+    /// are made in the shards).
+    pub async fn set_default(
+        &self,
+        key: Option<ReplyKey>,
+        cred: &Cred,
+        dir: Fid,
+        d: Option<DirDefault>,
+    ) -> Result<Answer> {
+        let shards = match self.dir_stripe(dir).await?.0 {
+            Some(st) => st.shards,
+            None => return Err(MdError::new(errno::EIO, format!("{dir} is not striped"))),
+        };
+        let cred = cred.clone();
+        let default = d.map(|d| d.encode()).unwrap_or_default();
+        self.start(key, move |tx| {
+            Namespace::set_dir_default_change_plain(&cred, dir, d)(tx)?;
+            let steps = shards
+                .iter()
+                .map(|&f| Step {
+                    mdt: f.mdt().unwrap_or(0),
+                    update: Update::CopyDefault { fid: f, default: default.clone() },
+                    undo: None,
+                })
+                .collect();
+            Ok((steps, None))
+        })
+        .await
+    }
+
     /// Is `e` the local path saying it needs this coordinator?
     pub fn needs(e: &MdError) -> bool {
         e.errno == NEEDS_COORDINATION

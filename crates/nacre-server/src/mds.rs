@@ -295,6 +295,17 @@ impl Mds {
             }
             Request::Link { fid, dir, name } => dne.link(key, c, fid, dir, &name).await,
             Request::Setattr { fid, set } => dne.setattr(key, c, fid, set_attr(&set)).await,
+            Request::Setdirdefault { dir, default } => {
+                let d = if default.is_empty() {
+                    None
+                } else {
+                    Some(
+                        nacre_proto::dne::DirDefault::decode(&default)
+                            .map_err(|e| MdError::new(errno::EINVAL, format!("directory default: {e}")))?,
+                    )
+                };
+                dne.set_default(key, c, dir, d).await
+            }
             other => Err(MdError::new(errno::EIO, format!("{other:?} cannot span MDTs"))),
         }
     }

@@ -269,7 +269,25 @@ async fn defaults_place_subdirectories_round_robin() {
     let all = DirDefault { count: -1, offset: -1, max_inherit: 3, max_inherit_rr: 0 };
     fs.call(0, Request::Setdirdefault { dir: hard.fid, default: all.encode() }).await.unwrap();
     let h = fs.mkdir(hard.fid, "test-dir", -1, 0).await.unwrap();
-    assert_eq!(fs.stripe(h.fid).await.unwrap().shards.len(), 2);
+    let hs = fs.stripe(h.fid).await.unwrap();
+    assert_eq!(hs.shards.len(), 2);
+    // A default set on a striped directory reaches its shards, where its subdirectories
+    // are made: round-robin from every shard.
+    fs.call(0, Request::Setdirdefault { dir: h.fid, default: def.encode() }).await.unwrap();
+    let mut on3 = [0; 2];
+    for i in 0..8 {
+        let name = format!("t{i}");
+        let shard = hs.shards[hs.shard_of(&name)];
+        on3[fs.mkdir(shard, &name, -1, 0).await.unwrap().fid.mdt().unwrap() as usize] += 1;
+    }
+    assert!(on3[0] > 0 && on3[1] > 0, "round-robin below a striped directory: {on3:?}");
+    for sh in &hs.shards {
+        match fs.call(Fs::on(*sh), Request::Getdirstripe { dir: *sh }).await.unwrap() {
+            Reply::DirStripe { default, .. } => assert_eq!(DirDefault::decode(&default).unwrap(), def),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(fs.intents(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

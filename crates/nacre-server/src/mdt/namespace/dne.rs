@@ -363,6 +363,16 @@ impl Tx<'_> {
                 self.put(&a, p)?;
                 Ok(Answer::Done)
             }
+            Update::CopyDefault { fid, default } => {
+                self.local(*fid)?;
+                let (a, _) = self.get(*fid)?;
+                if !mode::is_dir(a.mode) {
+                    return Err(MdError::new(errno::ENOTDIR, format!("{fid} is not a directory")));
+                }
+                let d = if default.is_empty() { None } else { Some(DirDefault::decode(default)?) };
+                self.set_dir_default(*fid, d)?;
+                Ok(Answer::Done)
+            }
             Update::SetParent { fid, parent } => {
                 self.local(*fid)?;
                 let (mut a, _) = self.get(*fid)?;
@@ -468,6 +478,25 @@ impl Namespace {
             if !mode::is_dir(a.mode) {
                 return Err(MdError::new(errno::ENOTDIR, format!("{dir} is not a directory")));
             }
+            if cred.uid != 0 && cred.uid != a.uid {
+                return Err(MdError::new(errno::EPERM, format!("uid {} does not own {dir}", cred.uid)));
+            }
+            if tx.dir_stripe(dir)?.is_some() {
+                // Its shards take it too (see `dne`): new subdirectories are made there.
+                return Err(coordinate(format!("{dir} is a striped directory")));
+            }
+            tx.set_dir_default(dir, d)?;
+            Ok(Answer::Done)
+        })
+    }
+
+    /// As [`Namespace::set_dir_default_change`], for a striped directory's master alone
+    /// (the coordinator gives its shards the same after it).
+    pub fn set_dir_default_change_plain(cred: &Cred, dir: Fid, d: Option<DirDefault>) -> Change {
+        let cred = cred.clone();
+        Box::new(move |tx| {
+            tx.local(dir)?;
+            let (a, _) = tx.get(dir)?;
             if cred.uid != 0 && cred.uid != a.uid {
                 return Err(MdError::new(errno::EPERM, format!("uid {} does not own {dir}", cred.uid)));
             }
