@@ -479,11 +479,13 @@ fn broken() -> MdError {
 /// call them from blocking threads (`spawn_blocking` under tokio), never from async tasks.
 pub struct Namespace {
     index: u32,
+    /// Appends batches' records to the redo log. Declared (so dropped) before `db`: its
+    /// thread finishes every record handed over before redb's last commit at drop makes
+    /// their batches durable.
+    writer: writer::LogWriter,
     db: Database,
     /// OST object pools, as the last committed batch left them.
     pools: Mutex<Pools>,
-    /// Appends batches' records to the redo log.
-    writer: writer::LogWriter,
     lead: Mutex<Lead>,
     /// The database's length on the volume, and the room it has.
     db_len: Arc<std::sync::atomic::AtomicU64>,
@@ -496,6 +498,20 @@ pub struct Namespace {
     ost_pools: Mutex<Option<BTreeMap<String, Vec<u32>>>>,
     /// Transactions committed, and the changes in them.
     pub stats: NamespaceStats,
+}
+
+impl Drop for Namespace {
+    /// redb makes everything it committed durable when it closes (after this, as `db` is
+    /// dropped). Every record handed to the log writer is written first, so the log
+    /// replays to that same state. If the log failed, the batches it lacks become durable
+    /// anyway (their callers were told EIO): the log is emptied, as best it can be, so
+    /// that replaying its older records cannot undo them.
+    fn drop(&mut self) {
+        self.writer.drain();
+        if self.writer.broken() {
+            let _ = self.writer.with_log(|l| l.reset());
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -1737,6 +1753,12 @@ impl Namespace {
                     Some(record) => {
                         self.writer.submit(writer::Job { record, answers: answers.into_iter().zip(out).collect() })
                     }
+                    // Nothing to log, but its answers may rest on batches whose records
+                    // are still being written (a replayed reply, an EEXIST): they wait
+                    // their turn behind them.
+                    None if !self.writer.idle() => self
+                        .writer
+                        .submit(writer::Job { record: Vec::new(), answers: answers.into_iter().zip(out).collect() }),
                     None => {
                         for (tx, r) in answers.into_iter().zip(out) {
                             let _ = tx.send(r);
@@ -1773,7 +1795,12 @@ impl Namespace {
         let mut txn = self.db.begin_write()?;
         txn.set_durability(redb::Durability::Immediate).map_err(storage)?;
         txn.commit()?;
-        self.writer.with_log(|l| l.reset())?;
+        if let Err(e) = self.writer.with_log(|l| l.reset()) {
+            // The new header may be on the drives while the old generation goes on here:
+            // records appended now would be ignored at replay.
+            self.writer.set_broken();
+            return Err(e.into());
+        }
         lead.batches = 0;
         lead.since = std::time::Instant::now();
         self.stats.checkpoints.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -27,7 +27,9 @@ use super::{Answer, MdError, Result, lock};
 /// so that batches made while a flush runs share the next one.
 const QUEUED_MAX: usize = 64;
 
-/// A committed batch waiting for its record to be written.
+/// A committed batch waiting for its record to be written. A batch that changed nothing
+/// comes with an empty record while earlier ones are still being written: its answers
+/// (a stored reply, say, or an error seen against their state) wait their turn.
 pub(super) struct Job {
     pub record: Vec<u8>,
     pub answers: Vec<(tokio::sync::oneshot::Sender<Result<Answer>>, Result<Answer>)>,
@@ -91,7 +93,7 @@ impl LogWriter {
 
     /// Hand a committed batch over; its answers go out once its record is written.
     pub fn submit(&self, job: Job) {
-        let padded = MdLog::padded(job.record.len());
+        let padded = bytes_of(&job);
         *lock(&self.shared.inflight) += 1;
         self.shared.pending.fetch_add(padded, Ordering::AcqRel);
         let sent = match &*lock(&self.tx) {
@@ -125,9 +127,21 @@ impl LogWriter {
         self.used() + MdLog::padded(len) <= self.shared.room
     }
 
-    /// Bytes in use, counting records handed over and not yet written.
+    /// Bytes in use, counting records handed over and not yet written. `pending` is read
+    /// first: the writer raises `head` before it lowers `pending`, so a write landing
+    /// between the two loads is counted twice, never missed.
     pub fn used(&self) -> u64 {
-        self.shared.head.load(Ordering::Acquire) + self.shared.pending.load(Ordering::Acquire)
+        let pending = self.shared.pending.load(Ordering::Acquire);
+        self.shared.head.load(Ordering::Acquire) + pending
+    }
+
+    /// Has nothing handed over been left unwritten?
+    pub fn idle(&self) -> bool {
+        *lock(&self.shared.inflight) == 0
+    }
+
+    pub fn set_broken(&self) {
+        self.shared.broken.store(true, Ordering::Release);
     }
 
     pub fn room(&self) -> u64 {
@@ -145,12 +159,14 @@ fn write_loop(s: &Shared, rx: Receiver<Job>) {
         while let Ok(more) = rx.try_recv() {
             jobs.push(more);
         }
-        let padded: u64 = jobs.iter().map(|j| MdLog::padded(j.record.len())).sum();
+        let padded: u64 = jobs.iter().map(bytes_of).sum();
+        let records: Vec<&[u8]> = jobs.iter().map(|j| j.record.as_slice()).filter(|r| !r.is_empty()).collect();
         let r = if s.broken.load(Ordering::Acquire) {
             Err(MdError::new(errno::EIO, "the metadata log failed earlier: restart the MDT"))
+        } else if records.is_empty() {
+            Ok(())
         } else {
             let mut log = lock(&s.log);
-            let records: Vec<&[u8]> = jobs.iter().map(|j| j.record.as_slice()).collect();
             match log.append_all(&records) {
                 Ok(()) => {
                     s.head.store(log.usage().0, Ordering::Release);
@@ -167,6 +183,11 @@ fn write_loop(s: &Shared, rx: Receiver<Job>) {
             finish(s, job, r.clone());
         }
     }
+}
+
+/// Log bytes a job takes (none for a batch that changed nothing).
+fn bytes_of(job: &Job) -> u64 {
+    if job.record.is_empty() { 0 } else { MdLog::padded(job.record.len()) }
 }
 
 /// Answer a job's changes (each its own answer, or the log's error) and count it done.
