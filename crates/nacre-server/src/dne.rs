@@ -197,7 +197,7 @@ impl Coordinator {
             let ns = self.ns.clone();
             return blocking(move || ns.getattr(fid)).await;
         }
-        let m = fid.mdt().ok_or_else(|| MdError::new(errno::ESTALE, format!("{fid} belongs to no MDT")))?;
+        let m = owner(fid)?;
         match self.ask(m, &Request::Getattr { fid }).await? {
             mdt::Reply::Attr(a) => Ok(a),
             other => Err(MdError::new(errno::EIO, format!("getattr answered {other:?}"))),
@@ -210,7 +210,7 @@ impl Coordinator {
             let ns = self.ns.clone();
             return blocking(move || Ok((ns.dir_stripe(dir)?, ns.dir_default(dir)?))).await;
         }
-        let m = dir.mdt().ok_or_else(|| MdError::new(errno::ESTALE, format!("{dir} belongs to no MDT")))?;
+        let m = owner(dir)?;
         match self.ask(m, &Request::Getdirstripe { dir }).await? {
             mdt::Reply::DirStripe { stripe, default } => {
                 let bad = |e: nacre_proto::wire::ProtoError| MdError::new(errno::EIO, e.to_string());
@@ -224,7 +224,7 @@ impl Coordinator {
 
     /// The parent of directory `dir` (`..`), wherever it lives.
     async fn parent_of(&self, dir: Fid) -> Result<Fid> {
-        let m = dir.mdt().ok_or_else(|| MdError::new(errno::ESTALE, format!("{dir} belongs to no MDT")))?;
+        let m = owner(dir)?;
         let r = Request::Lookup { dir, name: "..".into() };
         if m == self.index() {
             let ns = self.ns.clone();
@@ -504,11 +504,10 @@ impl Coordinator {
             None => Vec::new(),
         };
         dirs.push(fid);
-        let at = |f: Fid| f.mdt().ok_or_else(|| MdError::new(errno::ESTALE, format!("{f} belongs to no MDT")));
         let mut kills = Vec::new();
         let mut rmdirs = Vec::new();
         for f in dirs {
-            let m = at(f)?;
+            let m = owner(f)?;
             kills.push(Step { mdt: m, update: Update::Kill { fid: f }, undo: Some(Update::Revive { fid: f }) });
             rmdirs.push(Step { mdt: m, update: Update::Rmdir { fid: f }, undo: None });
         }
@@ -534,31 +533,9 @@ impl Coordinator {
         if !rmdir && is_dir {
             return Err(MdError::new(errno::EISDIR, format!("{name:?} is a directory")));
         }
-        let kind = a.mode & mode::S_IFMT;
-        let dlink = if is_dir { -1 } else { 0 };
         let (kills, rmdirs) = if is_dir { self.rmdir_steps(child).await? } else { (Vec::new(), Vec::new()) };
         let mut steps = kills;
-        steps.push(Step {
-            mdt: self.index(),
-            update: Update::DelEntry {
-                creds: creds(cred),
-                dir,
-                name: name.to_string(),
-                fid: child,
-                kind,
-                owner: a.uid,
-                dlink,
-            },
-            undo: Some(Update::AddEntry {
-                creds: Creds::default(),
-                dir,
-                name: name.to_string(),
-                fid: child,
-                kind,
-                dlink: -dlink,
-                replace: false,
-            }),
-        });
+        steps.push(unname_step(self.index(), cred, dir, name, &a, if is_dir { -1 } else { 0 }));
         if is_dir {
             steps.extend(rmdirs);
         } else {
@@ -582,7 +559,7 @@ impl Coordinator {
 
     /// The FID `name` of `dir` names, wherever `dir` lives.
     async fn lookup_any(&self, cred: &Cred, dir: Fid, name: &str) -> Result<Fid> {
-        let m = dir.mdt().ok_or_else(|| MdError::new(errno::ESTALE, format!("{dir} belongs to no MDT")))?;
+        let m = owner(dir)?;
         if m == self.index() {
             let (ns, c, n) = (self.ns.clone(), cred.clone(), name.to_string());
             return blocking(move || ns.lookup(&c, dir, &n).map(|a| a.fid)).await;
@@ -645,31 +622,9 @@ impl Coordinator {
         let kind = a.mode & mode::S_IFMT;
         let dlink = if moved { 1 } else { 0 };
         let mut steps = vec![
+            unname_step(self.index(), cred, src_dir, src_name, &a, -dlink),
             Step {
-                mdt: self.index(),
-                update: Update::DelEntry {
-                    creds: creds(cred),
-                    dir: src_dir,
-                    name: src_name.to_string(),
-                    fid: child,
-                    kind,
-                    owner: a.uid,
-                    dlink: -dlink,
-                },
-                undo: Some(Update::AddEntry {
-                    creds: Creds::default(),
-                    dir: src_dir,
-                    name: src_name.to_string(),
-                    fid: child,
-                    kind,
-                    dlink,
-                    replace: false,
-                }),
-            },
-            Step {
-                mdt: dst_dir
-                    .mdt()
-                    .ok_or_else(|| MdError::new(errno::ESTALE, format!("{dst_dir} belongs to no MDT")))?,
+                mdt: owner(dst_dir)?,
                 update: Update::AddEntry {
                     creds: creds(cred),
                     dir: dst_dir,
@@ -695,7 +650,7 @@ impl Coordinator {
     /// A hard link here to a file on another MDT: its link count first, then the name.
     pub async fn link(&self, key: Option<ReplyKey>, cred: &Cred, fid: Fid, dir: Fid, name: &str) -> Result<Answer> {
         let a = self.getattr(fid).await?;
-        let m = fid.mdt().ok_or_else(|| MdError::new(errno::ESTALE, format!("{fid} belongs to no MDT")))?;
+        let m = owner(fid)?;
         let steps = vec![
             Step { mdt: m, update: Update::Link { fid, delta: 1 }, undo: Some(Update::Link { fid, delta: -1 }) },
             Step {
@@ -786,6 +741,38 @@ impl Coordinator {
     /// Is `e` the local path saying it needs this coordinator?
     pub fn needs(e: &MdError) -> bool {
         e.errno == NEEDS_COORDINATION
+    }
+}
+
+/// The MDT that owns `fid`; ESTALE for a FID outside every MDT's sequences.
+fn owner(fid: Fid) -> Result<u32> {
+    fid.mdt().ok_or_else(|| MdError::new(errno::ESTALE, format!("{fid} belongs to no MDT")))
+}
+
+/// The step that removes the name `name` → `a` from `dir` (here, the coordinator), with
+/// the undo that puts it back; `dir`'s link count moves by `dlink`.
+fn unname_step(me: u32, cred: &Cred, dir: Fid, name: &str, a: &Attr, dlink: i32) -> Step {
+    let kind = a.mode & mode::S_IFMT;
+    Step {
+        mdt: me,
+        update: Update::DelEntry {
+            creds: creds(cred),
+            dir,
+            name: name.to_string(),
+            fid: a.fid,
+            kind,
+            owner: a.uid,
+            dlink,
+        },
+        undo: Some(Update::AddEntry {
+            creds: Creds::default(),
+            dir,
+            name: name.to_string(),
+            fid: a.fid,
+            kind,
+            dlink: -dlink,
+            replace: false,
+        }),
     }
 }
 
