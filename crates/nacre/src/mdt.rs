@@ -93,76 +93,6 @@ fn run_op(ns: &Namespace, dir: Fid, op: &MdtOp) -> Result<(), nacre_server::mdt:
     }
 }
 
-/// Follow the file system's targets in the MGS's configuration: tell the coordinator of
-/// operations over several MDTs where the other MDTs are, and whenever the set of OSTs
-/// changes, connect to each and (re)start the precreate and destroy tasks over them.
-async fn follow_config(mgs: nacre_net::nid::Nid, ns: Arc<Namespace>, dne: Arc<nacre_server::dne::Coordinator>) {
-    use nacre_proto::mgs::{Config, Request, TargetKind};
-    let client = nacre_net::client::Client::new(
-        Arc::new(nacre_net::transport::TcpTransport),
-        nacre_net::client::ClientConfig::default(),
-    );
-    let mut have = 0;
-    let mut current: Vec<(u32, String)> = Vec::new();
-    let mut service: Option<nacre_server::objects::ObjectService> = None;
-    loop {
-        let fetched = async {
-            let imp = client.connect(&mgs).await.ok()?;
-            let (op, body) = Request::Config { have, wait_ms: 30_000 }.encode();
-            let f = imp.call(op, &body, &[]).await.ok()?;
-            (f.header.status == 0).then(|| Config::decode(&f.body).ok()).flatten()
-        }
-        .await;
-        let Some(cfg) = fetched else {
-            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            continue;
-        };
-        have = cfg.version;
-        let mdts: std::collections::HashMap<u32, nacre_net::nid::Nid> = cfg
-            .targets
-            .iter()
-            .filter(|t| t.kind == TargetKind::Mdt && t.index != ns.index())
-            .filter_map(|t| Some((t.index, t.nids.first()?.parse().ok()?)))
-            .collect();
-        let count = cfg.targets.iter().filter(|t| t.kind == TargetKind::Mdt).map(|t| t.index + 1).max().unwrap_or(1);
-        dne.set_peers(count, client.clone(), mdts);
-        ns.set_ost_pools(nacre_proto::layout::pools::from_params(
-            cfg.params.iter().map(|(n, v)| (n.as_str(), v.as_str())),
-        ));
-        let osts: Vec<(u32, String)> = cfg
-            .targets
-            .iter()
-            .filter(|t| t.kind == TargetKind::Ost)
-            .filter_map(|t| t.nids.first().map(|n| (t.index, n.clone())))
-            .collect();
-        if osts == current {
-            continue;
-        }
-        let mut links = Vec::new();
-        for (index, nid) in &osts {
-            let Ok(nid) = nid.parse::<nacre_net::nid::Nid>() else { continue };
-            if let Ok(import) = client.connect(&nid).await {
-                // `nacre ost serve` serves one target, number 0 on its OSS.
-                links.push(nacre_server::objects::OstLink { index: *index, import, target: 0 });
-            }
-        }
-        let complete = links.len() == osts.len();
-        drop(service.take());
-        service = Some(nacre_server::objects::ObjectService::start(
-            ns.clone(),
-            links,
-            nacre_server::objects::PRECREATE_BATCH,
-        ));
-        if complete {
-            current = osts;
-        } else {
-            // Some OST did not answer: ask again soon rather than at the next change.
-            have = 0;
-            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        }
-    }
-}
-
 pub fn run(cmd: MdtCommand) -> CliResult {
     match cmd {
         MdtCommand::Format { dir, name, index, size, drives } => {
@@ -224,7 +154,11 @@ pub fn run(cmd: MdtCommand) -> CliResult {
                 }
                 if let Some(mgs) = &join.mgs {
                     crate::mgs::register(mgs, &join.fsname, nacre_proto::mgs::TargetKind::Mdt, index, &nid).await?;
-                    tokio::spawn(follow_config(mgs.clone(), ns, dne));
+                    let client = nacre_net::client::Client::new(
+                        Arc::new(nacre_net::transport::TcpTransport),
+                        nacre_net::client::ClientConfig::default(),
+                    );
+                    tokio::spawn(nacre_server::cluster::follow_config(client, mgs.clone(), ns, dne));
                 }
                 Ok(())
             })

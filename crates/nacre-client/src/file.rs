@@ -1,0 +1,669 @@
+//! An open file: reads and writes split by its layout into RPCs to its objects (and its
+//! MDT, for a DoM component), run in parallel within each OST's `max_rpcs_in_flight`;
+//! write-behind within the mount's `max_dirty_mb`; read-ahead on sequential reads within
+//! `max_read_ahead_mb`.
+//!
+//! Consistency is close-to-open: what a handle wrote is on its objects when `fsync` or
+//! `close` returns, and the MDT then holds the file's size and mtime; another client that
+//! opens the file afterwards sees all of it. While a file is open for writing here, its
+//! size comes from its objects (a glimpse).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use bytes::Bytes;
+use nacre_proto::fid::Fid;
+use nacre_proto::mdt::{Attr, Creds, Reply, Request, SetAttr, mode, set};
+use nacre_proto::ost;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::task::JoinHandle;
+
+use crate::error::{Error, Result, errno};
+use crate::fs::{FileSystem, mdt_of};
+use crate::striping::{FileLayout, Piece, Place};
+
+/// Largest DoM read or write in one RPC (the MDS's `DOM_IO_MAX`).
+const DOM_RPC_MAX: u64 = 1 << 20;
+/// Largest offset a file may reach (`i64::MAX`, as `off_t`).
+const FILE_SIZE_MAX: u64 = i64::MAX as u64;
+
+/// How a file is opened: open(2)'s access mode and the flags the client acts on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpenFlags {
+    pub read: bool,
+    pub write: bool,
+    /// Every write goes to the end of the file (`O_APPEND`).
+    pub append: bool,
+    /// Cut the file to nothing at open (`O_TRUNC`).
+    pub truncate: bool,
+    /// No write-behind or read-ahead: each call goes to the servers (`O_DIRECT`).
+    pub direct: bool,
+}
+
+impl OpenFlags {
+    pub const READ: OpenFlags = OpenFlags { read: true, write: false, append: false, truncate: false, direct: false };
+    pub const WRITE: OpenFlags = OpenFlags { read: false, write: true, append: false, truncate: false, direct: false };
+    pub const READ_WRITE: OpenFlags =
+        OpenFlags { read: true, write: true, append: false, truncate: false, direct: false };
+
+    /// From open(2) flags (Linux values).
+    pub fn from_posix(flags: i32) -> OpenFlags {
+        const O_ACCMODE: i32 = 0o3;
+        const O_WRONLY: i32 = 0o1;
+        const O_RDWR: i32 = 0o2;
+        const O_TRUNC: i32 = 0o1000;
+        const O_APPEND: i32 = 0o2000;
+        const O_DIRECT: i32 = 0o40000;
+        let acc = flags & O_ACCMODE;
+        OpenFlags {
+            read: acc != O_WRONLY,
+            write: acc == O_WRONLY || acc == O_RDWR,
+            append: flags & O_APPEND != 0,
+            truncate: flags & O_TRUNC != 0,
+            direct: flags & O_DIRECT != 0,
+        }
+    }
+}
+
+/// Bytes written and not yet sent, and the part of the dirty budget they hold.
+struct Dirty {
+    data: Vec<u8>,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+/// Dirty extents on their way to the servers.
+struct Flush {
+    start: u64,
+    end: u64,
+    task: JoinHandle<Result<()>>,
+}
+
+/// A read-ahead chunk: being read, or read.
+enum Chunk {
+    Pending(JoinHandle<Result<Bytes>>),
+    Ready(Bytes),
+}
+
+#[derive(Default)]
+struct ReadAhead {
+    /// Where the next sequential read starts.
+    next: u64,
+    window: u64,
+    /// Chunks by offset, each one RPC's worth; each holds read-ahead budget.
+    chunks: BTreeMap<u64, (Chunk, Option<OwnedSemaphorePermit>)>,
+}
+
+#[derive(Default)]
+struct State {
+    dirty: BTreeMap<u64, Dirty>,
+    dirty_bytes: u64,
+    flushing: Vec<Flush>,
+    /// A background write's failure, reported by the next call (as Linux reports
+    /// writeback errors at fsync or close).
+    error: Option<Error>,
+    written: bool,
+    /// The file is at least this long (its size at open, or after our writes); a read
+    /// past it asks the servers.
+    size: u64,
+    /// An O_APPEND handle has learnt the file's end once.
+    append_known: bool,
+    ra: ReadAhead,
+}
+
+/// An open file.
+pub struct File {
+    fs: FileSystem,
+    creds: Creds,
+    fid: Fid,
+    handle: u64,
+    flags: OpenFlags,
+    layout: Arc<FileLayout>,
+    st: tokio::sync::Mutex<State>,
+    /// `State::size`, readable without the lock (for `stat` while writes are dirty).
+    size_hint: AtomicU64,
+    closed: AtomicBool,
+}
+
+impl File {
+    pub(crate) async fn open(fs: FileSystem, c: &Creds, fid: Fid, flags: OpenFlags) -> Result<File> {
+        let mdt = mdt_of(fid)?;
+        let (reply, _) = fs.md(mdt, c, &Request::Open { fid, read: flags.read, write: flags.write }, &[]).await?;
+        let Reply::Opened { handle, attr } = reply else {
+            return Err(Error::protocol("open", "the MDS did not answer with a handle"));
+        };
+        if !mode::is_reg(attr.mode) {
+            let _ = fs.md(mdt, c, &Request::Close { handle }, &[]).await;
+            let errno = if mode::is_dir(attr.mode) { errno::EISDIR } else { errno::EINVAL };
+            return Err(Error::new(errno, format!("{fid} is not a regular file")));
+        }
+        let layout = match fs.file_layout(c, fid).await {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = fs.md(mdt, c, &Request::Close { handle }, &[]).await;
+                return Err(e);
+            }
+        };
+        if flags.write {
+            fs.add_writer(fid);
+        }
+        let f = File {
+            fs,
+            creds: c.clone(),
+            fid,
+            handle,
+            flags,
+            layout,
+            st: tokio::sync::Mutex::new(State { size: attr.size, ..State::default() }),
+            size_hint: AtomicU64::new(attr.size),
+            closed: AtomicBool::new(false),
+        };
+        if flags.truncate && flags.write {
+            f.set_len(0).await?;
+        } else if flags.write {
+            // Our own earlier writes may not be on the MDT yet: ask the objects.
+            let a = f.fs.glimpse(c, attr).await?;
+            f.st.lock().await.size = a.size;
+            f.size_hint.store(a.size, Ordering::Relaxed);
+        }
+        Ok(f)
+    }
+
+    pub fn fid(&self) -> Fid {
+        self.fid
+    }
+
+    pub fn flags(&self) -> OpenFlags {
+        self.flags
+    }
+
+    pub fn layout(&self) -> &FileLayout {
+        &self.layout
+    }
+
+    /// The size as this handle knows it, dirty writes included (no RPC).
+    pub fn size_hint(&self) -> u64 {
+        self.size_hint.load(Ordering::Relaxed)
+    }
+
+    fn set_size(&self, st: &mut State, size: u64) {
+        st.size = size;
+        self.size_hint.store(size, Ordering::Relaxed);
+    }
+
+    /// Write `data` at `offset` (at the end with O_APPEND); returns the bytes written.
+    pub async fn write(&self, offset: u64, data: &[u8]) -> Result<usize> {
+        if !self.flags.write {
+            return Err(Error::new(errno::EBADF, format!("{} is not open for writing", self.fid)));
+        }
+        let mut st = self.st.lock().await;
+        if let Some(e) = st.error.take() {
+            return Err(e);
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let offset = if self.flags.append {
+            if !st.append_known {
+                self.flush(&mut st).await?;
+                let a = self.fs.getattr(&self.creds, self.fid).await?;
+                let size = st.size.max(a.size);
+                self.set_size(&mut st, size);
+                st.append_known = true;
+            }
+            st.size
+        } else {
+            offset
+        };
+        let len = data.len() as u64;
+        let end = offset.checked_add(len).filter(|&e| e <= FILE_SIZE_MAX).ok_or_else(|| {
+            Error::new(errno::EFBIG, format!("a write of {len} bytes at {offset} passes the largest file size"))
+        })?;
+        // A write past the layout's end fails now, not at write-back.
+        self.layout.plan(offset, len, u64::MAX)?;
+        st.ra.chunks.clear();
+        let size = st.size.max(end);
+        self.set_size(&mut st, size);
+        st.written = true;
+        if self.flags.direct {
+            self.flush(&mut st).await?;
+            return write_range(&self.fs, &self.creds, self.fid, &self.layout, offset, Bytes::copy_from_slice(data))
+                .await
+                .map(|_| data.len());
+        }
+        if st.dirty.range(..end).next_back().is_some_and(|(&s, d)| s + d.data.len() as u64 > offset) {
+            // It overwrites bytes still dirty: send those first, so the order holds.
+            self.flush(&mut st).await?;
+        }
+        let budget = &self.fs.inner.params.dirty;
+        let permit = match budget.try_take(len) {
+            Some(p) => p,
+            None => {
+                // The mount's dirty budget is spent: send ours and wait for room.
+                self.flush(&mut st).await?;
+                budget.take(len).await
+            }
+        };
+        let before = st.dirty.range(..=offset).next_back().map(|(&s, d)| (s, s + d.data.len() as u64));
+        match before {
+            Some((s, e)) if e == offset => {
+                let d = st.dirty.get_mut(&s).ok_or_else(|| Error::new(errno::EIO, "dirty extent vanished"))?;
+                d.data.extend_from_slice(data);
+                match &mut d._permit {
+                    Some(p) => p.merge(permit),
+                    None => d._permit = Some(permit),
+                }
+            }
+            _ => {
+                st.dirty.insert(offset, Dirty { data: data.to_vec(), _permit: Some(permit) });
+            }
+        }
+        st.dirty_bytes += len;
+        if st.dirty_bytes >= self.flush_unit() {
+            self.launch(&mut st).await;
+        }
+        Ok(data.len())
+    }
+
+    /// Dirty bytes that make a write-back: a full RPC to every object of the widest
+    /// component, within a quarter of the mount's dirty budget.
+    fn flush_unit(&self) -> u64 {
+        let p = &self.fs.inner.params;
+        let width = self.layout.objects.iter().map(Vec::len).max().unwrap_or(1).max(1) as u64;
+        (p.rpc_bytes() * width).min(p.dirty.size() / 4).max(1)
+    }
+
+    /// Start sending every dirty extent, after any write-back in flight that overlaps it.
+    async fn launch(&self, st: &mut State) {
+        if st.dirty.is_empty() {
+            return;
+        }
+        let extents = std::mem::take(&mut st.dirty);
+        st.dirty_bytes = 0;
+        let start = extents.keys().next().copied().unwrap_or(0);
+        let end = extents.iter().next_back().map_or(0, |(&s, d)| s + d.data.len() as u64);
+        let mut keep = Vec::new();
+        for f in std::mem::take(&mut st.flushing) {
+            if f.start < end && start < f.end || f.task.is_finished() {
+                collect(st, f.task).await;
+            } else {
+                keep.push(f);
+            }
+        }
+        st.flushing = keep;
+        let (fs, creds, fid, layout) = (self.fs.clone(), self.creds.clone(), self.fid, self.layout.clone());
+        let task = tokio::spawn(async move {
+            let mut set = tokio::task::JoinSet::new();
+            for (offset, d) in extents {
+                let (fs, creds, layout) = (fs.clone(), creds.clone(), layout.clone());
+                set.spawn(async move {
+                    let r = write_range(&fs, &creds, fid, &layout, offset, Bytes::from(d.data)).await;
+                    drop(d._permit);
+                    r
+                });
+            }
+            let mut first = Ok(());
+            while let Some(r) = set.join_next().await {
+                let r = r.map_err(|e| Error::new(errno::EIO, format!("write-back task: {e}"))).and_then(|r| r);
+                if first.is_ok() {
+                    first = r;
+                }
+            }
+            first
+        });
+        st.flushing.push(Flush { start, end, task });
+    }
+
+    /// Send every dirty byte and wait for all write-back; the first failure since the
+    /// last call is returned.
+    async fn flush(&self, st: &mut State) -> Result<()> {
+        self.launch(st).await;
+        for f in std::mem::take(&mut st.flushing) {
+            collect(st, f.task).await;
+        }
+        match st.error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Read up to `len` bytes at `offset`; fewer at the end of the file.
+    pub async fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        if !self.flags.read {
+            return Err(Error::new(errno::EBADF, format!("{} is not open for reading", self.fid)));
+        }
+        let mut st = self.st.lock().await;
+        if !st.dirty.is_empty() || !st.flushing.is_empty() {
+            self.flush(&mut st).await?;
+        }
+        let mut len = len as u64;
+        if offset.saturating_add(len) > st.size {
+            // Past what we know: the file may have grown (another client, since open).
+            let a = self.fs.getattr(&self.creds, self.fid).await?;
+            let a = self.fs.glimpse(&self.creds, a).await?;
+            let size = st.size.max(a.size);
+            self.set_size(&mut st, size);
+        }
+        len = len.min(st.size.saturating_sub(offset));
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let per_file = self.fs.inner.params.read_ahead_per_file.load(Ordering::Relaxed);
+        if self.flags.direct || per_file == 0 {
+            return read_range(&self.fs, &self.creds, self.fid, &self.layout, offset, len).await;
+        }
+        self.read_ahead(&mut st, offset, len, per_file).await
+    }
+
+    async fn read_ahead(&self, st: &mut State, offset: u64, len: u64, per_file: u64) -> Result<Vec<u8>> {
+        let chunk = self.fs.inner.params.rpc_bytes();
+        let end = offset + len;
+        if offset == st.ra.next {
+            st.ra.window = (st.ra.window * 2).clamp(chunk, per_file.max(chunk));
+        } else {
+            st.ra.chunks.clear();
+            st.ra.window = 0;
+        }
+        st.ra.next = end;
+        if st.ra.window == 0 {
+            return read_range(&self.fs, &self.creds, self.fid, &self.layout, offset, len).await;
+        }
+        // Ask for the chunks this read needs and those of the window after it.
+        let size = st.size;
+        let ahead = end.saturating_add(st.ra.window).min(size);
+        let mut c = offset / chunk * chunk;
+        while c < ahead {
+            if let std::collections::btree_map::Entry::Vacant(slot) = st.ra.chunks.entry(c) {
+                let needed = c < end;
+                let n = chunk.min(size - c);
+                let permit = self.fs.inner.params.read_ahead.try_take(n);
+                if permit.is_none() && !needed {
+                    break;
+                }
+                let (fs, creds, fid, layout) = (self.fs.clone(), self.creds.clone(), self.fid, self.layout.clone());
+                let task =
+                    tokio::spawn(async move { read_range(&fs, &creds, fid, &layout, c, n).await.map(Bytes::from) });
+                slot.insert((Chunk::Pending(task), permit));
+            }
+            c += chunk;
+        }
+        let mut out = Vec::with_capacity(len as usize);
+        let mut c = offset / chunk * chunk;
+        while c < end {
+            let data = match st.ra.chunks.get_mut(&c) {
+                Some((Chunk::Ready(b), _)) => b.clone(),
+                Some((chunk_state @ Chunk::Pending(_), _)) => {
+                    let Chunk::Pending(task) = std::mem::replace(chunk_state, Chunk::Ready(Bytes::new())) else {
+                        unreachable!("matched as pending")
+                    };
+                    let r = task.await.map_err(|e| Error::new(errno::EIO, format!("read-ahead task: {e}")));
+                    match r.and_then(|r| r) {
+                        Ok(b) => {
+                            *chunk_state = Chunk::Ready(b.clone());
+                            b
+                        }
+                        Err(e) => {
+                            st.ra.chunks.remove(&c);
+                            return Err(e);
+                        }
+                    }
+                }
+                None => return Err(Error::new(errno::EIO, "read-ahead chunk missing")),
+            };
+            let from = offset.max(c) - c;
+            let to = (end.min(c + chunk) - c).min(data.len() as u64);
+            if from < to {
+                out.extend_from_slice(&data[from as usize..to as usize]);
+            }
+            c += chunk;
+        }
+        // Chunks read to their end are done with.
+        let done: Vec<u64> = st.ra.chunks.range(..end).filter(|(s, _)| **s + chunk <= end).map(|(s, _)| *s).collect();
+        for s in done {
+            st.ra.chunks.remove(&s);
+        }
+        out.resize(len as usize, 0);
+        Ok(out)
+    }
+
+    /// Truncate or extend the file to `size`.
+    pub async fn set_len(&self, size: u64) -> Result<()> {
+        let mut st = self.st.lock().await;
+        self.flush(&mut st).await?;
+        st.ra.chunks.clear();
+        let s = SetAttr { mask: set::SIZE, size, ..SetAttr::default() };
+        self.fs.setattr(&self.creds, self.fid, s).await?;
+        self.set_size(&mut st, size);
+        st.written = true;
+        Ok(())
+    }
+
+    /// Make every write of this handle durable, and the file's size and mtime known to
+    /// the MDT.
+    pub async fn fsync(&self) -> Result<()> {
+        let mut st = self.st.lock().await;
+        self.flush(&mut st).await?;
+        if !st.written {
+            return Ok(());
+        }
+        let mut osts: Vec<u32> = self.layout.objects.iter().flatten().map(|(o, _)| *o).collect();
+        osts.sort_unstable();
+        osts.dedup();
+        for o in osts {
+            self.fs.ost_call(o, &ost::Request::Sync { target: 0 }, &[]).await?;
+        }
+        self.publish_size(&mut st).await
+    }
+
+    /// Tell the MDT the size the objects give (if larger than it has) and a new mtime.
+    async fn publish_size(&self, st: &mut State) -> Result<()> {
+        let mdt = mdt_of(self.fid)?;
+        let (reply, _) = self.fs.md(mdt, &self.creds, &Request::Getattr { fid: self.fid }, &[]).await?;
+        let Reply::Attr(on_mdt) = reply else {
+            return Err(Error::protocol("getattr", "not attributes"));
+        };
+        let a: Attr = self.fs.glimpse(&self.creds, on_mdt).await?;
+        let mut s = SetAttr { mask: set::MTIME_NOW, ..SetAttr::default() };
+        if a.size > on_mdt.size {
+            s.mask |= set::SIZE;
+            s.size = a.size;
+        }
+        // The plain MDT setattr: the objects already hold this size.
+        self.fs.md(mdt, &self.creds, &Request::Setattr { fid: self.fid, set: s }, &[]).await?;
+        st.written = false;
+        Ok(())
+    }
+
+    /// Write back, publish the size, and release the handle on the MDT. The first error
+    /// of any of it is returned; the handle is released either way.
+    pub async fn close(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let mut st = self.st.lock().await;
+        let mut r = self.flush(&mut st).await;
+        if r.is_ok() && st.written {
+            r = self.publish_size(&mut st).await;
+        }
+        st.ra.chunks.clear();
+        if self.flags.write {
+            self.fs.drop_writer(self.fid);
+        }
+        let closed = self.fs.md(mdt_of(self.fid)?, &self.creds, &Request::Close { handle: self.handle }, &[]).await;
+        r.and(closed.map(|_| ()))
+    }
+}
+
+impl Drop for File {
+    /// A file dropped without `close` still releases its MDT handle (its dirty data, if
+    /// any, is written back first, on the runtime).
+    fn drop(&mut self) {
+        if self.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        if self.flags.write {
+            self.fs.drop_writer(self.fid);
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        let (fs, creds, fid, handle, layout) =
+            (self.fs.clone(), self.creds.clone(), self.fid, self.handle, self.layout.clone());
+        let st = std::mem::take(self.st.get_mut());
+        rt.spawn(async move {
+            for (offset, d) in st.dirty {
+                let _ = write_range(&fs, &creds, fid, &layout, offset, Bytes::from(d.data)).await;
+            }
+            for f in st.flushing {
+                let _ = f.task.await;
+            }
+            if let Ok(mdt) = mdt_of(fid) {
+                let _ = fs.md(mdt, &creds, &Request::Close { handle }, &[]).await;
+            }
+        });
+    }
+}
+
+/// Wait for a write-back task; keep its failure for the next call.
+async fn collect(st: &mut State, task: JoinHandle<Result<()>>) {
+    let r = task.await.map_err(|e| Error::new(errno::EIO, format!("write-back task: {e}"))).and_then(|r| r);
+    if let Err(e) = r
+        && st.error.is_none()
+    {
+        st.error = Some(e);
+    }
+}
+
+/// The bytes of `data` (which starts at file offset `base`) that a piece carries.
+fn gather(p: &Piece, base: u64, data: &Bytes) -> Bytes {
+    if let [(fo, n)] = p.spans[..] {
+        let at = (fo - base) as usize;
+        return data.slice(at..at + n as usize);
+    }
+    let mut v = Vec::with_capacity(p.len as usize);
+    for &(fo, n) in &p.spans {
+        let at = (fo - base) as usize;
+        v.extend_from_slice(&data[at..at + n as usize]);
+    }
+    Bytes::from(v)
+}
+
+fn crc32c(b: &[u8]) -> u32 {
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, b) as u32
+}
+
+/// Write `data` at `offset` of the file, every piece in parallel.
+pub(crate) async fn write_range(
+    fs: &FileSystem,
+    c: &Creds,
+    fid: Fid,
+    layout: &FileLayout,
+    offset: u64,
+    data: Bytes,
+) -> Result<()> {
+    let pieces = layout.plan(offset, data.len() as u64, fs.inner.params.rpc_bytes())?;
+    let checksums = fs.inner.params.checksums();
+    let mut set = tokio::task::JoinSet::new();
+    for p in pieces {
+        let bytes = gather(&p, offset, &data);
+        let (fs, c) = (fs.clone(), c.clone());
+        set.spawn(async move {
+            match p.place {
+                Place::Mdt => {
+                    let mdt = mdt_of(fid)?;
+                    let mut at = 0u64;
+                    while at < p.len {
+                        let n = DOM_RPC_MAX.min(p.len - at);
+                        let part = bytes.slice(at as usize..(at + n) as usize);
+                        fs.md(mdt, &c, &Request::DomWrite { fid, offset: p.offset + at }, &part).await?;
+                        at += n;
+                    }
+                    Ok(())
+                }
+                Place::Object { ost, oid } => {
+                    let crc = checksums.then(|| crc32c(&bytes));
+                    let r = ost::Request::Write { target: 0, oid, offset: p.offset, len: p.len as u32, crc };
+                    fs.ost_call(ost, &r, &bytes).await.map(|_| ())
+                }
+            }
+        });
+    }
+    let mut first = Ok(());
+    while let Some(r) = set.join_next().await {
+        let r = r.map_err(|e| Error::new(errno::EIO, format!("write task: {e}"))).and_then(|r| r);
+        if first.is_ok() {
+            first = r;
+        }
+    }
+    first
+}
+
+/// Read `len` bytes at `offset` of the file, every piece in parallel; holes and bytes
+/// past an object's end read as zeros.
+pub(crate) async fn read_range(
+    fs: &FileSystem,
+    c: &Creds,
+    fid: Fid,
+    layout: &FileLayout,
+    offset: u64,
+    len: u64,
+) -> Result<Vec<u8>> {
+    let pieces = layout.plan(offset, len, fs.inner.params.rpc_bytes())?;
+    let checksums = fs.inner.params.checksums();
+    let mut set = tokio::task::JoinSet::new();
+    for p in pieces {
+        let (fs, c) = (fs.clone(), c.clone());
+        set.spawn(async move {
+            let mut data = Vec::with_capacity(p.len as usize);
+            match p.place {
+                Place::Mdt => {
+                    let mdt = mdt_of(fid)?;
+                    let mut at = 0u64;
+                    while at < p.len {
+                        let n = DOM_RPC_MAX.min(p.len - at);
+                        let r = Request::DomRead { fid, offset: p.offset + at, len: n as u32 };
+                        let (_, bulk) = fs.md(mdt, &c, &r, &[]).await?;
+                        data.extend_from_slice(&bulk);
+                        if (bulk.len() as u64) < n {
+                            break;
+                        }
+                        at += n;
+                    }
+                }
+                Place::Object { ost, oid } => {
+                    let r =
+                        ost::Request::Read { target: 0, oid, offset: p.offset, len: p.len as u32, checksum: checksums };
+                    let (body, bulk) = fs.ost_call(ost, &r, &[]).await?;
+                    let (n, crc) = ost::decode_read(&body).map_err(|e| Error::protocol("OST read", e))?;
+                    if n as usize != bulk.len() || n as u64 > p.len {
+                        return Err(Error::protocol("OST read", format!("{n} bytes announced, {} came", bulk.len())));
+                    }
+                    if let Some(want) = crc
+                        && crc32c(&bulk) != want
+                    {
+                        return Err(Error::new(
+                            errno::EIO,
+                            format!("checksum mismatch reading object {oid:#x} on OST {ost} at {}", p.offset),
+                        ));
+                    }
+                    data.extend_from_slice(&bulk);
+                }
+            }
+            Ok::<_, Error>((p, data))
+        });
+    }
+    let mut out = vec![0u8; len as usize];
+    while let Some(r) = set.join_next().await {
+        let (p, data) = r.map_err(|e| Error::new(errno::EIO, format!("read task: {e}")))??;
+        let mut at = 0usize;
+        for &(fo, n) in &p.spans {
+            let dst = (fo - offset) as usize;
+            let n = n as usize;
+            // Past the object's end (a hole at the file's end) stays zeros.
+            let have = data.len().saturating_sub(at).min(n);
+            if have > 0 {
+                out[dst..dst + have].copy_from_slice(&data[at..at + have]);
+            }
+            at += n;
+        }
+    }
+    Ok(out)
+}

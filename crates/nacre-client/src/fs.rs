@@ -1,0 +1,861 @@
+//! A mounted file system: the links to its MGS, MDTs and OSTs, and every metadata
+//! operation, routed to the MDT that owns the FID (or, in a striped directory, the shard
+//! that owns the name).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use nacre_net::client::{Client, ClientConfig, Import};
+use nacre_net::nid::Nid;
+use nacre_net::transport::{TcpTransport, Transport};
+use nacre_proto::dne::{DirDefault, DirStripe};
+use nacre_proto::fid::Fid;
+use nacre_proto::layout::Layout;
+use nacre_proto::mdt::{Attr, Creds, DirEntry, READDIR_MAX, Reply, Request, SetAttr, mode, set};
+use nacre_proto::mgs::{Config, TargetKind};
+use nacre_proto::{mgs, ost};
+
+use crate::error::{Error, Result, errno};
+use crate::file::{File, OpenFlags};
+use crate::params::{Budget, Params, Tunables};
+use crate::striping::FileLayout;
+
+/// How to mount.
+#[derive(Clone)]
+pub struct MountOptions {
+    /// The network (TCP unless a test gives an in-memory one).
+    pub transport: Arc<dyn Transport>,
+    /// The transport's settings of this client.
+    pub net: ClientConfig,
+    pub tunables: Tunables,
+}
+
+impl Default for MountOptions {
+    fn default() -> MountOptions {
+        // The client gates RPCs per OST itself (`max_rpcs_in_flight`, changeable while
+        // mounted); the transport's own gate is only a ceiling.
+        let net = ClientConfig { max_rpcs_in_flight: 256, peer_credits: 256, ..ClientConfig::default() };
+        MountOptions { transport: Arc::new(TcpTransport), net, tunables: Tunables::default() }
+    }
+}
+
+/// One target as the MGS described it, and the link to it once made.
+struct Link {
+    nid: Nid,
+    import: Option<Arc<Import>>,
+    /// RPCs in flight to it (`max_rpcs_in_flight`).
+    gate: Arc<Budget>,
+}
+
+#[derive(Default)]
+struct Targets {
+    version: u64,
+    mdts: BTreeMap<u32, Link>,
+    osts: BTreeMap<u32, Link>,
+}
+
+/// Entries a cache of directory stripes or file layouts keeps before it starts over.
+const CACHE_MAX: usize = 65_536;
+/// How long a request refused with EINPROGRESS (an MDT busy finishing operations over
+/// several MDTs) is retried.
+const INPROGRESS_RETRY: Duration = Duration::from_secs(60);
+
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    fsname: String,
+    mgs: Nid,
+    targets: RwLock<Targets>,
+    pub(crate) params: Params,
+    stripes: Mutex<HashMap<Fid, Option<Arc<DirStripe>>>>,
+    layouts: Mutex<HashMap<Fid, Arc<FileLayout>>>,
+    /// Files open for writing through this mount, with their handles' count: their size
+    /// is glimpsed from the objects.
+    writers: Mutex<HashMap<Fid, usize>>,
+    follower: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+/// A mounted Nacre file system. Cheap to clone; all clones share the links and caches.
+#[derive(Clone)]
+pub struct FileSystem {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// Space and inodes of the file system, and of each target (`lfs df`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StatFs {
+    pub bytes_total: u64,
+    pub bytes_free: u64,
+    pub inodes: u64,
+    pub targets: Vec<TargetUsage>,
+}
+
+/// One target's line of `nacre df`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetUsage {
+    /// `fsname-MDT0000`, `fsname-OST0001`.
+    pub name: String,
+    pub kind: TargetKind,
+    pub index: u32,
+    pub bytes_total: u64,
+    pub bytes_used: u64,
+    pub bytes_free: u64,
+    /// Inodes (MDT) or objects (OST) in use.
+    pub inodes: u64,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn expect<T>(what: &str, r: Reply, f: impl FnOnce(Reply) -> Option<T>) -> Result<T> {
+    let shown = format!("{r:?}");
+    f(r).ok_or_else(|| Error::protocol(what, format!("unexpected reply {}", &shown[..shown.len().min(200)])))
+}
+
+fn attr_of(what: &str, r: Reply) -> Result<Attr> {
+    expect(what, r, |r| match r {
+        Reply::Attr(a) => Some(a),
+        _ => None,
+    })
+}
+
+impl FileSystem {
+    /// Mount the file system whose MGS is at `mgs`: fetch its configuration, check that
+    /// MDT 0 answers, and follow the configuration from then on (new targets,
+    /// `set-param -P` values for the client).
+    pub async fn mount(mgs: &Nid, opts: MountOptions) -> Result<FileSystem> {
+        let client = Client::new(opts.transport.clone(), opts.net.clone());
+        let cfg = fetch_config(&client, mgs, 0, 0).await?;
+        let inner = Arc::new(Inner {
+            client,
+            fsname: cfg.fsname.clone(),
+            mgs: mgs.clone(),
+            targets: RwLock::new(Targets::default()),
+            params: Params::new(&opts.tunables),
+            stripes: Mutex::new(HashMap::new()),
+            layouts: Mutex::new(HashMap::new()),
+            writers: Mutex::new(HashMap::new()),
+            follower: Mutex::new(None),
+        });
+        let fs = FileSystem { inner };
+        fs.apply_config(&cfg);
+        if !fs.inner.targets.read().unwrap_or_else(|e| e.into_inner()).mdts.contains_key(&0) {
+            return Err(Error::new(
+                errno::ENODEV,
+                format!("file system {} has no MDT 0 registered with the MGS at {mgs}", cfg.fsname),
+            ));
+        }
+        fs.getattr(&Creds::default(), Fid::ROOT).await?;
+        let weak = Arc::downgrade(&fs.inner);
+        let task = tokio::spawn(follow_config(weak, cfg.version));
+        *lock(&fs.inner.follower) = Some(task.abort_handle());
+        Ok(fs)
+    }
+
+    /// The file system's name.
+    pub fn fsname(&self) -> &str {
+        &self.inner.fsname
+    }
+
+    /// Leave: write back what is dirty is the caller's job (close every file first);
+    /// this tells every server the client is gone.
+    pub async fn unmount(&self) {
+        if let Some(t) = lock(&self.inner.follower).take() {
+            t.abort();
+        }
+        let imports: Vec<Arc<Import>> = {
+            let t = self.inner.targets.read().unwrap_or_else(|e| e.into_inner());
+            t.mdts.values().chain(t.osts.values()).filter_map(|l| l.import.clone()).collect()
+        };
+        for i in imports {
+            let _ = i.disconnect().await;
+        }
+    }
+
+    fn apply_config(&self, cfg: &Config) {
+        let rpcs = self.inner.params.rpcs_in_flight.load(Ordering::Relaxed);
+        {
+            let mut t = self.inner.targets.write().unwrap_or_else(|e| e.into_inner());
+            t.version = cfg.version;
+            for e in &cfg.targets {
+                let Some(nid) = e.nids.first().and_then(|n| n.parse::<Nid>().ok()) else { continue };
+                let map = match e.kind {
+                    TargetKind::Mdt => &mut t.mdts,
+                    TargetKind::Ost => &mut t.osts,
+                };
+                match map.get_mut(&e.index) {
+                    Some(l) if l.nid == nid => {}
+                    Some(l) => {
+                        l.nid = nid;
+                        l.import = None;
+                    }
+                    None => {
+                        map.insert(e.index, Link { nid, import: None, gate: Arc::new(Budget::new(rpcs)) });
+                    }
+                }
+            }
+        }
+        for (name, value) in &cfg.params {
+            // `set-param -P osc.*.max_rpcs_in_flight=16`: the client's knobs.
+            if let Some((scope, knob)) = client_knob(name) {
+                let _ = self.set_knob(scope, knob, value);
+            }
+        }
+    }
+
+    /// The link to target `index` of `kind`, and its RPC gate; made at first use.
+    pub(crate) async fn target_link(&self, kind: TargetKind, index: u32) -> Result<(Arc<Import>, Arc<Budget>)> {
+        let nid = {
+            let t = self.inner.targets.read().unwrap_or_else(|e| e.into_inner());
+            let map = if kind == TargetKind::Mdt { &t.mdts } else { &t.osts };
+            let Some(l) = map.get(&index) else {
+                return Err(Error::new(
+                    errno::ENODEV,
+                    format!("{} is not in the file system's configuration", kind.name(&self.inner.fsname, index)),
+                ));
+            };
+            if let Some(i) = &l.import {
+                return Ok((i.clone(), l.gate.clone()));
+            }
+            l.nid.clone()
+        };
+        let name = kind.name(&self.inner.fsname, index);
+        let import = self.inner.client.connect(&nid).await.map_err(|e| Error::rpc(&name, e))?;
+        let mut t = self.inner.targets.write().unwrap_or_else(|e| e.into_inner());
+        let map = if kind == TargetKind::Mdt { &mut t.mdts } else { &mut t.osts };
+        match map.get_mut(&index) {
+            Some(l) if l.nid == nid => {
+                l.import = Some(import.clone());
+                Ok((import, l.gate.clone()))
+            }
+            _ => Err(Error::new(errno::ENOTCONN, format!("{name} moved while connecting; try again"))),
+        }
+    }
+
+    /// Indices of the MDTs and OSTs the configuration lists.
+    pub fn targets(&self) -> (Vec<u32>, Vec<u32>) {
+        let t = self.inner.targets.read().unwrap_or_else(|e| e.into_inner());
+        (t.mdts.keys().copied().collect(), t.osts.keys().copied().collect())
+    }
+
+    /// Send `r` to MDT `mdt`: the reply, and the bulk that came with it. A request the MDT
+    /// refuses with EINPROGRESS (busy with operations over several MDTs) is sent again.
+    pub(crate) async fn md(
+        &self,
+        mdt: u32,
+        c: &Creds,
+        r: &Request,
+        bulk: &[u8],
+    ) -> Result<(Reply, nacre_net::bulk::Bulk)> {
+        let (import, _) = self.target_link(TargetKind::Mdt, mdt).await?;
+        let (op, body) = r.encode(c);
+        let started = tokio::time::Instant::now();
+        let mut wait = Duration::from_millis(5);
+        loop {
+            let f = import
+                .call(op, &body, bulk)
+                .await
+                .map_err(|e| Error::rpc(&TargetKind::Mdt.name(&self.inner.fsname, mdt), e))?;
+            if f.header.status == -errno::EINPROGRESS && started.elapsed() < INPROGRESS_RETRY {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_millis(500));
+                continue;
+            }
+            if f.header.status != 0 {
+                return Err(Error::from_reply(f.header.status, &f.body));
+            }
+            let reply = Reply::decode(&f.body).map_err(|e| Error::protocol("MDS reply", e))?;
+            return Ok((reply, f.bulk));
+        }
+    }
+
+    /// Send `r` to the MDT that owns `fid`.
+    async fn md_at(&self, fid: Fid, c: &Creds, r: &Request) -> Result<Reply> {
+        Ok(self.md(mdt_of(fid)?, c, r, &[]).await?.0)
+    }
+
+    /// The directory (or, in a striped directory, the shard) that holds `name` of `dir`.
+    async fn place(&self, c: &Creds, dir: Fid, name: &str) -> Result<Fid> {
+        match self.stripe(c, dir, false).await? {
+            Some(s) => Ok(s.shards[s.shard_of(name)]),
+            None => Ok(dir),
+        }
+    }
+
+    /// The stripes of `dir` as cached, or fetched when `fetch` (after an MDT said
+    /// EREMOTE: the directory is striped).
+    async fn stripe(&self, c: &Creds, dir: Fid, fetch: bool) -> Result<Option<Arc<DirStripe>>> {
+        if let Some(s) = lock(&self.inner.stripes).get(&dir) {
+            return Ok(s.clone());
+        }
+        if !fetch {
+            return Ok(None);
+        }
+        let (stripe, _) = self.getdirstripe(c, dir).await?;
+        let s = stripe.map(Arc::new);
+        let mut m = lock(&self.inner.stripes);
+        if m.len() >= CACHE_MAX {
+            m.clear();
+        }
+        m.insert(dir, s.clone());
+        Ok(s)
+    }
+
+    /// Run `f(directory)` on the directory that holds `name`, learning the directory's
+    /// stripes if its MDT says it is striped.
+    async fn by_name<T, F, Fut>(&self, c: &Creds, dir: Fid, name: &str, f: F) -> Result<T>
+    where
+        F: Fn(Fid) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let at = self.place(c, dir, name).await?;
+        match f(at).await {
+            Err(e) if e.errno == errno::EREMOTE && at == dir => {
+                let Some(s) = self.stripe(c, dir, true).await? else { return Err(e) };
+                f(s.shards[s.shard_of(name)]).await
+            }
+            r => r,
+        }
+    }
+
+    // ---- metadata operations ----
+
+    /// Attributes of `fid`. A regular file open for writing through this mount gets its
+    /// size from its objects (a glimpse); otherwise the MDT's size is the one its last
+    /// writer left at close.
+    pub async fn getattr(&self, c: &Creds, fid: Fid) -> Result<Attr> {
+        let a = attr_of("getattr", self.md_at(fid, c, &Request::Getattr { fid }).await?)?;
+        if mode::is_reg(a.mode) && lock(&self.inner.writers).contains_key(&fid) {
+            return self.glimpse(c, a).await;
+        }
+        Ok(a)
+    }
+
+    /// `a` with the size and blocks its OST objects give, when they hold more.
+    pub(crate) async fn glimpse(&self, c: &Creds, mut a: Attr) -> Result<Attr> {
+        let l = self.file_layout(c, a.fid).await?;
+        let mut sizes = Vec::with_capacity(l.objects.len());
+        let mut space = 0;
+        for comp in &l.objects {
+            let mut set = tokio::task::JoinSet::new();
+            for (i, &(ost, oid)) in comp.iter().enumerate() {
+                let fs = self.clone();
+                set.spawn(async move { (i, fs.ost_call(ost, &ost::Request::Getattr { target: 0, oid }, &[]).await) });
+            }
+            let mut got = vec![0u64; comp.len()];
+            while let Some(r) = set.join_next().await {
+                let (i, r) = r.map_err(|e| Error::new(errno::EIO, format!("glimpse task: {e}")))?;
+                let (body, _) = r?;
+                let oa = ost::decode_attr(&body).map_err(|e| Error::protocol("OST getattr", e))?;
+                got[i] = oa.size;
+                space += oa.space;
+            }
+            sizes.push(got);
+        }
+        a.size = a.size.max(l.size_from_objects(&sizes));
+        a.blocks = a.blocks.max(space / 512);
+        Ok(a)
+    }
+
+    /// Send an OST request to OST `ost` (target 0 of its server), within its
+    /// `max_rpcs_in_flight`: the reply body and bulk.
+    pub(crate) async fn ost_call(
+        &self,
+        index: u32,
+        r: &ost::Request,
+        bulk: &[u8],
+    ) -> Result<(Vec<u8>, nacre_net::bulk::Bulk)> {
+        let (import, gate) = self.target_link(TargetKind::Ost, index).await?;
+        let _slot = gate.take(1).await;
+        let (op, body) = r.encode();
+        let f = import
+            .call(op, &body, bulk)
+            .await
+            .map_err(|e| Error::rpc(&TargetKind::Ost.name(&self.inner.fsname, index), e))?;
+        if f.header.status != 0 {
+            return Err(Error::from_reply(f.header.status, &f.body));
+        }
+        Ok((f.body, f.bulk))
+    }
+
+    pub async fn lookup(&self, c: &Creds, dir: Fid, name: &str) -> Result<Attr> {
+        let a = self
+            .by_name(c, dir, name, |at| async move {
+                attr_of("lookup", self.md_at(at, c, &Request::Lookup { dir: at, name: name.to_string() }).await?)
+            })
+            .await?;
+        // A remote entry is answered with its FID and type alone (no links): its MDT
+        // has the rest.
+        if a.nlink == 0 {
+            return self.getattr(c, a.fid).await;
+        }
+        if mode::is_reg(a.mode) && lock(&self.inner.writers).contains_key(&a.fid) {
+            return self.glimpse(c, a).await;
+        }
+        Ok(a)
+    }
+
+    /// Look up a `/`-separated path from the root.
+    pub async fn resolve(&self, c: &Creds, path: &str) -> Result<Attr> {
+        let mut a = self.getattr(c, Fid::ROOT).await?;
+        for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
+            a = self.lookup(c, a.fid, part).await?;
+        }
+        Ok(a)
+    }
+
+    /// The parent directory's attributes and the last name of `path`.
+    pub async fn parent_of<'p>(&self, c: &Creds, path: &'p str) -> Result<(Attr, &'p str)> {
+        let path = path.trim_end_matches('/');
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+        if name.is_empty() || name == "." || name == ".." {
+            return Err(Error::new(errno::EINVAL, format!("{path:?} does not end in a name")));
+        }
+        Ok((self.resolve(c, dir).await?, name))
+    }
+
+    /// Up to `max` entries of `dir` after `cookie` (0 starts), with attributes, and
+    /// whether the listing is done. A striped directory's shards are merged in cookie
+    /// (name hash) order, so one cookie resumes the whole listing.
+    pub async fn readdir(&self, c: &Creds, dir: Fid, cookie: u64, max: u32) -> Result<(Vec<(DirEntry, Attr)>, bool)> {
+        let max = max.clamp(1, READDIR_MAX);
+        let shards = match self.stripe(c, dir, false).await? {
+            Some(s) => s.shards.clone(),
+            None => match self.readdir_one(c, dir, cookie, max).await {
+                Err(e) if e.errno == errno::EREMOTE => match self.stripe(c, dir, true).await? {
+                    Some(s) => s.shards.clone(),
+                    None => return Err(e),
+                },
+                r => return r,
+            },
+        };
+        let mut all = Vec::new();
+        let mut eof = true;
+        let mut limit = u64::MAX;
+        for s in shards {
+            let (entries, done) = self.readdir_one(c, s, cookie, max).await?;
+            if !done {
+                eof = false;
+                // This shard has more past its last entry: nothing after that cookie may
+                // be returned yet.
+                if let Some((e, _)) = entries.last() {
+                    limit = limit.min(e.cookie);
+                }
+            }
+            all.extend(entries);
+        }
+        all.retain(|(e, _)| e.cookie <= limit);
+        all.sort_by_key(|(e, _)| e.cookie);
+        if all.len() > max as usize {
+            all.truncate(max as usize);
+            eof = false;
+        }
+        Ok((all, eof))
+    }
+
+    async fn readdir_one(&self, c: &Creds, dir: Fid, cookie: u64, max: u32) -> Result<(Vec<(DirEntry, Attr)>, bool)> {
+        let r = self.md_at(dir, c, &Request::Readdir { dir, cookie, max }).await?;
+        expect("readdir", r, |r| match r {
+            Reply::Entries { entries, eof } => Some((entries, eof)),
+            _ => None,
+        })
+    }
+
+    /// A regular file (`mode` holds its permission bits) with the given layout, or the
+    /// directory's default; `data`, if any, is its first bytes (the layout must keep them
+    /// on the MDT).
+    pub async fn create(&self, c: &Creds, dir: Fid, name: &str, perms: u32, layout: Option<&Layout>) -> Result<Attr> {
+        self.make(c, dir, name, mode::S_IFREG | (perms & mode::PERMS), Vec::new(), layout, &[]).await
+    }
+
+    /// A small file made and written in one request (its layout keeps it on the MDT).
+    pub async fn create_with_data(&self, c: &Creds, dir: Fid, name: &str, perms: u32, data: &[u8]) -> Result<Attr> {
+        self.make(c, dir, name, mode::S_IFREG | (perms & mode::PERMS), Vec::new(), None, data).await
+    }
+
+    pub async fn symlink(&self, c: &Creds, dir: Fid, name: &str, target: &[u8]) -> Result<Attr> {
+        self.make(c, dir, name, mode::S_IFLNK | 0o777, target.to_vec(), None, &[]).await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn make(
+        &self,
+        c: &Creds,
+        dir: Fid,
+        name: &str,
+        mode_bits: u32,
+        target: Vec<u8>,
+        layout: Option<&Layout>,
+        data: &[u8],
+    ) -> Result<Attr> {
+        let layout = layout.map(Layout::encode).unwrap_or_default();
+        self.by_name(c, dir, name, |at| {
+            let r = Request::Create {
+                dir: at,
+                name: name.to_string(),
+                mode: mode_bits,
+                target: target.clone(),
+                layout: layout.clone(),
+            };
+            async move { attr_of("create", self.md(mdt_of(at)?, c, &r, data).await?.0) }
+        })
+        .await
+    }
+
+    /// A directory: on MDT `mdt` (-1: by the parent's default), striped over `count`
+    /// MDTs (0: by the default, -1: all), as `lfs mkdir -i -c`.
+    pub async fn mkdir(&self, c: &Creds, dir: Fid, name: &str, perms: u32, mdt: i32, count: i32) -> Result<Attr> {
+        self.by_name(c, dir, name, |at| {
+            let r = Request::Mkdir { dir: at, name: name.to_string(), mode: perms & mode::PERMS, mdt, count };
+            async move { attr_of("mkdir", self.md_at(at, c, &r).await?) }
+        })
+        .await
+    }
+
+    pub async fn unlink(&self, c: &Creds, dir: Fid, name: &str) -> Result<()> {
+        self.remove(c, dir, name, false).await
+    }
+
+    pub async fn rmdir(&self, c: &Creds, dir: Fid, name: &str) -> Result<()> {
+        self.remove(c, dir, name, true).await?;
+        Ok(())
+    }
+
+    async fn remove(&self, c: &Creds, dir: Fid, name: &str, rmdir: bool) -> Result<()> {
+        self.by_name(c, dir, name, |at| {
+            let r = Request::Unlink { dir: at, name: name.to_string(), rmdir };
+            async move { self.md_at(at, c, &r).await.map(|_| ()) }
+        })
+        .await
+    }
+
+    pub async fn link(&self, c: &Creds, fid: Fid, dir: Fid, name: &str) -> Result<Attr> {
+        self.by_name(c, dir, name, |at| {
+            let r = Request::Link { fid, dir: at, name: name.to_string() };
+            async move { attr_of("link", self.md_at(at, c, &r).await?) }
+        })
+        .await
+    }
+
+    /// Rename; `noreplace` fails with EEXIST instead of replacing an existing target.
+    pub async fn rename(
+        &self,
+        c: &Creds,
+        src_dir: Fid,
+        src_name: &str,
+        dst_dir: Fid,
+        dst_name: &str,
+        noreplace: bool,
+    ) -> Result<()> {
+        for _ in 0..3 {
+            let src = self.place(c, src_dir, src_name).await?;
+            let dst = self.place(c, dst_dir, dst_name).await?;
+            let r = Request::Rename {
+                src_dir: src,
+                src_name: src_name.to_string(),
+                dst_dir: dst,
+                dst_name: dst_name.to_string(),
+                noreplace,
+            };
+            match self.md_at(src, c, &r).await {
+                Err(e) if e.errno == errno::EREMOTE => {
+                    // One of the directories is striped: learn both and route again.
+                    let a = self.stripe(c, src_dir, true).await?;
+                    let b = self.stripe(c, dst_dir, true).await?;
+                    if a.is_none() && b.is_none() {
+                        return Err(e);
+                    }
+                }
+                r => return r.map(|_| ()),
+            }
+        }
+        Err(Error::new(errno::EIO, "rename: the MDTs kept answering EREMOTE"))
+    }
+
+    /// Change attributes. A size change truncates (or extends) the file's OST objects
+    /// too, after the MDT has checked and recorded it.
+    pub async fn setattr(&self, c: &Creds, fid: Fid, s: SetAttr) -> Result<Attr> {
+        let a = attr_of("setattr", self.md_at(fid, c, &Request::Setattr { fid, set: s }).await?)?;
+        if s.mask & set::SIZE != 0 && mode::is_reg(a.mode) {
+            self.truncate_objects(c, fid, s.size).await?;
+        }
+        Ok(a)
+    }
+
+    async fn truncate_objects(&self, c: &Creds, fid: Fid, size: u64) -> Result<()> {
+        let l = self.file_layout(c, fid).await?;
+        let sizes = l.object_sizes(size);
+        let mut set = tokio::task::JoinSet::new();
+        for (comp, objects) in l.objects.iter().enumerate() {
+            for (i, &(ost, oid)) in objects.iter().enumerate() {
+                let size = sizes[comp][i];
+                let fs = self.clone();
+                set.spawn(async move { fs.ost_call(ost, &ost::Request::Truncate { target: 0, oid, size }, &[]).await });
+            }
+        }
+        while let Some(r) = set.join_next().await {
+            r.map_err(|e| Error::new(errno::EIO, format!("truncate task: {e}")))??;
+        }
+        Ok(())
+    }
+
+    pub async fn readlink(&self, c: &Creds, fid: Fid) -> Result<Vec<u8>> {
+        expect("readlink", self.md_at(fid, c, &Request::Readlink { fid }).await?, |r| match r {
+            Reply::Bytes(b) => Some(b),
+            _ => None,
+        })
+    }
+
+    pub async fn getxattr(&self, c: &Creds, fid: Fid, name: &str) -> Result<Vec<u8>> {
+        let r = self.md_at(fid, c, &Request::Getxattr { fid, name: name.to_string() }).await?;
+        expect("getxattr", r, |r| match r {
+            Reply::Bytes(b) => Some(b),
+            _ => None,
+        })
+    }
+
+    /// `flags`: [`nacre_proto::mdt::xattr`] bits (create-only, replace-only).
+    pub async fn setxattr(&self, c: &Creds, fid: Fid, name: &str, value: &[u8], flags: u32) -> Result<()> {
+        let r = Request::Setxattr { fid, name: name.to_string(), value: value.to_vec(), flags };
+        self.md_at(fid, c, &r).await.map(|_| ())
+    }
+
+    pub async fn listxattr(&self, c: &Creds, fid: Fid) -> Result<Vec<String>> {
+        expect("listxattr", self.md_at(fid, c, &Request::Listxattr { fid }).await?, |r| match r {
+            Reply::Names(n) => Some(n),
+            _ => None,
+        })
+    }
+
+    pub async fn removexattr(&self, c: &Creds, fid: Fid, name: &str) -> Result<()> {
+        self.md_at(fid, c, &Request::Removexattr { fid, name: name.to_string() }).await.map(|_| ())
+    }
+
+    /// A file's layout and objects, or a directory's default layout (no objects).
+    pub async fn getlayout(&self, c: &Creds, fid: Fid) -> Result<Option<FileLayout>> {
+        let r = self.md_at(fid, c, &Request::Getlayout { fid }).await?;
+        let (layout, objects) = expect("getlayout", r, |r| match r {
+            Reply::Layout { layout, objects } => Some((layout, objects)),
+            _ => None,
+        })?;
+        if layout.is_empty() {
+            return Ok(None);
+        }
+        let layout = Layout::decode(&layout).map_err(|e| Error::protocol("layout", e))?;
+        Ok(Some(FileLayout { layout, objects }))
+    }
+
+    /// A file's layout (cached: a file's layout and objects do not change).
+    pub(crate) async fn file_layout(&self, c: &Creds, fid: Fid) -> Result<Arc<FileLayout>> {
+        if let Some(l) = lock(&self.inner.layouts).get(&fid) {
+            return Ok(l.clone());
+        }
+        let l = self
+            .getlayout(c, fid)
+            .await?
+            .ok_or_else(|| Error::new(errno::ENODATA, format!("{fid} has no layout (not a regular file?)")))?;
+        let l = Arc::new(l);
+        let mut m = lock(&self.inner.layouts);
+        if m.len() >= CACHE_MAX {
+            m.clear();
+        }
+        m.insert(fid, l.clone());
+        Ok(l)
+    }
+
+    /// Set (or with `None` remove) a directory's default layout, as `lfs setstripe DIR`.
+    pub async fn set_dir_layout(&self, c: &Creds, dir: Fid, layout: Option<&Layout>) -> Result<()> {
+        let layout = layout.map(Layout::encode).unwrap_or_default();
+        // A striped directory's default lives on its master and every shard.
+        let mut dirs = vec![dir];
+        if let Some(s) = self.stripe(c, dir, true).await? {
+            dirs.extend(s.shards.iter().copied());
+        }
+        for d in dirs {
+            self.md_at(d, c, &Request::Setdirlayout { dir: d, layout: layout.clone() }).await?;
+        }
+        Ok(())
+    }
+
+    /// A directory's stripes (if striped) and default for new subdirectories (if set).
+    pub async fn getdirstripe(&self, c: &Creds, dir: Fid) -> Result<(Option<DirStripe>, Option<DirDefault>)> {
+        let r = self.md_at(dir, c, &Request::Getdirstripe { dir }).await?;
+        let (stripe, default) = expect("getdirstripe", r, |r| match r {
+            Reply::DirStripe { stripe, default } => Some((stripe, default)),
+            _ => None,
+        })?;
+        let stripe = if stripe.is_empty() {
+            None
+        } else {
+            Some(DirStripe::decode(&stripe).map_err(|e| Error::protocol("stripe", e))?)
+        };
+        let default = if default.is_empty() {
+            None
+        } else {
+            Some(DirDefault::decode(&default).map_err(|e| Error::protocol("default", e))?)
+        };
+        Ok((stripe, default))
+    }
+
+    /// Set (or remove) the default of `dir`'s new subdirectories (`setdirstripe -D`).
+    pub async fn set_dir_default(&self, c: &Creds, dir: Fid, default: Option<&DirDefault>) -> Result<()> {
+        let default = default.map(DirDefault::encode).unwrap_or_default();
+        self.md_at(dir, c, &Request::Setdirdefault { dir, default }).await.map(|_| ())
+    }
+
+    /// Space and inodes over every target, with each target's line.
+    pub async fn statfs(&self, c: &Creds) -> Result<StatFs> {
+        let (mdts, osts) = self.targets();
+        let mut out = StatFs::default();
+        for i in mdts {
+            let r = self.md(i, c, &Request::Statfs, &[]).await?.0;
+            let (inodes, used, total) = expect("statfs", r, |r| match r {
+                Reply::StatFs { inodes, bytes_used, bytes_total } => Some((inodes, bytes_used, bytes_total)),
+                _ => None,
+            })?;
+            out.inodes += inodes;
+            out.targets.push(TargetUsage {
+                name: TargetKind::Mdt.name(&self.inner.fsname, i),
+                kind: TargetKind::Mdt,
+                index: i,
+                bytes_total: total,
+                bytes_used: used,
+                bytes_free: total.saturating_sub(used),
+                inodes,
+            });
+        }
+        for i in osts {
+            let (body, _) = self.ost_call(i, &ost::Request::Statfs { target: 0 }, &[]).await?;
+            let s = ost::decode_statfs(&body).map_err(|e| Error::protocol("OST statfs", e))?;
+            out.bytes_total += s.total_bytes;
+            out.bytes_free += s.free_bytes;
+            out.targets.push(TargetUsage {
+                name: TargetKind::Ost.name(&self.inner.fsname, i),
+                kind: TargetKind::Ost,
+                index: i,
+                bytes_total: s.total_bytes,
+                bytes_used: s.total_bytes.saturating_sub(s.free_bytes),
+                bytes_free: s.free_bytes,
+                inodes: s.objects,
+            });
+        }
+        // Files with only DoM data count against the MDTs; with OSTs the data lives there.
+        if out.bytes_total == 0 {
+            for t in &out.targets {
+                out.bytes_total += t.bytes_total;
+                out.bytes_free += t.bytes_free;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Open `fid`; `flags` as open(2)'s access mode, O_APPEND and O_TRUNC.
+    pub async fn open(&self, c: &Creds, fid: Fid, flags: OpenFlags) -> Result<File> {
+        File::open(self.clone(), c, fid, flags).await
+    }
+
+    pub(crate) fn add_writer(&self, fid: Fid) {
+        *lock(&self.inner.writers).entry(fid).or_default() += 1;
+    }
+
+    pub(crate) fn drop_writer(&self, fid: Fid) {
+        let mut w = lock(&self.inner.writers);
+        if let Some(n) = w.get_mut(&fid) {
+            *n -= 1;
+            if *n == 0 {
+                w.remove(&fid);
+            }
+        }
+    }
+
+    // ---- tunables ----
+
+    /// Client tunables matching `pattern` (`osc.*.max_rpcs_in_flight`, `llite.*.*`):
+    /// `osc.FSNAME-OSTxxxx-osc.KNOB` per OST, `llite.FSNAME.KNOB` for the mount.
+    pub fn get_param(&self, pattern: &str) -> Vec<(String, String)> {
+        let (_, osts) = self.targets();
+        let mut out = Vec::new();
+        for (scope, knob, value) in self.inner.params.list() {
+            let names: Vec<String> = match scope {
+                "osc" => osts
+                    .iter()
+                    .map(|&i| format!("osc.{}-osc.{knob}", TargetKind::Ost.name(&self.inner.fsname, i)))
+                    .collect(),
+                _ => vec![format!("llite.{}.{knob}", self.inner.fsname)],
+            };
+            for n in names {
+                if nacre_net::glob::glob(pattern, &n) {
+                    out.push((n, value.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Set the client tunables that `name` (which may hold globs) matches.
+    pub fn set_param(&self, name: &str, value: &str) -> Result<()> {
+        let matched: Vec<String> = self.get_param(name).into_iter().map(|(n, _)| n).collect();
+        if matched.is_empty() {
+            return Err(Error::new(errno::ENOENT, format!("no client parameter matches {name:?}")));
+        }
+        for n in matched {
+            let (scope, knob) = client_knob(&n).ok_or_else(|| Error::new(errno::EINVAL, n.clone()))?;
+            self.set_knob(scope, knob, value)?;
+        }
+        Ok(())
+    }
+
+    fn set_knob(&self, _scope: &str, knob: &str, value: &str) -> Result<()> {
+        self.inner.params.set(knob, value).map_err(|m| Error::new(errno::EINVAL, m))?;
+        if knob == "max_rpcs_in_flight" {
+            let n = self.inner.params.rpcs_in_flight.load(Ordering::Relaxed);
+            let t = self.inner.targets.read().unwrap_or_else(|e| e.into_inner());
+            for l in t.osts.values().chain(t.mdts.values()) {
+                l.gate.set(n);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `(scope, knob)` of a client parameter name: `osc.ANY.KNOB` or `llite.ANY.KNOB`.
+fn client_knob(name: &str) -> Option<(&str, &str)> {
+    let (scope, rest) = name.split_once('.')?;
+    let (_, knob) = rest.rsplit_once('.')?;
+    matches!(scope, "osc" | "llite").then_some((scope, knob))
+}
+
+/// The MDT that owns `fid`.
+pub(crate) fn mdt_of(fid: Fid) -> Result<u32> {
+    fid.mdt().ok_or_else(|| Error::new(errno::ESTALE, format!("{fid} belongs to no MDT")))
+}
+
+async fn fetch_config(client: &Client, mgs: &Nid, have: u64, wait_ms: u32) -> Result<Config> {
+    let imp = client.connect(mgs).await.map_err(|e| Error::rpc(&format!("MGS {mgs}"), e))?;
+    let (op, body) = mgs::Request::Config { have, wait_ms }.encode();
+    let f = imp.call(op, &body, &[]).await.map_err(|e| Error::rpc(&format!("MGS {mgs}"), e))?;
+    if f.header.status != 0 {
+        return Err(Error::from_reply(f.header.status, &f.body));
+    }
+    Config::decode(&f.body).map_err(|e| Error::protocol("MGS configuration", e))
+}
+
+/// Wait on the MGS for configuration changes and apply them, while the mount lives.
+async fn follow_config(fs: std::sync::Weak<Inner>, mut have: u64) {
+    loop {
+        let Some(inner) = fs.upgrade() else { return };
+        let (client, mgs) = (inner.client.clone(), inner.mgs.clone());
+        drop(inner);
+        match fetch_config(&client, &mgs, have, 30_000).await {
+            Ok(cfg) if cfg.version > have => {
+                let Some(inner) = fs.upgrade() else { return };
+                have = cfg.version;
+                FileSystem { inner }.apply_config(&cfg);
+            }
+            Ok(_) => {}
+            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    }
+}

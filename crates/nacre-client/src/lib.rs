@@ -1,0 +1,28 @@
+//! Nacre's client library: mount a file system from its MGS, run every metadata
+//! operation against the MDT that owns it, and read and write files through their
+//! layouts — split into per-object RPCs of up to `max_pages_per_rpc`, with at most
+//! `max_rpcs_in_flight` per OST, write-behind within `max_dirty_mb`, read-ahead within
+//! `max_read_ahead_mb`, and CRC-32C checksums when `checksums` is on.
+//!
+//! ```ignore
+//! let fs = FileSystem::mount(&"10.0.0.5@tcp:9000".parse()?, MountOptions::default()).await?;
+//! let c = Creds::default();
+//! let a = fs.create(&c, Fid::ROOT, "hello", 0o644, None).await?;
+//! let f = fs.open(&c, a.fid, OpenFlags::WRITE).await?;
+//! f.write(0, b"hello").await?;
+//! f.close().await?;
+//! ```
+
+pub mod error;
+pub mod file;
+pub mod fs;
+pub mod params;
+pub mod striping;
+
+pub use error::{Error, Result};
+pub use file::{File, OpenFlags};
+pub use fs::{FileSystem, MountOptions, StatFs, TargetUsage};
+pub use nacre_proto::fid::Fid;
+pub use nacre_proto::mdt::{Attr, Creds, DirEntry, SetAttr};
+pub use params::Tunables;
+pub use striping::FileLayout;

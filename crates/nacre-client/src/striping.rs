@@ -1,0 +1,267 @@
+//! Where a file's bytes live: a read or write split by the file's layout into pieces, one
+//! per object and RPC, and the file size that the objects' sizes imply (a glimpse).
+//!
+//! A component `[start, end)` striped over `count` objects with stripes of `size` bytes
+//! keeps byte `x` in object `(x - start) / size % count`, at offset
+//! `(x - start) / (size * count) * size + (x - start) % size` of it
+//! ([`nacre_proto::layout::stripe_of`]). A DoM component keeps its bytes on the MDT at
+//! their file offset.
+
+use nacre_proto::layout::{DEFAULT_STRIPE_SIZE, EOF, Kind, Layout, Striping, stripe_of};
+
+use crate::error::{Error, Result, errno};
+
+/// A file's layout with the objects the MDS gave each component: per component, (OST
+/// index, object id) per stripe. A component without objects (a DoM one, or a file made
+/// while no OST was there) has an empty list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileLayout {
+    pub layout: Layout,
+    pub objects: Vec<Vec<(u32, u64)>>,
+}
+
+/// Where one piece of an IO goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Place {
+    /// The file's DoM component, on its MDT, at the piece's file offset.
+    Mdt,
+    /// An OST object.
+    Object { ost: u32, oid: u64 },
+}
+
+/// One RPC's worth of an IO: `len` bytes at `offset` of `place`, gathered from (or
+/// scattered to) the spans `(file offset, length)` of the file, in object order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    pub place: Place,
+    pub offset: u64,
+    pub len: u64,
+    pub spans: Vec<(u64, u64)>,
+}
+
+impl FileLayout {
+    /// Split `[offset, offset + len)` of the file into pieces of at most `rpc_max` bytes,
+    /// joining the stripes that are adjacent in one object (a write of a whole stripe
+    /// width gives one piece per object). Bytes no component covers (past the end of a
+    /// DoM-only layout) are `EFBIG`; a striped component without objects is `ENOSPC`.
+    pub fn plan(&self, offset: u64, len: u64, rpc_max: u64) -> Result<Vec<Piece>> {
+        let rpc_max = rpc_max.max(1);
+        let end = offset.checked_add(len).ok_or_else(|| Error::new(errno::EFBIG, "offset and length overflow"))?;
+        let mut pieces: Vec<Piece> = Vec::new();
+        let mut x = offset;
+        while x < end {
+            let Some((ci, c)) = self.layout.component_at(x) else {
+                return Err(Error::new(
+                    errno::EFBIG,
+                    format!("byte {x} is past the file's last component (its layout ends there)"),
+                ));
+            };
+            let comp_end = if c.end == EOF { end } else { c.end.min(end) };
+            match &c.kind {
+                Kind::Mdt => {
+                    push(&mut pieces, Place::Mdt, x, x, comp_end - x, rpc_max);
+                    x = comp_end;
+                }
+                Kind::Stripes(s) => {
+                    let objects = self.objects.get(ci).map(Vec::as_slice).unwrap_or_default();
+                    if objects.is_empty() {
+                        return Err(Error::new(
+                            errno::ENOSPC,
+                            format!(
+                                "component {} of the file has no OST objects (no OST was there when it was made)",
+                                ci + 1
+                            ),
+                        ));
+                    }
+                    let size = stripe_size(s);
+                    while x < comp_end {
+                        let (stripe, at) = stripe_of(c.start, size, objects.len() as u32, x);
+                        let n = (size - (x - c.start) % size).min(comp_end - x);
+                        let (ost, oid) = objects[stripe as usize];
+                        push(&mut pieces, Place::Object { ost, oid }, at, x, n, rpc_max);
+                        x += n;
+                    }
+                }
+            }
+        }
+        pieces.sort_by_key(|p| (p.place, p.offset));
+        Ok(pieces)
+    }
+
+    /// The file size that objects of these sizes imply: one past the last byte any of
+    /// them holds. `sizes` gives each object's size, in the order of `objects`.
+    pub fn size_from_objects(&self, sizes: &[Vec<u64>]) -> u64 {
+        let mut file_size = 0;
+        for (ci, c) in self.layout.components.iter().enumerate() {
+            let Kind::Stripes(s) = &c.kind else { continue };
+            let count = self.objects.get(ci).map_or(0, Vec::len) as u64;
+            let size = stripe_size(s);
+            for (i, &object_size) in sizes.get(ci).map(Vec::as_slice).unwrap_or_default().iter().enumerate() {
+                if object_size == 0 || count == 0 {
+                    continue;
+                }
+                let last = object_size - 1;
+                let x = c.start + (last / size * count + i as u64) * size + last % size;
+                if x < c.end {
+                    file_size = file_size.max(x + 1);
+                }
+            }
+        }
+        file_size
+    }
+
+    /// Each object's size when the file is `file_size` bytes long: the part of
+    /// `[0, file_size)` that maps to it (what a truncate leaves in every object).
+    pub fn object_sizes(&self, file_size: u64) -> Vec<Vec<u64>> {
+        let mut out = Vec::with_capacity(self.layout.components.len());
+        for (ci, c) in self.layout.components.iter().enumerate() {
+            let objects = self.objects.get(ci).map_or(0, Vec::len) as u64;
+            let Kind::Stripes(s) = &c.kind else {
+                out.push(Vec::new());
+                continue;
+            };
+            let stop = file_size.min(c.end);
+            let within = stop.saturating_sub(c.start);
+            let size = stripe_size(s);
+            let mut sizes = vec![0u64; objects as usize];
+            if objects > 0 && within > 0 {
+                let width = size * objects;
+                let (rounds, rest) = (within / width, within % width);
+                for (i, v) in sizes.iter_mut().enumerate() {
+                    let tail = rest.saturating_sub(i as u64 * size).min(size);
+                    *v = rounds * size + tail;
+                }
+            }
+            out.push(sizes);
+        }
+        out
+    }
+}
+
+/// A component's stripe size (the MDS fills it in; an unset one is the default).
+fn stripe_size(s: &Striping) -> u64 {
+    if s.size == 0 { DEFAULT_STRIPE_SIZE } else { s.size }
+}
+
+/// Add `n` bytes at `offset` of `place` (file offset `file_offset`), joining the previous
+/// piece of the same place when they are adjacent and there is room.
+fn push(pieces: &mut Vec<Piece>, place: Place, offset: u64, file_offset: u64, n: u64, rpc_max: u64) {
+    let (mut offset, mut file_offset, mut n) = (offset, file_offset, n);
+    while n > 0 {
+        let open = pieces.iter_mut().rev().find(|p| p.place == place && p.offset + p.len == offset && p.len < rpc_max);
+        match open {
+            Some(p) => {
+                let take = n.min(rpc_max - p.len);
+                p.len += take;
+                match p.spans.last_mut() {
+                    Some(s) if s.0 + s.1 == file_offset => s.1 += take,
+                    _ => p.spans.push((file_offset, take)),
+                }
+                (offset, file_offset, n) = (offset + take, file_offset + take, n - take);
+            }
+            None => {
+                let take = n.min(rpc_max);
+                pieces.push(Piece { place, offset, len: take, spans: vec![(file_offset, take)] });
+                (offset, file_offset, n) = (offset + take, file_offset + take, n - take);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lfs(a: &str) -> Layout {
+        Layout::from_lfs_args(&a.split_whitespace().collect::<Vec<_>>()).unwrap()
+    }
+
+    fn with_objects(l: &str, counts: &[usize]) -> FileLayout {
+        let layout = lfs(l);
+        let mut next = 100;
+        let objects = counts
+            .iter()
+            .map(|&n| {
+                (0..n)
+                    .map(|i| {
+                        next += 1;
+                        (i as u32, next)
+                    })
+                    .collect()
+            })
+            .collect();
+        FileLayout { layout, objects }
+    }
+
+    /// Every byte of the range lands in exactly one piece, at the place the layout says.
+    fn check_cover(f: &FileLayout, offset: u64, len: u64, rpc_max: u64) {
+        let pieces = f.plan(offset, len, rpc_max).unwrap();
+        let mut seen = vec![false; len as usize];
+        for p in &pieces {
+            assert!(p.len <= rpc_max, "{p:?} over {rpc_max}");
+            assert_eq!(p.spans.iter().map(|s| s.1).sum::<u64>(), p.len);
+            let mut at = p.offset;
+            for &(fo, n) in &p.spans {
+                for k in 0..n {
+                    let x = fo + k;
+                    assert!(!seen[(x - offset) as usize], "byte {x} twice");
+                    seen[(x - offset) as usize] = true;
+                    let (ci, c) = f.layout.component_at(x).unwrap();
+                    match &c.kind {
+                        Kind::Mdt => assert_eq!((p.place, at + k), (Place::Mdt, x)),
+                        Kind::Stripes(s) => {
+                            let (i, o) = stripe_of(c.start, s.size, f.objects[ci].len() as u32, x);
+                            let (ost, oid) = f.objects[ci][i as usize];
+                            assert_eq!((p.place, at + k), (Place::Object { ost, oid }, o), "byte {x}");
+                        }
+                    }
+                }
+                at += n;
+            }
+        }
+        assert!(seen.iter().all(|&s| s), "bytes missing");
+    }
+
+    #[test]
+    fn pieces_cover_every_byte_once_where_the_layout_puts_it() {
+        let plain = with_objects("-c 3 -S 64K", &[3]);
+        check_cover(&plain, 0, 3 << 16, 1 << 20);
+        check_cover(&plain, 1000, 500_000, 128 << 10);
+        check_cover(&plain, 65_535, 2, 4096);
+        let pfl = with_objects("-E 128K -L mdt -E 1M -c 2 -S 64K -E -1 -c 3 -S 128K", &[0, 2, 3]);
+        check_cover(&pfl, 0, 3 << 20, 1 << 20);
+        check_cover(&pfl, 100_000, 1_200_000, 96 << 10);
+    }
+
+    #[test]
+    fn a_full_stripe_width_is_one_piece_per_object() {
+        let f = with_objects("-c 4 -S 1M", &[4]);
+        let pieces = f.plan(0, 16 << 20, 4 << 20).unwrap();
+        assert_eq!(pieces.len(), 4);
+        for p in &pieces {
+            assert_eq!((p.offset, p.len, p.spans.len()), (0, 4 << 20, 4));
+        }
+    }
+
+    #[test]
+    fn bytes_past_a_dom_only_layout_and_stripes_without_objects_are_refused() {
+        let dom = with_objects("-E 64K -L mdt", &[0]);
+        assert_eq!(dom.plan(60_000, 10_000, 1 << 20).unwrap_err().errno, errno::EFBIG);
+        assert!(dom.plan(0, 65_536, 1 << 20).is_ok());
+        let bare = with_objects("-c 2", &[0]);
+        assert_eq!(bare.plan(0, 1, 1 << 20).unwrap_err().errno, errno::ENOSPC);
+    }
+
+    #[test]
+    fn object_sizes_and_the_size_they_imply_agree() {
+        for (l, counts) in [("-c 3 -S 64K", vec![3]), ("-E 1M -c 2 -S 64K -E -1 -c 3 -S 128K", vec![2, 3])] {
+            let f = with_objects(l, &counts);
+            for size in [0, 1, 65_535, 65_536, 65_537, 200_000, 1 << 20, (1 << 20) + 5, 5_000_000] {
+                let sizes = f.object_sizes(size);
+                assert_eq!(f.size_from_objects(&sizes), size, "{l} at {size}: {sizes:?}");
+                let total: u64 = sizes.iter().flatten().sum();
+                assert_eq!(total, size, "{l}: the objects hold every byte once");
+            }
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! The client library against a whole file system in memory: striped, PFL and DoM files
+//! read back exactly as written (sparse parts as zeros), sizes from objects while open,
+//! two mounts sharing a file, truncates, metadata operations and their errors, striped
+//! directories over two MDTs, and the tunables.
+
+mod common;
+
+use common::{TestFs, pattern};
+use nacre_client::error::errno;
+use nacre_client::{Creds, Fid, FileSystem, OpenFlags, SetAttr};
+use nacre_proto::layout::Layout;
+use nacre_proto::mdt::set;
+
+fn lfs(a: &str) -> Layout {
+    Layout::from_lfs_args(&a.split_whitespace().collect::<Vec<_>>()).unwrap()
+}
+
+/// Write `data` at `offset` in calls of the sizes in `chunks` (cycled).
+async fn write_in(f: &nacre_client::File, offset: u64, data: &[u8], chunks: &[usize]) {
+    let mut at = 0;
+    for &n in chunks.iter().cycle() {
+        if at == data.len() {
+            break;
+        }
+        let n = n.min(data.len() - at);
+        assert_eq!(f.write(offset + at as u64, &data[at..at + n]).await.unwrap(), n);
+        at += n;
+    }
+}
+
+async fn read_all(fs: &FileSystem, fid: Fid, chunk: usize) -> Vec<u8> {
+    let f = fs.open(&Creds::default(), fid, OpenFlags::READ).await.unwrap();
+    let mut out = Vec::new();
+    loop {
+        let b = f.read(out.len() as u64, chunk).await.unwrap();
+        if b.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&b);
+    }
+    f.close().await.unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_of_every_layout_read_back_what_was_written() {
+    let t = TestFs::start(1, 3).await;
+    let fs = t.mount("c1").await;
+    let c = Creds::default();
+    for (name, layout) in [
+        ("plain", None),
+        ("wide", Some("-c 3 -S 64K")),
+        ("over", Some("-C 5 -S 64K")),
+        ("pfl", Some("-E 128K -L mdt -E 1M -c 2 -S 64K -E -1 -c 3 -S 128K")),
+    ] {
+        let l = layout.map(lfs);
+        let a = fs.create(&c, Fid::ROOT, name, 0o644, l.as_ref()).await.unwrap();
+        let f = fs.open(&c, a.fid, OpenFlags::WRITE).await.unwrap();
+        let data = pattern(a.fid.oid as u64, 3 << 20);
+        write_in(&f, 0, &data, &[1000, 70_000, 300_000, 4096, 1 << 20]).await;
+        // A sparse tail: a hole from 3 MiB to 5 MiB.
+        let tail = pattern(7, 12_345);
+        f.write(5 << 20, &tail).await.unwrap();
+        let size = (5 << 20) + tail.len() as u64;
+        assert_eq!(f.size_hint(), size);
+        f.close().await.unwrap();
+        assert_eq!(fs.getattr(&c, a.fid).await.unwrap().size, size, "{name}: size at the MDT after close");
+        let mut want = data.clone();
+        want.resize(5 << 20, 0);
+        want.extend_from_slice(&tail);
+        for chunk in [100_000, 1 << 20, 4096 * 3 + 7] {
+            let got = read_all(&fs, a.fid, chunk).await;
+            assert!(got == want, "{name}: read in {chunk}-byte calls differs (len {} vs {})", got.len(), want.len());
+        }
+        // Random reads, out of order, straddling stripes and the hole.
+        let f = fs.open(&c, a.fid, OpenFlags::READ).await.unwrap();
+        for (off, len) in [(5 << 20, 20_000), (65_530, 20), (1_000_000, 400_000), (3 << 20, 10), (0, 1)] {
+            let got = f.read(off, len).await.unwrap();
+            let end = (off as usize + len).min(want.len());
+            assert_eq!(got, &want[off as usize..end], "{name}: read of {len} at {off}");
+        }
+        f.close().await.unwrap();
+        let l = fs.getlayout(&c, a.fid).await.unwrap().unwrap();
+        match name {
+            "wide" => assert_eq!(l.objects[0].len(), 3),
+            "over" => assert_eq!(l.objects[0].len(), 5, "overstriping: 5 objects on 3 OSTs"),
+            "pfl" => assert_eq!(l.objects.iter().map(Vec::len).collect::<Vec<_>>(), vec![0, 2, 3]),
+            _ => {}
+        }
+    }
+    fs.unmount().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sizes_come_from_the_objects_while_open_and_from_the_mdt_after_close() {
+    let t = TestFs::start(1, 2).await;
+    let (a_fs, b_fs) = (t.mount("a").await, t.mount("b").await);
+    let c = Creds::default();
+    let a = a_fs.create(&c, Fid::ROOT, "grow", 0o644, Some(&lfs("-c 2 -S 64K"))).await.unwrap();
+    let f = a_fs.open(&c, a.fid, OpenFlags::WRITE).await.unwrap();
+    f.write(0, &pattern(1, 200_000)).await.unwrap();
+    f.fsync().await.unwrap();
+    assert_eq!(a_fs.getattr(&c, a.fid).await.unwrap().size, 200_000, "the writer glimpses");
+    // fsync published the size; a write after it is seen by the writer at once.
+    f.write(500_000, b"x").await.unwrap();
+    f.fsync().await.unwrap();
+    assert_eq!(a_fs.getattr(&c, a.fid).await.unwrap().size, 500_001);
+    f.close().await.unwrap();
+    let got = b_fs.getattr(&c, a.fid).await.unwrap();
+    assert_eq!(got.size, 500_001, "another mount sees the size after close");
+    let data = read_all(&b_fs, a.fid, 1 << 20).await;
+    assert_eq!(&data[..200_000], &pattern(1, 200_000)[..]);
+    assert!(data[200_000..500_000].iter().all(|&b| b == 0));
+    assert_eq!(data[500_000], b'x');
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_mounts_writing_disjoint_ranges_of_one_file_both_land() {
+    let t = TestFs::start(1, 3).await;
+    let (a_fs, b_fs) = (t.mount("a").await, t.mount("b").await);
+    let c = Creds::default();
+    let a = a_fs.create(&c, Fid::ROOT, "shared", 0o666, Some(&lfs("-c 3 -S 64K"))).await.unwrap();
+    let fa = a_fs.open(&c, a.fid, OpenFlags::READ_WRITE).await.unwrap();
+    let fb = b_fs.open(&c, a.fid, OpenFlags::READ_WRITE).await.unwrap();
+    // Interleaved, unaligned ranges: A has the even 100,000-byte blocks, B the odd.
+    let block = 100_000usize;
+    let whole = pattern(3, block * 20);
+    let (wa, wb) = tokio::join!(
+        async {
+            for i in (0..20).step_by(2) {
+                fa.write((i * block) as u64, &whole[i * block..(i + 1) * block]).await.unwrap();
+            }
+            fa.fsync().await.unwrap();
+        },
+        async {
+            for i in (1..20).step_by(2) {
+                fb.write((i * block) as u64, &whole[i * block..(i + 1) * block]).await.unwrap();
+            }
+            fb.fsync().await.unwrap();
+        }
+    );
+    let _ = (wa, wb);
+    // Each reads the other's bytes.
+    assert_eq!(fa.read(block as u64, block).await.unwrap(), &whole[block..2 * block]);
+    assert_eq!(fb.read(0, block).await.unwrap(), &whole[..block]);
+    fa.close().await.unwrap();
+    fb.close().await.unwrap();
+    assert!(read_all(&a_fs, a.fid, 333_333).await == whole);
+    assert!(read_all(&b_fs, a.fid, 1 << 20).await == whole);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncate_cuts_objects_and_extends_with_zeros() {
+    let t = TestFs::start(1, 2).await;
+    let fs = t.mount("c").await;
+    let c = Creds::default();
+    for (name, layout) in [("striped", "-c 2 -S 64K"), ("dom", "-E 64K -L mdt -E -1 -c 2 -S 64K")] {
+        let a = fs.create(&c, Fid::ROOT, name, 0o644, Some(&lfs(layout))).await.unwrap();
+        let data = pattern(9, 1 << 20);
+        let f = fs.open(&c, a.fid, OpenFlags::READ_WRITE).await.unwrap();
+        f.write(0, &data).await.unwrap();
+        f.set_len(100_000).await.unwrap();
+        assert_eq!(fs.getattr(&c, a.fid).await.unwrap().size, 100_000, "{name}");
+        f.set_len(300_000).await.unwrap();
+        let got = f.read(0, 1 << 20).await.unwrap();
+        assert_eq!(got.len(), 300_000, "{name}");
+        assert_eq!(&got[..100_000], &data[..100_000], "{name}");
+        assert!(got[100_000..].iter().all(|&b| b == 0), "{name}: the cut bytes came back");
+        f.close().await.unwrap();
+        // O_TRUNC empties it; the objects too.
+        let f = fs.open(&c, a.fid, OpenFlags { truncate: true, ..OpenFlags::WRITE }).await.unwrap();
+        f.close().await.unwrap();
+        assert_eq!(fs.getattr(&c, a.fid).await.unwrap().size, 0);
+        assert!(read_all(&fs, a.fid, 4096).await.is_empty());
+        // Truncate through setattr, on a closed file.
+        let f = fs.open(&c, a.fid, OpenFlags::WRITE).await.unwrap();
+        f.write(0, &data).await.unwrap();
+        f.close().await.unwrap();
+        fs.setattr(&c, a.fid, SetAttr { mask: set::SIZE, size: 70_000, ..SetAttr::default() }).await.unwrap();
+        assert_eq!(read_all(&fs, a.fid, 1 << 20).await, &data[..70_000]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_direct_and_bounded_write_behind() {
+    let t = TestFs::start(1, 2).await;
+    let fs = t.mount("c").await;
+    let c = Creds::default();
+    let a = fs.create(&c, Fid::ROOT, "log", 0o644, Some(&lfs("-c 2 -S 64K"))).await.unwrap();
+    let f = fs.open(&c, a.fid, OpenFlags::WRITE).await.unwrap();
+    f.write(0, b"first\n").await.unwrap();
+    f.close().await.unwrap();
+    let f = fs.open(&c, a.fid, OpenFlags { append: true, ..OpenFlags::WRITE }).await.unwrap();
+    for i in 0..100 {
+        // The offset is ignored: appends go to the end.
+        f.write(0, format!("line {i}\n").as_bytes()).await.unwrap();
+    }
+    f.close().await.unwrap();
+    let text = String::from_utf8(read_all(&fs, a.fid, 1000).await).unwrap();
+    assert!(text.starts_with("first\nline 0\nline 1\n") && text.ends_with("line 99\n"), "{text}");
+    // O_DIRECT: every call goes to the servers.
+    let d = fs.open(&c, a.fid, OpenFlags { direct: true, ..OpenFlags::READ_WRITE }).await.unwrap();
+    d.write(3, b"ST").await.unwrap();
+    assert_eq!(d.read(0, 6).await.unwrap(), b"firST\n");
+    d.close().await.unwrap();
+    // A 1 MiB dirty budget and a 12 MiB write: write-back keeps up, nothing is lost.
+    fs.set_param("llite.*.max_dirty_mb", "1").unwrap();
+    let big = fs.create(&c, Fid::ROOT, "big", 0o644, Some(&lfs("-c 2 -S 64K"))).await.unwrap();
+    let f = fs.open(&c, big.fid, OpenFlags::WRITE).await.unwrap();
+    let data = pattern(11, 12 << 20);
+    write_in(&f, 0, &data, &[256 << 10]).await;
+    f.close().await.unwrap();
+    assert!(read_all(&fs, big.fid, 1 << 20).await == data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_operations_and_their_errors() {
+    let t = TestFs::start(1, 1).await;
+    let fs = t.mount("c").await;
+    let c = Creds::default();
+    let d = fs.mkdir(&c, Fid::ROOT, "d", 0o755, -1, 0).await.unwrap();
+    for i in 0..25 {
+        fs.create(&c, d.fid, &format!("f{i:02}"), 0o644, None).await.unwrap();
+    }
+    assert_eq!(fs.create(&c, d.fid, "f00", 0o644, None).await.unwrap_err().errno, errno::EEXIST);
+    assert_eq!(fs.lookup(&c, d.fid, "nope").await.unwrap_err().errno, errno::ENOENT);
+    assert_eq!(fs.resolve(&c, "/d/f07").await.unwrap().fid, fs.lookup(&c, d.fid, "f07").await.unwrap().fid);
+    assert_eq!(fs.resolve(&c, "/d/nope/x").await.unwrap_err().errno, errno::ENOENT);
+    // Listing in pages of 7, resumed by cookie.
+    let mut names = Vec::new();
+    let mut cookie = 0;
+    loop {
+        let (entries, eof) = fs.readdir(&c, d.fid, cookie, 7).await.unwrap();
+        assert!(entries.len() <= 7);
+        for (e, a) in &entries {
+            assert_eq!(e.fid, a.fid);
+            names.push(e.name.clone());
+            cookie = e.cookie;
+        }
+        if eof {
+            break;
+        }
+    }
+    names.sort();
+    assert_eq!(names, (0..25).map(|i| format!("f{i:02}")).collect::<Vec<_>>());
+    // Rename: no-replace refuses, replace replaces.
+    assert_eq!(fs.rename(&c, d.fid, "f01", d.fid, "f02", true).await.unwrap_err().errno, errno::EEXIST);
+    let f1 = fs.lookup(&c, d.fid, "f01").await.unwrap();
+    fs.rename(&c, d.fid, "f01", Fid::ROOT, "moved", false).await.unwrap();
+    assert_eq!(fs.lookup(&c, Fid::ROOT, "moved").await.unwrap().fid, f1.fid);
+    // Links, symlinks, xattrs.
+    let l = fs.link(&c, f1.fid, d.fid, "again").await.unwrap();
+    assert_eq!(l.nlink, 2);
+    let s = fs.symlink(&c, d.fid, "sl", b"../moved").await.unwrap();
+    assert_eq!(fs.readlink(&c, s.fid).await.unwrap(), b"../moved");
+    fs.setxattr(&c, f1.fid, "user.k", b"v", 0).await.unwrap();
+    assert_eq!(fs.getxattr(&c, f1.fid, "user.k").await.unwrap(), b"v");
+    assert_eq!(fs.listxattr(&c, f1.fid).await.unwrap(), vec!["user.k".to_string()]);
+    fs.removexattr(&c, f1.fid, "user.k").await.unwrap();
+    assert_eq!(fs.getxattr(&c, f1.fid, "user.k").await.unwrap_err().errno, errno::ENODATA);
+    // Removing.
+    assert_eq!(fs.rmdir(&c, Fid::ROOT, "d").await.unwrap_err().errno, errno::ENOTEMPTY);
+    assert_eq!(fs.unlink(&c, Fid::ROOT, "d").await.unwrap_err().errno, errno::EISDIR);
+    assert_eq!(fs.create(&c, d.fid, &"n".repeat(256), 0o644, None).await.unwrap_err().errno, errno::ENAMETOOLONG);
+    let bad = fs.create(&c, d.fid, "bad", 0o644, Some(&Layout { components: vec![] })).await.unwrap_err();
+    assert_eq!(bad.errno, errno::EINVAL, "{bad}");
+    // A non-root user: permission bits hold.
+    let user = Creds { uid: 1000, gid: 1000, groups: vec![] };
+    assert_eq!(fs.create(&user, d.fid, "mine", 0o644, None).await.unwrap_err().errno, errno::EACCES);
+    assert_eq!(fs.open(&user, f1.fid, OpenFlags::WRITE).await.err().unwrap().errno, errno::EACCES);
+    // Space over every target: one MDT and one OST.
+    let s = fs.statfs(&c).await.unwrap();
+    assert_eq!(s.targets.len(), 2);
+    assert!(s.bytes_total > 0 && s.bytes_free <= s.bytes_total && s.inodes >= 27, "{s:?}");
+    assert_eq!(s.targets[1].name, "testfs-OST0000");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn striped_directories_route_every_name_to_its_shard() {
+    let t = TestFs::start(2, 1).await;
+    let fs = t.mount("c").await;
+    let c = Creds::default();
+    let sd = fs.mkdir(&c, Fid::ROOT, "striped", 0o755, -1, 2).await.unwrap();
+    let remote = fs.mkdir(&c, Fid::ROOT, "on1", 0o755, 1, 1).await.unwrap();
+    assert_eq!(remote.fid.mdt(), Some(1));
+    let (stripe, _) = fs.getdirstripe(&c, sd.fid).await.unwrap();
+    assert_eq!(stripe.unwrap().shards.len(), 2);
+    for i in 0..40 {
+        fs.create(&c, sd.fid, &format!("n{i}"), 0o644, None).await.unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut cookie = 0;
+    loop {
+        let (entries, eof) = fs.readdir(&c, sd.fid, cookie, 9).await.unwrap();
+        for (e, _) in &entries {
+            seen.push(e.name.clone());
+            cookie = e.cookie;
+        }
+        if eof {
+            break;
+        }
+    }
+    seen.sort();
+    let mut want: Vec<String> = (0..40).map(|i| format!("n{i}")).collect();
+    want.sort();
+    assert_eq!(seen, want);
+    let mut mdts = std::collections::BTreeSet::new();
+    for n in &seen {
+        mdts.insert(fs.lookup(&c, sd.fid, n).await.unwrap().fid.mdt());
+    }
+    assert_eq!(mdts.len(), 2, "the names are spread over both MDTs");
+    // Files on both MDTs, written and read through the shards.
+    let a = fs.lookup(&c, sd.fid, "n3").await.unwrap();
+    let f = fs.open(&c, a.fid, OpenFlags::WRITE).await.unwrap();
+    f.write(0, b"in a shard").await.unwrap();
+    f.close().await.unwrap();
+    assert_eq!(read_all(&fs, a.fid, 100).await, b"in a shard");
+    fs.rename(&c, sd.fid, "n3", sd.fid, "renamed", false).await.unwrap();
+    fs.rename(&c, sd.fid, "renamed", remote.fid, "there", false).await.unwrap();
+    assert_eq!(fs.lookup(&c, remote.fid, "there").await.unwrap().fid, a.fid);
+    for i in (0..40).filter(|&i| i != 3) {
+        fs.unlink(&c, sd.fid, &format!("n{i}")).await.unwrap();
+    }
+    assert!(fs.readdir(&c, sd.fid, 0, 100).await.unwrap().0.is_empty());
+    fs.rmdir(&c, Fid::ROOT, "striped").await.unwrap();
+    assert_eq!(fs.lookup(&c, Fid::ROOT, "striped").await.unwrap_err().errno, errno::ENOENT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunables_are_listed_checked_and_followed_from_the_mgs() {
+    let t = TestFs::start(1, 2).await;
+    let fs = t.mount("c").await;
+    let p = fs.get_param("osc.*.max_rpcs_in_flight");
+    assert_eq!(
+        p,
+        vec![
+            ("osc.testfs-OST0000-osc.max_rpcs_in_flight".to_string(), "8".to_string()),
+            ("osc.testfs-OST0001-osc.max_rpcs_in_flight".to_string(), "8".to_string()),
+        ]
+    );
+    fs.set_param("osc.*.max_pages_per_rpc", "16").unwrap();
+    assert_eq!(fs.get_param("osc.testfs-OST0000-osc.max_pages_per_rpc")[0].1, "16");
+    let e = fs.set_param("osc.*.max_pages_per_rpc", "0").unwrap_err();
+    assert!(e.errno == errno::EINVAL && e.message.contains("1..="), "{e}");
+    let e = fs.set_param("osc.*.max_pages_per_rpc", "lots").unwrap_err();
+    assert!(e.message.contains("not a number"), "{e}");
+    assert_eq!(fs.get_param("osc.testfs-OST0000-osc.max_pages_per_rpc")[0].1, "16", "a refused value changes nothing");
+    assert_eq!(fs.set_param("osc.*.no_such_knob", "1").unwrap_err().errno, errno::ENOENT);
+    assert_eq!(fs.set_param("osc.*.short_io_bytes", "1").unwrap_err().errno, errno::EINVAL);
+    // 64 KiB RPCs and checksums off still read back right.
+    fs.set_param("osc.*.checksums", "0").unwrap();
+    let c = Creds::default();
+    let a = fs.create(&c, Fid::ROOT, "small-rpcs", 0o644, Some(&lfs("-c 2 -S 64K"))).await.unwrap();
+    let f = fs.open(&c, a.fid, OpenFlags::WRITE).await.unwrap();
+    let data = pattern(5, 1 << 20);
+    f.write(0, &data).await.unwrap();
+    f.close().await.unwrap();
+    assert!(read_all(&fs, a.fid, 1 << 20).await == data);
+    // `set-param -P` on the MGS reaches mounted clients.
+    t.local.mgs_service().set_param("osc.*.max_rpcs_in_flight", "3").unwrap();
+    let started = std::time::Instant::now();
+    while fs.get_param("osc.testfs-OST0001-osc.max_rpcs_in_flight")[0].1 != "3" {
+        assert!(started.elapsed().as_secs() < 20, "the MGS's value never reached the client");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

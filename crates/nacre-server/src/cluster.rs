@@ -1,0 +1,212 @@
+//! Services wired into a file system: an MDT following the MGS's configuration (its DNE
+//! peers, OST pools and the OSTs it precreates on), and [`Local`], a whole file system —
+//! MGS, MDTs and OSTs — served from one process (`nacre up`, and tests).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nacre_net::client::{Client, ClientConfig};
+use nacre_net::nid::Nid;
+use nacre_net::server::{Server, ServerConfig};
+use nacre_net::transport::Transport;
+use nacre_osd::Target;
+use nacre_proto::mgs::{Config, Request, TargetEntry, TargetKind};
+
+use crate::dne::Coordinator;
+use crate::mds::Mds;
+use crate::mdt::Namespace;
+use crate::mgs::Mgs;
+use crate::objects::{ObjectService, OstLink, PRECREATE_BATCH};
+use crate::oss::{Oss, OssConfig};
+
+/// Follow the file system's targets in the MGS's configuration, for as long as the task
+/// runs: tell the coordinator of operations over several MDTs where the other MDTs are,
+/// keep the OST pools, and whenever the set of OSTs changes, connect to each and
+/// (re)start the precreate and destroy tasks over them. Each OST is target 0 of the
+/// server at its NID.
+pub async fn follow_config(client: Client, mgs: Nid, ns: Arc<Namespace>, dne: Arc<Coordinator>) {
+    let mut have = 0;
+    let mut current: Vec<(u32, String)> = Vec::new();
+    let mut service: Option<ObjectService> = None;
+    loop {
+        let fetched = async {
+            let imp = client.connect(&mgs).await.ok()?;
+            let (op, body) = Request::Config { have, wait_ms: 30_000 }.encode();
+            let f = imp.call(op, &body, &[]).await.ok()?;
+            (f.header.status == 0).then(|| Config::decode(&f.body).ok()).flatten()
+        }
+        .await;
+        let Some(cfg) = fetched else {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        };
+        have = cfg.version;
+        let mdts: HashMap<u32, Nid> = cfg
+            .targets
+            .iter()
+            .filter(|t| t.kind == TargetKind::Mdt && t.index != ns.index())
+            .filter_map(|t| Some((t.index, t.nids.first()?.parse().ok()?)))
+            .collect();
+        let count = cfg.targets.iter().filter(|t| t.kind == TargetKind::Mdt).map(|t| t.index + 1).max().unwrap_or(1);
+        dne.set_peers(count, client.clone(), mdts);
+        ns.set_ost_pools(nacre_proto::layout::pools::from_params(
+            cfg.params.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+        ));
+        let osts: Vec<(u32, String)> = cfg
+            .targets
+            .iter()
+            .filter(|t| t.kind == TargetKind::Ost)
+            .filter_map(|t| t.nids.first().map(|n| (t.index, n.clone())))
+            .collect();
+        if osts == current {
+            continue;
+        }
+        let mut links = Vec::new();
+        for (index, nid) in &osts {
+            let Ok(nid) = nid.parse::<Nid>() else { continue };
+            if let Ok(import) = client.connect(&nid).await {
+                links.push(OstLink { index: *index, import, target: 0 });
+            }
+        }
+        let complete = links.len() == osts.len();
+        drop(service.take());
+        service = Some(ObjectService::start(ns.clone(), links, PRECREATE_BATCH));
+        if complete {
+            current = osts;
+        } else {
+            // Some OST did not answer: ask again soon rather than at the next change.
+            have = 0;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+}
+
+/// A whole file system served from this process: the MGS, each MDT and each OST on a
+/// server of its own. Dropping it stops every service.
+pub struct Local {
+    mgs: Arc<Mgs>,
+    mgs_nid: Nid,
+    mdses: Vec<Arc<Mds>>,
+    osses: Vec<Arc<Oss>>,
+    servers: Vec<Server>,
+    followers: Vec<tokio::task::AbortHandle>,
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        for f in &self.followers {
+            f.abort();
+        }
+    }
+}
+
+impl Local {
+    /// Serve `mgs`, the MDTs `mdts` (in index order) and the OSTs `osts` (index = place
+    /// in the list) on `transport`. `listen(name)` gives where each service listens
+    /// (`name` is `mgs`, `mdt0`, `ost3`…; a TCP port of 0 takes any free one).
+    pub async fn start(
+        transport: Arc<dyn Transport>,
+        listen: impl Fn(&str) -> Nid,
+        mgs: Arc<Mgs>,
+        mdts: Vec<Arc<Namespace>>,
+        osts: Vec<Arc<Target>>,
+    ) -> Result<Local, String> {
+        let fsname = mgs.config().fsname;
+        let serve = |name: String, handler| {
+            let nid = listen(&name);
+            let transport = transport.clone();
+            async move {
+                Server::start(transport, &nid, handler, ServerConfig::default())
+                    .await
+                    .map_err(|e| format!("{name}: cannot listen on {nid}: {e}"))
+            }
+        };
+        let register = |kind: TargetKind, index: u32, nid: &Nid| {
+            mgs.register(&fsname, &TargetEntry { kind, index, nids: vec![nid.to_string()] })
+                .map(|_| ())
+                .map_err(|e| format!("registering {}: {e}", kind.name(&fsname, index)))
+        };
+        let mut servers = Vec::new();
+        let mgs_server = serve("mgs".into(), mgs.handler()).await?;
+        let mgs_nid = mgs_server.nid();
+        servers.push(mgs_server);
+        let mut osses = Vec::new();
+        for (i, t) in osts.into_iter().enumerate() {
+            let oss = Oss::new(vec![t], OssConfig::default());
+            let server = serve(format!("ost{i}"), oss.handler()).await?;
+            oss.attach(server.handle());
+            register(TargetKind::Ost, i as u32, &server.nid())?;
+            servers.push(server);
+            osses.push(oss);
+        }
+        let mut mdses = Vec::new();
+        let mut followers = Vec::new();
+        for ns in mdts {
+            let index = ns.index();
+            let name = format!("mdt{index}");
+            let mds = Mds::new(&name, ns.clone());
+            let server = serve(name, mds.handler()).await?;
+            mds.follow_evictions(server.handle());
+            register(TargetKind::Mdt, index, &server.nid())?;
+            servers.push(server);
+            let client = Client::new(transport.clone(), ClientConfig::default());
+            let task = tokio::spawn(follow_config(client, mgs_nid.clone(), ns, mds.coordinator().clone()));
+            followers.push(task.abort_handle());
+            mdses.push(mds);
+        }
+        // Operations over several MDTs a stop cut short: finished now that every MDT
+        // is reachable.
+        for mds in &mdses {
+            let m = mds.clone();
+            tokio::task::spawn_blocking(move || m.recover())
+                .await
+                .map_err(|e| format!("recovery: {e}"))?
+                .map_err(|e| format!("recovery: {e}"))?;
+        }
+        Ok(Local { mgs, mgs_nid, mdses, osses, servers, followers })
+    }
+
+    /// Where clients mount from.
+    pub fn mgs(&self) -> &Nid {
+        &self.mgs_nid
+    }
+
+    /// The MGS itself (`set-param -P` without a round trip).
+    pub fn mgs_service(&self) -> &Arc<Mgs> {
+        &self.mgs
+    }
+
+    pub fn mdses(&self) -> &[Arc<Mds>] {
+        &self.mdses
+    }
+
+    pub fn osses(&self) -> &[Arc<Oss>] {
+        &self.osses
+    }
+
+    /// Every service's name and NID, MGS first.
+    pub fn nids(&self) -> Vec<Nid> {
+        self.servers.iter().map(Server::nid).collect()
+    }
+
+    /// Wait until every MDT has precreated objects on every OST (a create right after
+    /// start then gets its stripes); at most `limit`.
+    pub async fn wait_ready(&self, limit: Duration) -> bool {
+        let osts = self.osses.len();
+        let started = tokio::time::Instant::now();
+        loop {
+            let ready = self.mdses.iter().all(|m| {
+                let levels = m.namespace().pool_levels();
+                levels.len() >= osts && levels.iter().all(|(_, n)| *n > 0)
+            });
+            if ready || osts == 0 {
+                return true;
+            }
+            if started.elapsed() > limit {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
