@@ -20,7 +20,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinHandle;
 
 use crate::error::{Error, Result, errno};
-use crate::fs::{FileSystem, mdt_of};
+use crate::fs::{FileSystem, all, mdt_of};
 use crate::striping::{FileLayout, Piece, Place};
 
 /// Largest DoM read or write in one RPC (the MDS's `DOM_IO_MAX`).
@@ -302,14 +302,7 @@ impl File {
                     r
                 });
             }
-            let mut first = Ok(());
-            while let Some(r) = set.join_next().await {
-                let r = r.map_err(|e| Error::new(errno::EIO, format!("write-back task: {e}"))).and_then(|r| r);
-                if first.is_ok() {
-                    first = r;
-                }
-            }
-            first
+            all(set, "write-back").await.map(|_| ())
         });
         st.flushing.push(Flush { start, end, task });
     }
@@ -325,6 +318,24 @@ impl File {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// Send every dirty byte and wait for it, without the OST sync and MDT update of
+    /// `fsync`: what a `close(2)` of one descriptor needs. Returns the first write-back
+    /// failure since the last call.
+    pub async fn write_back(&self) -> Result<()> {
+        let mut st = self.st.lock().await;
+        self.flush(&mut st).await
+    }
+
+    /// Drop read-ahead data (another handle of this mount wrote the file).
+    pub async fn forget_cache(&self) {
+        self.st.lock().await.ra.chunks.clear();
+    }
+
+    /// Whether writes wait in this handle's write-behind (no RPC).
+    pub fn may_be_dirty(&self) -> bool {
+        self.st.try_lock().map_or(true, |st| !st.dirty.is_empty() || !st.flushing.is_empty())
     }
 
     /// Read up to `len` bytes at `offset`; fewer at the end of the file.
@@ -586,14 +597,7 @@ pub(crate) async fn write_range(
             }
         });
     }
-    let mut first = Ok(());
-    while let Some(r) = set.join_next().await {
-        let r = r.map_err(|e| Error::new(errno::EIO, format!("write task: {e}"))).and_then(|r| r);
-        if first.is_ok() {
-            first = r;
-        }
-    }
-    first
+    all(set, "write").await.map(|_| ())
 }
 
 /// Read `len` bytes at `offset` of the file, every piece in parallel; holes and bytes
@@ -651,8 +655,7 @@ pub(crate) async fn read_range(
         });
     }
     let mut out = vec![0u8; len as usize];
-    while let Some(r) = set.join_next().await {
-        let (p, data) = r.map_err(|e| Error::new(errno::EIO, format!("read task: {e}")))??;
+    for (p, data) in all(set, "read").await? {
         let mut at = 0usize;
         for &(fo, n) in &p.spans {
             let dst = (fo - offset) as usize;

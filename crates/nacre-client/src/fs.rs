@@ -342,13 +342,13 @@ impl FileSystem {
             let mut set = tokio::task::JoinSet::new();
             for (i, &(ost, oid)) in comp.iter().enumerate() {
                 let fs = self.clone();
-                set.spawn(async move { (i, fs.ost_call(ost, &ost::Request::Getattr { target: 0, oid }, &[]).await) });
+                set.spawn(async move {
+                    let (body, _) = fs.ost_call(ost, &ost::Request::Getattr { target: 0, oid }, &[]).await?;
+                    Ok((i, ost::decode_attr(&body).map_err(|e| Error::protocol("OST getattr", e))?))
+                });
             }
             let mut got = vec![0u64; comp.len()];
-            while let Some(r) = set.join_next().await {
-                let (i, r) = r.map_err(|e| Error::new(errno::EIO, format!("glimpse task: {e}")))?;
-                let (body, _) = r?;
-                let oa = ost::decode_attr(&body).map_err(|e| Error::protocol("OST getattr", e))?;
+            for (i, oa) in all(set, "glimpse").await? {
                 got[i] = oa.size;
                 space += oa.space;
             }
@@ -595,10 +595,7 @@ impl FileSystem {
                 set.spawn(async move { fs.ost_call(ost, &ost::Request::Truncate { target: 0, oid, size }, &[]).await });
             }
         }
-        while let Some(r) = set.join_next().await {
-            r.map_err(|e| Error::new(errno::EIO, format!("truncate task: {e}")))??;
-        }
-        Ok(())
+        all(set, "truncate").await.map(|_| ())
     }
 
     pub async fn readlink(&self, c: &Creds, fid: Fid) -> Result<Vec<u8>> {
@@ -825,6 +822,23 @@ fn client_knob(name: &str) -> Option<(&str, &str)> {
     let (scope, rest) = name.split_once('.')?;
     let (_, knob) = rest.rsplit_once('.')?;
     matches!(scope, "osc" | "llite").then_some((scope, knob))
+}
+
+/// Wait for every task of `set` and give their results; a failure does not stop the
+/// others (a task dropped mid-RPC would cut its frame and break the connection for every
+/// request on it), the first one is returned once all are done.
+pub(crate) async fn all<T: 'static>(mut set: tokio::task::JoinSet<Result<T>>, what: &str) -> Result<Vec<T>> {
+    let mut out = Vec::with_capacity(set.len());
+    let mut first = None;
+    while let Some(r) = set.join_next().await {
+        match r.map_err(|e| Error::new(errno::EIO, format!("{what} task: {e}"))).and_then(|r| r) {
+            Ok(v) => out.push(v),
+            Err(e) => {
+                first.get_or_insert(e);
+            }
+        }
+    }
+    first.map_or(Ok(out), Err)
 }
 
 /// The MDT that owns `fid`.

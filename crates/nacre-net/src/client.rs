@@ -97,6 +97,8 @@ struct Shared {
     /// One import per server: imports share the client's identity, so two would take
     /// each other's export.
     imports: Mutex<HashMap<Nid, Weak<Import>>>,
+    /// Held while an import is being made.
+    making: tokio::sync::Mutex<()>,
     transport: Arc<dyn Transport>,
     cfg: ClientConfig,
     id: u64,
@@ -124,6 +126,7 @@ impl Client {
         Client {
             shared: Arc::new(Shared {
                 imports: Mutex::new(HashMap::new()),
+                making: tokio::sync::Mutex::new(()),
                 transport,
                 ni: CreditPool::new(cfg.credits),
                 faults: Arc::new(FaultInjector::new(ids.next())),
@@ -152,6 +155,14 @@ impl Client {
     /// Connect to a server: the first connection is opened (and its errors returned)
     /// now, the others of `conns_per_peer` as requests need them.
     pub async fn connect(&self, target: &Nid) -> Result<Arc<Import>, RpcError> {
+        let existing = lock(&self.shared.imports).get(target).and_then(Weak::upgrade);
+        if let Some(import) = existing {
+            import.connection().await?;
+            return Ok(import);
+        }
+        // One import per server: callers racing to make the first wait for the one that
+        // does (two would each claim the export, and the loser's requests be lost).
+        let _making = self.shared.making.lock().await;
         let existing = lock(&self.shared.imports).get(target).and_then(Weak::upgrade);
         if let Some(import) = existing {
             import.connection().await?;

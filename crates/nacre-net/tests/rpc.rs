@@ -105,6 +105,35 @@ async fn bulk_round_trips_exactly_over_tcp_with_several_connections() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_racing_to_connect_share_one_import_and_lose_nothing() {
+    let probe = Arc::new(Probe::default());
+    let nid: Nid = "127.0.0.1@tcp:0".parse().unwrap();
+    let server = Server::start(Arc::new(TcpTransport), &nid, echo(probe, Duration::ZERO), ServerConfig::default())
+        .await
+        .unwrap();
+    let client = Client::new(Arc::new(TcpTransport), ClientConfig::default());
+    // Tasks connect at once and call at once: each call answers, none of them is told its
+    // export was lost (two imports would each claim the client's export).
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..32u8 {
+        let (client, nid) = (client.clone(), server.nid());
+        set.spawn(async move {
+            let imp = client.connect(&nid).await.unwrap();
+            let r = imp.call(OP_ECHO, &[i], &[]).await.unwrap();
+            assert_eq!(r.body, [i]);
+            imp
+        });
+    }
+    let mut imports = Vec::new();
+    while let Some(r) = set.join_next().await {
+        imports.push(r.unwrap());
+    }
+    assert!(imports.iter().all(|i| Arc::ptr_eq(i, &imports[0])), "one import per server");
+    assert_eq!(imports[0].stats().evictions, 0);
+    assert_eq!(server.stats().exports, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_stays_within_request_buffers_threads_and_in_flight_bounds() {
     let probe = Arc::new(Probe::default());
     let scfg = ServerConfig {

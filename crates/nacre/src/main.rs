@@ -3,6 +3,7 @@
 //! file system's services join as they land.
 
 mod bench;
+mod fsys;
 mod mdt;
 mod mgs;
 mod net;
@@ -10,6 +11,7 @@ mod ost;
 mod raid;
 mod service;
 mod size;
+mod up;
 
 use clap::{Parser, Subcommand};
 
@@ -60,6 +62,31 @@ enum Command {
     /// Benchmarks of the services' layers (`ost`: the object store, `mds`: metadata).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Start a whole file system on this machine (MGS, MDTs, OSTs over drive files in
+    /// `--data`), mount it if asked, and return once it serves. Again on the same folder:
+    /// the same file system, with its data.
+    Up(up::UpArgs),
+    /// Stop the file system `up` started in `--data` (and its mount); returns once stopped.
+    Down(up::DownArgs),
+    /// Mount a file system from its MGS (FUSE); returns once mounted.
+    Mount(fsys::MountArgs),
+    /// Unmount a Nacre mount.
+    Umount(fsys::PathArg),
+    /// Set a directory's default layout or make a file with a layout (`lfs setstripe`).
+    Setstripe(fsys::SetstripeArgs),
+    /// Show a file's layout and objects, or a directory's default (`lfs getstripe`).
+    Getstripe(fsys::PathArg),
+    /// Make a directory striped over MDTs, or with -D set the default of new
+    /// subdirectories (`lfs setdirstripe`).
+    Setdirstripe(fsys::SetdirstripeArgs),
+    /// Show a directory's stripes over MDTs and its default (`lfs getdirstripe`).
+    Getdirstripe(fsys::PathArg),
+    /// Make a directory on a given MDT (`lfs mkdir -i`).
+    Mkdir(fsys::MkdirArgs),
+    /// Space of every target of the file system holding PATH (`lfs df`).
+    Df(fsys::PathArg),
+    /// Find files by name, type, size, mtime, stripe count or OST (`lfs find`).
+    Find(fsys::FindArgs),
 }
 
 fn set_param(server: &nacre_net::nid::Nid, permanent: bool, setting: &str) -> Result<(), Box<dyn std::error::Error>> {
@@ -110,6 +137,17 @@ fn main() {
         Command::Raid(cmd) => raid::run(cmd),
         Command::Net(cmd) => net::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Up(a) => up::up(a),
+        Command::Down(a) => up::down(a),
+        Command::Mount(a) => fsys::mount(a),
+        Command::Umount(a) => fsys::unmount(&a.path, false),
+        Command::Setstripe(a) => fsys::setstripe(a),
+        Command::Getstripe(a) => fsys::getstripe(a),
+        Command::Setdirstripe(a) => fsys::setdirstripe(a),
+        Command::Getdirstripe(a) => fsys::getdirstripe(a),
+        Command::Mkdir(a) => fsys::mkdir(a),
+        Command::Df(a) => fsys::df(a),
+        Command::Find(a) => fsys::find(a),
         Command::Ost(cmd) => ost::run(cmd),
         Command::Mdt(cmd) => mdt::run(cmd),
         Command::Mgs(cmd) => mgs::run(cmd),

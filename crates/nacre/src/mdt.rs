@@ -93,37 +93,50 @@ fn run_op(ns: &Namespace, dir: Fid, op: &MdtOp) -> Result<(), nacre_server::mdt:
     }
 }
 
+/// Make a new metadata target in `dir`: drive files, a RAID10 volume (RAID1 with two
+/// drives) and an empty namespace; returns the line that describes it.
+pub fn format(
+    dir: &Path,
+    name: &str,
+    index: u32,
+    size: u64,
+    drives: usize,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let dir = dir.to_path_buf();
+    if !(2..=16).contains(&drives) || !drives.is_multiple_of(2) {
+        return Err(format!("--drives {drives}: 2 (RAID1) or an even number up to 16 (RAID10)").into());
+    }
+    if size < 16 << 20 {
+        return Err(format!("--size {size}: at least 16M per drive").into());
+    }
+    if dir.exists() && std::fs::read_dir(&dir)?.next().is_some() {
+        return Err(format!("{} is not empty: a target is there already", dir.display()).into());
+    }
+    std::fs::create_dir_all(&dir)?;
+    let devs: Vec<Arc<dyn BlockDevice>> = (0..drives)
+        .map(|i| {
+            FileDrive::create_file(&dir.join(format!("{name}-{i:02}")), size)
+                .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
+        })
+        .collect::<Result<_, _>>()?;
+    let level = if drives == 2 { Level::Raid1 } else { Level::Raid10 };
+    let mut o = CreateOptions::new(name, level);
+    o.strip_bytes = 256 << 10;
+    let vol = Volume::create(devs, &o, &VolumeOptions::default())?;
+    let ns = Namespace::format(Arc::new(vol), index, NamespaceOptions::default())?;
+    let s = ns.statfs()?;
+    Ok(format!(
+        "metadata target {name} (MDT {index}): {} MiB for the namespace on {}, in {}",
+        s.bytes_total >> 20,
+        if drives == 2 { "RAID1".to_string() } else { format!("RAID10 of {drives}") },
+        dir.display()
+    ))
+}
+
 pub fn run(cmd: MdtCommand) -> CliResult {
     match cmd {
         MdtCommand::Format { dir, name, index, size, drives } => {
-            if !(2..=16).contains(&drives) || drives % 2 != 0 {
-                return Err(format!("--drives {drives}: 2 (RAID1) or an even number up to 16 (RAID10)").into());
-            }
-            if size < 16 << 20 {
-                return Err(format!("--size {size}: at least 16M per drive").into());
-            }
-            if dir.exists() && std::fs::read_dir(&dir)?.next().is_some() {
-                return Err(format!("{} is not empty: a target is there already", dir.display()).into());
-            }
-            std::fs::create_dir_all(&dir)?;
-            let devs: Vec<Arc<dyn BlockDevice>> = (0..drives)
-                .map(|i| {
-                    FileDrive::create_file(&dir.join(format!("{name}-{i:02}")), size)
-                        .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
-                })
-                .collect::<Result<_, _>>()?;
-            let level = if drives == 2 { Level::Raid1 } else { Level::Raid10 };
-            let mut o = CreateOptions::new(&name, level);
-            o.strip_bytes = 256 << 10;
-            let vol = Volume::create(devs, &o, &VolumeOptions::default())?;
-            let ns = Namespace::format(Arc::new(vol), index, NamespaceOptions::default())?;
-            let s = ns.statfs()?;
-            println!(
-                "metadata target {name} (MDT {index}): {} MiB for the namespace on {}, in {}",
-                s.bytes_total >> 20,
-                if drives == 2 { "RAID1".to_string() } else { format!("RAID10 of {drives}") },
-                dir.display()
-            );
+            println!("{}", format(&dir, &name, index, size, drives)?);
             Ok(())
         }
         MdtCommand::Stat { dir, name } => {

@@ -46,28 +46,35 @@ pub enum MgsCommand {
 
 type CliResult = Result<(), Box<dyn std::error::Error>>;
 
-fn open(dir: &Path) -> Result<Mgs, Box<dyn std::error::Error>> {
+pub fn open(dir: &Path) -> Result<Mgs, Box<dyn std::error::Error>> {
     Ok(Mgs::open(crate::service::assemble(dir, "mgs")?)?)
+}
+
+/// Make a new MGS in `dir` for file system `fsname`: two drive files in a RAID1 and an
+/// empty configuration; returns the line that describes it.
+pub fn format(dir: &Path, fsname: &str) -> Result<String, Box<dyn std::error::Error>> {
+    let (dir, fsname) = (dir.to_path_buf(), fsname.to_string());
+    if dir.exists() && std::fs::read_dir(&dir)?.next().is_some() {
+        return Err(format!("{} is not empty: an MGS is there already", dir.display()).into());
+    }
+    std::fs::create_dir_all(&dir)?;
+    let devs: Vec<Arc<dyn BlockDevice>> = (0..2)
+        .map(|i| {
+            FileDrive::create_file(&dir.join(format!("mgs-{i:02}")), 64 << 20)
+                .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
+        })
+        .collect::<Result<_, _>>()?;
+    let mut o = CreateOptions::new("mgs", Level::Raid1);
+    o.strip_bytes = 64 << 10;
+    let vol = Volume::create(devs, &o, &VolumeOptions::default())?;
+    Mgs::format(Arc::new(vol), &fsname)?;
+    Ok(format!("MGS of file system {fsname} in {}", dir.display()))
 }
 
 pub fn run(cmd: MgsCommand) -> CliResult {
     match cmd {
         MgsCommand::Format { dir, fsname } => {
-            if dir.exists() && std::fs::read_dir(&dir)?.next().is_some() {
-                return Err(format!("{} is not empty: an MGS is there already", dir.display()).into());
-            }
-            std::fs::create_dir_all(&dir)?;
-            let devs: Vec<Arc<dyn BlockDevice>> = (0..2)
-                .map(|i| {
-                    FileDrive::create_file(&dir.join(format!("mgs-{i:02}")), 64 << 20)
-                        .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
-                })
-                .collect::<Result<_, _>>()?;
-            let mut o = CreateOptions::new("mgs", Level::Raid1);
-            o.strip_bytes = 64 << 10;
-            let vol = Volume::create(devs, &o, &VolumeOptions::default())?;
-            Mgs::format(Arc::new(vol), &fsname)?;
-            println!("MGS of file system {fsname} in {}", dir.display());
+            println!("{}", format(&dir, &fsname)?);
             Ok(())
         }
         MgsCommand::Serve { dir, listen } => {

@@ -96,62 +96,74 @@ pub fn open(dir: &Path, name: &str) -> Result<Target, Box<dyn std::error::Error>
     Ok(Target::open(data, meta, TargetOptions::default())?)
 }
 
+/// The layout of a new object storage target.
+pub struct OstFormat {
+    pub size: u64,
+    pub data_drives: usize,
+    pub strip: u64,
+    pub index_size: u64,
+    pub index_drives: usize,
+}
+
+/// Make a new target in `dir`: drive files, its two volumes and an empty object store;
+/// returns the line that describes it.
+pub fn format(dir: &Path, name: &str, f: &OstFormat) -> Result<String, Box<dyn std::error::Error>> {
+    let OstFormat { size, data_drives, strip, index_size, index_drives } = *f;
+    let dir = dir.to_path_buf();
+    if !(4..=64).contains(&data_drives) {
+        return Err(format!("--data-drives {data_drives}: RAID6 takes 4 to 64").into());
+    }
+    if !(2..=16).contains(&index_drives) || index_drives % 2 != 0 {
+        return Err(format!("--index-drives {index_drives}: 2 (RAID1) or an even number up to 16 (RAID10)").into());
+    }
+    let (data_dir, index_dir) = volume_dirs(&dir);
+    for d in [&data_dir, &index_dir] {
+        if d.exists() && std::fs::read_dir(d)?.next().is_some() {
+            return Err(format!("{} is not empty: a target is there already", d.display()).into());
+        }
+        std::fs::create_dir_all(d)?;
+    }
+    let k = data_drives as u64 - 2;
+    // Each drive: its share of the data, whole strips, plus the superblock area.
+    let drive = (size / k).div_ceil(strip) * strip + (2 << 20);
+    let mk =
+        |dir: &Path, prefix: &str, n: usize, bytes: u64| -> Result<Vec<Arc<dyn BlockDevice>>, nacre_raid::RaidError> {
+            (0..n)
+                .map(|i| {
+                    FileDrive::create_file(&dir.join(format!("{prefix}-{i:02}")), bytes)
+                        .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
+                })
+                .collect()
+        };
+    let mut d = CreateOptions::new(name, Level::Raid6);
+    d.strip_bytes = strip;
+    let data = Volume::create(mk(&data_dir, name, data_drives, drive)?, &d, &VolumeOptions::default())?;
+    // RAID10 takes 47,008-byte journal records faster than RAID1 (see the OST
+    // bench); two drives make a RAID1.
+    let level = if index_drives == 2 { Level::Raid1 } else { Level::Raid10 };
+    let mut m = CreateOptions::new(&format!("{name}-index"), level);
+    m.strip_bytes = if index_drives == 2 { 1 << 20 } else { 256 << 10 };
+    let meta = Volume::create(
+        mk(&index_dir, &format!("{name}-index"), index_drives, index_size)?,
+        &m,
+        &VolumeOptions::default(),
+    )?;
+    let t = Target::format(Arc::new(data), Arc::new(meta), TargetOptions::default())?;
+    let s = t.statfs()?;
+    Ok(format!(
+        "target {name}: {} MiB of objects in {} KiB chunks (RAID6 {}+2), index and journal on {}, in {}",
+        s.total_bytes >> 20,
+        s.chunk_bytes >> 10,
+        k,
+        if index_drives == 2 { "RAID1".to_string() } else { format!("RAID10 of {index_drives}") },
+        dir.display()
+    ))
+}
+
 pub fn run(cmd: OstCommand) -> CliResult {
     match cmd {
         OstCommand::Format { dir, name, size, data_drives, strip, index_size, index_drives } => {
-            if !(4..=64).contains(&data_drives) {
-                return Err(format!("--data-drives {data_drives}: RAID6 takes 4 to 64").into());
-            }
-            if !(2..=16).contains(&index_drives) || index_drives % 2 != 0 {
-                return Err(
-                    format!("--index-drives {index_drives}: 2 (RAID1) or an even number up to 16 (RAID10)").into()
-                );
-            }
-            let (data_dir, index_dir) = volume_dirs(&dir);
-            for d in [&data_dir, &index_dir] {
-                if d.exists() && std::fs::read_dir(d)?.next().is_some() {
-                    return Err(format!("{} is not empty: a target is there already", d.display()).into());
-                }
-                std::fs::create_dir_all(d)?;
-            }
-            let k = data_drives as u64 - 2;
-            // Each drive: its share of the data, whole strips, plus the superblock area.
-            let drive = (size / k).div_ceil(strip) * strip + (2 << 20);
-            let mk = |dir: &Path,
-                      prefix: &str,
-                      n: usize,
-                      bytes: u64|
-             -> Result<Vec<Arc<dyn BlockDevice>>, nacre_raid::RaidError> {
-                (0..n)
-                    .map(|i| {
-                        FileDrive::create_file(&dir.join(format!("{prefix}-{i:02}")), bytes)
-                            .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
-                    })
-                    .collect()
-            };
-            let mut d = CreateOptions::new(&name, Level::Raid6);
-            d.strip_bytes = strip;
-            let data = Volume::create(mk(&data_dir, &name, data_drives, drive)?, &d, &VolumeOptions::default())?;
-            // RAID10 takes 47,008-byte journal records faster than RAID1 (see the OST
-            // bench); two drives make a RAID1.
-            let level = if index_drives == 2 { Level::Raid1 } else { Level::Raid10 };
-            let mut m = CreateOptions::new(&format!("{name}-index"), level);
-            m.strip_bytes = if index_drives == 2 { 1 << 20 } else { 256 << 10 };
-            let meta = Volume::create(
-                mk(&index_dir, &format!("{name}-index"), index_drives, index_size)?,
-                &m,
-                &VolumeOptions::default(),
-            )?;
-            let t = Target::format(Arc::new(data), Arc::new(meta), TargetOptions::default())?;
-            let s = t.statfs()?;
-            println!(
-                "target {name}: {} MiB of objects in {} KiB chunks (RAID6 {}+2), index and journal on {}, in {}",
-                s.total_bytes >> 20,
-                s.chunk_bytes >> 10,
-                k,
-                if index_drives == 2 { "RAID1".to_string() } else { format!("RAID10 of {index_drives}") },
-                dir.display()
-            );
+            println!("{}", format(&dir, &name, &OstFormat { size, data_drives, strip, index_size, index_drives })?);
             Ok(())
         }
         OstCommand::Check { dir, name } => {

@@ -1,0 +1,846 @@
+//! Nacre through the kernel: a FUSE file system served by [`nacre_client`].
+//!
+//! Every request is answered from a task on the client's runtime, so slow ones (a large
+//! write, a create waiting on its MDT) do not hold up the others; the kernel side reads
+//! requests with several threads. Writes of up to 1 MiB come in one request; directory
+//! listings come with attributes (readdirplus); entries and attributes are cached by the
+//! kernel for `attr_timeout`. The kernel also checks permission bits against cached
+//! attributes (`default_permissions`); the MDS checks them again.
+//!
+//! Locks (`flock`, `fcntl`) are the kernel's own: they hold between processes of one
+//! client machine, not between clients.
+
+mod inodes;
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, MountOption,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+};
+use nacre_client::error::errno;
+use nacre_client::{Attr, Creds, Error, Fid, File, FileSystem, OpenFlags, SetAttr};
+use nacre_proto::layout::Layout;
+use nacre_proto::mdt::{mode, set, xattr};
+
+use inodes::Inodes;
+
+/// The name of the virtual xattr holding a file's layout (or a directory's default), as
+/// Lustre's `lustre.lov`: its encoding is [`Layout::encode`].
+pub const LAYOUT_XATTR: &str = "lustre.lov";
+/// Largest write the kernel sends in one request.
+pub const MAX_WRITE: u32 = 1 << 20;
+
+/// How the mount behaves.
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    /// How long the kernel trusts entries and attributes.
+    pub attr_timeout: Duration,
+    /// Let the kernel gather writes in its page cache (`writeback_cache`).
+    pub writeback_cache: bool,
+    /// Requests from uid 0 act as `nobody` (65534), as NFS's root squash.
+    pub root_squash: bool,
+    /// Threads reading requests from the kernel.
+    pub threads: usize,
+    /// Let users other than the one who mounted use the mount (`allow_other`).
+    pub allow_other: bool,
+    /// The name `mount` shows as the source.
+    pub source: String,
+}
+
+impl Default for MountConfig {
+    fn default() -> MountConfig {
+        MountConfig {
+            attr_timeout: Duration::from_secs(1),
+            writeback_cache: false,
+            root_squash: false,
+            threads: 4,
+            allow_other: true,
+            source: "nacre".into(),
+        }
+    }
+}
+
+/// A mounted file system; unmounted when dropped (or by `umount`/`fusermount3 -u`).
+pub struct Mount {
+    session: fuser::BackgroundSession,
+}
+
+impl Mount {
+    /// Wait until the mount goes away (unmounted from outside).
+    pub fn join(self) -> std::io::Result<()> {
+        self.session.join()
+    }
+
+    /// Unmount and wait for the session to end.
+    pub fn unmount(self) -> std::io::Result<()> {
+        self.session.umount_and_join()
+    }
+}
+
+/// Mount `fs` on `mountpoint`, serving requests on `rt`.
+pub fn mount(
+    fs: FileSystem,
+    rt: tokio::runtime::Handle,
+    mountpoint: &Path,
+    cfg: MountConfig,
+) -> std::io::Result<Mount> {
+    let mut options = vec![
+        MountOption::FSName(cfg.source.clone()),
+        MountOption::Subtype("nacre".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoAtime,
+        MountOption::RW,
+    ];
+    let mut c = fuser::Config::default();
+    if cfg.allow_other {
+        c.acl = fuser::SessionACL::All;
+    }
+    options.dedup();
+    c.mount_options = options;
+    c.n_threads = Some(cfg.threads.max(1));
+    c.clone_fd = true;
+    let nacre = Nacre {
+        shared: Arc::new(Shared { fs, inodes: Inodes::new(), open: Mutex::new(OpenFiles::default()), cfg }),
+        rt,
+    };
+    let session = fuser::spawn_mount(nacre, mountpoint, &c)?;
+    Ok(Mount { session })
+}
+
+/// The open files of the mount, by FUSE handle; and by FID, so that a read through one
+/// handle sees what another handle of this mount wrote.
+#[derive(Default)]
+struct OpenFiles {
+    next: u64,
+    handles: std::collections::HashMap<u64, Arc<File>>,
+    by_fid: std::collections::HashMap<Fid, Vec<Weak<File>>>,
+}
+
+struct Shared {
+    fs: FileSystem,
+    inodes: Inodes,
+    open: Mutex<OpenFiles>,
+    cfg: MountConfig,
+}
+
+struct Nacre {
+    shared: Arc<Shared>,
+    rt: tokio::runtime::Handle,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The errno of a failure; failures of the servers or the network (not the caller's
+/// mistakes) are also logged, since the errno alone says little.
+fn err(e: &Error) -> Errno {
+    if matches!(e.errno, errno::EIO | errno::EPROTO | errno::ENOTCONN | errno::ETIMEDOUT | errno::ESTALE) {
+        eprintln!("nacre mount: {e}");
+    }
+    Errno::from_i32(e.errno)
+}
+
+fn time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+fn nanos(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos().min(i64::MAX as u128) as i64,
+        Err(e) => -(e.duration().as_nanos().min(i64::MAX as u128) as i64),
+    }
+}
+
+fn kind(m: u32) -> FileType {
+    match m & mode::S_IFMT {
+        mode::S_IFDIR => FileType::Directory,
+        mode::S_IFLNK => FileType::Symlink,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn name_of(name: &OsStr) -> Result<&str, Errno> {
+    std::str::from_utf8(name.as_bytes()).map_err(|_| Errno::EINVAL)
+}
+
+impl Shared {
+    /// The caller's credentials: its uid and gid, and its supplementary groups as
+    /// /proc tells them (for group permission checks on the MDS).
+    fn creds(&self, req: &Request) -> Creds {
+        let (mut uid, mut gid) = (req.uid(), req.gid());
+        if self.cfg.root_squash && uid == 0 {
+            (uid, gid) = (65_534, 65_534);
+        }
+        let mut groups = Vec::new();
+        if uid != 0
+            && let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", req.pid()))
+            && let Some(line) = status.lines().find(|l| l.starts_with("Groups:"))
+        {
+            groups = line[7..].split_whitespace().filter_map(|g| g.parse().ok()).take(64).collect();
+        }
+        Creds { uid, gid, groups }
+    }
+
+    fn fid(&self, ino: INodeNo) -> Result<Fid, Errno> {
+        self.inodes.fid(ino.0).ok_or(Errno::ESTALE)
+    }
+
+    /// The kernel's view of `a`, under inode number `ino`, with the size dirty writes of
+    /// this mount reach.
+    fn file_attr(&self, ino: u64, a: &Attr) -> FileAttr {
+        let size = a.size.max(self.dirty_size(a.fid));
+        FileAttr {
+            ino: INodeNo(ino),
+            size,
+            // The MDT counts only DoM blocks; OST space is not summed per stat, so a file
+            // counts as fully allocated (never taken for sparse).
+            blocks: a.blocks.max(size.div_ceil(512)),
+            atime: time(a.atime_ns),
+            mtime: time(a.mtime_ns),
+            ctime: time(a.ctime_ns),
+            crtime: time(a.ctime_ns),
+            kind: kind(a.mode),
+            perm: (a.mode & mode::PERMS) as u16,
+            nlink: a.nlink,
+            uid: a.uid,
+            gid: a.gid,
+            rdev: 0,
+            blksize: 1 << 20,
+            flags: 0,
+        }
+    }
+
+    /// The largest size an open handle of this mount knows for `fid`.
+    fn dirty_size(&self, fid: Fid) -> u64 {
+        let o = lock(&self.open);
+        o.by_fid.get(&fid).map_or(0, |v| v.iter().filter_map(Weak::upgrade).map(|f| f.size_hint()).max().unwrap_or(0))
+    }
+
+    /// The other open handles of `fid` in this mount.
+    fn handles_of(&self, fid: Fid) -> Vec<Arc<File>> {
+        let o = lock(&self.open);
+        o.by_fid.get(&fid).map(|v| v.iter().filter_map(Weak::upgrade).collect()).unwrap_or_default()
+    }
+
+    fn add_handle(&self, f: File) -> u64 {
+        let f = Arc::new(f);
+        let mut o = lock(&self.open);
+        o.next += 1;
+        let fh = o.next;
+        let fid = f.fid();
+        let list = o.by_fid.entry(fid).or_default();
+        list.retain(|w| w.strong_count() > 0);
+        list.push(Arc::downgrade(&f));
+        o.handles.insert(fh, f);
+        fh
+    }
+
+    fn handle(&self, fh: FileHandle) -> Result<Arc<File>, Errno> {
+        lock(&self.open).handles.get(&fh.0).cloned().ok_or(Errno::EBADF)
+    }
+
+    fn entry(&self, a: &Attr) -> (FileAttr, Generation) {
+        let ino = self.inodes.remember(a.fid);
+        (self.file_attr(ino, a), Generation(u64::from(a.fid.ver)))
+    }
+
+    async fn getattr(&self, c: &Creds, fid: Fid) -> nacre_client::Result<Attr> {
+        self.fs.getattr(c, fid).await
+    }
+}
+
+/// Run `f` on the runtime and answer with its result.
+macro_rules! serve {
+    ($self:ident, $reply:ident, |$s:ident| $body:expr) => {{
+        let $s = $self.shared.clone();
+        $self.rt.spawn(async move {
+            let r: Result<_, Errno> = async { $body }.await;
+            match r {
+                Ok(answer) => answer($reply),
+                Err(e) => $reply.error(e),
+            }
+        });
+    }};
+}
+
+impl fuser::Filesystem for Nacre {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(MAX_WRITE);
+        let _ = config.set_max_readahead(MAX_WRITE);
+        let mut want = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_BIG_WRITES
+            | InitFlags::FUSE_MAX_PAGES
+            | InitFlags::FUSE_ASYNC_READ
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_ATOMIC_O_TRUNC;
+        if self.shared.cfg.writeback_cache {
+            want |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        // Whatever the kernel lacks it goes without.
+        for flag in want.iter() {
+            let _ = config.add_capabilities(flag);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let c = self.shared.creds(req);
+        let name = name.to_owned();
+        serve!(self, reply, |s| {
+            let dir = s.fid(parent)?;
+            let a = s.fs.lookup(&c, dir, name_of(&name)?).await.map_err(|e| err(&e))?;
+            let (fa, g) = s.entry(&a);
+            let ttl = s.cfg.attr_timeout;
+            Ok(move |r: ReplyEntry| r.entry(&ttl, &fa, g))
+        })
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.shared.inodes.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let c = self.shared.creds(req);
+        serve!(self, reply, |s| {
+            let fid = s.fid(ino)?;
+            let a = s.getattr(&c, fid).await.map_err(|e| err(&e))?;
+            let fa = s.file_attr(ino.0, &a);
+            let ttl = s.cfg.attr_timeout;
+            Ok(move |r: ReplyAttr| r.attr(&ttl, &fa))
+        })
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode_bits: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let c = self.shared.creds(req);
+        let mut sa = SetAttr::default();
+        if let Some(m) = mode_bits {
+            sa.mask |= set::MODE;
+            sa.mode = m & mode::PERMS;
+        }
+        if let Some(u) = uid {
+            sa.mask |= set::UID;
+            sa.uid = u;
+        }
+        if let Some(g) = gid {
+            sa.mask |= set::GID;
+            sa.gid = g;
+        }
+        for (t, at, now, field) in [
+            (atime, set::ATIME, set::ATIME_NOW, &mut sa.atime_ns),
+            (mtime, set::MTIME, set::MTIME_NOW, &mut sa.mtime_ns),
+        ] {
+            match t {
+                Some(TimeOrNow::Now) => sa.mask |= now,
+                Some(TimeOrNow::SpecificTime(t)) => {
+                    sa.mask |= at;
+                    *field = nanos(t);
+                }
+                None => {}
+            }
+        }
+        serve!(self, reply, |s| {
+            let fid = s.fid(ino)?;
+            if let Some(size) = size {
+                // Dirty writes of any handle go first, so the cut is the last word.
+                for h in s.handles_of(fid) {
+                    h.write_back().await.map_err(|e| err(&e))?;
+                }
+                match fh.map(|fh| s.handle(fh)) {
+                    Some(Ok(f)) if f.flags().write => f.set_len(size).await.map_err(|e| err(&e))?,
+                    _ => {
+                        let t = SetAttr { mask: set::SIZE, size, ..SetAttr::default() };
+                        s.fs.setattr(&c, fid, t).await.map_err(|e| err(&e))?;
+                    }
+                }
+                for h in s.handles_of(fid) {
+                    h.forget_cache().await;
+                }
+            }
+            let a = if sa.mask != 0 {
+                s.fs.setattr(&c, fid, sa).await.map_err(|e| err(&e))?
+            } else {
+                s.getattr(&c, fid).await.map_err(|e| err(&e))?
+            };
+            let mut fa = s.file_attr(ino.0, &a);
+            if let Some(size) = size {
+                fa.size = size;
+            }
+            let ttl = s.cfg.attr_timeout;
+            Ok(move |r: ReplyAttr| r.attr(&ttl, &fa))
+        })
+    }
+
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let c = self.shared.creds(req);
+        serve!(self, reply, |s| {
+            let target = s.fs.readlink(&c, s.fid(ino)?).await.map_err(|e| err(&e))?;
+            Ok(move |r: ReplyData| r.data(&target))
+        })
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode_bits: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        if mode_bits & mode::S_IFMT != mode::S_IFREG {
+            // Devices, FIFOs and sockets are not kept.
+            reply.error(Errno::EOPNOTSUPP);
+            return;
+        }
+        let c = self.shared.creds(req);
+        let name = name.to_owned();
+        serve!(self, reply, |s| {
+            let a = s.fs.create(&c, s.fid(parent)?, name_of(&name)?, mode_bits, None).await.map_err(|e| err(&e))?;
+            let (fa, g) = s.entry(&a);
+            let ttl = s.cfg.attr_timeout;
+            Ok(move |r: ReplyEntry| r.entry(&ttl, &fa, g))
+        })
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode_bits: u32, _umask: u32, reply: ReplyEntry) {
+        let c = self.shared.creds(req);
+        let name = name.to_owned();
+        serve!(self, reply, |s| {
+            let a = s.fs.mkdir(&c, s.fid(parent)?, name_of(&name)?, mode_bits, -1, 0).await.map_err(|e| err(&e))?;
+            let (fa, g) = s.entry(&a);
+            let ttl = s.cfg.attr_timeout;
+            Ok(move |r: ReplyEntry| r.entry(&ttl, &fa, g))
+        })
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let c = self.shared.creds(req);
+        let name = name.to_owned();
+        serve!(self, reply, |s| {
+            s.fs.unlink(&c, s.fid(parent)?, name_of(&name)?).await.map_err(|e| err(&e))?;
+            Ok(|r: ReplyEmpty| r.ok())
+        })
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let c = self.shared.creds(req);
+        let name = name.to_owned();
+        serve!(self, reply, |s| {
+            s.fs.rmdir(&c, s.fid(parent)?, name_of(&name)?).await.map_err(|e| err(&e))?;
+            Ok(|r: ReplyEmpty| r.ok())
+        })
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let c = self.shared.creds(req);
+        let (name, target) = (link_name.to_owned(), target.as_os_str().as_bytes().to_vec());
+        serve!(self, reply, |s| {
+            let a = s.fs.symlink(&c, s.fid(parent)?, name_of(&name)?, &target).await.map_err(|e| err(&e))?;
+            let (fa, g) = s.entry(&a);
+            let ttl = s.cfg.attr_timeout;
+            Ok(move |r: ReplyEntry| r.entry(&ttl, &fa, g))
+        })
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.intersects(!fuser::RenameFlags::RENAME_NOREPLACE) {
+            // RENAME_EXCHANGE and RENAME_WHITEOUT are not supported.
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        let noreplace = flags.contains(fuser::RenameFlags::RENAME_NOREPLACE);
+        let c = self.shared.creds(req);
+        let (name, newname) = (name.to_owned(), newname.to_owned());
+        serve!(self, reply, |s| {
+            let (src, dst) = (s.fid(parent)?, s.fid(newparent)?);
+            s.fs.rename(&c, src, name_of(&name)?, dst, name_of(&newname)?, noreplace).await.map_err(|e| err(&e))?;
+            Ok(|r: ReplyEmpty| r.ok())
+        })
+    }
+
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let c = self.shared.creds(req);
+        let name = newname.to_owned();
+        serve!(self, reply, |s| {
+            let a = s.fs.link(&c, s.fid(ino)?, s.fid(newparent)?, name_of(&name)?).await.map_err(|e| err(&e))?;
+            let (fa, g) = s.entry(&a);
+            let ttl = s.cfg.attr_timeout;
+            Ok(move |r: ReplyEntry| r.entry(&ttl, &fa, g))
+        })
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: fuser::OpenFlags, reply: ReplyOpen) {
+        let c = self.shared.creds(req);
+        let flags = OpenFlags::from_posix(flags.0);
+        serve!(self, reply, |s| {
+            let fid = s.fid(ino)?;
+            for h in s.handles_of(fid) {
+                // Close-to-open: what this mount wrote is on the servers first.
+                h.write_back().await.map_err(|e| err(&e))?;
+            }
+            let f = s.fs.open(&c, fid, flags).await.map_err(|e| err(&e))?;
+            let fh = s.add_handle(f);
+            Ok(move |r: ReplyOpen| r.opened(FileHandle(fh), FopenFlags::empty()))
+        })
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: fuser::OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
+        serve!(self, reply, |s| {
+            let f = s.handle(fh)?;
+            let fid = s.fid(ino)?;
+            for h in s.handles_of(fid) {
+                if !Arc::ptr_eq(&h, &f) && h.may_be_dirty() {
+                    h.write_back().await.map_err(|e| err(&e))?;
+                }
+            }
+            let data = f.read(offset, size as usize).await.map_err(|e| err(&e))?;
+            Ok(move |r: ReplyData| r.data(&data))
+        })
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: fuser::WriteFlags,
+        _flags: fuser::OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let data = data.to_vec();
+        serve!(self, reply, |s| {
+            let f = s.handle(fh)?;
+            let n = f.write(offset, &data).await.map_err(|e| err(&e))?;
+            if let Ok(fid) = s.fid(ino) {
+                for h in s.handles_of(fid) {
+                    if !Arc::ptr_eq(&h, &f) {
+                        h.forget_cache().await;
+                    }
+                }
+            }
+            Ok(move |r: ReplyWrite| r.written(n as u32))
+        })
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: fuser::LockOwner, reply: ReplyEmpty) {
+        // Each close(2): write back, so the close reports a failed write.
+        serve!(self, reply, |s| {
+            let f = s.handle(fh)?;
+            f.write_back().await.map_err(|e| err(&e))?;
+            Ok(|r: ReplyEmpty| r.ok())
+        })
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: fuser::OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        serve!(self, reply, |s| {
+            let f = lock(&s.open).handles.remove(&fh.0).ok_or(Errno::EBADF)?;
+            f.close().await.map_err(|e| err(&e))?;
+            Ok(|r: ReplyEmpty| r.ok())
+        })
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        serve!(self, reply, |s| {
+            s.handle(fh)?.fsync().await.map_err(|e| err(&e))?;
+            Ok(|r: ReplyEmpty| r.ok())
+        })
+    }
+
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: fuser::OpenFlags, reply: ReplyOpen) {
+        reply.opened(FileHandle(0), FopenFlags::empty());
+    }
+
+    fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectory) {
+        let c = self.shared.creds(req);
+        serve!(self, reply, |s| {
+            let dir = s.fid(ino)?;
+            let (dots, entries, _) = s.list(&c, dir, offset).await?;
+            let mut out = Vec::new();
+            for (name, off) in dots {
+                out.push((INodeNo(ino.0), off, FileType::Directory, name.to_string()));
+            }
+            for (e, _) in entries {
+                let i = s.inodes.peek_or_temp(e.fid);
+                out.push((INodeNo(i), e.cookie, kind(e.kind), e.name));
+            }
+            Ok(move |mut r: ReplyDirectory| {
+                for (i, off, k, name) in out {
+                    if r.add(i, off, k, name) {
+                        break;
+                    }
+                }
+                r.ok()
+            })
+        })
+    }
+
+    fn readdirplus(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
+        let c = self.shared.creds(req);
+        serve!(self, reply, |s| {
+            let dir = s.fid(ino)?;
+            let (dots, entries, _) = s.list(&c, dir, offset).await?;
+            let here = s.getattr(&c, dir).await.map_err(|e| err(&e))?;
+            let ttl = s.cfg.attr_timeout;
+            let s2 = s.clone();
+            Ok(move |mut r: ReplyDirectoryPlus| {
+                let dot = s2.file_attr(ino.0, &here);
+                for (name, off) in dots {
+                    // The dots carry no lookup reference: inode 0 tells the kernel so.
+                    let mut a = dot;
+                    a.ino = INodeNo(0);
+                    if r.add(INodeNo(0), off, name, &Duration::ZERO, &a, Generation(0)) {
+                        r.ok();
+                        return;
+                    }
+                }
+                for (e, a) in entries {
+                    // A remote entry's attributes are on its own MDT: the kernel looks it up.
+                    let ttl = if a.nlink == 0 { Duration::ZERO } else { ttl };
+                    let i = s2.inodes.remember(e.fid);
+                    let fa = s2.file_attr(i, &a);
+                    if r.add(INodeNo(i), e.cookie, &e.name, &ttl, &fa, Generation(u64::from(e.fid.ver))) {
+                        // Not sent: give the reference back.
+                        s2.inodes.forget(i, 1);
+                        break;
+                    }
+                }
+                r.ok()
+            })
+        })
+    }
+
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let c = self.shared.creds(req);
+        serve!(self, reply, |s| {
+            let st = s.fs.statfs(&c).await.map_err(|e| err(&e))?;
+            let bsize = 4096u64;
+            let mdt_free: u64 =
+                st.targets.iter().filter(|t| t.kind == nacre_proto::mgs::TargetKind::Mdt).map(|t| t.bytes_free).sum();
+            // An inode costs the MDT about 1 KiB.
+            let ffree = mdt_free / 1024;
+            Ok(move |r: ReplyStatfs| {
+                r.statfs(
+                    st.bytes_total / bsize,
+                    st.bytes_free / bsize,
+                    st.bytes_free / bsize,
+                    st.inodes + ffree,
+                    ffree,
+                    bsize as u32,
+                    nacre_proto::mdt::NAME_MAX as u32,
+                    bsize as u32,
+                )
+            })
+        })
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let c = self.shared.creds(req);
+        let (name, value) = (name.to_owned(), value.to_vec());
+        let mut f = 0;
+        if flags & libc::XATTR_CREATE != 0 {
+            f |= xattr::CREATE;
+        }
+        if flags & libc::XATTR_REPLACE != 0 {
+            f |= xattr::REPLACE;
+        }
+        serve!(self, reply, |s| {
+            let fid = s.fid(ino)?;
+            let name = name_of(&name)?;
+            if name == LAYOUT_XATTR {
+                // A directory's default layout; a file's layout is fixed at create.
+                let a = s.getattr(&c, fid).await.map_err(|e| err(&e))?;
+                if !mode::is_dir(a.mode) {
+                    return Err(Errno::EPERM);
+                }
+                let l = Layout::decode(&value).map_err(|_| Errno::EINVAL)?;
+                s.fs.set_dir_layout(&c, fid, Some(&l)).await.map_err(|e| err(&e))?;
+            } else {
+                s.fs.setxattr(&c, fid, name, &value, f).await.map_err(|e| err(&e))?;
+            }
+            Ok(|r: ReplyEmpty| r.ok())
+        })
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let c = self.shared.creds(req);
+        let name = name.to_owned();
+        serve!(self, reply, |s| {
+            let fid = s.fid(ino)?;
+            let name = name_of(&name)?;
+            let value = if name == LAYOUT_XATTR {
+                match s.fs.getlayout(&c, fid).await.map_err(|e| err(&e))? {
+                    Some(l) => l.layout.encode(),
+                    None => return Err(Errno::ENODATA),
+                }
+            } else {
+                s.fs.getxattr(&c, fid, name).await.map_err(|e| err(&e))?
+            };
+            xattr_answer(value, size)
+        })
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let c = self.shared.creds(req);
+        serve!(self, reply, |s| {
+            let names = s.fs.listxattr(&c, s.fid(ino)?).await.map_err(|e| err(&e))?;
+            let mut value = Vec::new();
+            for n in names {
+                value.extend_from_slice(n.as_bytes());
+                value.push(0);
+            }
+            xattr_answer(value, size)
+        })
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let c = self.shared.creds(req);
+        let name = name.to_owned();
+        serve!(self, reply, |s| {
+            s.fs.removexattr(&c, s.fid(ino)?, name_of(&name)?).await.map_err(|e| err(&e))?;
+            Ok(|r: ReplyEmpty| r.ok())
+        })
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode_bits: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let c = self.shared.creds(req);
+        let name = name.to_owned();
+        let open = OpenFlags::from_posix(flags);
+        serve!(self, reply, |s| {
+            let dir = s.fid(parent)?;
+            let name = name_of(&name)?;
+            let a = match s.fs.create(&c, dir, name, mode_bits, None).await {
+                Ok(a) => a,
+                // Made meanwhile by someone else: without O_EXCL that is an open.
+                Err(e) if e.errno == errno::EEXIST && flags & libc::O_EXCL == 0 => {
+                    s.fs.lookup(&c, dir, name).await.map_err(|e| err(&e))?
+                }
+                Err(e) => return Err(err(&e)),
+            };
+            let f = s.fs.open(&c, a.fid, open).await.map_err(|e| err(&e))?;
+            let fh = s.add_handle(f);
+            let (fa, g) = s.entry(&a);
+            let ttl = s.cfg.attr_timeout;
+            Ok(move |r: ReplyCreate| r.created(&ttl, &fa, g, FileHandle(fh), FopenFlags::empty()))
+        })
+    }
+}
+
+/// A getxattr/listxattr answer: the size when asked with size 0, the value if it fits,
+/// ERANGE if not.
+#[allow(clippy::type_complexity)]
+fn xattr_answer(value: Vec<u8>, size: u32) -> Result<Box<dyn FnOnce(ReplyXattr) + Send>, Errno> {
+    if size == 0 {
+        let n = value.len() as u32;
+        return Ok(Box::new(move |r: ReplyXattr| r.size(n)));
+    }
+    if value.len() > size as usize {
+        return Err(Errno::ERANGE);
+    }
+    Ok(Box::new(move |r: ReplyXattr| r.data(&value)))
+}
+
+/// Directory offsets the kernel resumes from: 1 after ".", 2 after "..", else an entry's
+/// cookie (a 63-bit name hash).
+const AFTER_DOT: u64 = 1;
+const AFTER_DOTDOT: u64 = 2;
+
+impl Shared {
+    /// The dots still to list and a page of entries, from kernel offset `offset`.
+    #[allow(clippy::type_complexity)]
+    async fn list(
+        &self,
+        c: &Creds,
+        dir: Fid,
+        offset: u64,
+    ) -> Result<(Vec<(&'static str, u64)>, Vec<(nacre_client::DirEntry, Attr)>, bool), Errno> {
+        let mut dots = Vec::new();
+        if offset < AFTER_DOT {
+            dots.push((".", AFTER_DOT));
+        }
+        if offset < AFTER_DOTDOT {
+            dots.push(("..", AFTER_DOTDOT));
+        }
+        let cookie = if offset <= AFTER_DOTDOT { 0 } else { offset };
+        let (entries, eof) = self.fs.readdir(c, dir, cookie, 256).await.map_err(|e| err(&e))?;
+        Ok((dots, entries, eof))
+    }
+}

@@ -1,0 +1,533 @@
+//! The file system from a client: `nacre mount` / `umount`, and the layout commands
+//! Lustre users know from `lfs` (`setstripe`, `getstripe`, `setdirstripe`,
+//! `getdirstripe`, `mkdir -i`, `df`, `find`). The layout commands take a path on a
+//! mounted Nacre file system; they find its MGS from the mount table and talk to the
+//! servers directly through `nacre-client`.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use clap::Args;
+use nacre_client::{Attr, Creds, Fid, FileSystem, MountOptions};
+use nacre_net::nid::Nid;
+use nacre_proto::dne::DirDefault;
+use nacre_proto::layout::Layout;
+use nacre_proto::mdt::mode;
+use nacre_proto::mgs::TargetKind;
+
+use crate::service::CliResult;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// A Nacre mount's source in the mount table: this, then its MGS's NID.
+const SOURCE_PREFIX: &str = "nacre:";
+
+/// Options of a mount.
+#[derive(Args, Clone, Debug, Default)]
+pub struct MountOpts {
+    /// Let the kernel gather writes in its page cache before sending them.
+    #[arg(long)]
+    pub writeback_cache: bool,
+    /// Requests from root act as nobody (65534).
+    #[arg(long)]
+    pub root_squash: bool,
+    /// Seconds the kernel trusts entries and attributes.
+    #[arg(long, default_value_t = 1.0)]
+    pub attr_timeout: f64,
+}
+
+/// Mount the file system of the MGS at `mgs` on `mnt` in this process.
+pub async fn mount_here(mgs: &Nid, mnt: &Path, o: &MountOpts) -> Res<nacre_fuse::Mount> {
+    if !mnt.is_dir() {
+        return Err(format!("mount point {} is not a directory", mnt.display()).into());
+    }
+    let fs = FileSystem::mount(mgs, MountOptions::default()).await.map_err(|e| format!("mounting from {mgs}: {e}"))?;
+    let cfg = nacre_fuse::MountConfig {
+        attr_timeout: std::time::Duration::from_secs_f64(o.attr_timeout.clamp(0.0, 3600.0)),
+        writeback_cache: o.writeback_cache,
+        root_squash: o.root_squash,
+        source: format!("{SOURCE_PREFIX}{mgs}"),
+        ..nacre_fuse::MountConfig::default()
+    };
+    let (rt, mnt2) = (tokio::runtime::Handle::current(), mnt.to_path_buf());
+    let m = tokio::task::spawn_blocking(move || nacre_fuse::mount(fs, rt, &mnt2, cfg))
+        .await?
+        .map_err(|e| format!("mounting on {}: {e}", mnt.display()))?;
+    Ok(m)
+}
+
+/// Unmount `mnt` (lazily with `lazy`: a dead mount whose process is gone).
+pub fn unmount(mnt: &Path, lazy: bool) -> Res<()> {
+    let c = std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes())?;
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: umount2 with a valid C string.
+    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    // Not root: the setuid helper can.
+    let mut cmd = Command::new("fusermount3");
+    cmd.arg("-u");
+    if lazy {
+        cmd.arg("-z");
+    }
+    match cmd.arg(mnt).status() {
+        Ok(s) if s.success() => Ok(()),
+        _ => Err(format!("unmounting {}: {err}", mnt.display()).into()),
+    }
+}
+
+#[derive(Args)]
+pub struct MountArgs {
+    /// The MGS, e.g. 10.0.0.5@tcp:9400.
+    #[arg(long)]
+    pub mgs: Nid,
+    pub mountpoint: PathBuf,
+    #[command(flatten)]
+    pub opts: MountOpts,
+    /// Serve the mount in the foreground until it is unmounted.
+    #[arg(long)]
+    pub foreground: bool,
+    #[arg(long, hide = true)]
+    pub detached: bool,
+}
+
+/// `nacre mount`: returns once mounted, leaving a process that serves the mount until
+/// it is unmounted.
+pub fn mount(a: MountArgs) -> CliResult {
+    if !a.foreground {
+        let mut args: Vec<String> = std::env::args().skip(1).collect();
+        args.push("--foreground".into());
+        args.push("--detached".into());
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.args(&args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        // SAFETY: setsid is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn()?;
+        let out = child.stdout.take().ok_or("no pipe to the mount process")?;
+        for line in BufReader::new(out).lines() {
+            let line = line?;
+            if line.starts_with("mounted") {
+                println!("{line}");
+                return Ok(());
+            }
+        }
+        let out = child.wait_with_output()?;
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string().into());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async {
+        let m = mount_here(&a.mgs, &a.mountpoint, &a.opts).await?;
+        println!("mounted {} on {}", a.mgs, a.mountpoint.display());
+        if a.detached {
+            silence_stdio();
+        }
+        tokio::task::spawn_blocking(move || m.join()).await??;
+        Ok(())
+    })
+}
+
+/// Point stdout and stderr at /dev/null: the process that read them has gone.
+fn silence_stdio() {
+    use std::os::fd::AsRawFd;
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        // SAFETY: dup2 over our own standard descriptors.
+        unsafe {
+            libc::dup2(null.as_raw_fd(), 1);
+            libc::dup2(null.as_raw_fd(), 2);
+        }
+    }
+}
+
+/// The Nacre mount holding `path`: its mount point and MGS (the mount's source).
+fn mount_of(path: &Path) -> Res<(PathBuf, Nid)> {
+    let canon = std::fs::canonicalize(path)
+        .or_else(|_| path.parent().map(std::fs::canonicalize).unwrap_or(Ok(PathBuf::from("/"))))?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let mut best: Option<(PathBuf, String)> = None;
+    for line in info.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(dash) = fields.iter().position(|f| *f == "-") else { continue };
+        let (Some(point), Some(fstype), Some(source)) = (fields.get(4), fields.get(dash + 1), fields.get(dash + 2))
+        else {
+            continue;
+        };
+        let Some(source) = source.strip_prefix(SOURCE_PREFIX).filter(|_| fstype.starts_with("fuse")) else {
+            continue;
+        };
+        let point = PathBuf::from(crate::up::unescape(point));
+        if canon.starts_with(&point) && best.as_ref().is_none_or(|(b, _)| point.as_os_str().len() > b.as_os_str().len())
+        {
+            best = Some((point, source.to_string()));
+        }
+    }
+    let (point, source) = best.ok_or_else(|| format!("{} is not on a mounted Nacre file system", path.display()))?;
+    let nid = source.parse().map_err(|e| format!("mount {} names MGS {source:?}: {e}", point.display()))?;
+    Ok((point, nid))
+}
+
+/// The path of `path` inside its mount, as `/a/b`.
+fn inside(path: &Path, point: &Path) -> Res<String> {
+    let abs = if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir()?.join(path) };
+    // Canonicalize what exists (the last name may not yet).
+    let (parent, name) = (abs.parent().unwrap_or(Path::new("/")), abs.file_name());
+    let parent = std::fs::canonicalize(parent)?;
+    let full = match name {
+        Some(n) => parent.join(n),
+        None => parent,
+    };
+    let rel = full.strip_prefix(point).map_err(|_| format!("{} is not under {}", path.display(), point.display()))?;
+    Ok(format!("/{}", rel.to_string_lossy()))
+}
+
+/// Run `f` with a client of the file system holding `path`, and the path inside it.
+fn with_fs<T>(path: &Path, f: impl AsyncFnOnce(FileSystem, String) -> Res<T>) -> Res<T> {
+    let (point, mgs) = mount_of(path)?;
+    let rel = inside(path, &point)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async {
+        let fs = FileSystem::mount(&mgs, MountOptions::default()).await?;
+        let r = f(fs.clone(), rel).await;
+        fs.unmount().await;
+        r
+    })
+}
+
+fn creds() -> Creds {
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    Creds { uid, gid, groups: Vec::new() }
+}
+
+#[derive(Args)]
+pub struct SetstripeArgs {
+    /// `lfs setstripe` options (`-c N -S SIZE -i IDX -p POOL -C N -E END -L mdt`), then the
+    /// path: a directory gets a default layout, a new name a file with this layout.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+    pub args: Vec<String>,
+}
+
+pub fn setstripe(a: SetstripeArgs) -> CliResult {
+    let (path, opts) = a.args.split_last().ok_or("setstripe: no path")?;
+    let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
+    let delete = opts == ["-d"];
+    let layout = if delete { None } else { Some(Layout::from_lfs_args(&opts).map_err(|e| format!("setstripe: {e}"))?) };
+    let path = PathBuf::from(path);
+    with_fs(&path, async |fs, rel| {
+        let c = creds();
+        match fs.resolve(&c, &rel).await {
+            Ok(a) if mode::is_dir(a.mode) => fs.set_dir_layout(&c, a.fid, layout.as_ref()).await?,
+            Ok(_) => {
+                return Err(format!(
+                    "setstripe: {} exists; a file's layout is set when it is made (use a new name)",
+                    path.display()
+                )
+                .into());
+            }
+            Err(e) if e.errno == nacre_client::error::errno::ENOENT => {
+                let (dir, name) = fs.parent_of(&c, &rel).await?;
+                let layout = layout.ok_or("setstripe -d: no such directory")?;
+                fs.create(&c, dir.fid, name, 0o644, Some(&layout)).await?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
+    })
+}
+
+#[derive(Args)]
+pub struct PathArg {
+    pub path: PathBuf,
+}
+
+pub fn getstripe(a: PathArg) -> CliResult {
+    with_fs(&a.path, async |fs, rel| {
+        let c = creds();
+        let at = fs.resolve(&c, &rel).await?;
+        println!("{}", a.path.display());
+        match fs.getlayout(&c, at.fid).await? {
+            None if mode::is_dir(at.mode) => {
+                println!("stripe_count:  1 stripe_size:   1048576 stripe_offset: -1 (the file system default)")
+            }
+            None => println!("(no layout)"),
+            Some(l) => {
+                print!("{}", l.layout);
+                for (i, objs) in l.objects.iter().enumerate() {
+                    if objs.is_empty() {
+                        continue;
+                    }
+                    println!("component {}:\n\tobdidx\t\t objid\t\t objid\t\t group", i + 1);
+                    for &(ost, oid) in objs {
+                        println!("\t{ost:6}\t{:14}\t{:#14x}\t{:#8x}", oid & ((1 << 48) - 1), oid, oid >> 48);
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+#[derive(Args)]
+pub struct SetdirstripeArgs {
+    /// MDTs to stripe over (-1: all).
+    #[arg(short = 'c', long = "mdt-count", default_value_t = 1, allow_hyphen_values = true)]
+    pub count: i32,
+    /// The MDT of the first stripe (-1: the file system chooses).
+    #[arg(short = 'i', long = "mdt-index", default_value_t = -1, allow_hyphen_values = true)]
+    pub index: i32,
+    /// Set the default of new subdirectories of an existing directory instead.
+    #[arg(short = 'D', long = "default")]
+    pub default: bool,
+    /// Levels the default passes down (-1: without end).
+    #[arg(long, default_value_t = 3, allow_hyphen_values = true)]
+    pub max_inherit: i32,
+    /// Levels round-robin placement of new subdirectories lasts.
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    pub max_inherit_rr: i32,
+    pub path: PathBuf,
+}
+
+pub fn setdirstripe(a: SetdirstripeArgs) -> CliResult {
+    let path = a.path.clone();
+    with_fs(&path, async |fs, rel| {
+        let c = creds();
+        if a.default {
+            let dir = fs.resolve(&c, &rel).await?;
+            let d = DirDefault {
+                count: a.count,
+                offset: a.index,
+                max_inherit: a.max_inherit,
+                max_inherit_rr: a.max_inherit_rr,
+            };
+            fs.set_dir_default(&c, dir.fid, Some(&d)).await?;
+        } else {
+            let (dir, name) = fs.parent_of(&c, &rel).await?;
+            fs.mkdir(&c, dir.fid, name, 0o755, a.index, a.count).await?;
+        }
+        Ok(())
+    })
+}
+
+pub fn getdirstripe(a: PathArg) -> CliResult {
+    with_fs(&a.path, async |fs, rel| {
+        let c = creds();
+        let dir = fs.resolve(&c, &rel).await?;
+        let (stripe, default) = fs.getdirstripe(&c, dir.fid).await?;
+        match stripe {
+            Some(s) => {
+                println!(
+                    "lmv_stripe_count: {} lmv_stripe_offset: {} lmv_hash_type: fnv_1a_64",
+                    s.shards.len(),
+                    s.shards.first().and_then(|f| f.mdt()).unwrap_or(0)
+                );
+                println!("mdtidx\t\t FID[seq:oid:ver]");
+                for f in &s.shards {
+                    println!("{:6}\t\t {f}", f.mdt().unwrap_or(0));
+                }
+            }
+            None => {
+                println!("lmv_stripe_count: 0 lmv_stripe_offset: {} lmv_hash_type: none", dir.fid.mdt().unwrap_or(0))
+            }
+        }
+        if let Some(d) = default {
+            println!(
+                "default: lmv_stripe_count: {} lmv_stripe_offset: {} lmv_max_inherit: {} lmv_max_inherit_rr: {}",
+                d.count, d.offset, d.max_inherit, d.max_inherit_rr
+            );
+        }
+        Ok(())
+    })
+}
+
+#[derive(Args)]
+pub struct MkdirArgs {
+    /// The MDT to put it on.
+    #[arg(short = 'i', long = "mdt-index", default_value_t = -1, allow_hyphen_values = true)]
+    pub index: i32,
+    /// MDTs to stripe it over (-1: all).
+    #[arg(short = 'c', long = "mdt-count", default_value_t = 0, allow_hyphen_values = true)]
+    pub count: i32,
+    pub path: PathBuf,
+}
+
+pub fn mkdir(a: MkdirArgs) -> CliResult {
+    let path = a.path.clone();
+    with_fs(&path, async |fs, rel| {
+        let c = creds();
+        let (dir, name) = fs.parent_of(&c, &rel).await?;
+        fs.mkdir(&c, dir.fid, name, 0o755, a.index, a.count).await?;
+        Ok(())
+    })
+}
+
+pub fn df(a: PathArg) -> CliResult {
+    with_fs(&a.path, async |fs, _| {
+        let s = fs.statfs(&creds()).await?;
+        let (point, _) = mount_of(&a.path)?;
+        println!("{:<24}{:>14}{:>14}{:>14}{:>6} Mounted on", "UUID", "1K-blocks", "Used", "Available", "Use%");
+        let row = |name: &str, total: u64, used: u64, free: u64, at: String| {
+            let pct = if total == 0 { 0 } else { (used * 100).div_ceil(total) };
+            println!("{name:<24}{:>14}{:>14}{:>14}{:>5}% {at}", total >> 10, used >> 10, free >> 10, pct);
+        };
+        for t in &s.targets {
+            let kind = if t.kind == TargetKind::Mdt { "MDT" } else { "OST" };
+            row(
+                &format!("{}_UUID", t.name),
+                t.bytes_total,
+                t.bytes_used,
+                t.bytes_free,
+                format!("{}[{kind}:{}]", point.display(), t.index),
+            );
+        }
+        println!();
+        let used = s.bytes_total.saturating_sub(s.bytes_free);
+        row("filesystem_summary:", s.bytes_total, used, s.bytes_free, point.display().to_string());
+        Ok(())
+    })
+}
+
+#[derive(Args)]
+pub struct FindArgs {
+    pub path: PathBuf,
+    /// Names matching this glob.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// f (file), d (directory) or l (symlink).
+    #[arg(long = "type")]
+    pub kind: Option<char>,
+    /// Size: N, +N (more), -N (less), with k, M, G or T.
+    #[arg(long, allow_hyphen_values = true)]
+    pub size: Option<String>,
+    /// Modified N days ago: N, +N (more), -N (less).
+    #[arg(long, allow_hyphen_values = true)]
+    pub mtime: Option<String>,
+    /// Files with this many stripes in their first striped component.
+    #[arg(long)]
+    pub stripe_count: Option<usize>,
+    /// Files with an object on this OST.
+    #[arg(long)]
+    pub ost: Option<u32>,
+}
+
+/// `+N`, `-N` or `N`: (ordering wanted, N).
+fn compare(s: &str, unit: impl Fn(&str) -> Result<u64, String>) -> Res<(std::cmp::Ordering, u64)> {
+    let (ord, rest) = match s.as_bytes().first() {
+        Some(b'+') => (std::cmp::Ordering::Greater, &s[1..]),
+        Some(b'-') => (std::cmp::Ordering::Less, &s[1..]),
+        _ => (std::cmp::Ordering::Equal, s),
+    };
+    Ok((ord, unit(rest)?))
+}
+
+pub fn find(a: FindArgs) -> CliResult {
+    let size = a.size.as_deref().map(|s| compare(s, crate::size::parse_size)).transpose()?;
+    let mtime = a
+        .mtime
+        .as_deref()
+        .map(|s| compare(s, |d| d.parse::<u64>().map_err(|_| format!("--mtime {d}: not a number of days"))))
+        .transpose()?;
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0);
+    let root = a.path.clone();
+    let needs_layout = a.stripe_count.is_some() || a.ost.is_some();
+    with_fs(&root, async |fs, rel| {
+        let c = creds();
+        let start = fs.resolve(&c, &rel).await?;
+        let matches = async |path: &str, name: &str, at: &Attr| -> Res<bool> {
+            if let Some(g) = &a.name
+                && !nacre_net::glob::glob(g, name)
+            {
+                return Ok(false);
+            }
+            let k = match at.mode & mode::S_IFMT {
+                mode::S_IFDIR => 'd',
+                mode::S_IFLNK => 'l',
+                _ => 'f',
+            };
+            if a.kind.is_some_and(|want| want != k) {
+                return Ok(false);
+            }
+            if let Some((ord, n)) = size
+                && at.size.cmp(&n) != ord
+            {
+                return Ok(false);
+            }
+            if let Some((ord, days)) = mtime {
+                let age = ((now - at.mtime_ns).max(0) as u64) / (86_400 * 1_000_000_000);
+                if age.cmp(&days) != ord {
+                    return Ok(false);
+                }
+            }
+            if needs_layout {
+                if k != 'f' {
+                    return Ok(false);
+                }
+                let Some(l) = fs.getlayout(&c, at.fid).await? else { return Ok(false) };
+                if let Some(n) = a.stripe_count
+                    && l.objects.iter().find(|o| !o.is_empty()).map_or(0, Vec::len) != n
+                {
+                    return Ok(false);
+                }
+                if let Some(o) = a.ost
+                    && !l.objects.iter().flatten().any(|(x, _)| *x == o)
+                {
+                    return Ok(false);
+                }
+            }
+            let _ = path;
+            Ok(true)
+        };
+        // Breadth-first; each level's directories are listed concurrently, so the MDTs
+        // holding them work in parallel.
+        let shown = root.display().to_string();
+        if matches(&shown, &shown, &start).await? {
+            println!("{shown}");
+        }
+        let mut level: Vec<(String, Fid)> = if mode::is_dir(start.mode) { vec![(shown, start.fid)] } else { vec![] };
+        while !level.is_empty() {
+            let mut set = tokio::task::JoinSet::new();
+            for (path, dir) in level.drain(..) {
+                let (fs, c) = (fs.clone(), c.clone());
+                set.spawn(async move {
+                    let mut all = Vec::new();
+                    let mut cookie = 0;
+                    loop {
+                        let (entries, eof) = fs.readdir(&c, dir, cookie, 1024).await?;
+                        for (e, at) in entries {
+                            cookie = e.cookie;
+                            all.push((format!("{path}/{}", e.name), e.name, at));
+                        }
+                        if eof {
+                            break;
+                        }
+                    }
+                    Ok::<_, nacre_client::Error>(all)
+                });
+            }
+            let mut next = Vec::new();
+            while let Some(r) = set.join_next().await {
+                for (path, name, mut at) in r?? {
+                    if at.nlink == 0 {
+                        // A remote entry: its attributes are on its own MDT.
+                        at = fs.getattr(&c, at.fid).await?;
+                    }
+                    if matches(&path, &name, &at).await? {
+                        println!("{path}");
+                    }
+                    if mode::is_dir(at.mode) {
+                        next.push((path, at.fid));
+                    }
+                }
+            }
+            level = next;
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,348 @@
+//! `nacre up` / `nacre down`: a whole file system on this machine — the MGS, MDTs on
+//! RAID10 and OSTs on RAID6 over drive files in one data folder, served by one process
+//! that returns to the shell once everything serves (and is mounted, if asked).
+//!
+//! The data folder holds `nacre.conf` (the layout chosen at the first `up`), a folder of
+//! drive files per target, `nacre.lock` (held by the serving process: a second `up`
+//! finds it taken), `nacre.pid` and `nacre.log` (what the process says after it has
+//! detached).
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nacre_net::nid::Nid;
+use nacre_net::transport::TcpTransport;
+use nacre_server::cluster::Local;
+
+use crate::service::CliResult;
+use crate::size::parse_size;
+
+#[derive(clap::Args, Clone)]
+pub struct UpArgs {
+    /// Folder of the file system's drive files and state (made at the first `up`).
+    #[arg(long, default_value = "nacre-data")]
+    pub data: PathBuf,
+    /// Mount the file system here once it serves.
+    #[arg(long)]
+    pub mount: Option<PathBuf>,
+    /// The file system's name (first `up` only, as every layout option below).
+    #[arg(long, default_value = "nacre")]
+    pub fsname: String,
+    /// Metadata targets, each a RAID10 of four drive files.
+    #[arg(long, default_value_t = 1)]
+    pub mdts: u32,
+    /// Object storage targets.
+    #[arg(long, default_value_t = 4)]
+    pub osts: u32,
+    /// Drives of each OST's RAID6 data volume (10 make 8+2).
+    #[arg(long, default_value_t = 10)]
+    pub ost_drives: usize,
+    /// Object data each OST holds.
+    #[arg(long, default_value = "512M", value_parser = parse_size)]
+    pub ost_size: u64,
+    /// Bytes of each drive of an MDT (and of an OST's index volume).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    pub mdt_size: u64,
+    /// Address the services listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// TCP port of the MGS, which clients mount from (HOST@tcp:PORT); the other services
+    /// take free ports and register them with it.
+    #[arg(long, default_value_t = 9400)]
+    pub port: u16,
+    #[command(flatten)]
+    pub mount_opts: crate::fsys::MountOpts,
+    /// Serve in the foreground until stopped (Ctrl-C), instead of returning once serving.
+    #[arg(long)]
+    pub foreground: bool,
+    /// Started by `up` to serve in the background (its stdout goes when ready).
+    #[arg(long, hide = true)]
+    pub detached: bool,
+}
+
+/// The layout stored at the first `up`.
+struct Conf {
+    fsname: String,
+    mdts: u32,
+    osts: u32,
+    host: String,
+    port: u16,
+}
+
+impl Conf {
+    fn load(path: &Path) -> Result<Conf, Box<dyn std::error::Error>> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let get = |key: &str| -> Result<String, String> {
+            text.lines()
+                .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+                .map(|v| v.trim().to_string())
+                .ok_or_else(|| format!("{}: no {key}=", path.display()))
+        };
+        let num = |key: &str| -> Result<u64, String> {
+            get(key)?.parse().map_err(|_| format!("{}: {key} is not a number", path.display()))
+        };
+        Ok(Conf {
+            fsname: get("fsname")?,
+            mdts: num("mdts")? as u32,
+            osts: num("osts")? as u32,
+            host: get("host")?,
+            port: num("port")? as u16,
+        })
+    }
+
+    fn save(&self, path: &Path) -> std::io::Result<()> {
+        std::fs::write(
+            path,
+            format!(
+                "# Made by `nacre up`; the layout of this file system.\nfsname={}\nmdts={}\nosts={}\nhost={}\nport={}\n",
+                self.fsname, self.mdts, self.osts, self.host, self.port
+            ),
+        )
+    }
+
+    fn mgs(&self) -> Result<Nid, String> {
+        format!("{}@tcp:{}", self.host, self.port).parse().map_err(|e| format!("MGS address: {e}"))
+    }
+}
+
+fn conf_path(data: &Path) -> PathBuf {
+    data.join("nacre.conf")
+}
+
+/// Take the data folder's lock (held while this process serves it), or say who has it.
+fn take_lock(data: &Path) -> Result<std::fs::File, Box<dyn std::error::Error>> {
+    let path = data.join("nacre.lock");
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path)?;
+    // SAFETY: flock on an open descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let pid = std::fs::read_to_string(data.join("nacre.pid")).unwrap_or_default();
+        return Err(format!(
+            "a file system is already up in {} (process {}); `nacre down --data {}` stops it",
+            data.display(),
+            pid.trim(),
+            data.display()
+        )
+        .into());
+    }
+    Ok(f)
+}
+
+/// Make the file system's targets in `data` (first `up`).
+fn format(a: &UpArgs) -> Result<Conf, Box<dyn std::error::Error>> {
+    if a.mdts == 0 || a.mdts > 16 {
+        return Err(format!("--mdts {}: 1 to 16", a.mdts).into());
+    }
+    if a.osts > 64 {
+        return Err(format!("--osts {}: at most 64", a.osts).into());
+    }
+    let conf = Conf { fsname: a.fsname.clone(), mdts: a.mdts, osts: a.osts, host: a.host.clone(), port: a.port };
+    conf.mgs()?;
+    println!("{}", crate::mgs::format(&a.data.join("mgs"), &a.fsname)?);
+    for i in 0..a.mdts {
+        println!("{}", crate::mdt::format(&a.data.join(format!("mdt{i}")), &format!("mdt{i}"), i, a.mdt_size, 4)?);
+    }
+    let f = crate::ost::OstFormat {
+        size: a.ost_size,
+        data_drives: a.ost_drives,
+        strip: 128 << 10,
+        index_size: a.mdt_size,
+        index_drives: 4,
+    };
+    for i in 0..a.osts {
+        println!("{}", crate::ost::format(&a.data.join(format!("ost{i}")), &format!("ost{i}"), &f)?);
+    }
+    conf.save(&conf_path(&a.data))?;
+    Ok(conf)
+}
+
+/// `nacre up`: serve in this process (`--foreground`), or start a process that does and
+/// return once it serves.
+pub fn up(a: UpArgs) -> CliResult {
+    std::fs::create_dir_all(&a.data).map_err(|e| format!("{}: {e}", a.data.display()))?;
+    if a.foreground {
+        return serve(&a, false);
+    }
+    // Fail here, not in the child, when it is already up.
+    drop(take_lock(&a.data)?);
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(a.data.join("nacre.log"))?;
+    let exe = std::env::current_exe()?;
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    args.push("--foreground".into());
+    args.push("--detached".into());
+    let mut cmd = Command::new(exe);
+    cmd.args(&args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
+    // SAFETY: setsid is async-signal-safe; the child leaves our session so that the
+    // shell's hangup or Ctrl-C does not reach it.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
+    let out = child.stdout.take().ok_or("no pipe to the serving process")?;
+    for line in BufReader::new(out).lines() {
+        let line = line?;
+        println!("{line}");
+        if line.starts_with("ready") {
+            return Ok(());
+        }
+    }
+    let status = child.wait()?;
+    Err(format!(
+        "the serving process stopped before it was ready ({status}); see {}",
+        a.data.join("nacre.log").display()
+    )
+    .into())
+}
+
+/// Whether `path` is a mount point now (per /proc/self/mountinfo).
+pub fn is_mounted(path: &Path) -> bool {
+    let Ok(canon) = std::fs::canonicalize(path).or_else(|_| Ok::<_, ()>(path.to_path_buf())) else { return false };
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|m| m.lines().any(|l| l.split(' ').nth(4).is_some_and(|p| Path::new(&unescape(p)) == canon)))
+        .unwrap_or(false)
+}
+
+/// A mountinfo path field with its octal escapes (`\040` for a space) undone.
+pub fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8)
+        {
+            out.push(v);
+            i += 4;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Take a dead mount (its process was killed) off `path`.
+fn clear_stale_mount(path: &Path) {
+    if is_mounted(path) && std::fs::metadata(path).is_err() {
+        let _ = crate::fsys::unmount(path, true);
+    }
+}
+
+fn serve(a: &UpArgs, _quiet: bool) -> CliResult {
+    let detached = a.detached;
+    let _lock = take_lock(&a.data)?;
+    let conf = if conf_path(&a.data).exists() {
+        let c = Conf::load(&conf_path(&a.data))?;
+        println!("file system {} in {}: {} MDT(s), {} OST(s)", c.fsname, a.data.display(), c.mdts, c.osts);
+        c
+    } else {
+        format(a)?
+    };
+    let mgs_nid = conf.mgs()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let data = a.data.clone();
+    let result: CliResult = rt.block_on(async {
+        let mgs = Arc::new(crate::mgs::open(&data.join("mgs"))?);
+        let mut mdts = Vec::new();
+        for i in 0..conf.mdts {
+            mdts.push(Arc::new(crate::mdt::open(&data.join(format!("mdt{i}")), &format!("mdt{i}"))?));
+        }
+        let mut osts = Vec::new();
+        for i in 0..conf.osts {
+            osts.push(Arc::new(crate::ost::open(&data.join(format!("ost{i}")), &format!("ost{i}"))?));
+        }
+        let host = conf.host.clone();
+        let m = mgs_nid.clone();
+        let listen = move |name: &str| -> Nid {
+            if name == "mgs" { m.clone() } else { format!("{host}@tcp:0").parse().unwrap_or_else(|_| m.clone()) }
+        };
+        let local = Local::start(Arc::new(TcpTransport), listen, mgs, mdts, osts).await?;
+        if !local.wait_ready(Duration::from_secs(60)).await {
+            return Err("the MDTs got no objects from the OSTs within 60 s".into());
+        }
+        std::fs::write(data.join("nacre.pid"), format!("{}\n", std::process::id()))?;
+        let mounted = match &a.mount {
+            Some(mnt) => {
+                clear_stale_mount(mnt);
+                Some(crate::fsys::mount_here(local.mgs(), mnt, &a.mount_opts).await?)
+            }
+            None => None,
+        };
+        println!(
+            "ready: file system {} served from {}{}",
+            conf.fsname,
+            local.mgs(),
+            a.mount.as_ref().map(|m| format!(", mounted on {}", m.display())).unwrap_or_default()
+        );
+        let _ = std::io::stdout().flush();
+        if detached {
+            // The parent has what it waited for; stdout is gone with it.
+            // SAFETY: dup2 of /dev/null over stdout, our own descriptor.
+            if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+                unsafe { libc::dup2(null.as_raw_fd(), 1) };
+            }
+        }
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        eprintln!("stopping");
+        if let (Some(m), Some(mnt)) = (mounted, &a.mount) {
+            // Files still open are written back by their closes; then the kernel lets go.
+            if let Err(e) = tokio::task::spawn_blocking(move || m.unmount()).await? {
+                eprintln!("unmounting {}: {e}", mnt.display());
+                let _ = crate::fsys::unmount(mnt, true);
+            }
+        }
+        drop(local);
+        Ok(())
+    });
+    // Targets close (redb makes its commits durable) as the runtime's tasks drop.
+    drop(rt);
+    let _ = std::fs::remove_file(a.data.join("nacre.pid"));
+    result
+}
+
+#[derive(clap::Args)]
+pub struct DownArgs {
+    #[arg(long, default_value = "nacre-data")]
+    pub data: PathBuf,
+    /// Seconds to wait for a clean stop before killing.
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
+}
+
+/// `nacre down`: stop the process serving `--data`, and return once it and its mount
+/// are gone.
+pub fn down(a: DownArgs) -> CliResult {
+    let pid_path = a.data.join("nacre.pid");
+    let pid: Option<i32> = std::fs::read_to_string(&pid_path).ok().and_then(|s| s.trim().parse().ok());
+    let running = take_lock(&a.data).is_err();
+    let Some(pid) = pid.filter(|_| running) else {
+        println!("nothing is up in {}", a.data.display());
+        return Ok(());
+    };
+    // SAFETY: kill(2) with a pid we read; a wrong one fails with ESRCH.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let started = Instant::now();
+    while take_lock(&a.data).is_err() {
+        if started.elapsed() > Duration::from_secs(a.timeout) {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            std::thread::sleep(Duration::from_millis(200));
+            return Err(format!("process {pid} did not stop within {} s: killed", a.timeout).into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!("stopped the file system in {}", a.data.display());
+    Ok(())
+}
