@@ -1,0 +1,432 @@
+//! The file system through the kernel: `nacre up` with a FUSE mount, then what programs
+//! do — checked against what Linux's local file system does with the same calls
+//! (errors included), a seeded random-operation run after fsx against a model file, two
+//! mounts sharing a file, and `up` after the serving process was killed.
+
+mod common;
+
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::nacre;
+
+/// A free TCP port for an MGS.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("nacre-mount-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&p);
+    fs::create_dir_all(&p).unwrap();
+    p
+}
+
+/// A file system from `nacre up`, mounted; `nacre down` when dropped.
+struct Up {
+    data: PathBuf,
+    mnt: PathBuf,
+    port: u16,
+}
+
+impl Up {
+    fn start(name: &str) -> Up {
+        let root = scratch(name);
+        let (data, mnt) = (root.join("data"), root.join("mnt"));
+        fs::create_dir_all(&mnt).unwrap();
+        let up = Up { data, mnt, port: free_port() };
+        up.up();
+        up
+    }
+
+    fn up(&self) {
+        let out = nacre()
+            .args(["up", "--osts", "2", "--ost-size", "64M", "--mdt-size", "64M", "--port"])
+            .arg(self.port.to_string())
+            .arg("--data")
+            .arg(&self.data)
+            .arg("--mount")
+            .arg(&self.mnt)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "nacre up: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("ready"), "{}", String::from_utf8_lossy(&out.stdout));
+    }
+
+    fn down(&self) {
+        let out = nacre().arg("down").arg("--data").arg(&self.data).output().unwrap();
+        assert!(out.status.success(), "nacre down: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    fn pid(&self) -> i32 {
+        fs::read_to_string(self.data.join("nacre.pid")).unwrap().trim().parse().unwrap()
+    }
+
+    fn mgs(&self) -> String {
+        format!("127.0.0.1@tcp:{}", self.port)
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = nacre().arg("down").arg("--data").arg(&self.data).output();
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).output();
+        if let Some(root) = self.data.parent() {
+            let _ = fs::remove_dir_all(root);
+        }
+    }
+}
+
+/// What a call gave: a value rendered as text, or its errno.
+type Outcome = Result<String, i32>;
+
+fn errno(e: std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(-1)
+}
+
+fn o<T: std::fmt::Debug>(r: std::io::Result<T>) -> Outcome {
+    r.map(|v| format!("{v:?}")).map_err(errno)
+}
+
+/// Run `f` as uid/gid 65534 (nobody) in a child process: its exit code is the errno of
+/// the first failure, 0 if all went well.
+fn as_nobody(script: &str) -> i32 {
+    let status = Command::new("sh").arg("-c").arg(script).uid(65534).gid(65534).status().unwrap();
+    status.code().unwrap_or(-1)
+}
+
+/// The POSIX behaviour suite: every step's outcome on `root`, in order.
+fn posix_suite(root: &Path) -> Vec<(String, Outcome)> {
+    let mut out: Vec<(String, Outcome)> = Vec::new();
+    let mut step = |name: &str, r: Outcome| out.push((name.to_string(), r));
+    let p = |n: &str| root.join(n);
+    // Create flags.
+    step("create", o(File::create(p("a")).map(|_| ())));
+    step("excl on existing", o(OpenOptions::new().write(true).create_new(true).open(p("a")).map(|_| ())));
+    step("write", o(fs::write(p("a"), b"hello world")));
+    step("trunc", o(OpenOptions::new().write(true).truncate(true).open(p("a")).map(|_| ())));
+    step("after trunc", o(fs::read(p("a"))));
+    {
+        let mut f = OpenOptions::new().append(true).create(true).open(p("log")).unwrap();
+        f.write_all(b"one\n").unwrap();
+        f.seek(SeekFrom::Start(0)).unwrap();
+        f.write_all(b"two\n").unwrap();
+    }
+    step("append", o(fs::read_to_string(p("log"))));
+    // pread/pwrite, beyond 4 GiB, sparse.
+    {
+        let f = OpenOptions::new().read(true).write(true).create(true).open(p("big")).unwrap();
+        f.write_all_at(b"start", 0).unwrap();
+        f.write_all_at(b"far", (5 << 30) + 7).unwrap();
+        f.sync_all().unwrap();
+        let mut b = [0u8; 3];
+        f.read_exact_at(&mut b, (5 << 30) + 7).unwrap();
+        step("read past 4 GiB", Ok(format!("{b:?}")));
+        let mut hole = [1u8; 16];
+        f.read_exact_at(&mut hole, 1 << 30).unwrap();
+        step("hole", Ok(format!("{hole:?}")));
+    }
+    step("big size", o(fs::metadata(p("big")).map(|m| m.len())));
+    // truncate, ftruncate.
+    fs::write(p("t"), vec![7u8; 100_000]).unwrap();
+    step("truncate down", o(OpenOptions::new().write(true).open(p("t")).and_then(|f| f.set_len(10))));
+    step("after truncate", o(fs::read(p("t"))));
+    step("extend", o(OpenOptions::new().write(true).open(p("t")).and_then(|f| f.set_len(20))));
+    step("after extend", o(fs::read(p("t"))));
+    step("fsync", o(File::open(p("t")).and_then(|f| f.sync_all())));
+    step("fdatasync", o(OpenOptions::new().write(true).open(p("t")).and_then(|f| f.sync_data())));
+    // chmod, chown, utimens.
+    step("chmod", o(fs::set_permissions(p("t"), fs::Permissions::from_mode(0o640))));
+    step("mode", o(fs::metadata(p("t")).map(|m| m.mode() & 0o7777)));
+    step("chown", o(std::os::unix::fs::chown(p("t"), Some(65534), Some(65534))));
+    step("owner", o(fs::metadata(p("t")).map(|m| (m.uid(), m.gid()))));
+    std::os::unix::fs::chown(p("t"), Some(0), Some(0)).unwrap();
+    {
+        let f = File::open(p("t")).unwrap();
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+        step("utimens", o(f.set_times(fs::FileTimes::new().set_modified(t).set_accessed(t))));
+    }
+    step("mtime", o(fs::metadata(p("t")).map(|m| m.mtime())));
+    // Permissions as a non-root user.
+    fs::create_dir(p("private")).unwrap();
+    fs::set_permissions(p("private"), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::set_permissions(root, fs::Permissions::from_mode(0o755)).unwrap();
+    let q = |n: &str| p(n).display().to_string();
+    step(
+        "nobody writes root's file",
+        Ok(as_nobody(&format!("echo x > {} 2>/dev/null || exit 13", q("t"))).to_string()),
+    );
+    step(
+        "nobody lists private dir",
+        Ok(as_nobody(&format!("ls {} >/dev/null 2>&1 || exit 13", q("private"))).to_string()),
+    );
+    step("nobody reads 0640 file", Ok(as_nobody(&format!("cat {} >/dev/null 2>&1 || exit 13", q("t"))).to_string()));
+    fs::create_dir(p("pub")).unwrap();
+    fs::set_permissions(p("pub"), fs::Permissions::from_mode(0o1777)).unwrap();
+    fs::write(p("pub/roots"), b"r").unwrap();
+    step(
+        "sticky: nobody removes root's file",
+        Ok(as_nobody(&format!("rm -f {} 2>/dev/null || exit 1", q("pub/roots"))).to_string()),
+    );
+    step("nobody creates in sticky dir", Ok(as_nobody(&format!("echo n > {} || exit 1", q("pub/mine"))).to_string()));
+    step("nobody's file owner", o(fs::metadata(p("pub/mine")).map(|m| (m.uid(), m.gid()))));
+    // Links.
+    step("hard link", o(fs::hard_link(p("t"), p("t2"))));
+    step("nlink", o(fs::metadata(p("t")).map(|m| m.nlink())));
+    step("link over existing", o(fs::hard_link(p("t"), p("a"))));
+    step("symlink", o(std::os::unix::fs::symlink("t", p("s"))));
+    step("readlink", o(fs::read_link(p("s"))));
+    step("through symlink", o(fs::read(p("s"))));
+    step("lstat kind", o(fs::symlink_metadata(p("s")).map(|m| m.file_type().is_symlink())));
+    // Renames.
+    fs::write(p("r1"), b"one").unwrap();
+    fs::write(p("r2"), b"two").unwrap();
+    step("rename over file", o(fs::rename(p("r1"), p("r2"))));
+    step("renamed content", o(fs::read(p("r2"))));
+    step("old name gone", o(fs::metadata(p("r1")).map(|_| ())));
+    fs::create_dir(p("d1")).unwrap();
+    fs::create_dir(p("d2")).unwrap();
+    step("rename dir over empty dir", o(fs::rename(p("d1"), p("d2"))));
+    fs::create_dir(p("d3")).unwrap();
+    fs::write(p("d2/x"), b"").unwrap();
+    step("rename dir over non-empty", o(fs::rename(p("d3"), p("d2"))));
+    step("rename file over dir", o(fs::rename(p("r2"), p("d3"))));
+    step("rename dir over file", o(fs::rename(p("d3"), p("r2"))));
+    step("rename into own child", o(fs::rename(p("d2"), p("d2/x/y"))));
+    // Unlink of an open file.
+    {
+        fs::write(p("open"), b"still here").unwrap();
+        let mut f = File::open(p("open")).unwrap();
+        step("unlink open", o(fs::remove_file(p("open"))));
+        let mut s = String::new();
+        step("read after unlink", o(f.read_to_string(&mut s).map(|_| s.clone())));
+        step("gone by name", o(fs::metadata(p("open")).map(|_| ())));
+    }
+    // Directories and errors.
+    step("rmdir non-empty", o(fs::remove_dir(p("d2"))));
+    step("unlink dir", o(fs::remove_file(p("d2"))));
+    step("open dir for write", o(OpenOptions::new().write(true).open(p("d2")).map(|_| ())));
+    step("mkdir existing", o(fs::create_dir(p("d2"))));
+    step("through a file", o(fs::metadata(p("t/x")).map(|_| ())));
+    step("missing parent", o(File::create(p("nope/x")).map(|_| ())));
+    step("name too long", o(File::create(p(&"n".repeat(256))).map(|_| ())));
+    step("255 bytes fine", o(File::create(p(&"n".repeat(255))).map(|_| ())));
+    // xattrs.
+    let c = |path: PathBuf| CString::new(path.into_os_string().into_encoded_bytes()).unwrap();
+    let (f, name) = (c(p("t")), CString::new("user.color").unwrap());
+    // SAFETY: valid C strings and buffers.
+    let set = unsafe { libc::setxattr(f.as_ptr(), name.as_ptr(), b"blue".as_ptr().cast(), 4, 0) };
+    step("setxattr", Ok(format!("{set}")));
+    let mut buf = [0u8; 16];
+    let n = unsafe { libc::getxattr(f.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    step("getxattr", Ok(String::from_utf8_lossy(&buf[..n.max(0) as usize]).into_owned()));
+    let create = unsafe { libc::setxattr(f.as_ptr(), name.as_ptr(), b"red".as_ptr().cast(), 3, libc::XATTR_CREATE) };
+    step(
+        "xattr create on existing",
+        Ok(format!(
+            "{create} {}",
+            std::io::Error::last_os_error().raw_os_error().unwrap_or(0) * i32::from(create != 0)
+        )),
+    );
+    let rm = unsafe { libc::removexattr(f.as_ptr(), name.as_ptr()) };
+    step("removexattr", Ok(format!("{rm}")));
+    let gone = unsafe { libc::getxattr(f.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    step("getxattr removed", Ok(format!("{gone} {}", std::io::Error::last_os_error().raw_os_error().unwrap_or(0))));
+    // Listing.
+    let mut names: Vec<String> =
+        fs::read_dir(root).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    step("readdir", Ok(names.join(",")));
+    out
+}
+
+#[test]
+fn posix_calls_through_the_mount_do_what_linux_does() {
+    let fs = Up::start("posix");
+    let local = scratch("posix-local");
+    let want = posix_suite(&local);
+    let nacre_root = fs.mnt.join("suite");
+    fs::create_dir(&nacre_root).unwrap();
+    let got = posix_suite(&nacre_root);
+    let mut diffs = Vec::new();
+    for ((name, w), (_, g)) in want.iter().zip(&got) {
+        if w != g {
+            diffs.push(format!("{name}: local {w:?}, nacre {g:?}"));
+        }
+    }
+    assert!(diffs.is_empty(), "differences from the local file system:\n{}", diffs.join("\n"));
+    assert_eq!(want.len(), got.len());
+    // statfs sums the targets.
+    let out = Command::new("df").arg("-B1").arg(&fs.mnt).output().unwrap();
+    assert!(out.status.success());
+    let _ = fs::remove_dir_all(&local);
+}
+
+/// A seeded random-operation run after fsx: writes, reads, truncates and mmap reads of
+/// one file through the mount, each checked against a model of the file.
+#[test]
+fn random_operations_match_a_model_file() {
+    let fs = Up::start("fsx");
+    let seed = common::seed("fsx");
+    let ops: u64 = std::env::var("NACRE_FSX_OPS").ok().and_then(|s| s.parse().ok()).unwrap_or(100_000);
+    let path = fs.mnt.join("fsx.bin");
+    // A layout striped over both OSTs in 64 KiB stripes, so operations cross objects.
+    let out = nacre().args(["setstripe", "-c", "2", "-S", "64K"]).arg(&path).output().unwrap();
+    assert!(out.status.success(), "setstripe: {}", String::from_utf8_lossy(&out.stderr));
+    let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    let mut model: Vec<u8> = Vec::new();
+    let mut x = seed | 1;
+    let mut rnd = |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n.max(1)
+    };
+    const MAX: u64 = 1 << 20;
+    for op in 0..ops {
+        match rnd(10) {
+            0..=3 => {
+                let off = rnd(MAX);
+                let big = rnd(4) == 0;
+                let len = 1 + rnd(if big { 65_536 } else { 4096 });
+                let fill = (op % 251) as u8 + 1;
+                let data: Vec<u8> = (0..len).map(|i| fill.wrapping_add(i as u8)).collect();
+                f.write_all_at(&data, off).unwrap();
+                let end = (off + len) as usize;
+                if model.len() < end {
+                    model.resize(end, 0);
+                }
+                model[off as usize..end].copy_from_slice(&data);
+            }
+            4..=7 => {
+                let off = rnd(MAX);
+                let len = 1 + rnd(65_536);
+                let mut buf = vec![0u8; len as usize];
+                let mut got = 0;
+                while got < buf.len() {
+                    let n = f.read_at(&mut buf[got..], off + got as u64).unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    got += n;
+                }
+                let want = model.get(off as usize..(off as usize + len as usize).min(model.len())).unwrap_or(&[]);
+                assert_eq!(&buf[..got], want, "op {op}: read {len} at {off} (seed {seed})");
+            }
+            8 => {
+                let size = rnd(MAX);
+                f.set_len(size).unwrap();
+                model.resize(size as usize, 0);
+            }
+            _ => {
+                // mmap reads see what was written.
+                let len = model.len();
+                if len == 0 {
+                    continue;
+                }
+                f.sync_all().unwrap();
+                use std::os::fd::AsRawFd;
+                // SAFETY: a private read-only map of `len` bytes of an open file, unmapped below.
+                let p = unsafe {
+                    libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0)
+                };
+                assert_ne!(p, libc::MAP_FAILED, "op {op}: mmap failed");
+                let view = unsafe { std::slice::from_raw_parts(p as *const u8, len) };
+                let at = rnd(len as u64) as usize;
+                let n = (rnd(8192) as usize).min(len - at);
+                assert_eq!(&view[at..at + n], &model[at..at + n], "op {op}: mmap read at {at} (seed {seed})");
+                unsafe { libc::munmap(p, len) };
+            }
+        }
+        if op % 5000 == 0 {
+            assert_eq!(f.metadata().unwrap().len(), model.len() as u64, "op {op}: size (seed {seed})");
+        }
+    }
+    drop(f);
+    assert_eq!(fs::read(&path).unwrap(), model, "the whole file after {ops} operations (seed {seed})");
+}
+
+#[test]
+fn two_mounts_write_disjoint_ranges_of_one_file_and_read_each_other() {
+    let fs = Up::start("two");
+    let second = fs.mnt.parent().unwrap().join("mnt2");
+    fs::create_dir_all(&second).unwrap();
+    let out = nacre().args(["mount", "--mgs", &fs.mgs()]).arg(&second).output().unwrap();
+    assert!(out.status.success(), "nacre mount: {}", String::from_utf8_lossy(&out.stderr));
+    let (a, b) = (fs.mnt.join("shared"), second.join("shared"));
+    let out = nacre().args(["setstripe", "-c", "2", "-S", "64K"]).arg(&a).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let block = 300_000usize;
+    let fa = OpenOptions::new().write(true).open(&a).unwrap();
+    let fb = OpenOptions::new().write(true).open(&b).unwrap();
+    let pattern = |i: usize| vec![(i * 37 % 251) as u8 + 1; block];
+    for i in 0..8 {
+        let (f, off) = if i % 2 == 0 { (&fa, i * block) } else { (&fb, i * block) };
+        f.write_all_at(&pattern(i), off as u64).unwrap();
+    }
+    fa.sync_all().unwrap();
+    fb.sync_all().unwrap();
+    drop((fa, fb));
+    let want: Vec<u8> = (0..8).flat_map(pattern).collect();
+    assert!(fs::read(&a).unwrap() == want, "the first mount reads both mounts' bytes");
+    assert!(fs::read(&b).unwrap() == want, "the second mount reads both mounts' bytes");
+    let out = nacre().arg("umount").arg(&second).output().unwrap();
+    assert!(out.status.success(), "nacre umount: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn up_after_the_server_was_killed_finds_all_the_data() {
+    let fs = Up::start("kill");
+    let mut files = Vec::new();
+    for (i, size) in [0usize, 1, 4096, 100_000, 3 << 20].into_iter().enumerate() {
+        let data: Vec<u8> = (0..size).map(|k| (k * 7 + i) as u8).collect();
+        let p = fs.mnt.join(format!("f{i}"));
+        let mut f = File::create(&p).unwrap();
+        f.write_all(&data).unwrap();
+        f.sync_all().unwrap();
+        files.push((format!("f{i}"), data));
+    }
+    fs::create_dir(fs.mnt.join("dir")).unwrap();
+    std::os::unix::fs::symlink("f1", fs.mnt.join("link")).unwrap();
+    // A second up on a running folder refuses, and says why.
+    let again = nacre().args(["up", "--port"]).arg(fs.port.to_string()).arg("--data").arg(&fs.data).output().unwrap();
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already up"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    // SIGKILL: no clean stop.
+    // SAFETY: kill(2) of the serving process we started.
+    unsafe { libc::kill(fs.pid(), libc::SIGKILL) };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    fs.up();
+    for (name, data) in &files {
+        assert!(fs::read(fs.mnt.join(name)).unwrap() == *data, "{name} after the kill");
+    }
+    assert!(fs.mnt.join("dir").is_dir());
+    assert_eq!(fs::read_link(fs.mnt.join("link")).unwrap(), Path::new("f1"));
+    // And a clean stop and start.
+    fs.down();
+    assert!(!common_is_mounted(&fs.mnt), "down leaves no mount");
+    fs.up();
+    assert!(fs::read(fs.mnt.join("f4")).unwrap() == files[4].1);
+}
+
+fn common_is_mounted(p: &Path) -> bool {
+    let p = fs::canonicalize(p).unwrap();
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(p.to_str().unwrap()))
+}
