@@ -125,7 +125,7 @@ fn posix_suite(root: &Path) -> Vec<(String, Outcome)> {
     step("append", o(fs::read_to_string(p("log"))));
     // pread/pwrite, beyond 4 GiB, sparse.
     {
-        let f = OpenOptions::new().read(true).write(true).create(true).open(p("big")).unwrap();
+        let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(p("big")).unwrap();
         f.write_all_at(b"start", 0).unwrap();
         f.write_all_at(b"far", (5 << 30) + 7).unwrap();
         f.sync_all().unwrap();
