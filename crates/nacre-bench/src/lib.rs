@@ -3,6 +3,7 @@
 //! The RAID benches and the transport selftest live here; the IO500 phases join them with
 //! their issue.
 
+pub mod client;
 pub mod kernel;
 pub mod mds;
 pub mod net;

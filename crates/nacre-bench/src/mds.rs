@@ -549,9 +549,9 @@ async fn nacre_round(
 
 /// Rates of the local file system doing the same work (per second).
 #[derive(Default)]
-struct LocalRates {
-    create: f64,
-    stat: f64,
+pub(crate) struct LocalRates {
+    pub(crate) create: f64,
+    pub(crate) stat: f64,
     readdir: f64,
     /// Files made and written with 3,901 bytes.
     small: f64,
@@ -562,7 +562,11 @@ struct LocalRates {
 /// only). Returns the rates and the folder the files are in: they are removed (and the
 /// unlinks timed, [`local_unlink`]) only after every round, because a journal-less ext4
 /// crawls on creates for minutes after many deletes (it avoids recently freed inodes).
-fn local_round(root: &Path, o: &MdsBenchOptions, fsync_dir: bool) -> Result<(LocalRates, PathBuf), BenchError> {
+pub(crate) fn local_round(
+    root: &Path,
+    o: &MdsBenchOptions,
+    fsync_dir: bool,
+) -> Result<(LocalRates, PathBuf), BenchError> {
     let per = (o.files / o.clients as u64).max(1);
     let base = root.join(format!("nacre-bench-mds-local-{}-{}", std::process::id(), fastrand_suffix()));
     let dirs: Vec<PathBuf> = (0..o.clients).map(|i| base.join(format!("t{i}"))).collect();
@@ -625,7 +629,7 @@ fn local_round(root: &Path, o: &MdsBenchOptions, fsync_dir: bool) -> Result<(Loc
 
 /// Threads removing one round's empty files (`f{j}` in `t{i}`), then the whole folder;
 /// returns the unlink rate.
-fn local_unlink(base: &Path, o: &MdsBenchOptions) -> Result<f64, BenchError> {
+pub(crate) fn local_unlink(base: &Path, o: &MdsBenchOptions) -> Result<f64, BenchError> {
     let per = (o.files / o.clients as u64).max(1);
     let started = Instant::now();
     std::thread::scope(|s| {

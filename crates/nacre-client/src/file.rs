@@ -118,7 +118,8 @@ pub struct File {
     fid: Fid,
     handle: u64,
     flags: OpenFlags,
-    layout: Arc<FileLayout>,
+    /// Fetched at the first IO: a file opened and closed without any costs no RPC for it.
+    layout: tokio::sync::OnceCell<Arc<FileLayout>>,
     st: tokio::sync::Mutex<State>,
     /// `State::size`, readable without the lock (for `stat` while writes are dirty).
     size_hint: AtomicU64,
@@ -137,13 +138,6 @@ impl File {
             let errno = if mode::is_dir(attr.mode) { errno::EISDIR } else { errno::EINVAL };
             return Err(Error::new(errno, format!("{fid} is not a regular file")));
         }
-        let layout = match fs.file_layout(c, fid).await {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = fs.md(mdt, c, &Request::Close { handle }, &[]).await;
-                return Err(e);
-            }
-        };
         if flags.write {
             fs.add_writer(fid);
         }
@@ -153,18 +147,13 @@ impl File {
             fid,
             handle,
             flags,
-            layout,
+            layout: tokio::sync::OnceCell::new(),
             st: tokio::sync::Mutex::new(State { size: attr.size, ..State::default() }),
             size_hint: AtomicU64::new(attr.size),
             closed: AtomicBool::new(false),
         };
         if flags.truncate && flags.write {
             f.set_len(0).await?;
-        } else if flags.write {
-            // Our own earlier writes may not be on the MDT yet: ask the objects.
-            let a = f.fs.glimpse(c, attr).await?;
-            f.st.lock().await.size = a.size;
-            f.size_hint.store(a.size, Ordering::Relaxed);
         }
         Ok(f)
     }
@@ -177,8 +166,9 @@ impl File {
         self.flags
     }
 
-    pub fn layout(&self) -> &FileLayout {
-        &self.layout
+    /// The file's layout and objects (fetched once, at the first IO).
+    pub async fn layout(&self) -> Result<Arc<FileLayout>> {
+        self.layout.get_or_try_init(|| self.fs.file_layout(&self.creds, self.fid)).await.cloned()
     }
 
     /// The size as this handle knows it, dirty writes included (no RPC).
@@ -220,14 +210,15 @@ impl File {
             Error::new(errno::EFBIG, format!("a write of {len} bytes at {offset} passes the largest file size"))
         })?;
         // A write past the layout's end fails now, not at write-back.
-        self.layout.plan(offset, len, u64::MAX)?;
+        let layout = self.layout().await?;
+        layout.plan(offset, len, u64::MAX)?;
         st.ra.chunks.clear();
         let size = st.size.max(end);
         self.set_size(&mut st, size);
         st.written = true;
         if self.flags.direct {
             self.flush(&mut st).await?;
-            return write_range(&self.fs, &self.creds, self.fid, &self.layout, offset, Bytes::copy_from_slice(data))
+            return write_range(&self.fs, &self.creds, self.fid, &layout, offset, Bytes::copy_from_slice(data))
                 .await
                 .map(|_| data.len());
         }
@@ -259,7 +250,7 @@ impl File {
             }
         }
         st.dirty_bytes += len;
-        if st.dirty_bytes >= self.flush_unit() {
+        if st.dirty_bytes >= self.flush_unit(&layout) {
             self.launch(&mut st).await;
         }
         Ok(data.len())
@@ -267,9 +258,9 @@ impl File {
 
     /// Dirty bytes that make a write-back: a full RPC to every object of the widest
     /// component, within a quarter of the mount's dirty budget.
-    fn flush_unit(&self) -> u64 {
+    fn flush_unit(&self, layout: &FileLayout) -> u64 {
         let p = &self.fs.inner.params;
-        let width = self.layout.objects.iter().map(Vec::len).max().unwrap_or(1).max(1) as u64;
+        let width = layout.objects.iter().map(Vec::len).max().unwrap_or(1).max(1) as u64;
         (p.rpc_bytes() * width).min(p.dirty.size() / 4).max(1)
     }
 
@@ -291,7 +282,12 @@ impl File {
             }
         }
         st.flushing = keep;
-        let (fs, creds, fid, layout) = (self.fs.clone(), self.creds.clone(), self.fid, self.layout.clone());
+        let Some(layout) = self.layout.get().cloned() else {
+            // Dirty data means a write, and a write fetched the layout.
+            st.error.get_or_insert(Error::new(errno::EIO, "write-back without a layout"));
+            return;
+        };
+        let (fs, creds, fid) = (self.fs.clone(), self.creds.clone(), self.fid);
         let task = tokio::spawn(async move {
             let mut set = tokio::task::JoinSet::new();
             for (offset, d) in extents {
@@ -360,24 +356,39 @@ impl File {
             return Ok(Vec::new());
         }
         let per_file = self.fs.inner.params.read_ahead_per_file.load(Ordering::Relaxed);
+        let layout = self.layout().await?;
         if self.flags.direct || per_file == 0 {
-            return read_range(&self.fs, &self.creds, self.fid, &self.layout, offset, len).await;
+            return read_range(&self.fs, &self.creds, self.fid, &layout, offset, len).await;
         }
-        self.read_ahead(&mut st, offset, len, per_file).await
+        self.read_ahead(&mut st, &layout, offset, len, per_file).await
     }
 
-    async fn read_ahead(&self, st: &mut State, offset: u64, len: u64, per_file: u64) -> Result<Vec<u8>> {
+    async fn read_ahead(
+        &self,
+        st: &mut State,
+        layout: &Arc<FileLayout>,
+        offset: u64,
+        len: u64,
+        per_file: u64,
+    ) -> Result<Vec<u8>> {
         let chunk = self.fs.inner.params.rpc_bytes();
         let end = offset + len;
-        if offset == st.ra.next {
-            st.ra.window = (st.ra.window * 2).clamp(chunk, per_file.max(chunk));
+        // The kernel sends a stream's reads several at once, so they may come out of
+        // order: a read near the stream's head continues it.
+        let near = st.ra.window.max(chunk);
+        let in_stream = offset.saturating_add(near) >= st.ra.next && offset <= st.ra.next.saturating_add(near);
+        if in_stream {
+            if end > st.ra.next {
+                st.ra.window = (st.ra.window * 2).clamp(chunk, per_file.max(chunk));
+            }
+            st.ra.next = st.ra.next.max(end);
         } else {
             st.ra.chunks.clear();
             st.ra.window = 0;
+            st.ra.next = end;
         }
-        st.ra.next = end;
         if st.ra.window == 0 {
-            return read_range(&self.fs, &self.creds, self.fid, &self.layout, offset, len).await;
+            return read_range(&self.fs, &self.creds, self.fid, layout, offset, len).await;
         }
         // Ask for the chunks this read needs and those of the window after it.
         let size = st.size;
@@ -391,7 +402,7 @@ impl File {
                 if permit.is_none() && !needed {
                     break;
                 }
-                let (fs, creds, fid, layout) = (self.fs.clone(), self.creds.clone(), self.fid, self.layout.clone());
+                let (fs, creds, fid, layout) = (self.fs.clone(), self.creds.clone(), self.fid, layout.clone());
                 let task =
                     tokio::spawn(async move { read_range(&fs, &creds, fid, &layout, c, n).await.map(Bytes::from) });
                 slot.insert((Chunk::Pending(task), permit));
@@ -428,8 +439,11 @@ impl File {
             }
             c += chunk;
         }
-        // Chunks read to their end are done with.
-        let done: Vec<u64> = st.ra.chunks.range(..end).filter(|(s, _)| **s + chunk <= end).map(|(s, _)| *s).collect();
+        // Chunks the stream has passed are done with (a late read among them reads
+        // again).
+        let behind = st.ra.next.saturating_sub(near);
+        let done: Vec<u64> =
+            st.ra.chunks.range(..behind).filter(|(s, _)| **s + chunk <= behind).map(|(s, _)| *s).collect();
         for s in done {
             st.ra.chunks.remove(&s);
         }
@@ -457,7 +471,7 @@ impl File {
         if !st.written {
             return Ok(());
         }
-        let mut osts: Vec<u32> = self.layout.objects.iter().flatten().map(|(o, _)| *o).collect();
+        let mut osts: Vec<u32> = self.layout().await?.objects.iter().flatten().map(|(o, _)| *o).collect();
         osts.sort_unstable();
         osts.dedup();
         for o in osts {
@@ -517,11 +531,13 @@ impl Drop for File {
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
         let (fs, creds, fid, handle, layout) =
-            (self.fs.clone(), self.creds.clone(), self.fid, self.handle, self.layout.clone());
+            (self.fs.clone(), self.creds.clone(), self.fid, self.handle, self.layout.get().cloned());
         let st = std::mem::take(self.st.get_mut());
         rt.spawn(async move {
-            for (offset, d) in st.dirty {
-                let _ = write_range(&fs, &creds, fid, &layout, offset, Bytes::from(d.data)).await;
+            if let Some(layout) = layout {
+                for (offset, d) in st.dirty {
+                    let _ = write_range(&fs, &creds, fid, &layout, offset, Bytes::from(d.data)).await;
+                }
             }
             for f in st.flushing {
                 let _ = f.task.await;

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Subcommand;
+use nacre_bench::client::{ClientBenchOptions, run_client_bench};
 use nacre_bench::mds::{MdsBenchOptions, run_mds_bench};
 use nacre_bench::ost::{OstBenchOptions, run_ost_bench};
 
@@ -54,6 +55,28 @@ pub enum BenchCommand {
         #[arg(long)]
         durable_dir: Option<PathBuf>,
     },
+    /// The client library with no kernel in between: a whole file system served from this
+    /// process over loopback, creates, stats, unlinks and sequential IO through
+    /// `nacre-client`, against the local file system with as many threads.
+    Client {
+        /// Folder for the drive files.
+        #[arg(long, default_value = "/dev/shm")]
+        dir: PathBuf,
+        /// The local file system the reference runs on.
+        #[arg(long, default_value = "/tmp")]
+        local_dir: PathBuf,
+        /// Files per phase, over all clients.
+        #[arg(long, default_value_t = 8000)]
+        files: u64,
+        /// Concurrent tasks (and reference threads).
+        #[arg(long, default_value_t = 4)]
+        clients: usize,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Bytes each task writes and reads back.
+        #[arg(long, default_value = "64M", value_parser = crate::size::parse_size)]
+        io_size: u64,
+    },
 }
 
 pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
@@ -88,6 +111,21 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
             o.rounds = rounds;
             o.durable_dir = durable_dir;
             let figures = run_mds_bench(&o, &mut std::io::stdout())?;
+            println!("{}", serde_json::to_string(&figures)?);
+            Ok(())
+        }
+        BenchCommand::Client { dir, local_dir, files, clients, rounds, io_size } => {
+            if !(1..=256).contains(&clients) || !(1..=100).contains(&rounds) {
+                return Err("--clients must be 1 to 256 and --rounds 1 to 100".into());
+            }
+            if !(clients as u64..=1_000_000).contains(&files) {
+                return Err(format!("--files {files}: at least --clients and at most 1,000,000").into());
+            }
+            if !(1 << 20..=4 << 30).contains(&io_size) {
+                return Err(format!("--io-size {io_size}: 1M to 4G").into());
+            }
+            let o = ClientBenchOptions { dir, local_dir, files, clients, rounds, io_bytes: io_size };
+            let figures = run_client_bench(&o, &mut std::io::stdout())?;
             println!("{}", serde_json::to_string(&figures)?);
             Ok(())
         }

@@ -81,3 +81,37 @@ fn bench_mds_prints_every_figure() {
         ],
     );
 }
+
+/// The client library bench at a small size: every figure of its JSON line is there and
+/// positive (its IO phases read back and check what they wrote).
+#[test]
+fn bench_client_prints_every_figure() {
+    let dir = std::env::temp_dir().join(format!("nacre-bench-client-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = nacre()
+        .args(["bench", "client", "--files", "200", "--clients", "2", "--rounds", "1", "--io-size", "2M", "--dir"])
+        .arg(&dir)
+        .arg("--local-dir")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    bench_figures(
+        &out,
+        &[
+            "create_per_s",
+            "stat_per_s",
+            "unlink_per_s",
+            "write_mib_s",
+            "read_mib_s",
+            "local_create_per_s",
+            "local_unlink_per_s",
+            "create_ratio",
+            "unlink_ratio",
+            "stat_ratio",
+            "write_ratio",
+            "read_ratio",
+            "cores",
+        ],
+    );
+}
