@@ -873,3 +873,37 @@ async fn follow_config(fs: std::sync::Weak<Inner>, mut have: u64) {
         }
     }
 }
+
+/// A handler answering `get-param` and `set-param` for the client tunables of `fs`, for a
+/// mount's control endpoint (`nacre get-param` without `--server` asks every local mount).
+pub fn param_handler(fs: FileSystem) -> nacre_net::server::Handler {
+    use nacre_proto::param;
+    Arc::new(move |req: nacre_net::server::Incoming| {
+        let fs = fs.clone();
+        Box::pin(async move {
+            let fail = |status: i32, m: String| nacre_net::server::Reply {
+                status,
+                body: m.into_bytes(),
+                bulk: bytes::Bytes::new(),
+            };
+            match req.header.opcode {
+                param::OP_GET_PARAM => match param::decode_get(&req.body) {
+                    Ok(p) => nacre_net::server::Reply {
+                        status: 0,
+                        body: param::render(&fs.get_param(&p)).into_bytes(),
+                        bulk: bytes::Bytes::new(),
+                    },
+                    Err(e) => fail(-errno::EPROTO, format!("bad get-param request: {e}")),
+                },
+                param::OP_SET_PARAM => match param::decode_set(&req.body) {
+                    Ok((name, value)) => match fs.set_param(&name, &value) {
+                        Ok(()) => nacre_net::server::Reply::default(),
+                        Err(e) => fail(-e.errno, e.message),
+                    },
+                    Err(e) => fail(-errno::EPROTO, format!("bad set-param request: {e}")),
+                },
+                op => fail(-errno::EINVAL, format!("opcode {op}: a mount's control endpoint serves get-param and set-param")),
+            }
+        })
+    })
+}

@@ -519,7 +519,7 @@ impl fuser::Filesystem for Nacre {
             }
             let f = s.fs.open(&c, fid, flags).await.map_err(|e| err(&e))?;
             let fh = s.add_handle(f);
-            Ok(move |r: ReplyOpen| r.opened(FileHandle(fh), FopenFlags::empty()))
+            Ok(move |r: ReplyOpen| r.opened(FileHandle(fh), fopen(flags)))
         })
     }
 
@@ -799,9 +799,14 @@ impl fuser::Filesystem for Nacre {
             let fh = s.add_handle(f);
             let (fa, g) = s.entry(&a);
             let ttl = s.cfg.attr_timeout;
-            Ok(move |r: ReplyCreate| r.created(&ttl, &fa, g, FileHandle(fh), FopenFlags::empty()))
+            Ok(move |r: ReplyCreate| r.created(&ttl, &fa, g, FileHandle(fh), fopen(open)))
         })
     }
+}
+
+/// How the kernel treats an open file: O_DIRECT bypasses its page cache too.
+fn fopen(flags: OpenFlags) -> FopenFlags {
+    if flags.direct { FopenFlags::FOPEN_DIRECT_IO } else { FopenFlags::empty() }
 }
 
 /// A getxattr/listxattr answer: the size when asked with size 0, the value if it fits,

@@ -8,6 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 
 use clap::Args;
 use nacre_client::{Attr, Creds, Fid, FileSystem, MountOptions};
@@ -38,24 +39,76 @@ pub struct MountOpts {
     pub attr_timeout: f64,
 }
 
-/// Mount the file system of the MGS at `mgs` on `mnt` in this process.
-pub async fn mount_here(mgs: &Nid, mnt: &Path, o: &MountOpts) -> Res<nacre_fuse::Mount> {
+/// A mount served by this process, and its control endpoint (the client tunables, for
+/// `nacre get-param` / `set-param`).
+pub struct Mounted {
+    mount: nacre_fuse::Mount,
+    _ctl: nacre_net::server::Server,
+}
+
+impl Mounted {
+    pub fn unmount(self) -> std::io::Result<()> {
+        self.mount.unmount()
+    }
+
+    pub fn join(self) -> std::io::Result<()> {
+        self.mount.join()
+    }
+}
+
+/// Mount the file system of the MGS at `mgs` on `mnt` in this process. The mount's
+/// source in the mount table is `nacre:MGS,ctl=NID`, NID its control endpoint (loopback).
+pub async fn mount_here(mgs: &Nid, mnt: &Path, o: &MountOpts) -> Res<Mounted> {
     if !mnt.is_dir() {
         return Err(format!("mount point {} is not a directory", mnt.display()).into());
     }
     let fs = FileSystem::mount(mgs, MountOptions::default()).await.map_err(|e| format!("mounting from {mgs}: {e}"))?;
+    let ctl = nacre_net::server::Server::start(
+        Arc::new(nacre_net::transport::TcpTransport),
+        &"127.0.0.1@tcp:0".parse()?,
+        nacre_client::fs::param_handler(fs.clone()),
+        nacre_net::server::ServerConfig::default(),
+    )
+    .await?;
     let cfg = nacre_fuse::MountConfig {
         attr_timeout: std::time::Duration::from_secs_f64(o.attr_timeout.clamp(0.0, 3600.0)),
         writeback_cache: o.writeback_cache,
         root_squash: o.root_squash,
-        source: format!("{SOURCE_PREFIX}{mgs}"),
+        source: format!("{SOURCE_PREFIX}{mgs}{CTL_MARK}{}", ctl.nid()),
         ..nacre_fuse::MountConfig::default()
     };
     let (rt, mnt2) = (tokio::runtime::Handle::current(), mnt.to_path_buf());
     let m = tokio::task::spawn_blocking(move || nacre_fuse::mount(fs, rt, &mnt2, cfg))
         .await?
         .map_err(|e| format!("mounting on {}: {e}", mnt.display()))?;
-    Ok(m)
+    Ok(Mounted { mount: m, _ctl: ctl })
+}
+
+/// Between the MGS and the control endpoint in a mount's source.
+const CTL_MARK: &str = ",ctl=";
+
+/// Every Nacre mount of this machine: (mount point, MGS, control endpoint).
+pub fn local_mounts() -> Res<Vec<(PathBuf, Nid, Option<Nid>)>> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let mut out = Vec::new();
+    for line in info.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(dash) = fields.iter().position(|f| *f == "-") else { continue };
+        let (Some(point), Some(fstype), Some(source)) = (fields.get(4), fields.get(dash + 1), fields.get(dash + 2))
+        else {
+            continue;
+        };
+        let Some(source) = source.strip_prefix(SOURCE_PREFIX).filter(|_| fstype.starts_with("fuse")) else {
+            continue;
+        };
+        let (mgs, ctl) = match source.split_once(CTL_MARK) {
+            Some((m, c)) => (m, c.parse().ok()),
+            None => (source, None),
+        };
+        let Ok(mgs) = mgs.parse() else { continue };
+        out.push((PathBuf::from(crate::up::unescape(point)), mgs, ctl));
+    }
+    Ok(out)
 }
 
 /// Unmount `mnt` (lazily with `lazy`: a dead mount whose process is gone).
@@ -150,27 +203,12 @@ fn silence_stdio() {
 fn mount_of(path: &Path) -> Res<(PathBuf, Nid)> {
     let canon = std::fs::canonicalize(path)
         .or_else(|_| path.parent().map(std::fs::canonicalize).unwrap_or(Ok(PathBuf::from("/"))))?;
-    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
-    let mut best: Option<(PathBuf, String)> = None;
-    for line in info.lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let Some(dash) = fields.iter().position(|f| *f == "-") else { continue };
-        let (Some(point), Some(fstype), Some(source)) = (fields.get(4), fields.get(dash + 1), fields.get(dash + 2))
-        else {
-            continue;
-        };
-        let Some(source) = source.strip_prefix(SOURCE_PREFIX).filter(|_| fstype.starts_with("fuse")) else {
-            continue;
-        };
-        let point = PathBuf::from(crate::up::unescape(point));
-        if canon.starts_with(&point) && best.as_ref().is_none_or(|(b, _)| point.as_os_str().len() > b.as_os_str().len())
-        {
-            best = Some((point, source.to_string()));
-        }
-    }
-    let (point, source) = best.ok_or_else(|| format!("{} is not on a mounted Nacre file system", path.display()))?;
-    let nid = source.parse().map_err(|e| format!("mount {} names MGS {source:?}: {e}", point.display()))?;
-    Ok((point, nid))
+    let best = local_mounts()?
+        .into_iter()
+        .filter(|(point, _, _)| canon.starts_with(point))
+        .max_by_key(|(point, _, _)| point.as_os_str().len());
+    let (point, mgs, _) = best.ok_or_else(|| format!("{} is not on a mounted Nacre file system", path.display()))?;
+    Ok((point, mgs))
 }
 
 /// The path of `path` inside its mount, as `/a/b`.

@@ -42,16 +42,18 @@ enum Command {
     /// Print a running service's parameters and statistics whose names match a glob
     /// (`obdfilter.*.brw_stats`), as `lctl get_param` does.
     GetParam {
-        /// The service, e.g. 10.0.0.5@tcp:9100.
+        /// The service, e.g. 10.0.0.5@tcp:9100; without it, every Nacre mount of this
+        /// machine (the client tunables: `osc.*`, `llite.*`).
         #[arg(long)]
-        server: nacre_net::nid::Nid,
+        server: Option<nacre_net::nid::Nid>,
         pattern: String,
     },
     /// Set a running service's parameter (`ost.OSS.ost_io.nrs_tbf_rule="start slow
     /// nid={10.0.0.*} rate=100"`, `obdfilter.ost0.job_stats=clear`), as `lctl set_param`.
     SetParam {
+        /// The service; without it, every Nacre mount of this machine (with -P: their MGS).
         #[arg(long)]
-        server: nacre_net::nid::Nid,
+        server: Option<nacre_net::nid::Nid>,
         /// Store it in the MGS (`--server` is the MGS) for the whole file system, as
         /// `lctl set_param -P`; an empty value removes it.
         #[arg(short = 'P', long = "permanent")]
@@ -89,17 +91,43 @@ enum Command {
     Find(fsys::FindArgs),
 }
 
-fn set_param(server: &nacre_net::nid::Nid, permanent: bool, setting: &str) -> Result<(), Box<dyn std::error::Error>> {
+/// Where a parameter command goes: `--server`, else every local mount's control endpoint
+/// (or, for `-P`, their MGSs).
+fn param_targets(
+    server: Option<nacre_net::nid::Nid>,
+    mgs: bool,
+) -> Result<Vec<nacre_net::nid::Nid>, Box<dyn std::error::Error>> {
+    if let Some(s) = server {
+        return Ok(vec![s]);
+    }
+    let mut out: Vec<nacre_net::nid::Nid> =
+        fsys::local_mounts()?.into_iter().filter_map(|(_, m, ctl)| if mgs { Some(m) } else { ctl }).collect();
+    out.dedup();
+    if out.is_empty() {
+        return Err("no --server given and no Nacre mount on this machine".into());
+    }
+    Ok(out)
+}
+
+fn set_param(
+    server: Option<nacre_net::nid::Nid>,
+    permanent: bool,
+    setting: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
     let (name, value) = setting.split_once('=').ok_or_else(|| format!("{setting:?}: expected NAME=VALUE"))?;
     if name.len() > nacre_proto::param::PATTERN_MAX || value.len() > nacre_proto::param::VALUE_MAX {
         return Err("name or value too long".into());
     }
-    if permanent {
-        let (op, body) =
-            nacre_proto::mgs::Request::SetParam { name: name.to_string(), value: value.to_string() }.encode();
-        return call_param(server, op, &body).map(|_| ());
+    for server in param_targets(server, permanent)? {
+        if permanent {
+            let (op, body) =
+                nacre_proto::mgs::Request::SetParam { name: name.to_string(), value: value.to_string() }.encode();
+            call_param(&server, op, &body)?;
+        } else {
+            call_param(&server, nacre_proto::param::OP_SET_PARAM, &nacre_proto::param::encode_set(name, value))?;
+        }
     }
-    call_param(server, nacre_proto::param::OP_SET_PARAM, &nacre_proto::param::encode_set(name, value)).map(|_| ())
+    Ok(())
 }
 
 /// One parameter request to a service; its reply text.
@@ -119,15 +147,19 @@ fn call_param(server: &nacre_net::nid::Nid, opcode: u16, body: &[u8]) -> Result<
     })
 }
 
-fn get_param(server: &nacre_net::nid::Nid, pattern: &str) -> Result<(), Box<dyn std::error::Error>> {
+fn get_param(server: Option<nacre_net::nid::Nid>, pattern: &str) -> Result<(), Box<dyn std::error::Error>> {
     if pattern.len() > nacre_proto::param::PATTERN_MAX {
         return Err(format!("pattern of {} bytes (at most {})", pattern.len(), nacre_proto::param::PATTERN_MAX).into());
     }
-    let text = call_param(server, nacre_proto::param::OP_GET_PARAM, &nacre_proto::param::encode_get(pattern))?;
-    if text.is_empty() {
-        return Err(format!("{server}: no parameter matches {pattern:?}").into());
+    let mut any = false;
+    for server in param_targets(server, false)? {
+        let text = call_param(&server, nacre_proto::param::OP_GET_PARAM, &nacre_proto::param::encode_get(pattern))?;
+        any |= !text.is_empty();
+        print!("{text}");
     }
-    print!("{text}");
+    if !any {
+        return Err(format!("no parameter matches {pattern:?}").into());
+    }
     Ok(())
 }
 
@@ -151,8 +183,8 @@ fn main() {
         Command::Ost(cmd) => ost::run(cmd),
         Command::Mdt(cmd) => mdt::run(cmd),
         Command::Mgs(cmd) => mgs::run(cmd),
-        Command::GetParam { server, pattern } => get_param(&server, &pattern),
-        Command::SetParam { server, permanent, setting } => set_param(&server, permanent, &setting),
+        Command::GetParam { server, pattern } => get_param(server, &pattern),
+        Command::SetParam { server, permanent, setting } => set_param(server, permanent, &setting),
     };
     if let Err(e) = result {
         eprintln!("nacre: {e}");
