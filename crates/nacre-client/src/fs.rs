@@ -902,7 +902,10 @@ pub fn param_handler(fs: FileSystem) -> nacre_net::server::Handler {
                     },
                     Err(e) => fail(-errno::EPROTO, format!("bad set-param request: {e}")),
                 },
-                op => fail(-errno::EINVAL, format!("opcode {op}: a mount's control endpoint serves get-param and set-param")),
+                op => fail(
+                    -errno::EINVAL,
+                    format!("opcode {op}: a mount's control endpoint serves get-param and set-param"),
+                ),
             }
         })
     })
