@@ -14,7 +14,7 @@ use nacre_net::nid::Nid;
 use nacre_net::transport::TcpTransport;
 use nacre_osd::{Target, TargetOptions};
 use nacre_raid::Level;
-use nacre_server::cluster::Local;
+use nacre_server::cluster::{Local, MgsAt};
 use nacre_server::mdt::{Namespace, NamespaceOptions};
 use nacre_server::mgs::Mgs;
 use serde_json::{Value, json};
@@ -65,11 +65,15 @@ async fn serve(dir: &Path, o: &ClientBenchOptions) -> Result<Local, BenchError> 
         let t =
             tokio::task::block_in_place(|| Target::format(Arc::new(data), Arc::new(index), TargetOptions::default()))
                 .map_err(bad)?;
-        osts.push(Arc::new(t));
+        osts.push((i, Arc::new(t)));
     }
     let listen = |_: &str| -> Nid { "127.0.0.1@tcp:0".parse().unwrap_or_else(|_| unreachable!("a fixed NID")) };
-    let local = Local::start(Arc::new(TcpTransport), listen, mgs, vec![Arc::new(ns)], osts).await.map_err(bad)?;
-    if !local.wait_ready(Duration::from_secs(60)).await {
+    let n_osts = osts.len();
+    let local =
+        Local::start(Arc::new(TcpTransport), listen, MgsAt::Here(mgs), vec![Arc::new(ns)], osts, Duration::ZERO)
+            .await
+            .map_err(bad)?;
+    if !local.wait_ready(n_osts, Duration::from_secs(60)).await {
         return Err(BenchError::Bad("the MDT got no objects from the OSTs within 60 s".into()));
     }
     Ok(local)

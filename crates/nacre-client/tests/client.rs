@@ -357,7 +357,7 @@ async fn tunables_are_listed_checked_and_followed_from_the_mgs() {
     f.close().await.unwrap();
     assert!(read_all(&fs, a.fid, 1 << 20).await == data);
     // `set-param -P` on the MGS reaches mounted clients.
-    t.local.mgs_service().set_param("osc.*.max_rpcs_in_flight", "3").unwrap();
+    t.local.mgs_service().unwrap().set_param("osc.*.max_rpcs_in_flight", "3").unwrap();
     let started = std::time::Instant::now();
     while fs.get_param("osc.testfs-OST0001-osc.max_rpcs_in_flight")[0].1 != "3" {
         assert!(started.elapsed().as_secs() < 20, "the MGS's value never reached the client");

@@ -82,10 +82,44 @@ pub async fn follow_config(client: Client, mgs: Nid, ns: Arc<Namespace>, dne: Ar
     }
 }
 
-/// A whole file system served from this process: the MGS, each MDT and each OST on a
-/// server of its own. Dropping it stops every service.
+/// Where the MGS is for the targets a process serves: in this process, or on another
+/// node (registration then goes over the network, retried until the MGS answers).
+pub enum MgsAt {
+    Here(Arc<Mgs>),
+    Remote { nid: Nid, fsname: String },
+}
+
+/// Register target `index` of `kind`, served at `nid`, with the MGS at `mgs`.
+pub async fn register_remote(
+    client: &Client,
+    mgs: &Nid,
+    fsname: &str,
+    kind: TargetKind,
+    index: u32,
+    nid: &Nid,
+) -> Result<(), String> {
+    let import = client.connect(mgs).await.map_err(|e| format!("MGS {mgs}: {e}"))?;
+    let (op, body) = Request::Register {
+        fsname: fsname.to_string(),
+        target: TargetEntry { kind, index, nids: vec![nid.to_string()] },
+    }
+    .encode();
+    let reply = import.call(op, &body, &[]).await.map_err(|e| format!("MGS {mgs}: {e}"))?;
+    if reply.header.status != 0 {
+        return Err(format!(
+            "MGS {mgs} refused {}: {}",
+            kind.name(fsname, index),
+            String::from_utf8_lossy(&reply.body)
+        ));
+    }
+    Ok(())
+}
+
+/// Targets served from this process — a whole file system (`nacre up`) or one node's
+/// share of it (`nacre server --node`) — each on a server of its own. Dropping it stops
+/// every service.
 pub struct Local {
-    mgs: Arc<Mgs>,
+    mgs: Option<Arc<Mgs>>,
     mgs_nid: Nid,
     mdses: Vec<Arc<Mds>>,
     osses: Vec<Arc<Oss>>,
@@ -102,17 +136,18 @@ impl Drop for Local {
 }
 
 impl Local {
-    /// Serve `mgs`, the MDTs `mdts` (in index order) and the OSTs `osts` (index = place
-    /// in the list) on `transport`. `listen(name)` gives where each service listens
-    /// (`name` is `mgs`, `mdt0`, `ost3`…; a TCP port of 0 takes any free one).
+    /// Serve the MGS (if here), the MDTs `mdts` and the OSTs `osts` (with their indices)
+    /// on `transport`. `listen(name)` gives where each service listens (`name` is `mgs`,
+    /// `mdt0`, `ost3`…; a TCP port of 0 takes any free one). With a remote MGS, each
+    /// target registers with it, waiting up to `wait` for it to answer.
     pub async fn start(
         transport: Arc<dyn Transport>,
         listen: impl Fn(&str) -> Nid,
-        mgs: Arc<Mgs>,
+        mgs: MgsAt,
         mdts: Vec<Arc<Namespace>>,
-        osts: Vec<Arc<Target>>,
+        osts: Vec<(u32, Arc<Target>)>,
+        wait: Duration,
     ) -> Result<Local, String> {
-        let fsname = mgs.config().fsname;
         let serve = |name: String, handler| {
             let nid = listen(&name);
             let transport = transport.clone();
@@ -122,21 +157,43 @@ impl Local {
                     .map_err(|e| format!("{name}: cannot listen on {nid}: {e}"))
             }
         };
-        let register = |kind: TargetKind, index: u32, nid: &Nid| {
-            mgs.register(&fsname, &TargetEntry { kind, index, nids: vec![nid.to_string()] })
-                .map(|_| ())
-                .map_err(|e| format!("registering {}: {e}", kind.name(&fsname, index)))
-        };
         let mut servers = Vec::new();
-        let mgs_server = serve("mgs".into(), mgs.handler()).await?;
-        let mgs_nid = mgs_server.nid();
-        servers.push(mgs_server);
+        let (here, mgs_nid, fsname) = match mgs {
+            MgsAt::Here(m) => {
+                let server = serve("mgs".into(), m.handler()).await?;
+                let nid = server.nid();
+                servers.push(server);
+                let fsname = m.config().fsname;
+                (Some(m), nid, fsname)
+            }
+            MgsAt::Remote { nid, fsname } => (None, nid, fsname),
+        };
+        let client = Client::new(transport.clone(), ClientConfig { ping: false, ..ClientConfig::default() });
+        let register = |kind: TargetKind, index: u32, nid: Nid| {
+            let (here, client, mgs_nid, fsname) = (here.clone(), client.clone(), mgs_nid.clone(), fsname.clone());
+            async move {
+                if let Some(m) = &here {
+                    return m
+                        .register(&fsname, &TargetEntry { kind, index, nids: vec![nid.to_string()] })
+                        .map(|_| ())
+                        .map_err(|e| format!("registering {}: {e}", kind.name(&fsname, index)));
+                }
+                let started = tokio::time::Instant::now();
+                loop {
+                    match register_remote(&client, &mgs_nid, &fsname, kind, index, &nid).await {
+                        Ok(()) => return Ok(()),
+                        Err(e) if started.elapsed() >= wait => return Err(e),
+                        Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+                    }
+                }
+            }
+        };
         let mut osses = Vec::new();
-        for (i, t) in osts.into_iter().enumerate() {
+        for (i, t) in osts {
             let oss = Oss::new(vec![t], OssConfig::default());
             let server = serve(format!("ost{i}"), oss.handler()).await?;
             oss.attach(server.handle());
-            register(TargetKind::Ost, i as u32, &server.nid())?;
+            register(TargetKind::Ost, i, server.nid()).await?;
             servers.push(server);
             osses.push(oss);
         }
@@ -148,7 +205,7 @@ impl Local {
             let mds = Mds::new(&name, ns.clone());
             let server = serve(name, mds.handler()).await?;
             mds.follow_evictions(server.handle());
-            register(TargetKind::Mdt, index, &server.nid())?;
+            register(TargetKind::Mdt, index, server.nid()).await?;
             servers.push(server);
             let client = Client::new(transport.clone(), ClientConfig::default());
             let task = tokio::spawn(follow_config(client, mgs_nid.clone(), ns, mds.coordinator().clone()));
@@ -164,7 +221,7 @@ impl Local {
                 .map_err(|e| format!("recovery: {e}"))?
                 .map_err(|e| format!("recovery: {e}"))?;
         }
-        Ok(Local { mgs, mgs_nid, mdses, osses, servers, followers })
+        Ok(Local { mgs: here, mgs_nid, mdses, osses, servers, followers })
     }
 
     /// Where clients mount from.
@@ -172,9 +229,9 @@ impl Local {
         &self.mgs_nid
     }
 
-    /// The MGS itself (`set-param -P` without a round trip).
-    pub fn mgs_service(&self) -> &Arc<Mgs> {
-        &self.mgs
+    /// The MGS itself, when served here (`set-param -P` without a round trip).
+    pub fn mgs_service(&self) -> Option<&Arc<Mgs>> {
+        self.mgs.as_ref()
     }
 
     pub fn mdses(&self) -> &[Arc<Mds>] {
@@ -190,10 +247,9 @@ impl Local {
         self.servers.iter().map(Server::nid).collect()
     }
 
-    /// Wait until every MDT has precreated objects on every OST (a create right after
-    /// start then gets its stripes); at most `limit`.
-    pub async fn wait_ready(&self, limit: Duration) -> bool {
-        let osts = self.osses.len();
+    /// Wait until every MDT served here has precreated objects on `osts` OSTs (a create
+    /// right after start then gets its stripes); at most `limit`.
+    pub async fn wait_ready(&self, osts: usize, limit: Duration) -> bool {
         let started = tokio::time::Instant::now();
         loop {
             let ready = self.mdses.iter().all(|m| {

@@ -68,8 +68,12 @@ enum Command {
     /// `--data`), mount it if asked, and return once it serves. Again on the same folder:
     /// the same file system, with its data.
     Up(up::UpArgs),
-    /// Stop the file system `up` started in `--data` (and its mount); returns once stopped.
+    /// Stop the file system `up` (or `server`) started in `--data` (and its mount);
+    /// returns once stopped.
     Down(up::DownArgs),
+    /// Serve one node's share of a file system spread over machines, as a cluster file
+    /// says (`--config cluster.toml --node NAME`); returns once serving.
+    Server(up::ServerArgs),
     /// Mount a file system from its MGS (FUSE); returns once mounted.
     Mount(fsys::MountArgs),
     /// Unmount a Nacre mount.
@@ -171,6 +175,7 @@ fn main() {
         Command::Bench(cmd) => bench::run(cmd),
         Command::Up(a) => up::up(a),
         Command::Down(a) => up::down(a),
+        Command::Server(a) => up::server(a),
         Command::Mount(a) => fsys::mount(a),
         Command::Umount(a) => fsys::unmount(&a.path, false),
         Command::Setstripe(a) => fsys::setstripe(a),

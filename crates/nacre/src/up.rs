@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use nacre_net::nid::Nid;
 use nacre_net::transport::TcpTransport;
-use nacre_server::cluster::Local;
+use nacre_server::cluster::{Local, MgsAt};
 
 use crate::service::CliResult;
 use crate::size::parse_size;
@@ -165,11 +165,38 @@ fn format(a: &UpArgs) -> Result<Conf, Box<dyn std::error::Error>> {
 pub fn up(a: UpArgs) -> CliResult {
     std::fs::create_dir_all(&a.data).map_err(|e| format!("{}: {e}", a.data.display()))?;
     if a.foreground {
-        return serve(&a, false);
+        let _lock = take_lock(&a.data)?;
+        let conf = if conf_path(&a.data).exists() {
+            let c = Conf::load(&conf_path(&a.data))?;
+            println!("file system {} in {}: {} MDT(s), {} OST(s)", c.fsname, a.data.display(), c.mdts, c.osts);
+            c
+        } else {
+            format(&a)?
+        };
+        let plan = Plan {
+            fsname: conf.fsname.clone(),
+            data: a.data.clone(),
+            mgs: conf.mgs()?,
+            mgs_here: true,
+            host: conf.host.clone(),
+            mdts: (0..conf.mdts).collect(),
+            osts: (0..conf.osts).collect(),
+            total_osts: conf.osts as usize,
+            mount: a.mount.clone(),
+            mount_opts: a.mount_opts.clone(),
+            detached: a.detached,
+        };
+        return serve(&plan);
     }
+    detach(&a.data)
+}
+
+/// Run this command again, with `--foreground --detached`, as a process of its own
+/// session logging to `DATA/nacre.log`; return once it prints its `ready` line.
+fn detach(data: &Path) -> CliResult {
     // Fail here, not in the child, when it is already up.
-    drop(take_lock(&a.data)?);
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(a.data.join("nacre.log"))?;
+    drop(take_lock(data)?);
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(data.join("nacre.log"))?;
     let exe = std::env::current_exe()?;
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     args.push("--foreground".into());
@@ -194,11 +221,8 @@ pub fn up(a: UpArgs) -> CliResult {
         }
     }
     let status = child.wait()?;
-    Err(format!(
-        "the serving process stopped before it was ready ({status}); see {}",
-        a.data.join("nacre.log").display()
-    )
-    .into())
+    Err(format!("the serving process stopped before it was ready ({status}); see {}", data.join("nacre.log").display())
+        .into())
 }
 
 /// Whether `path` is a mount point now (per /proc/self/mountinfo).
@@ -236,57 +260,80 @@ fn clear_stale_mount(path: &Path) {
     }
 }
 
-fn serve(a: &UpArgs, _quiet: bool) -> CliResult {
-    let detached = a.detached;
-    let _lock = take_lock(&a.data)?;
-    let conf = if conf_path(&a.data).exists() {
-        let c = Conf::load(&conf_path(&a.data))?;
-        println!("file system {} in {}: {} MDT(s), {} OST(s)", c.fsname, a.data.display(), c.mdts, c.osts);
-        c
-    } else {
-        format(a)?
-    };
-    let mgs_nid = conf.mgs()?;
+/// What one serving process serves: targets kept in `data` (`mgs/`, `mdtN/`, `ostN/`).
+struct Plan {
+    fsname: String,
+    data: PathBuf,
+    /// Where the MGS listens, and whether this process serves it.
+    mgs: Nid,
+    mgs_here: bool,
+    /// The address this process's services listen on.
+    host: String,
+    mdts: Vec<u32>,
+    osts: Vec<u32>,
+    /// OSTs of the whole file system: the MDTs here wait for objects on all of them.
+    total_osts: usize,
+    mount: Option<PathBuf>,
+    mount_opts: crate::fsys::MountOpts,
+    detached: bool,
+}
+
+/// Serve `p` until SIGTERM or Ctrl-C; the caller holds the data folder's lock.
+fn serve(p: &Plan) -> CliResult {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let data = a.data.clone();
+    let data = p.data.clone();
     let result: CliResult = rt.block_on(async {
-        let mgs = Arc::new(crate::mgs::open(&data.join("mgs"))?);
+        let mgs = if p.mgs_here {
+            MgsAt::Here(Arc::new(crate::mgs::open(&data.join("mgs"))?))
+        } else {
+            MgsAt::Remote { nid: p.mgs.clone(), fsname: p.fsname.clone() }
+        };
         let mut mdts = Vec::new();
-        for i in 0..conf.mdts {
+        for &i in &p.mdts {
             mdts.push(Arc::new(crate::mdt::open(&data.join(format!("mdt{i}")), &format!("mdt{i}"))?));
         }
         let mut osts = Vec::new();
-        for i in 0..conf.osts {
-            osts.push(Arc::new(crate::ost::open(&data.join(format!("ost{i}")), &format!("ost{i}"))?));
+        for &i in &p.osts {
+            osts.push((i, Arc::new(crate::ost::open(&data.join(format!("ost{i}")), &format!("ost{i}"))?)));
         }
-        let host = conf.host.clone();
-        let m = mgs_nid.clone();
+        let (host, m) = (p.host.clone(), p.mgs.clone());
         let listen = move |name: &str| -> Nid {
             if name == "mgs" { m.clone() } else { format!("{host}@tcp:0").parse().unwrap_or_else(|_| m.clone()) }
         };
-        let local = Local::start(Arc::new(TcpTransport), listen, mgs, mdts, osts).await?;
-        if !local.wait_ready(Duration::from_secs(60)).await {
-            return Err("the MDTs got no objects from the OSTs within 60 s".into());
+        if !p.mgs_here {
+            println!("registering with the MGS at {}", p.mgs);
+        }
+        let local = Local::start(Arc::new(TcpTransport), listen, mgs, mdts, osts, Duration::from_secs(300)).await?;
+        if !local.wait_ready(p.total_osts, Duration::from_secs(300)).await {
+            return Err(format!("the MDTs here got no objects from the {} OSTs within 300 s", p.total_osts).into());
         }
         std::fs::write(data.join("nacre.pid"), format!("{}\n", std::process::id()))?;
-        let mounted = match &a.mount {
+        let mounted = match &p.mount {
             Some(mnt) => {
                 clear_stale_mount(mnt);
-                Some(crate::fsys::mount_here(local.mgs(), mnt, &a.mount_opts).await?)
+                Some(crate::fsys::mount_here(local.mgs(), mnt, &p.mount_opts).await?)
             }
             None => None,
         };
+        let what: Vec<String> = p
+            .mgs_here
+            .then(|| "MGS".to_string())
+            .into_iter()
+            .chain(p.mdts.iter().map(|i| format!("MDT{i}")))
+            .chain(p.osts.iter().map(|i| format!("OST{i}")))
+            .collect();
         println!(
-            "ready: file system {} served from {}{}",
-            conf.fsname,
+            "ready: file system {} ({}) served, MGS at {}{}",
+            p.fsname,
+            what.join(" "),
             local.mgs(),
-            a.mount.as_ref().map(|m| format!(", mounted on {}", m.display())).unwrap_or_default()
+            p.mount.as_ref().map(|m| format!(", mounted on {}", m.display())).unwrap_or_default()
         );
         let _ = std::io::stdout().flush();
-        if detached {
+        if p.detached {
             // The parent has what it waited for; stdout is gone with it.
-            // SAFETY: dup2 of /dev/null over stdout, our own descriptor.
             if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+                // SAFETY: dup2 of /dev/null over stdout, our own descriptor.
                 unsafe { libc::dup2(null.as_raw_fd(), 1) };
             }
         }
@@ -296,7 +343,7 @@ fn serve(a: &UpArgs, _quiet: bool) -> CliResult {
             _ = tokio::signal::ctrl_c() => {}
         }
         eprintln!("stopping");
-        if let (Some(m), Some(mnt)) = (mounted, &a.mount) {
+        if let (Some(m), Some(mnt)) = (mounted, &p.mount) {
             // Files still open are written back by their closes; then the kernel lets go.
             if let Err(e) = tokio::task::spawn_blocking(move || m.unmount()).await? {
                 eprintln!("unmounting {}: {e}", mnt.display());
@@ -308,8 +355,155 @@ fn serve(a: &UpArgs, _quiet: bool) -> CliResult {
     });
     // Targets close (redb makes its commits durable) as the runtime's tasks drop.
     drop(rt);
-    let _ = std::fs::remove_file(a.data.join("nacre.pid"));
+    let _ = std::fs::remove_file(p.data.join("nacre.pid"));
     result
+}
+
+/// A file system spread over machines: which node serves what (`nacre server --config`).
+///
+/// ```toml
+/// fsname = "nacre"
+/// mgs = "10.0.0.1@tcp:9400"       # the MGS's NID; the node with `mgs = true` serves it
+///
+/// [[node]]
+/// name = "meta1"
+/// host = "10.0.0.1"               # its services listen here
+/// data = "/srv/nacre"             # its targets' drive files
+/// mgs = true
+/// mdts = [0]
+///
+/// [[node]]
+/// name = "oss1"
+/// host = "10.0.0.2"
+/// data = "/srv/nacre"
+/// osts = [0, 1]
+/// ost_size = "4G"                 # made at the first start, as `nacre up`'s options
+/// ```
+#[derive(serde::Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct ClusterFile {
+    fsname: String,
+    mgs: String,
+    node: Vec<NodeFile>,
+}
+
+#[derive(serde::Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct NodeFile {
+    name: String,
+    host: String,
+    data: PathBuf,
+    #[serde(default)]
+    mgs: bool,
+    #[serde(default)]
+    mdts: Vec<u32>,
+    #[serde(default)]
+    osts: Vec<u32>,
+    ost_size: Option<String>,
+    mdt_size: Option<String>,
+    ost_drives: Option<usize>,
+    mount: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct ServerArgs {
+    /// The cluster file (TOML): the file system's nodes and what each serves.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// The node of the cluster file this process is.
+    #[arg(long)]
+    pub node: String,
+    #[command(flatten)]
+    pub mount_opts: crate::fsys::MountOpts,
+    /// Serve in the foreground until stopped, instead of returning once serving.
+    #[arg(long)]
+    pub foreground: bool,
+    #[arg(long, hide = true)]
+    pub detached: bool,
+}
+
+/// Read and check a cluster file.
+fn load_cluster(path: &Path) -> Result<ClusterFile, Box<dyn std::error::Error>> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let c: ClusterFile = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let _: Nid = c.mgs.parse().map_err(|e| format!("{}: mgs = {:?}: {e}", path.display(), c.mgs))?;
+    let count = |f: &dyn Fn(&NodeFile) -> usize| c.node.iter().map(f).sum::<usize>();
+    if count(&|n| usize::from(n.mgs)) != 1 {
+        return Err(format!("{}: exactly one node serves the MGS (mgs = true)", path.display()).into());
+    }
+    for (what, all) in [
+        ("MDT", c.node.iter().flat_map(|n| n.mdts.iter().copied()).collect::<Vec<_>>()),
+        ("OST", c.node.iter().flat_map(|n| n.osts.iter().copied()).collect::<Vec<_>>()),
+    ] {
+        let mut sorted = all.clone();
+        sorted.sort_unstable();
+        if sorted != (0..all.len() as u32).collect::<Vec<_>>() {
+            return Err(format!(
+                "{}: the {what}s served are {sorted:?}; each index from 0 up must be served by one node",
+                path.display()
+            )
+            .into());
+        }
+    }
+    let mut names: Vec<&str> = c.node.iter().map(|n| n.name.as_str()).collect();
+    names.sort_unstable();
+    if names.windows(2).any(|w| w[0] == w[1]) {
+        return Err(format!("{}: two nodes have the same name", path.display()).into());
+    }
+    Ok(c)
+}
+
+/// `nacre server --config FILE --node NAME`: make this node's targets at the first start,
+/// then serve them (registering with the MGS wherever it runs).
+pub fn server(a: ServerArgs) -> CliResult {
+    let c = load_cluster(&a.config)?;
+    let n = c.node.iter().find(|n| n.name == a.node).ok_or_else(|| {
+        let names: Vec<&str> = c.node.iter().map(|n| n.name.as_str()).collect();
+        format!("{}: no node {:?} (nodes: {})", a.config.display(), a.node, names.join(", "))
+    })?;
+    std::fs::create_dir_all(&n.data).map_err(|e| format!("{}: {e}", n.data.display()))?;
+    if !a.foreground {
+        return detach(&n.data);
+    }
+    let _lock = take_lock(&n.data)?;
+    let size = |s: &Option<String>, default: &str| parse_size(s.as_deref().unwrap_or(default));
+    let (ost_size, mdt_size) = (size(&n.ost_size, "512M")?, size(&n.mdt_size, "256M")?);
+    if n.mgs && !n.data.join("mgs").exists() {
+        println!("{}", crate::mgs::format(&n.data.join("mgs"), &c.fsname)?);
+    }
+    for &i in &n.mdts {
+        let dir = n.data.join(format!("mdt{i}"));
+        if !dir.exists() {
+            println!("{}", crate::mdt::format(&dir, &format!("mdt{i}"), i, mdt_size, 4)?);
+        }
+    }
+    let f = crate::ost::OstFormat {
+        size: ost_size,
+        data_drives: n.ost_drives.unwrap_or(10),
+        strip: 128 << 10,
+        index_size: mdt_size,
+        index_drives: 4,
+    };
+    for &i in &n.osts {
+        let dir = n.data.join(format!("ost{i}"));
+        if !dir.exists() {
+            println!("{}", crate::ost::format(&dir, &format!("ost{i}"), &f)?);
+        }
+    }
+    let plan = Plan {
+        fsname: c.fsname.clone(),
+        data: n.data.clone(),
+        mgs: c.mgs.parse()?,
+        mgs_here: n.mgs,
+        host: n.host.clone(),
+        mdts: n.mdts.clone(),
+        osts: n.osts.clone(),
+        total_osts: if n.mdts.is_empty() { 0 } else { c.node.iter().map(|n| n.osts.len()).sum() },
+        mount: n.mount.clone(),
+        mount_opts: a.mount_opts.clone(),
+        detached: a.detached,
+    };
+    serve(&plan)
 }
 
 #[derive(clap::Args)]

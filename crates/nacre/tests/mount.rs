@@ -430,3 +430,84 @@ fn common_is_mounted(p: &Path) -> bool {
         .lines()
         .any(|l| l.split(' ').nth(4) == Some(p.to_str().unwrap()))
 }
+
+/// A file system spread over two "nodes" of one cluster file (here both on loopback): one
+/// serves the MGS and the MDT, the other the OSTs. The OST node starts first and waits
+/// for the MGS; a mount then stripes a file over both OSTs.
+#[test]
+fn a_cluster_file_spreads_the_services_over_nodes() {
+    let root = scratch("cluster");
+    let port = free_port();
+    let (meta, store, mnt) = (root.join("meta"), root.join("store"), root.join("mnt"));
+    fs::create_dir_all(&mnt).unwrap();
+    let conf = root.join("cluster.toml");
+    fs::write(
+        &conf,
+        format!(
+            "fsname = \"two\"\nmgs = \"127.0.0.1@tcp:{port}\"\n\n\
+             [[node]]\nname = \"meta\"\nhost = \"127.0.0.1\"\ndata = \"{}\"\nmgs = true\nmdts = [0]\nmdt_size = \"64M\"\n\n\
+             [[node]]\nname = \"store\"\nhost = \"127.0.0.1\"\ndata = \"{}\"\nosts = [0, 1]\nost_size = \"64M\"\nmdt_size = \"64M\"\n",
+            meta.display(),
+            store.display()
+        ),
+    )
+    .unwrap();
+    struct Down(Vec<PathBuf>, PathBuf);
+    impl Drop for Down {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.1).output();
+            for d in &self.0 {
+                let _ = nacre().arg("down").arg("--data").arg(d).output();
+            }
+        }
+    }
+    let _down = Down(vec![store.clone(), meta.clone()], mnt.clone());
+    // Bad cluster files are refused with the reason.
+    let bad = root.join("bad.toml");
+    fs::write(&bad, format!("fsname = \"two\"\nmgs = \"127.0.0.1@tcp:{port}\"\n[[node]]\nname = \"a\"\nhost = \"127.0.0.1\"\ndata = \"/tmp/x\"\nosts = [1]\n")).unwrap();
+    let out = nacre().args(["server", "--node", "a", "--config"]).arg(&bad).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("MGS"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = nacre().args(["server", "--node", "nope", "--config"]).arg(&conf).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no node \"nope\""),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let start = move |conf: PathBuf, node: &str| {
+        let out = nacre().args(["server", "--node", node, "--config"]).arg(&conf).output().unwrap();
+        assert!(out.status.success(), "server {node}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let store_node = std::thread::spawn({
+        let conf = conf.clone();
+        move || start(conf, "store")
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let m = start(conf.clone(), "meta");
+    assert!(m.contains("ready") && m.contains("MGS MDT0"), "{m}");
+    let s = store_node.join().unwrap();
+    assert!(s.contains("ready") && s.contains("OST0 OST1"), "{s}");
+    let out = nacre().args(["mount", "--mgs", &format!("127.0.0.1@tcp:{port}")]).arg(&mnt).output().unwrap();
+    assert!(out.status.success(), "mount: {}", String::from_utf8_lossy(&out.stderr));
+    let out = nacre().args(["setstripe", "-c", "-1", "-S", "64K"]).arg(mnt.join("wide")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();
+    fs::write(mnt.join("wide"), &data).unwrap();
+    assert!(fs::read(mnt.join("wide")).unwrap() == data);
+    let out = nacre().arg("getstripe").arg(mnt.join("wide")).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("lmm_stripe_count:  -1"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let objects =
+        String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.trim_start().starts_with(['0', '1'])).count();
+    assert_eq!(objects, 2, "one object on each OST node's target:\n{}", String::from_utf8_lossy(&out.stdout));
+    let out = nacre().arg("df").arg(&mnt).output().unwrap();
+    let df = String::from_utf8_lossy(&out.stdout);
+    assert!(df.contains("two-OST0001_UUID") && df.contains("two-MDT0000_UUID"), "{df}");
+    let out = nacre().arg("umount").arg(&mnt).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let _ = fs::remove_dir_all(&root);
+}

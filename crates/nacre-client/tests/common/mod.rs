@@ -7,7 +7,7 @@ use nacre_client::{FileSystem, MountOptions};
 use nacre_net::transport::MemNetwork;
 use nacre_osd::{Target, TargetOptions};
 use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, Volume, VolumeOptions};
-use nacre_server::cluster::Local;
+use nacre_server::cluster::{Local, MgsAt};
 use nacre_server::mdt::{Namespace, NamespaceOptions};
 use nacre_server::mgs::Mgs;
 
@@ -37,16 +37,18 @@ impl TestFs {
                 Arc::new(Namespace::format(v, i, NamespaceOptions::default()).unwrap())
             })
             .collect();
+        let n_osts = osts;
         let osts = (0..osts)
             .map(|i| {
                 let data = vol(&format!("d{i}-"), Level::Raid6, 6, 16 << 20, 16 << 10);
                 let meta = vol(&format!("m{i}-"), Level::Raid1, 2, 32 << 20, 64 << 10);
-                Arc::new(Target::format(data, meta, TargetOptions::default()).unwrap())
+                (i as u32, Arc::new(Target::format(data, meta, TargetOptions::default()).unwrap()))
             })
             .collect();
         let t = Arc::new(net.transport("servers"));
-        let local = Local::start(t, |name| format!("{name}@mem").parse().unwrap(), mgs, mdts, osts).await.unwrap();
-        assert!(local.wait_ready(Duration::from_secs(30)).await, "the MDTs never got objects");
+        let listen = |name: &str| format!("{name}@mem").parse().unwrap();
+        let local = Local::start(t, listen, MgsAt::Here(mgs), mdts, osts, Duration::ZERO).await.unwrap();
+        assert!(local.wait_ready(n_osts, Duration::from_secs(30)).await, "the MDTs never got objects");
         TestFs { net, local }
     }
 
