@@ -1,11 +1,14 @@
 //! `nacre up` / `nacre down`: a whole file system on this machine — the MGS, MDTs on
 //! RAID10 and OSTs on RAID6 over drive files in one data folder, served by one process
-//! that returns to the shell once everything serves (and is mounted, if asked).
+//! (or one per service) that returns to the shell once everything serves (and is
+//! mounted, if asked); and `nacre server`, one node's share of a file system spread over
+//! machines by a cluster file.
 //!
 //! The data folder holds `nacre.conf` (the layout chosen at the first `up`), a folder of
-//! drive files per target, `nacre.lock` (held by the serving process: a second `up`
-//! finds it taken), `nacre.pid` and `nacre.log` (what the process says after it has
-//! detached).
+//! drive files per target, and per serving process a lock (held while it serves: a second
+//! `up` finds it taken), a pid file and a log (what the process says after it has
+//! detached): `nacre.lock`, `nacre.pid`, `nacre.log` for `up`'s process,
+//! `nacre-NODE.*` for node NODE.
 
 use std::io::{BufRead, BufReader, Write as _};
 use std::os::fd::AsRawFd;
@@ -60,6 +63,10 @@ pub struct UpArgs {
     /// Serve in the foreground until stopped (Ctrl-C), instead of returning once serving.
     #[arg(long)]
     pub foreground: bool,
+    /// One process per service (the MGS, each MDT, each OST, the mount) instead of one
+    /// for all.
+    #[arg(long, conflicts_with = "foreground")]
+    pub per_service: bool,
     /// Started by `up` to serve in the background (its stdout goes when ready).
     #[arg(long, hide = true)]
     pub detached: bool,
@@ -114,13 +121,18 @@ fn conf_path(data: &Path) -> PathBuf {
     data.join("nacre.conf")
 }
 
-/// Take the data folder's lock (held while this process serves it), or say who has it.
-fn take_lock(data: &Path) -> Result<std::fs::File, Box<dyn std::error::Error>> {
-    let path = data.join("nacre.lock");
-    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path)?;
+/// The files of one serving process in a data folder: `nacre.lock`, `nacre.pid`,
+/// `nacre.log` for `up`'s process, `nacre-NODE.*` for node NODE of a cluster file.
+fn proc_file(data: &Path, tag: &str, ext: &str) -> PathBuf {
+    if tag.is_empty() { data.join(format!("nacre.{ext}")) } else { data.join(format!("nacre-{tag}.{ext}")) }
+}
+
+/// Take a serving process's lock in `data` (held while it serves), or say who has it.
+fn take_lock(data: &Path, tag: &str) -> Result<std::fs::File, Box<dyn std::error::Error>> {
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(proc_file(data, tag, "lock"))?;
     // SAFETY: flock on an open descriptor we own.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let pid = std::fs::read_to_string(data.join("nacre.pid")).unwrap_or_default();
+        let pid = std::fs::read_to_string(proc_file(data, tag, "pid")).unwrap_or_default();
         return Err(format!(
             "a file system is already up in {} (process {}); `nacre down --data {}` stops it",
             data.display(),
@@ -164,8 +176,11 @@ fn format(a: &UpArgs) -> Result<Conf, Box<dyn std::error::Error>> {
 /// return once it serves.
 pub fn up(a: UpArgs) -> CliResult {
     std::fs::create_dir_all(&a.data).map_err(|e| format!("{}: {e}", a.data.display()))?;
+    if a.per_service && !a.foreground {
+        return up_per_service(&a);
+    }
     if a.foreground {
-        let _lock = take_lock(&a.data)?;
+        let _lock = take_lock(&a.data, "")?;
         let conf = if conf_path(&a.data).exists() {
             let c = Conf::load(&conf_path(&a.data))?;
             println!("file system {} in {}: {} MDT(s), {} OST(s)", c.fsname, a.data.display(), c.mdts, c.osts);
@@ -185,20 +200,23 @@ pub fn up(a: UpArgs) -> CliResult {
             mount: a.mount.clone(),
             mount_opts: a.mount_opts.clone(),
             detached: a.detached,
+            tag: String::new(),
         };
         return serve(&plan);
     }
-    detach(&a.data)
+    detach(&a.data, "", None)
 }
 
-/// Run this command again, with `--foreground --detached`, as a process of its own
-/// session logging to `DATA/nacre.log`; return once it prints its `ready` line.
-fn detach(data: &Path) -> CliResult {
+/// Run this command again (or `args`), with `--foreground --detached`, as a process of
+/// its own session logging to its log file in `data`; return once it prints its `ready`
+/// line.
+fn detach(data: &Path, tag: &str, args: Option<Vec<String>>) -> CliResult {
     // Fail here, not in the child, when it is already up.
-    drop(take_lock(data)?);
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(data.join("nacre.log"))?;
+    drop(take_lock(data, tag)?);
+    let log_path = proc_file(data, tag, "log");
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
     let exe = std::env::current_exe()?;
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = args.unwrap_or_else(|| std::env::args().skip(1).collect());
     args.push("--foreground".into());
     args.push("--detached".into());
     let mut cmd = Command::new(exe);
@@ -221,8 +239,7 @@ fn detach(data: &Path) -> CliResult {
         }
     }
     let status = child.wait()?;
-    Err(format!("the serving process stopped before it was ready ({status}); see {}", data.join("nacre.log").display())
-        .into())
+    Err(format!("the serving process stopped before it was ready ({status}); see {}", log_path.display()).into())
 }
 
 /// Whether `path` is a mount point now (per /proc/self/mountinfo).
@@ -276,6 +293,8 @@ struct Plan {
     mount: Option<PathBuf>,
     mount_opts: crate::fsys::MountOpts,
     detached: bool,
+    /// Names this process's files in `data` (see [`proc_file`]).
+    tag: String,
 }
 
 /// Serve `p` until SIGTERM or Ctrl-C; the caller holds the data folder's lock.
@@ -307,7 +326,7 @@ fn serve(p: &Plan) -> CliResult {
         if !local.wait_ready(p.total_osts, Duration::from_secs(300)).await {
             return Err(format!("the MDTs here got no objects from the {} OSTs within 300 s", p.total_osts).into());
         }
-        std::fs::write(data.join("nacre.pid"), format!("{}\n", std::process::id()))?;
+        std::fs::write(proc_file(&data, &p.tag, "pid"), format!("{}\n", std::process::id()))?;
         let mounted = match &p.mount {
             Some(mnt) => {
                 clear_stale_mount(mnt);
@@ -355,7 +374,7 @@ fn serve(p: &Plan) -> CliResult {
     });
     // Targets close (redb makes its commits durable) as the runtime's tasks drop.
     drop(rt);
-    let _ = std::fs::remove_file(p.data.join("nacre.pid"));
+    let _ = std::fs::remove_file(proc_file(&p.data, &p.tag, "pid"));
     result
 }
 
@@ -463,9 +482,9 @@ pub fn server(a: ServerArgs) -> CliResult {
     })?;
     std::fs::create_dir_all(&n.data).map_err(|e| format!("{}: {e}", n.data.display()))?;
     if !a.foreground {
-        return detach(&n.data);
+        return detach(&n.data, &n.name, None);
     }
-    let _lock = take_lock(&n.data)?;
+    let _lock = take_lock(&n.data, &n.name)?;
     let size = |s: &Option<String>, default: &str| parse_size(s.as_deref().unwrap_or(default));
     let (ost_size, mdt_size) = (size(&n.ost_size, "512M")?, size(&n.mdt_size, "256M")?);
     if n.mgs && !n.data.join("mgs").exists() {
@@ -502,6 +521,7 @@ pub fn server(a: ServerArgs) -> CliResult {
         mount: n.mount.clone(),
         mount_opts: a.mount_opts.clone(),
         detached: a.detached,
+        tag: n.name.clone(),
     };
     serve(&plan)
 }
@@ -515,28 +535,103 @@ pub struct DownArgs {
     pub timeout: u64,
 }
 
-/// `nacre down`: stop the process serving `--data`, and return once it and its mount
+/// `nacre down`: stop every process serving from `--data` (`up`'s, or the nodes of a
+/// cluster file that keep their targets there), and return once they and their mounts
 /// are gone.
 pub fn down(a: DownArgs) -> CliResult {
-    let pid_path = a.data.join("nacre.pid");
-    let pid: Option<i32> = std::fs::read_to_string(&pid_path).ok().and_then(|s| s.trim().parse().ok());
-    let running = take_lock(&a.data).is_err();
-    let Some(pid) = pid.filter(|_| running) else {
-        println!("nothing is up in {}", a.data.display());
-        return Ok(());
-    };
-    // SAFETY: kill(2) with a pid we read; a wrong one fails with ESRCH.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    let started = Instant::now();
-    while take_lock(&a.data).is_err() {
-        if started.elapsed() > Duration::from_secs(a.timeout) {
-            // SAFETY: as above.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            std::thread::sleep(Duration::from_millis(200));
-            return Err(format!("process {pid} did not stop within {} s: killed", a.timeout).into());
+    // A mount served by a process of its own (`up --per-service`) goes first.
+    if let Ok(m) = std::fs::read_to_string(a.data.join("nacre.mount")) {
+        let mnt = PathBuf::from(m.trim());
+        if is_mounted(&mnt) {
+            crate::fsys::unmount(&mnt, false).or_else(|_| crate::fsys::unmount(&mnt, true))?;
         }
-        std::thread::sleep(Duration::from_millis(50));
+        let _ = std::fs::remove_file(a.data.join("nacre.mount"));
     }
-    println!("stopped the file system in {}", a.data.display());
+    // Every process with a lock file here, the ones holding the MGS last.
+    let mut tags: Vec<String> = std::fs::read_dir(&a.data)
+        .map_err(|e| format!("{}: {e}", a.data.display()))?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|n| {
+            let t = n.strip_prefix("nacre")?.strip_suffix(".lock")?;
+            Some(t.strip_prefix('-').unwrap_or(t).to_string())
+        })
+        .collect();
+    tags.sort_by_key(|t| (t == "mgs" || t.is_empty(), t.clone()));
+    let mut stopped = 0;
+    for tag in tags {
+        let pid: Option<i32> =
+            std::fs::read_to_string(proc_file(&a.data, &tag, "pid")).ok().and_then(|s| s.trim().parse().ok());
+        let Some(pid) = pid.filter(|_| take_lock(&a.data, &tag).is_err()) else { continue };
+        // SAFETY: kill(2) with a pid we read; a wrong one fails with ESRCH.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let started = Instant::now();
+        while take_lock(&a.data, &tag).is_err() {
+            if started.elapsed() > Duration::from_secs(a.timeout) {
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                std::thread::sleep(Duration::from_millis(200));
+                return Err(format!("process {pid} did not stop within {} s: killed", a.timeout).into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stopped += 1;
+    }
+    if stopped == 0 {
+        println!("nothing is up in {}", a.data.display());
+    } else {
+        println!(
+            "stopped the file system in {} ({stopped} process{})",
+            a.data.display(),
+            if stopped == 1 { "" } else { "es" }
+        );
+    }
+    Ok(())
+}
+
+/// `nacre up --per-service`: the same file system, each target served by a process of its
+/// own (a cluster file of one node per service, `DATA/cluster.toml`), and the mount by
+/// another.
+fn up_per_service(a: &UpArgs) -> CliResult {
+    let conf = if conf_path(&a.data).exists() {
+        Conf::load(&conf_path(&a.data))?
+    } else {
+        let _lock = take_lock(&a.data, "")?;
+        format(a)?
+    };
+    let host = &conf.host;
+    let data = a.data.canonicalize()?;
+    let mut toml = format!("fsname = \"{}\"\nmgs = \"{}\"\n", conf.fsname, conf.mgs()?);
+    let node = |name: &str, what: &str| {
+        format!("\n[[node]]\nname = \"{name}\"\nhost = \"{host}\"\ndata = \"{}\"\n{what}\n", data.display())
+    };
+    toml += &node("mgs", "mgs = true");
+    let mut names = vec!["mgs".to_string()];
+    for i in 0..conf.osts {
+        toml += &node(&format!("ost{i}"), &format!("osts = [{i}]"));
+        names.push(format!("ost{i}"));
+    }
+    for i in 0..conf.mdts {
+        toml += &node(&format!("mdt{i}"), &format!("mdts = [{i}]"));
+        names.push(format!("mdt{i}"));
+    }
+    let cluster = data.join("cluster.toml");
+    std::fs::write(&cluster, toml)?;
+    for n in &names {
+        let args =
+            vec!["server".to_string(), "--config".into(), cluster.display().to_string(), "--node".into(), n.clone()];
+        detach(&data, n, Some(args))?;
+    }
+    if let Some(mnt) = &a.mount {
+        clear_stale_mount(mnt);
+        let out = Command::new(std::env::current_exe()?)
+            .args(["mount", "--mgs", &conf.mgs()?.to_string()])
+            .arg(mnt)
+            .output()?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string().into());
+        }
+        std::fs::write(data.join("nacre.mount"), format!("{}\n", mnt.canonicalize()?.display()))?;
+        println!("ready: mounted on {}", mnt.display());
+    }
     Ok(())
 }

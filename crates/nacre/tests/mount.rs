@@ -452,16 +452,18 @@ fn a_cluster_file_spreads_the_services_over_nodes() {
         ),
     )
     .unwrap();
-    struct Down(Vec<PathBuf>, PathBuf);
+    /// Stops both nodes and removes the folder, pass or fail.
+    struct Down(Vec<PathBuf>, PathBuf, PathBuf);
     impl Drop for Down {
         fn drop(&mut self) {
             let _ = Command::new("umount").arg("-l").arg(&self.1).output();
             for d in &self.0 {
                 let _ = nacre().arg("down").arg("--data").arg(d).output();
             }
+            let _ = fs::remove_dir_all(&self.2);
         }
     }
-    let _down = Down(vec![store.clone(), meta.clone()], mnt.clone());
+    let _down = Down(vec![store.clone(), meta.clone()], mnt.clone(), root.clone());
     // Bad cluster files are refused with the reason.
     let bad = root.join("bad.toml");
     fs::write(&bad, format!("fsname = \"two\"\nmgs = \"127.0.0.1@tcp:{port}\"\n[[node]]\nname = \"a\"\nhost = \"127.0.0.1\"\ndata = \"/tmp/x\"\nosts = [1]\n")).unwrap();
@@ -509,5 +511,54 @@ fn a_cluster_file_spreads_the_services_over_nodes() {
     assert!(df.contains("two-OST0001_UUID") && df.contains("two-MDT0000_UUID"), "{df}");
     let out = nacre().arg("umount").arg(&mnt).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let _ = fs::remove_dir_all(&root);
+    for d in [&store, &meta] {
+        let out = nacre().arg("down").arg("--data").arg(d).output().unwrap();
+        assert!(String::from_utf8_lossy(&out.stdout).contains("stopped"), "{}", String::from_utf8_lossy(&out.stdout));
+    }
+}
+
+/// `up --per-service`: the MGS, the MDT, each OST and the mount each in a process of its
+/// own; `down` stops them all and takes the mount off.
+#[test]
+fn up_per_service_runs_a_process_for_each_and_down_stops_them_all() {
+    let root = scratch("per-service");
+    let (data, mnt) = (root.join("data"), root.join("mnt"));
+    fs::create_dir_all(&mnt).unwrap();
+    let up = || {
+        nacre()
+            .args(["up", "--per-service", "--osts", "2", "--ost-size", "64M", "--mdt-size", "64M", "--port"])
+            .arg(free_port().to_string())
+            .arg("--data")
+            .arg(&data)
+            .arg("--mount")
+            .arg(&mnt)
+            .output()
+            .unwrap()
+    };
+    let out = up();
+    let _down = Up { data: data.clone(), mnt: mnt.clone(), port: 0 };
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for what in ["(MGS)", "(OST0)", "(OST1)", "(MDT0)", "mounted on"] {
+        assert!(text.contains(what), "{what} missing from:\n{text}");
+    }
+    fs::write(mnt.join("f"), b"per service").unwrap();
+    assert_eq!(fs::read(mnt.join("f")).unwrap(), b"per service");
+    let again = up();
+    assert!(!again.status.success(), "a second up on a running folder");
+    let out = nacre().arg("down").arg("--data").arg(&data).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("4 processes"), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(!common_is_mounted(&mnt));
+    // Back, one process this time: the same data.
+    let out = nacre()
+        .args(["up", "--port"])
+        .arg(free_port().to_string())
+        .arg("--data")
+        .arg(&data)
+        .arg("--mount")
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(fs::read(mnt.join("f")).unwrap(), b"per service");
 }
