@@ -484,7 +484,7 @@ impl File {
     async fn publish_size(&self, st: &mut State) -> Result<()> {
         let mdt = mdt_of(self.fid)?;
         let (reply, _) = self.fs.md(mdt, &self.creds, &Request::Getattr { fid: self.fid }, &[]).await?;
-        let Reply::Attr(on_mdt) = reply else {
+        let (Reply::Attr(on_mdt) | Reply::Writing(on_mdt)) = reply else {
             return Err(Error::protocol("getattr", "not attributes"));
         };
         let a: Attr = self.fs.glimpse(&self.creds, on_mdt).await?;

@@ -115,8 +115,14 @@ fn expect<T>(what: &str, r: Reply, f: impl FnOnce(Reply) -> Option<T>) -> Result
 }
 
 fn attr_of(what: &str, r: Reply) -> Result<Attr> {
+    attr_writing(what, r).map(|(a, _)| a)
+}
+
+/// Attributes, and whether the MDT says some client has the file open for writing.
+fn attr_writing(what: &str, r: Reply) -> Result<(Attr, bool)> {
     expect(what, r, |r| match r {
-        Reply::Attr(a) => Some(a),
+        Reply::Attr(a) => Some((a, false)),
+        Reply::Writing(a) => Some((a, true)),
         _ => None,
     })
 }
@@ -322,12 +328,17 @@ impl FileSystem {
 
     // ---- metadata operations ----
 
-    /// Attributes of `fid`. A regular file open for writing through this mount gets its
-    /// size from its objects (a glimpse); otherwise the MDT's size is the one its last
-    /// writer left at close.
+    /// Attributes of `fid`. A regular file open for writing (through any mount: the MDT
+    /// says so) gets its size from its objects (a glimpse); otherwise the MDT's size is
+    /// the one its last writer left at close.
     pub async fn getattr(&self, c: &Creds, fid: Fid) -> Result<Attr> {
-        let a = attr_of("getattr", self.md_at(fid, c, &Request::Getattr { fid }).await?)?;
-        if mode::is_reg(a.mode) && lock(&self.inner.writers).contains_key(&fid) {
+        let (a, writing) = attr_writing("getattr", self.md_at(fid, c, &Request::Getattr { fid }).await?)?;
+        self.sized(c, a, writing).await
+    }
+
+    /// `a`, glimpsed if it is a regular file open for writing (per the MDT, or here).
+    async fn sized(&self, c: &Creds, a: Attr, writing: bool) -> Result<Attr> {
+        if mode::is_reg(a.mode) && (writing || lock(&self.inner.writers).contains_key(&a.fid)) {
             return self.glimpse(c, a).await;
         }
         Ok(a)
@@ -381,9 +392,9 @@ impl FileSystem {
     }
 
     pub async fn lookup(&self, c: &Creds, dir: Fid, name: &str) -> Result<Attr> {
-        let a = self
+        let (a, writing) = self
             .by_name(c, dir, name, |at| async move {
-                attr_of("lookup", self.md_at(at, c, &Request::Lookup { dir: at, name: name.to_string() }).await?)
+                attr_writing("lookup", self.md_at(at, c, &Request::Lookup { dir: at, name: name.to_string() }).await?)
             })
             .await?;
         // A remote entry is answered with its FID and type alone (no links): its MDT
@@ -391,10 +402,7 @@ impl FileSystem {
         if a.nlink == 0 {
             return self.getattr(c, a.fid).await;
         }
-        if mode::is_reg(a.mode) && lock(&self.inner.writers).contains_key(&a.fid) {
-            return self.glimpse(c, a).await;
-        }
-        Ok(a)
+        self.sized(c, a, writing).await
     }
 
     /// Look up a `/`-separated path from the root.

@@ -105,13 +105,20 @@ async fn sizes_come_from_the_objects_while_open_and_from_the_mdt_after_close() {
     f.write(500_000, b"x").await.unwrap();
     f.fsync().await.unwrap();
     assert_eq!(a_fs.getattr(&c, a.fid).await.unwrap().size, 500_001);
+    // What was written back but not yet published reaches another mount too: the MDT
+    // says the file is open for writing, and the other mount glimpses.
+    f.write(700_000, b"yz").await.unwrap();
+    f.write_back().await.unwrap();
+    assert_eq!(b_fs.getattr(&c, a.fid).await.unwrap().size, 700_002, "glimpsed by another mount");
+    assert_eq!(b_fs.lookup(&c, Fid::ROOT, "grow").await.unwrap().size, 700_002, "lookup too");
     f.close().await.unwrap();
     let got = b_fs.getattr(&c, a.fid).await.unwrap();
-    assert_eq!(got.size, 500_001, "another mount sees the size after close");
+    assert_eq!(got.size, 700_002, "another mount sees the size after close");
     let data = read_all(&b_fs, a.fid, 1 << 20).await;
     assert_eq!(&data[..200_000], &pattern(1, 200_000)[..]);
     assert!(data[200_000..500_000].iter().all(|&b| b == 0));
     assert_eq!(data[500_000], b'x');
+    assert_eq!(&data[700_000..], b"yz");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -573,6 +573,10 @@ impl Request {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
     Attr(Attr),
+    /// The attributes of a regular file some client has open for writing: its size is
+    /// only what the last writer's close left, so the asker takes it from the objects (a
+    /// glimpse).
+    Writing(Attr),
     Entries {
         entries: Vec<(DirEntry, Attr)>,
         eof: bool,
@@ -641,6 +645,7 @@ impl Reply {
                 e.done()
             }
             Reply::DirStripe { stripe, default } => e.u8(9).bytes(stripe).bytes(default).done(),
+            Reply::Writing(a) => a.put(e.u8(10)).done(),
         }
     }
 
@@ -648,6 +653,7 @@ impl Reply {
         let mut d = Dec::new(b, "MDS reply", VERSION)?;
         let r = match d.u8("reply kind")? {
             1 => Reply::Attr(Attr::get(&mut d)?),
+            10 => Reply::Writing(Attr::get(&mut d)?),
             2 => {
                 let eof = d.u8("eof flag")? != 0;
                 let n = d.u32("entry count")?;
@@ -796,6 +802,7 @@ mod tests {
             Reply::Done,
             Reply::Layout { layout: vec![1, 2, 3], objects: vec![vec![], vec![(0, 5), (3, 9)]] },
             Reply::DirStripe { stripe: vec![1, 2], default: vec![] },
+            Reply::Writing(a),
         ];
         for r in replies {
             let b = r.encode();

@@ -199,7 +199,7 @@ impl Coordinator {
         }
         let m = owner(fid)?;
         match self.ask(m, &Request::Getattr { fid }).await? {
-            mdt::Reply::Attr(a) => Ok(a),
+            mdt::Reply::Attr(a) | mdt::Reply::Writing(a) => Ok(a),
             other => Err(MdError::new(errno::EIO, format!("getattr answered {other:?}"))),
         }
     }
@@ -231,7 +231,7 @@ impl Coordinator {
             return blocking(move || ns.lookup(&Cred::root(), dir, "..").map(|a| a.fid)).await;
         }
         match self.ask(m, &r).await? {
-            mdt::Reply::Attr(a) => Ok(a.fid),
+            mdt::Reply::Attr(a) | mdt::Reply::Writing(a) => Ok(a.fid),
             other => Err(MdError::new(errno::EIO, format!("lookup answered {other:?}"))),
         }
     }
@@ -565,7 +565,7 @@ impl Coordinator {
             return blocking(move || ns.lookup(&c, dir, &n).map(|a| a.fid)).await;
         }
         match self.ask(m, &Request::Lookup { dir, name: name.to_string() }).await? {
-            mdt::Reply::Attr(a) => Ok(a.fid),
+            mdt::Reply::Attr(a) | mdt::Reply::Writing(a) => Ok(a.fid),
             other => Err(MdError::new(errno::EIO, format!("lookup answered {other:?}"))),
         }
     }

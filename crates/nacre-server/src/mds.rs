@@ -89,6 +89,12 @@ fn cred(c: Creds) -> Cred {
     Cred { uid: c.uid, gid: c.gid, groups: c.groups }
 }
 
+/// The answer of a getattr or lookup: a regular file some client has open for writing
+/// says so (its size is then taken from its objects).
+fn attr_reply(ns: &Namespace, a: mdt::Attr) -> mdt::Reply {
+    if mode::is_reg(a.mode) && ns.is_open_for_write(a.fid) { mdt::Reply::Writing(a) } else { mdt::Reply::Attr(a) }
+}
+
 fn set_attr(s: &mdt::SetAttr) -> SetAttr {
     let on = |bit: u32| s.mask & bit != 0;
     let time = |now: u32, at: u32, v: i64| {
@@ -497,8 +503,8 @@ impl Mds {
         };
         let ns = &self.ns;
         match r {
-            Request::Getattr { fid } => answer(ns.getattr(fid), mdt::Reply::Attr),
-            Request::Lookup { dir, name } => answer(ns.lookup(&c, dir, &name), mdt::Reply::Attr),
+            Request::Getattr { fid } => answer(ns.getattr(fid), |a| attr_reply(ns, a)),
+            Request::Lookup { dir, name } => answer(ns.lookup(&c, dir, &name), |a| attr_reply(ns, a)),
             Request::Readdir { dir, cookie, max } => {
                 // A page fits one reply body (64 KiB), with room for its header.
                 let max = max.clamp(1, READDIR_MAX) as usize;

@@ -77,7 +77,7 @@ impl Fs {
 
     async fn attr(&self, mdt: u32, r: Request) -> Result<Attr, (i32, String)> {
         match self.call(mdt, r).await? {
-            Reply::Attr(a) => Ok(a),
+            Reply::Attr(a) | Reply::Writing(a) => Ok(a),
             other => panic!("not attributes: {other:?}"),
         }
     }

@@ -41,7 +41,7 @@ impl Md {
 
     async fn attr(&self, r: Request) -> Result<Attr, (i32, String)> {
         match self.call(r).await? {
-            Reply::Attr(a) | Reply::Opened { attr: a, .. } => Ok(a),
+            Reply::Attr(a) | Reply::Writing(a) | Reply::Opened { attr: a, .. } => Ok(a),
             other => panic!("not attributes: {other:?}"),
         }
     }
@@ -162,10 +162,24 @@ async fn operations_through_the_service() {
     })
     .await
     .unwrap();
+    assert!(matches!(md.call(Request::Getattr { fid: f.fid }).await.unwrap(), Reply::Attr(_)));
+    let Reply::Opened { handle: reader, .. } =
+        md.call(Request::Open { fid: f.fid, read: true, write: false }).await.unwrap()
+    else {
+        panic!("not opened")
+    };
+    assert!(matches!(md.call(Request::Getattr { fid: f.fid }).await.unwrap(), Reply::Attr(_)), "only read");
     let Reply::Opened { handle, .. } = md.call(Request::Open { fid: f.fid, read: true, write: true }).await.unwrap()
     else {
         panic!("not opened")
     };
+    // Open for writing: getattr and lookup say so (the size is the objects').
+    assert!(matches!(md.call(Request::Getattr { fid: f.fid }).await.unwrap(), Reply::Writing(_)));
+    assert!(matches!(
+        md.call(Request::Lookup { dir: root, name: "g".into() }).await.unwrap(),
+        Reply::Writing(a) if a.fid == f.fid
+    ));
+    md.call(Request::Close { handle: reader }).await.unwrap();
     md.call(Request::Unlink { dir: root, name: "g".into(), rmdir: false }).await.unwrap();
     assert_eq!(md.attr(Request::Getattr { fid: f.fid }).await.unwrap().nlink, 0, "open: still there");
     md.call(Request::Close { handle }).await.unwrap();

@@ -447,9 +447,11 @@ const FID_RESERVE: u32 = 4096;
 #[derive(Default)]
 struct Opens {
     next: u64,
-    /// Handle → (inode, owning client).
-    handles: HashMap<u64, (u128, u64)>,
+    /// Handle → (inode, owning client, open for writing).
+    handles: HashMap<u64, (u128, u64, bool)>,
     counts: HashMap<u128, u32>,
+    /// Handles open for writing, per inode.
+    writers: HashMap<u128, u32>,
     per_owner: HashMap<u64, usize>,
 }
 
@@ -2865,15 +2867,23 @@ impl Namespace {
         *held += 1;
         o.next += 1;
         let h = o.next;
-        o.handles.insert(h, (fid.key(), owner));
+        o.handles.insert(h, (fid.key(), owner, write));
         *o.counts.entry(fid.key()).or_default() += 1;
+        if write {
+            *o.writers.entry(fid.key()).or_default() += 1;
+        }
         Ok((h, a))
+    }
+
+    /// Whether some client has `fid` open for writing.
+    pub fn is_open_for_write(&self, fid: Fid) -> bool {
+        lock(&self.opens).writers.contains_key(&fid.key())
     }
 
     /// Drop every handle of a client that is gone (evicted): its unlinked files go.
     pub fn release_client(&self, owner: u64) -> Result<()> {
         let handles: Vec<u64> =
-            lock(&self.opens).handles.iter().filter(|(_, (_, o))| *o == owner).map(|(h, _)| *h).collect();
+            lock(&self.opens).handles.iter().filter(|(_, (_, o, _))| *o == owner).map(|(h, _)| *h).collect();
         for h in handles {
             self.close_file(owner, h)?;
         }
@@ -2921,10 +2931,16 @@ impl Namespace {
     pub fn close_file(&self, owner: u64, handle: u64) -> Result<()> {
         let key = {
             let mut o = lock(&self.opens);
-            let Some(&(k, by)) = o.handles.get(&handle).filter(|(_, by)| *by == owner) else {
+            let Some(&(k, by, write)) = o.handles.get(&handle).filter(|(_, by, _)| *by == owner) else {
                 return Err(MdError::new(errno::EBADF, format!("client {owner:#x} has no open handle {handle}")));
             };
             o.handles.remove(&handle);
+            if write && let Some(w) = o.writers.get_mut(&k) {
+                *w -= 1;
+                if *w == 0 {
+                    o.writers.remove(&k);
+                }
+            }
             if let Some(n) = o.per_owner.get_mut(&by) {
                 *n -= 1;
                 if *n == 0 {
