@@ -36,17 +36,28 @@ struct Up {
 
 impl Up {
     fn start(name: &str) -> Up {
+        Up::start_with(name, &[])
+    }
+
+    /// With more `nacre up` options (the first up makes the file system with them).
+    fn start_with(name: &str, extra: &[&str]) -> Up {
         let root = scratch(name);
         let (data, mnt) = (root.join("data"), root.join("mnt"));
         fs::create_dir_all(&mnt).unwrap();
         let up = Up { data, mnt, port: free_port() };
-        up.up();
+        up.up_with(extra);
         up
     }
 
     fn up(&self) {
+        self.up_with(&[])
+    }
+
+    fn up_with(&self, extra: &[&str]) {
         let out = nacre()
-            .args(["up", "--osts", "2", "--ost-size", "64M", "--mdt-size", "64M", "--port"])
+            .arg("up")
+            .args(extra)
+            .args(["--osts", "2", "--ost-size", "64M", "--mdt-size", "64M", "--port"])
             .arg(self.port.to_string())
             .arg("--data")
             .arg(&self.data)
@@ -561,4 +572,106 @@ fn up_per_service_runs_a_process_for_each_and_down_stops_them_all() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(fs::read(mnt.join("f")).unwrap(), b"per service");
+}
+
+fn run(args: &[&str], path: &Path) -> String {
+    let out = nacre().args(args).arg(path).output().unwrap();
+    assert!(out.status.success(), "nacre {args:?} {}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The layout commands on a mount of a file system with two MDTs, the client tunables
+/// through get-param/set-param without --server, the `lustre.lov` xattr, a mount with the
+/// kernel's writeback cache, and flock between two processes of one machine.
+#[test]
+fn layout_commands_tunables_and_mount_options() {
+    let fs = Up::start_with("commands", &["--mdts", "2", "--writeback-cache"]);
+    let m = &fs.mnt;
+    run(&["mkdir", "-i", "1"], &m.join("on1"));
+    let d = run(&["getdirstripe"], &m.join("on1"));
+    assert!(d.contains("lmv_stripe_count: 0 lmv_stripe_offset: 1"), "{d}");
+    run(&["setdirstripe", "-c", "2"], &m.join("striped"));
+    let d = run(&["getdirstripe"], &m.join("striped"));
+    assert!(d.contains("lmv_stripe_count: 2"), "{d}");
+    run(&["setdirstripe", "-D", "-c", "1", "-i", "-1", "--max-inherit-rr", "2"], &m.join("striped"));
+    let d = run(&["getdirstripe"], &m.join("striped"));
+    assert!(
+        d.contains("default: lmv_stripe_count: 1 lmv_stripe_offset: -1") && d.contains("lmv_max_inherit_rr: 2"),
+        "{d}"
+    );
+    for i in 0..6 {
+        fs::write(m.join(format!("striped/f{i}")), format!("file {i}")).unwrap();
+    }
+    // A directory default layout, files made under it; find by stripe count and OST.
+    run(&["setstripe", "-c", "2", "-S", "128K"], &m.join("on1"));
+    let g = run(&["getstripe"], &m.join("on1"));
+    assert!(g.contains("lmm_stripe_count:  2") && g.contains("lmm_stripe_size:   131072"), "{g}");
+    run(&["setstripe", "-c", "1", "-i", "1"], &m.join("on1/one"));
+    let e = nacre().args(["setstripe", "-c", "1"]).arg(m.join("on1/one")).output().unwrap();
+    assert!(!e.status.success() && String::from_utf8_lossy(&e.stderr).contains("exists"));
+    let e = nacre().args(["setstripe", "-S", "100K"]).arg(m.join("on1/bad")).output().unwrap();
+    let why = String::from_utf8_lossy(&e.stderr);
+    assert!(!e.status.success() && why.contains("64"), "{why}");
+    // Written through the kernel's writeback cache, read back after a remount of sorts
+    // (the file is closed and opened again).
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 241) as u8).collect();
+    fs::write(m.join("on1/two"), &big).unwrap();
+    assert!(fs::read(m.join("on1/two")).unwrap() == big);
+    assert_eq!(fs::metadata(m.join("on1/two")).unwrap().len(), big.len() as u64);
+    let f = find(&[], m);
+    assert!(f.contains("/on1/one") && f.contains("/on1/two") && f.contains("/striped/f5"), "{f}");
+    let f = find(&["--stripe-count", "2"], m);
+    assert!(f.contains("/on1/two") && !f.contains("/on1/one"), "{f}");
+    let f = find(&["--ost", "1", "--type", "f"], m);
+    assert!(f.contains("/on1/one"), "{f}");
+    let f = find(&["--name", "o*", "--type", "f"], m);
+    assert!(f.lines().count() == 1 && f.contains("/on1/one"), "{f}");
+    let f = find(&["--size", "+1M"], m);
+    assert!(f.lines().count() == 1 && f.contains("/on1/two"), "{f}");
+    // lustre.lov holds the layout.
+    let lov = CString::new("lustre.lov").unwrap();
+    let p = CString::new(m.join("on1/two").into_os_string().into_encoded_bytes()).unwrap();
+    let mut buf = [0u8; 4096];
+    // SAFETY: valid C strings and buffer.
+    let n = unsafe { libc::getxattr(p.as_ptr(), lov.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(n > 0, "lustre.lov: {}", std::io::Error::last_os_error());
+    let l = nacre_proto::layout::Layout::decode(&buf[..n as usize]).unwrap();
+    assert!(format!("{l}").contains("lmm_stripe_count:  2"), "{l}");
+    // Tunables of the mount, with no --server.
+    let get = |p: &str| String::from_utf8_lossy(&nacre().args(["get-param", p]).output().unwrap().stdout).into_owned();
+    let p = get("osc.*.max_rpcs_in_flight");
+    assert!(p.contains("osc.nacre-OST0001-osc.max_rpcs_in_flight=8"), "{p}");
+    let out = nacre().args(["set-param", "llite.*.max_read_ahead_mb=32"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(get("llite.*.max_read_ahead_mb").contains("=32"));
+    let out = nacre().args(["set-param", "llite.*.max_read_ahead_mb=lots"]).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("not a number"));
+    // flock: a second process cannot take a lock the first holds (kernel-local locks).
+    let lockf = m.join("on1/one");
+    let mut holder = Command::new("flock").arg(&lockf).args(["-c", "sleep 2"]).spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let st = Command::new("flock").arg("-n").arg(&lockf).arg("true").status().unwrap();
+    assert!(!st.success(), "a second flock got the lock");
+    holder.wait().unwrap();
+    assert!(Command::new("flock").arg("-n").arg(&lockf).arg("true").status().unwrap().success());
+}
+
+/// `--root-squash`: root acts as nobody through the mount.
+#[test]
+fn root_squash_makes_root_nobody() {
+    let fs = Up::start_with("squash", &["--root-squash"]);
+    let m = &fs.mnt;
+    // Made through the library (not squashed): root's, 0644.
+    run(&["setstripe", "-c", "1"], &m.join("roots"));
+    let e = fs::create_dir(m.join("as-root")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
+    let e = OpenOptions::new().write(true).open(m.join("roots")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
+    assert_eq!(fs::read(m.join("roots")).unwrap(), b"", "others may read");
+}
+
+fn find(args: &[&str], path: &Path) -> String {
+    let out = nacre().arg("find").arg(path).args(args).output().unwrap();
+    assert!(out.status.success(), "find: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
