@@ -4,10 +4,8 @@
 //! mounted Nacre file system; they find its MGS from the mount table and talk to the
 //! servers directly through `nacre-client`.
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 
 use clap::Args;
@@ -151,29 +149,7 @@ pub struct MountArgs {
 /// it is unmounted.
 pub fn mount(a: MountArgs) -> CliResult {
     if !a.foreground {
-        let mut args: Vec<String> = std::env::args().skip(1).collect();
-        args.push("--foreground".into());
-        args.push("--detached".into());
-        let mut cmd = Command::new(std::env::current_exe()?);
-        cmd.args(&args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        // SAFETY: setsid is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::setsid();
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn()?;
-        let out = child.stdout.take().ok_or("no pipe to the mount process")?;
-        for line in BufReader::new(out).lines() {
-            let line = line?;
-            if line.starts_with("mounted") {
-                println!("{line}");
-                return Ok(());
-            }
-        }
-        let out = child.wait_with_output()?;
-        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string().into());
+        return crate::service::detach(None, "mounted", None);
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async {

@@ -2,7 +2,8 @@
 //! serving a handler over TCP until stopped.
 
 use std::future::Future;
-use std::io::Write as _;
+use std::io::{BufRead as _, Write as _};
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -48,4 +49,43 @@ where
         std::future::pending::<()>().await;
         Ok(())
     })
+}
+
+/// Run this command again (or with `args`) plus `--foreground --detached`, as a process of
+/// its own session (the shell's hangup or Ctrl-C does not reach it), and return once it
+/// prints a line starting with `ready`; the lines before are printed here. Its standard
+/// error goes to `log` if given; otherwise to a pipe whose text is the error should the
+/// process stop before it is ready.
+pub fn detach(args: Option<Vec<String>>, ready: &str, log: Option<&Path>) -> CliResult {
+    let mut args: Vec<String> = args.unwrap_or_else(|| std::env::args().skip(1).collect());
+    args.push("--foreground".into());
+    args.push("--detached".into());
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.args(&args).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped());
+    match log {
+        Some(p) => cmd.stderr(std::fs::OpenOptions::new().create(true).append(true).open(p)?),
+        None => cmd.stderr(std::process::Stdio::piped()),
+    };
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
+    let out = child.stdout.take().ok_or("no pipe to the new process")?;
+    for line in std::io::BufReader::new(out).lines() {
+        let line = line?;
+        println!("{line}");
+        if line.starts_with(ready) {
+            return Ok(());
+        }
+    }
+    let out = child.wait_with_output()?;
+    Err(match log {
+        Some(p) => format!("the process stopped before it was ready ({}); see {}", out.status, p.display()),
+        None => String::from_utf8_lossy(&out.stderr).trim().to_string(),
+    }
+    .into())
 }

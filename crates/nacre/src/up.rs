@@ -10,11 +10,10 @@
 //! detached): `nacre.lock`, `nacre.pid`, `nacre.log` for `up`'s process,
 //! `nacre-NODE.*` for node NODE.
 
-use std::io::{BufRead, BufReader, Write as _};
+use std::io::Write as _;
 use std::os::fd::AsRawFd;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -207,39 +206,12 @@ pub fn up(a: UpArgs) -> CliResult {
     detach(&a.data, "", None)
 }
 
-/// Run this command again (or `args`), with `--foreground --detached`, as a process of
-/// its own session logging to its log file in `data`; return once it prints its `ready`
-/// line.
+/// Start the process that serves (`args`, or this command again) in the background,
+/// logging to its log file in `data`; return once it is ready.
 fn detach(data: &Path, tag: &str, args: Option<Vec<String>>) -> CliResult {
     // Fail here, not in the child, when it is already up.
     drop(take_lock(data, tag)?);
-    let log_path = proc_file(data, tag, "log");
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
-    let exe = std::env::current_exe()?;
-    let mut args: Vec<String> = args.unwrap_or_else(|| std::env::args().skip(1).collect());
-    args.push("--foreground".into());
-    args.push("--detached".into());
-    let mut cmd = Command::new(exe);
-    cmd.args(&args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
-    // SAFETY: setsid is async-signal-safe; the child leaves our session so that the
-    // shell's hangup or Ctrl-C does not reach it.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn()?;
-    let out = child.stdout.take().ok_or("no pipe to the serving process")?;
-    for line in BufReader::new(out).lines() {
-        let line = line?;
-        println!("{line}");
-        if line.starts_with("ready") {
-            return Ok(());
-        }
-    }
-    let status = child.wait()?;
-    Err(format!("the serving process stopped before it was ready ({status}); see {}", log_path.display()).into())
+    crate::service::detach(args, "ready", Some(&proc_file(data, tag, "log")))
 }
 
 /// Whether `path` is a mount point now (per /proc/self/mountinfo).
