@@ -105,6 +105,27 @@ async fn bulk_round_trips_exactly_over_tcp_with_several_connections() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shortcut_serves_this_process_in_memory_and_others_over_tcp() {
+    use nacre_net::transport::Shortcut;
+    let probe = Arc::new(Probe::default());
+    let nid: Nid = "127.0.0.1@tcp:0".parse().unwrap();
+    let server =
+        Server::start(Arc::new(Shortcut), &nid, echo(probe, Duration::ZERO), ServerConfig::default()).await.unwrap();
+    assert!(Shortcut::serves(&server.nid()));
+    let bulk: Vec<u8> = (0..1_000_000u32).map(|i| i as u8).collect();
+    for t in [Arc::new(Shortcut) as Arc<dyn Transport>, Arc::new(TcpTransport)] {
+        let imp = Client::new(t, ClientConfig::default()).connect(&server.nid()).await.unwrap();
+        let r = imp.call(OP_ECHO, b"hi", &bulk).await.unwrap();
+        assert_eq!((&r.body[..], &r.bulk[..]), (&b"hi"[..], &bulk[..]));
+    }
+    assert_eq!(server.stats().exports, 2, "one client in memory, one over TCP");
+    let gone = server.nid();
+    drop(server);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!Shortcut::serves(&gone), "a stopped server is no longer a shortcut");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_racing_to_connect_share_one_import_and_lose_nothing() {
     let probe = Arc::new(Probe::default());
     let nid: Nid = "127.0.0.1@tcp:0".parse().unwrap();

@@ -60,7 +60,9 @@ pub async fn mount_here(mgs: &Nid, mnt: &Path, o: &MountOpts) -> Res<Mounted> {
     if !mnt.is_dir() {
         return Err(format!("mount point {} is not a directory", mnt.display()).into());
     }
-    let fs = FileSystem::mount(mgs, MountOptions::default()).await.map_err(|e| format!("mounting from {mgs}: {e}"))?;
+    // Services of this same process (`nacre up --mount`) are reached in memory.
+    let opts = MountOptions { transport: Arc::new(nacre_net::transport::Shortcut), ..MountOptions::default() };
+    let fs = FileSystem::mount(mgs, opts).await.map_err(|e| format!("mounting from {mgs}: {e}"))?;
     let ctl = nacre_net::server::Server::start(
         Arc::new(nacre_net::transport::TcpTransport),
         &"127.0.0.1@tcp:0".parse()?,

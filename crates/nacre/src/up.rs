@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nacre_net::nid::Nid;
-use nacre_net::transport::TcpTransport;
+use nacre_net::transport::Shortcut;
 use nacre_server::cluster::{Local, MgsAt};
 
 use crate::service::CliResult;
@@ -294,7 +294,9 @@ fn serve(p: &Plan) -> CliResult {
         if !p.mgs_here {
             println!("registering with the MGS at {}", p.mgs);
         }
-        let local = Local::start(Arc::new(TcpTransport), listen, mgs, mdts, osts, Duration::from_secs(300)).await?;
+        // Other processes and machines reach these services over TCP; this process's own
+        // mount and the targets among themselves go through memory.
+        let local = Local::start(Arc::new(Shortcut), listen, mgs, mdts, osts, Duration::from_secs(300)).await?;
         if !local.wait_ready(p.total_osts, Duration::from_secs(300)).await {
             return Err(format!("the MDTs here got no objects from the {} OSTs within 300 s", p.total_osts).into());
         }
