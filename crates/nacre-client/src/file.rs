@@ -138,24 +138,29 @@ impl File {
             let errno = if mode::is_dir(attr.mode) { errno::EISDIR } else { errno::EINVAL };
             return Err(Error::new(errno, format!("{fid} is not a regular file")));
         }
-        if flags.write {
-            fs.add_writer(fid);
+        let f = File::opened(fs, c, handle, attr, flags);
+        if flags.truncate && flags.write {
+            f.set_len(0).await?;
         }
-        let f = File {
+        Ok(f)
+    }
+
+    /// A file the MDT has opened as `handle` (by an open, or a create-open).
+    pub(crate) fn opened(fs: FileSystem, c: &Creds, handle: u64, attr: Attr, flags: OpenFlags) -> File {
+        if flags.write {
+            fs.add_writer(attr.fid);
+        }
+        File {
             fs,
             creds: c.clone(),
-            fid,
+            fid: attr.fid,
             handle,
             flags,
             layout: tokio::sync::OnceCell::new(),
             st: tokio::sync::Mutex::new(State { size: attr.size, ..State::default() }),
             size_hint: AtomicU64::new(attr.size),
             closed: AtomicBool::new(false),
-        };
-        if flags.truncate && flags.write {
-            f.set_len(0).await?;
         }
-        Ok(f)
     }
 
     pub fn fid(&self) -> Fid {

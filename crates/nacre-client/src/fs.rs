@@ -478,6 +478,39 @@ impl FileSystem {
         self.make(c, dir, name, mode::S_IFREG | (perms & mode::PERMS), Vec::new(), layout, &[]).await
     }
 
+    /// A regular file made and opened in one request (the creator opens it whatever its
+    /// mode, as open(2) with O_CREAT); `layout` or the directory's default.
+    pub async fn create_open(
+        &self,
+        c: &Creds,
+        dir: Fid,
+        name: &str,
+        perms: u32,
+        layout: Option<&Layout>,
+        flags: OpenFlags,
+    ) -> Result<(Attr, File)> {
+        let layout = layout.map(Layout::encode).unwrap_or_default();
+        let (handle, attr) = self
+            .by_name(c, dir, name, |at| {
+                let r = Request::CreateOpen {
+                    dir: at,
+                    name: name.to_string(),
+                    perms: perms & mode::PERMS,
+                    layout: layout.clone(),
+                    read: flags.read,
+                    write: flags.write,
+                };
+                async move {
+                    expect("create-open", self.md_at(at, c, &r).await?, |r| match r {
+                        Reply::Opened { handle, attr } => Some((handle, attr)),
+                        _ => None,
+                    })
+                }
+            })
+            .await?;
+        Ok((attr, File::opened(self.clone(), c, handle, attr, flags)))
+    }
+
     /// A small file made and written in one request (its layout keeps it on the MDT).
     pub async fn create_with_data(&self, c: &Creds, dir: Fid, name: &str, perms: u32, data: &[u8]) -> Result<Attr> {
         self.make(c, dir, name, mode::S_IFREG | (perms & mode::PERMS), Vec::new(), None, data).await

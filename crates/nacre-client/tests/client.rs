@@ -271,6 +271,15 @@ async fn metadata_operations_and_their_errors() {
     assert_eq!(fs.create(&c, d.fid, &"n".repeat(256), 0o644, None).await.unwrap_err().errno, errno::ENAMETOOLONG);
     let bad = fs.create(&c, d.fid, "bad", 0o644, Some(&Layout { components: vec![] })).await.unwrap_err();
     assert_eq!(bad.errno, errno::EINVAL, "{bad}");
+    // Create-open: made and opened at once, even with a mode that denies writing (as
+    // open(2) with O_CREAT); a second one of the same name is EEXIST.
+    let (a, f) = fs.create_open(&c, d.fid, "made-open", 0o444, None, OpenFlags::WRITE).await.unwrap();
+    f.write(0, b"through the create").await.unwrap();
+    f.close().await.unwrap();
+    assert_eq!(a.mode & 0o777, 0o444);
+    assert_eq!(read_all(&fs, a.fid, 100).await, b"through the create");
+    let e = fs.create_open(&c, d.fid, "made-open", 0o644, None, OpenFlags::WRITE).await.err().unwrap();
+    assert_eq!(e.errno, errno::EEXIST);
     // A non-root user: permission bits hold.
     let user = Creds { uid: 1000, gid: 1000, groups: vec![] };
     assert_eq!(fs.create(&user, d.fid, "mine", 0o644, None).await.unwrap_err().errno, errno::EACCES);

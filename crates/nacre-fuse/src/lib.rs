@@ -787,15 +787,16 @@ impl fuser::Filesystem for Nacre {
         serve!(self, reply, |s| {
             let dir = s.fid(parent)?;
             let name = name_of(&name)?;
-            let a = match s.fs.create(&c, dir, name, mode_bits, None).await {
-                Ok(a) => a,
+            // Made and opened in one request.
+            let (a, f) = match s.fs.create_open(&c, dir, name, mode_bits, None, open).await {
+                Ok(made) => made,
                 // Made meanwhile by someone else: without O_EXCL that is an open.
                 Err(e) if e.errno == errno::EEXIST && flags & libc::O_EXCL == 0 => {
-                    s.fs.lookup(&c, dir, name).await.map_err(|e| err(&e))?
+                    let a = s.fs.lookup(&c, dir, name).await.map_err(|e| err(&e))?;
+                    (a, s.fs.open(&c, a.fid, open).await.map_err(|e| err(&e))?)
                 }
                 Err(e) => return Err(err(&e)),
             };
-            let f = s.fs.open(&c, a.fid, open).await.map_err(|e| err(&e))?;
             let fh = s.add_handle(f);
             let (fa, g) = s.entry(&a);
             let ttl = s.cfg.attr_timeout;

@@ -163,6 +163,7 @@ pub const MDS_GETDIRSTRIPE: u16 = 321;
 pub const MDS_SETDIRDEFAULT: u16 = 322;
 /// From one MDT to another: updates of an operation the first coordinates.
 pub const MDS_UPDATE: u16 = 323;
+pub const MDS_CREATE_OPEN: u16 = 324;
 
 /// Supplementary groups a request may carry.
 pub const GROUPS_MAX: usize = 64;
@@ -261,6 +262,17 @@ pub enum Request {
         mode: u32,
         target: Vec<u8>,
         layout: Vec<u8>,
+    },
+    /// A regular file made and opened in one request (Lustre's open-create intent), with
+    /// the given layout or (empty) the inherited one. The creator opens it whatever its
+    /// mode, as open(2) with O_CREAT does; the answer is [`Reply::Opened`].
+    CreateOpen {
+        dir: Fid,
+        name: String,
+        perms: u32,
+        layout: Vec<u8>,
+        read: bool,
+        write: bool,
     },
     Link {
         fid: Fid,
@@ -429,6 +441,9 @@ impl Request {
                 (MDS_MKDIR, s(dir.put(e), name).u32(*mode).u32(*mdt as u32).u32(*count as u32).done())
             }
             Request::Getdirstripe { dir } => (MDS_GETDIRSTRIPE, dir.put(e).done()),
+            Request::CreateOpen { dir, name, perms, layout, read, write } => {
+                (MDS_CREATE_OPEN, s(dir.put(e), name).u32(*perms).bytes(layout).u8(*read as u8).u8(*write as u8).done())
+            }
             Request::Setdirdefault { dir, default } => (MDS_SETDIRDEFAULT, dir.put(e).bytes(default).done()),
             Request::Update { coordinator, xid, acked_below, update } => {
                 (MDS_UPDATE, update.put(e.u32(*coordinator).u64(*xid).u64(*acked_below)).done())
@@ -444,6 +459,7 @@ impl Request {
             MDS_LOOKUP => "lookup",
             MDS_READDIR => "readdir",
             MDS_CREATE => "create",
+            MDS_CREATE_OPEN => "create-open",
             MDS_LINK => "link",
             MDS_UNLINK => "unlink",
             MDS_RENAME => "rename",
@@ -483,6 +499,14 @@ impl Request {
                 mode: d.u32("mode")?,
                 target: d.bytes("symlink target", SYMLINK_MAX + 1)?.to_vec(),
                 layout: d.bytes("layout", LAYOUT_BYTES_MAX)?.to_vec(),
+            },
+            MDS_CREATE_OPEN => Request::CreateOpen {
+                dir: Fid::get(&mut d, "directory")?,
+                name: name_of(&mut d, "name")?,
+                perms: d.u32("permissions")?,
+                layout: d.bytes("layout", LAYOUT_BYTES_MAX)?.to_vec(),
+                read: d.u8("read flag")? != 0,
+                write: d.u8("write flag")? != 0,
             },
             MDS_LINK => Request::Link {
                 fid: Fid::get(&mut d, "fid")?,
@@ -751,6 +775,7 @@ mod tests {
                 set: SetAttr { mask: set::MODE | set::MTIME_NOW, mode: 0o600, ..Default::default() },
             },
             Request::Open { fid: f, read: true, write: false },
+            Request::CreateOpen { dir: f, name: "n".into(), perms: 0o600, layout: vec![], read: false, write: true },
             Request::Close { handle: 3 },
             Request::Readlink { fid: f },
             Request::Getxattr { fid: f, name: "user.a".into() },

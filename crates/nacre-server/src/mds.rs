@@ -26,7 +26,7 @@ const READDIR_REPLY_BYTES: usize = 60 << 10;
 const EPROTO: i32 = 71;
 
 /// Operations counted in `md_stats`, by opcode.
-const OPS: [(u16, &str); 24] = [
+const OPS: [(u16, &str); 25] = [
     (mdt::MDS_GETATTR, "getattr"),
     (mdt::MDS_LOOKUP, "lookup"),
     (mdt::MDS_READDIR, "readdir"),
@@ -51,6 +51,7 @@ const OPS: [(u16, &str); 24] = [
     (mdt::MDS_GETDIRSTRIPE, "getdirstripe"),
     (mdt::MDS_SETDIRDEFAULT, "setdirdefault"),
     (mdt::MDS_UPDATE, "update"),
+    (mdt::MDS_CREATE_OPEN, "create_open"),
 ];
 
 pub struct Mds {
@@ -87,6 +88,22 @@ fn reply_key(h: &nacre_net::frame::FrameHeader, client: u64, body: &[u8], bulk: 
 
 fn cred(c: Creds) -> Cred {
     Cred { uid: c.uid, gid: c.gid, groups: c.groups }
+}
+
+/// The change that makes regular file `name` in `dir` with `layout` (empty: inherited).
+fn create_change(
+    c: &Cred,
+    dir: Fid,
+    name: &str,
+    perms: u32,
+    layout: &[u8],
+) -> Result<crate::mdt::namespace::Change, MdError> {
+    let perms = perms & mode::PERMS;
+    if layout.is_empty() {
+        return Ok(Namespace::create_change(c, dir, name, perms));
+    }
+    let l = Layout::decode(layout).map_err(|e| MdError::new(errno::EINVAL, format!("layout: {e}")))?;
+    Ok(Namespace::create_with_layout_change(c, dir, name, perms, l))
 }
 
 /// The answer of a getattr or lookup: a regular file some client has open for writing
@@ -325,6 +342,7 @@ impl Mds {
         if !matches!(
             req.header.opcode,
             mdt::MDS_CREATE
+                | mdt::MDS_CREATE_OPEN
                 | mdt::MDS_UNLINK
                 | mdt::MDS_DOM_WRITE
                 | mdt::MDS_RENAME
@@ -443,6 +461,25 @@ impl Mds {
                 Ok(v) => v,
                 Err(e) => return Some(fail(e.status(), e.message)),
             },
+            Request::CreateOpen { dir, name, perms, layout, read, write } => {
+                let change = match create_change(&c, dir, &name, perms, &layout) {
+                    Ok(change) => change,
+                    Err(e) => return Some(fail(e.status(), e.message)),
+                };
+                let a = match self.ns.submit(key, change, 0).await {
+                    Ok(Answer::Attr(a)) => a,
+                    Ok(_) => return Some(fail(-errno::EIO, "create-open: the create gave no attributes".into())),
+                    Err(e) => return Some(fail(e.status(), e.message)),
+                };
+                // The open takes the namespace's locks: on a blocking thread.
+                let (ns, owner) = (self.ns.clone(), req.client);
+                return Some(
+                    match tokio::task::spawn_blocking(move || ns.open_created(owner, a.fid, read, write)).await {
+                        Ok(r) => answer(r, |(handle, attr)| mdt::Reply::Opened { handle, attr }),
+                        Err(e) => fail(-errno::EIO, format!("open after create: {e}")),
+                    },
+                );
+            }
             _ => return None,
         };
         Some(match self.ns.submit(key, change, weight).await {
@@ -525,6 +562,17 @@ impl Mds {
                     other => Err(MdError::new(errno::EINVAL, format!("file type {other:o} is not supported"))),
                 };
                 answer(made, mdt::Reply::Attr)
+            }
+            Request::CreateOpen { dir, name, perms, layout, read, write } => {
+                let made = if layout.is_empty() {
+                    ns.create(&c, dir, &name, perms & mode::PERMS, key)
+                } else {
+                    Layout::decode(&layout)
+                        .map_err(|e| MdError::new(errno::EINVAL, format!("layout: {e}")))
+                        .and_then(|l| ns.create_with_layout(&c, dir, &name, perms & mode::PERMS, l, key))
+                };
+                let opened = made.and_then(|a| ns.open_created(req.client, a.fid, read, write));
+                answer(opened, |(handle, attr)| mdt::Reply::Opened { handle, attr })
             }
             Request::Link { fid, dir, name } => answer(ns.link(&c, fid, dir, &name, key), mdt::Reply::Attr),
             Request::Unlink { dir, name, rmdir } => answer(ns.remove(&c, dir, &name, rmdir, key), |_| mdt::Reply::Done),
