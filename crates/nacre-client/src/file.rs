@@ -49,12 +49,7 @@ impl OpenFlags {
 
     /// From open(2) flags (Linux values).
     pub fn from_posix(flags: i32) -> OpenFlags {
-        const O_ACCMODE: i32 = 0o3;
-        const O_WRONLY: i32 = 0o1;
-        const O_RDWR: i32 = 0o2;
-        const O_TRUNC: i32 = 0o1000;
-        const O_APPEND: i32 = 0o2000;
-        const O_DIRECT: i32 = 0o40000;
+        use libc::{O_ACCMODE, O_APPEND, O_DIRECT, O_RDWR, O_TRUNC, O_WRONLY};
         let acc = flags & O_ACCMODE;
         OpenFlags {
             read: acc != O_WRONLY,
@@ -235,9 +230,25 @@ impl File {
         let permit = match budget.try_take(len) {
             Some(p) => p,
             None => {
-                // The mount's dirty budget is spent: send ours and wait for room.
+                // The mount's dirty budget is spent (other files may hold it, idle): send
+                // ours, and if there is still no room, write this one through rather than
+                // wait for files nobody may touch again.
                 self.flush(&mut st).await?;
-                budget.take(len).await
+                match budget.try_take(len) {
+                    Some(p) => p,
+                    None => {
+                        return write_range(
+                            &self.fs,
+                            &self.creds,
+                            self.fid,
+                            &layout,
+                            offset,
+                            Bytes::copy_from_slice(data),
+                        )
+                        .await
+                        .map(|_| data.len());
+                    }
+                }
             }
         };
         let before = st.dirty.range(..=offset).next_back().map(|(&s, d)| (s, s + d.data.len() as u64));
@@ -309,15 +320,21 @@ impl File {
     }
 
     /// Send every dirty byte and wait for all write-back; the first failure since the
-    /// last call is returned.
+    /// last call is returned (and reported no more).
     async fn flush(&self, st: &mut State) -> Result<()> {
-        self.launch(st).await;
-        for f in std::mem::take(&mut st.flushing) {
-            collect(st, f.task).await;
-        }
+        self.settle(st).await;
         match st.error.take() {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+
+    /// Send every dirty byte and wait for all write-back, leaving a failure for this
+    /// handle's own next write, fsync or close to report.
+    async fn settle(&self, st: &mut State) {
+        self.launch(st).await;
+        for f in std::mem::take(&mut st.flushing) {
+            collect(st, f.task).await;
         }
     }
 
@@ -329,9 +346,34 @@ impl File {
         self.flush(&mut st).await
     }
 
+    /// Write back what this handle holds so another handle of the mount sees it (before
+    /// that one reads, writes or truncates). A failure stays for this handle to report.
+    pub async fn share(&self) {
+        let mut st = self.st.lock().await;
+        self.settle(&mut st).await;
+    }
+
     /// Drop read-ahead data (another handle of this mount wrote the file).
     pub async fn forget_cache(&self) {
         self.st.lock().await.ra.chunks.clear();
+    }
+
+    /// The file is `size` bytes now (another handle of the mount truncated it): what this
+    /// handle knew of its size and read ahead no longer holds.
+    pub async fn resized(&self, size: u64) {
+        let mut st = self.st.lock().await;
+        st.ra.chunks.clear();
+        st.append_known = false;
+        self.set_size(&mut st, size);
+    }
+
+    /// The file is at least `size` bytes (another handle of the mount wrote up to it):
+    /// appends go after it.
+    pub async fn grown(&self, size: u64) {
+        let mut st = self.st.lock().await;
+        if size > st.size {
+            self.set_size(&mut st, size);
+        }
     }
 
     /// Whether writes wait in this handle's write-behind (no RPC).
@@ -346,15 +388,18 @@ impl File {
         }
         let mut st = self.st.lock().await;
         if !st.dirty.is_empty() || !st.flushing.is_empty() {
-            self.flush(&mut st).await?;
+            self.settle(&mut st).await;
         }
         let mut len = len as u64;
         if offset.saturating_add(len) > st.size {
             // Past what we know: the file may have grown (another client, since open).
             let a = self.fs.getattr(&self.creds, self.fid).await?;
             let a = self.fs.glimpse(&self.creds, a).await?;
-            let size = st.size.max(a.size);
-            self.set_size(&mut st, size);
+            if a.size > st.size {
+                // Chunks read ahead near the old end are short.
+                st.ra.chunks.clear();
+                self.set_size(&mut st, a.size);
+            }
         }
         len = len.min(st.size.saturating_sub(offset));
         if len == 0 {
@@ -414,33 +459,37 @@ impl File {
             }
             c += chunk;
         }
-        let mut out = Vec::with_capacity(len as usize);
+        let mut out = vec![0u8; len as usize];
         let mut c = offset / chunk * chunk;
         while c < end {
-            let data = match st.ra.chunks.get_mut(&c) {
-                Some((Chunk::Ready(b), _)) => b.clone(),
-                Some((chunk_state @ Chunk::Pending(_), _)) => {
-                    let Chunk::Pending(task) = std::mem::replace(chunk_state, Chunk::Ready(Bytes::new())) else {
-                        unreachable!("matched as pending")
-                    };
+            // A chunk holds `want` bytes, or it is short (cut by a read that was given up,
+            // or read when the file was shorter) and read again here.
+            let want = chunk.min(size.saturating_sub(c));
+            let data = match st.ra.chunks.remove(&c) {
+                Some((Chunk::Ready(b), permit)) => Some((b, permit)),
+                Some((Chunk::Pending(task), permit)) => {
+                    // Taken out while awaited: a read given up meanwhile leaves no
+                    // half-made chunk behind.
                     let r = task.await.map_err(|e| Error::new(errno::EIO, format!("read-ahead task: {e}")));
-                    match r.and_then(|r| r) {
-                        Ok(b) => {
-                            *chunk_state = Chunk::Ready(b.clone());
-                            b
-                        }
-                        Err(e) => {
-                            st.ra.chunks.remove(&c);
-                            return Err(e);
-                        }
-                    }
+                    Some((r.and_then(|r| r)?, permit))
                 }
-                None => return Err(Error::new(errno::EIO, "read-ahead chunk missing")),
+                None => None,
             };
-            let from = offset.max(c) - c;
-            let to = (end.min(c + chunk) - c).min(data.len() as u64);
+            let data = match data {
+                Some((b, permit)) if b.len() as u64 >= want => {
+                    st.ra.chunks.insert(c, (Chunk::Ready(b.clone()), permit));
+                    b
+                }
+                _ => Bytes::from(read_range(&self.fs, &self.creds, self.fid, layout, c, want).await?),
+            };
+            let (from, to) = (offset.max(c), end.min(c + chunk));
             if from < to {
-                out.extend_from_slice(&data[from as usize..to as usize]);
+                let have = (to - c).min(data.len() as u64);
+                if from - c < have {
+                    let n = (have - (from - c)) as usize;
+                    let at = (from - offset) as usize;
+                    out[at..at + n].copy_from_slice(&data[(from - c) as usize..(from - c) as usize + n]);
+                }
             }
             c += chunk;
         }
@@ -452,7 +501,6 @@ impl File {
         for s in done {
             st.ra.chunks.remove(&s);
         }
-        out.resize(len as usize, 0);
         Ok(out)
     }
 
@@ -487,6 +535,7 @@ impl File {
 
     /// Tell the MDT the size the objects give (if larger than it has) and a new mtime.
     async fn publish_size(&self, st: &mut State) -> Result<()> {
+        let _still = self.fs.size_guard(self.fid).await;
         let mdt = mdt_of(self.fid)?;
         let (reply, _) = self.fs.md(mdt, &self.creds, &Request::Getattr { fid: self.fid }, &[]).await?;
         let (Reply::Attr(on_mdt) | Reply::Writing(on_mdt)) = reply else {
@@ -539,13 +588,14 @@ impl Drop for File {
             (self.fs.clone(), self.creds.clone(), self.fid, self.handle, self.layout.get().cloned());
         let st = std::mem::take(self.st.get_mut());
         rt.spawn(async move {
+            // What is in flight lands first: the dirty bytes are newer.
+            for f in st.flushing {
+                let _ = f.task.await;
+            }
             if let Some(layout) = layout {
                 for (offset, d) in st.dirty {
                     let _ = write_range(&fs, &creds, fid, &layout, offset, Bytes::from(d.data)).await;
                 }
-            }
-            for f in st.flushing {
-                let _ = f.task.await;
             }
             if let Ok(mdt) = mdt_of(fid) {
                 let _ = fs.md(mdt, &creds, &Request::Close { handle }, &[]).await;
@@ -646,6 +696,9 @@ pub(crate) async fn read_range(
                         let n = DOM_RPC_MAX.min(p.len - at);
                         let r = Request::DomRead { fid, offset: p.offset + at, len: n as u32 };
                         let (_, bulk) = fs.md(mdt, &c, &r, &[]).await?;
+                        if bulk.len() as u64 > n {
+                            return Err(Error::protocol("DoM read", format!("{} bytes for {n} asked", bulk.len())));
+                        }
                         data.extend_from_slice(&bulk);
                         if (bulk.len() as u64) < n {
                             break;

@@ -73,6 +73,9 @@ pub(crate) struct Inner {
     /// Files open for writing through this mount, with their handles' count: their size
     /// is glimpsed from the objects.
     writers: Mutex<HashMap<Fid, usize>>,
+    /// Per file, held while its size changes (a truncate, or a close publishing the size
+    /// the objects give), so a close cannot publish a size read before a truncate.
+    sizing: Mutex<HashMap<Fid, Arc<tokio::sync::Mutex<()>>>>,
     follower: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
@@ -110,8 +113,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn expect<T>(what: &str, r: Reply, f: impl FnOnce(Reply) -> Option<T>) -> Result<T> {
-    let shown = format!("{r:?}");
-    f(r).ok_or_else(|| Error::protocol(what, format!("unexpected reply {}", &shown[..shown.len().min(200)])))
+    let shown: String = format!("{r:?}").chars().take(200).collect();
+    f(r).ok_or_else(|| Error::protocol(what, format!("unexpected reply {shown}")))
 }
 
 fn attr_of(what: &str, r: Reply) -> Result<Attr> {
@@ -143,6 +146,7 @@ impl FileSystem {
             stripes: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
             writers: Mutex::new(HashMap::new()),
+            sizing: Mutex::new(HashMap::new()),
             follower: Mutex::new(None),
         });
         let fs = FileSystem { inner };
@@ -457,7 +461,15 @@ impl FileSystem {
         all.retain(|(e, _)| e.cookie <= limit);
         all.sort_by_key(|(e, _)| e.cookie);
         if all.len() > max as usize {
+            // A page never ends inside a run of equal cookies (two names of one hash in
+            // different shards): the listing resumes after the cookie, so the rest of the
+            // run would be skipped.
+            let next = all[max as usize].0.cookie;
             all.truncate(max as usize);
+            let whole = all.iter().rposition(|(e, _)| e.cookie != next).map_or(0, |i| i + 1);
+            if whole > 0 {
+                all.truncate(whole);
+            }
             eof = false;
         }
         Ok((all, eof))
@@ -618,8 +630,12 @@ impl FileSystem {
     /// Change attributes. A size change truncates (or extends) the file's OST objects
     /// too, after the MDT has checked and recorded it.
     pub async fn setattr(&self, c: &Creds, fid: Fid, s: SetAttr) -> Result<Attr> {
+        if s.mask & set::SIZE == 0 {
+            return attr_of("setattr", self.md_at(fid, c, &Request::Setattr { fid, set: s }).await?);
+        }
+        let _still = self.size_guard(fid).await;
         let a = attr_of("setattr", self.md_at(fid, c, &Request::Setattr { fid, set: s }).await?)?;
-        if s.mask & set::SIZE != 0 && mode::is_reg(a.mode) {
+        if mode::is_reg(a.mode) {
             self.truncate_objects(c, fid, s.size).await?;
         }
         Ok(a)
@@ -792,6 +808,18 @@ impl FileSystem {
     /// Open `fid`; `flags` as open(2)'s access mode, O_APPEND and O_TRUNC.
     pub async fn open(&self, c: &Creds, fid: Fid, flags: OpenFlags) -> Result<File> {
         File::open(self.clone(), c, fid, flags).await
+    }
+
+    /// Hold `fid`'s size still on this mount (see `Inner::sizing`).
+    pub(crate) async fn size_guard(&self, fid: Fid) -> tokio::sync::OwnedMutexGuard<()> {
+        let m = {
+            let mut map = lock(&self.inner.sizing);
+            if map.len() >= 1024 {
+                map.retain(|_, m| Arc::strong_count(m) > 1);
+            }
+            map.entry(fid).or_default().clone()
+        };
+        m.lock_owned().await
     }
 
     pub(crate) fn add_writer(&self, fid: Fid) {

@@ -44,19 +44,22 @@ impl Default for Tunables {
     }
 }
 
-/// A byte or slot budget that can be resized while tasks hold parts of it.
+/// A byte or slot budget that can be resized while tasks hold parts of it. A shrink that
+/// finds the room held is a debt: permits coming back pay it before anyone takes them,
+/// and a later grow cancels it first.
 pub struct Budget {
     sem: Arc<Semaphore>,
     size: AtomicU64,
-    resize: std::sync::Mutex<()>,
+    /// Permits still to take out of circulation (a shrink not yet paid).
+    debt: std::sync::Mutex<u64>,
 }
 
 impl Budget {
     pub fn new(size: u64) -> Budget {
         Budget {
-            sem: Arc::new(Semaphore::new(size as usize)),
+            sem: Arc::new(Semaphore::new(size.min(Semaphore::MAX_PERMITS as u64) as usize)),
             size: AtomicU64::new(size),
-            resize: std::sync::Mutex::new(()),
+            debt: std::sync::Mutex::new(0),
         }
     }
 
@@ -68,8 +71,27 @@ impl Budget {
         &self.sem
     }
 
+    /// Pay what can be paid of a shrink's debt from the free permits.
+    fn pay(&self) {
+        let mut debt = self.debt.lock().unwrap_or_else(|e| e.into_inner());
+        while *debt > 0 {
+            let n = (*debt).min(self.sem.available_permits() as u64).min(u32::MAX as u64) as u32;
+            if n == 0 {
+                break;
+            }
+            match self.sem.try_acquire_many(n) {
+                Ok(p) => {
+                    p.forget();
+                    *debt -= u64::from(n);
+                }
+                Err(_) => break,
+            }
+        }
+    }
+
     /// Take `n` (clamped to the whole budget, so one large request cannot wait forever).
     pub async fn take(&self, n: u64) -> tokio::sync::OwnedSemaphorePermit {
+        self.pay();
         let n = n.min(self.size()).clamp(1, u32::MAX as u64) as u32;
         // The semaphore is never closed.
         self.sem.clone().acquire_many_owned(n).await.expect("budget semaphore closed")
@@ -77,31 +99,25 @@ impl Budget {
 
     /// Take `n` now or not at all.
     pub fn try_take(&self, n: u64) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.pay();
         let n = u32::try_from(n).ok()?;
         self.sem.clone().try_acquire_many_owned(n).ok()
     }
 
     /// Grow or shrink the budget; a shrink takes effect as holders give back.
     pub fn set(&self, size: u64) {
-        let _g = self.resize.lock().unwrap_or_else(|e| e.into_inner());
+        let mut debt = self.debt.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.size.swap(size, Ordering::Relaxed);
         if size > old {
-            self.sem.add_permits((size - old) as usize);
-        } else if size < old {
-            let sem = self.sem.clone();
-            let less = (old - size).min(u32::MAX as u64) as u32;
-            match sem.clone().try_acquire_many_owned(less) {
-                Ok(p) => p.forget(),
-                Err(_) => {
-                    if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                        rt.spawn(async move {
-                            if let Ok(p) = sem.acquire_many_owned(less).await {
-                                p.forget();
-                            }
-                        });
-                    }
-                }
-            }
+            let grow = size - old;
+            let cancel = grow.min(*debt);
+            *debt -= cancel;
+            let add = (grow - cancel).min((Semaphore::MAX_PERMITS - self.sem.available_permits()) as u64);
+            self.sem.add_permits(add as usize);
+        } else {
+            *debt += old - size;
+            drop(debt);
+            self.pay();
         }
     }
 }
@@ -191,5 +207,33 @@ impl Params {
                 (self.read_ahead_per_file.load(Ordering::Relaxed) >> 20).to_string(),
             ),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_shrink_while_held_is_paid_as_permits_come_back_and_a_grow_cancels_it() {
+        let b = Budget::new(10);
+        let held = b.try_take(8).unwrap();
+        b.set(2);
+        assert_eq!(b.size(), 2);
+        assert!(b.try_take(1).is_none(), "the 2 free permits went to the debt");
+        drop(held);
+        let one = b.try_take(1).unwrap();
+        assert!(b.try_take(2).is_none(), "2 of 2: one held, one free");
+        drop(one);
+        b.set(10);
+        let all = b.try_take(10).unwrap();
+        assert!(b.try_take(1).is_none());
+        drop(all);
+        // Shrink, then grow back before anything came back: no capacity is lost.
+        let held = b.try_take(10).unwrap();
+        b.set(1);
+        b.set(10);
+        drop(held);
+        assert!(b.try_take(10).is_some(), "a grow cancels the debt");
     }
 }

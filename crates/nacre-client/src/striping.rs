@@ -100,9 +100,16 @@ impl FileLayout {
                 if object_size == 0 || count == 0 {
                     continue;
                 }
+                // An object size from the wire may be anything: past the largest file it
+                // maps nowhere.
                 let last = object_size - 1;
-                let x = c.start + (last / size * count + i as u64) * size + last % size;
-                if x < c.end {
+                let x = (last / size)
+                    .checked_mul(count)
+                    .and_then(|r| r.checked_add(i as u64))
+                    .and_then(|s| s.checked_mul(size))
+                    .and_then(|b| b.checked_add(last % size))
+                    .and_then(|o| o.checked_add(c.start));
+                if let Some(x) = x.filter(|&x| x < c.end && x < i64::MAX as u64) {
                     file_size = file_size.max(x + 1);
                 }
             }

@@ -380,3 +380,65 @@ async fn tunables_are_listed_checked_and_followed_from_the_mgs() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_ahead_after_the_file_grows_returns_the_new_bytes() {
+    let t = TestFs::start(1, 2).await;
+    let (a_fs, b_fs) = (t.mount("a").await, t.mount("b").await);
+    let c = Creds::default();
+    let a = a_fs.create(&c, Fid::ROOT, "grows", 0o644, Some(&lfs("-c 2 -S 64K"))).await.unwrap();
+    let all = pattern(21, 9 << 20);
+    let w = a_fs.open(&c, a.fid, OpenFlags::WRITE).await.unwrap();
+    w.write(0, &all[..5 << 20]).await.unwrap();
+    w.close().await.unwrap();
+    // B reads to the end in 1 MiB calls: its read-ahead holds a short chunk at the end.
+    let r = b_fs.open(&c, a.fid, OpenFlags::READ).await.unwrap();
+    for k in 0..5u64 {
+        assert!(r.read(k << 20, 1 << 20).await.unwrap() == all[(k << 20) as usize..((k + 1) << 20) as usize]);
+    }
+    assert!(r.read(5 << 20, 1 << 20).await.unwrap().is_empty(), "end of file");
+    // A appends 4 MiB; B, still open, reads on and gets them (not zeros, not shifted).
+    let w = a_fs.open(&c, a.fid, OpenFlags { append: true, ..OpenFlags::WRITE }).await.unwrap();
+    w.write(0, &all[5 << 20..]).await.unwrap();
+    w.close().await.unwrap();
+    for k in 5..9u64 {
+        let got = r.read(k << 20, 1 << 20).await.unwrap();
+        assert!(got == all[(k << 20) as usize..((k + 1) << 20) as usize], "MiB {k} after the file grew");
+    }
+    let across = r.read((4 << 20) + 12_345, 3 << 20).await.unwrap();
+    assert!(across == all[(4 << 20) + 12_345..(7 << 20) + 12_345]);
+    r.close().await.unwrap();
+}
+
+/// Many files each holding a little dirty data can spend the whole dirty budget; a
+/// write that finds no room then goes straight out instead of waiting for files that
+/// nobody writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_dirty_budget_never_blocks_a_writer() {
+    let t = TestFs::start(1, 2).await;
+    let fs = t.mount("c").await;
+    fs.set_param("llite.*.max_dirty_mb", "1").unwrap();
+    let c = Creds::default();
+    let mut files = Vec::new();
+    for i in 0..24 {
+        let a = fs.create(&c, Fid::ROOT, &format!("small{i}"), 0o644, None).await.unwrap();
+        files.push(fs.open(&c, a.fid, OpenFlags::WRITE).await.unwrap());
+    }
+    let written = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        for round in 0..3u64 {
+            for (i, f) in files.iter().enumerate() {
+                f.write(round * 100_000, &pattern(i as u64 * 10 + round, 100_000)).await.unwrap();
+            }
+        }
+    })
+    .await;
+    assert!(written.is_ok(), "a writer waited on the dirty budget");
+    for f in &files {
+        f.close().await.unwrap();
+    }
+    for (i, f) in files.iter().enumerate() {
+        let got = read_all(&fs, f.fid(), 1 << 20).await;
+        let want: Vec<u8> = (0..3).flat_map(|r| pattern(i as u64 * 10 + r, 100_000)).collect();
+        assert!(got == want, "file {i}");
+    }
+}

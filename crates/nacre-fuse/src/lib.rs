@@ -221,10 +221,10 @@ impl Shared {
         }
     }
 
-    /// The largest size an open handle of this mount knows for `fid`.
+    /// The largest size a handle of this mount open for writing knows for `fid` (its
+    /// writes may not be on the servers yet).
     fn dirty_size(&self, fid: Fid) -> u64 {
-        let o = lock(&self.open);
-        o.by_fid.get(&fid).map_or(0, |v| v.iter().filter_map(Weak::upgrade).map(|f| f.size_hint()).max().unwrap_or(0))
+        self.handles_of(fid).iter().filter(|f| f.flags().write).map(|f| f.size_hint()).max().unwrap_or(0)
     }
 
     /// The other open handles of `fid` in this mount.
@@ -244,6 +244,25 @@ impl Shared {
         list.push(Arc::downgrade(&f));
         o.handles.insert(fh, f);
         fh
+    }
+
+    /// The flags a file is opened with here. With the kernel's writeback cache, the
+    /// kernel reads pages to fill them (so a write-only open also reads) and places
+    /// O_APPEND writes itself (so the client must not move them).
+    fn kernel_flags(&self, f: OpenFlags) -> OpenFlags {
+        if self.cfg.writeback_cache && f.write { OpenFlags { read: true, append: false, ..f } } else { f }
+    }
+
+    /// Open `fid` for the kernel: as [`Shared::kernel_flags`] says, falling back to the
+    /// caller's own flags if reading is refused.
+    async fn open_file(&self, c: &Creds, fid: Fid, flags: OpenFlags) -> Result<File, Errno> {
+        let k = self.kernel_flags(flags);
+        match self.fs.open(c, fid, k).await {
+            Err(e) if e.errno == errno::EACCES && k != flags => {
+                self.fs.open(c, fid, OpenFlags { append: false, ..flags }).await.map_err(|e| err(&e))
+            }
+            r => r.map_err(|e| err(&e)),
+        }
     }
 
     fn handle(&self, fh: FileHandle) -> Result<Arc<File>, Errno> {
@@ -372,7 +391,7 @@ impl fuser::Filesystem for Nacre {
             if let Some(size) = size {
                 // Dirty writes of any handle go first, so the cut is the last word.
                 for h in s.handles_of(fid) {
-                    h.write_back().await.map_err(|e| err(&e))?;
+                    h.share().await;
                 }
                 match fh.map(|fh| s.handle(fh)) {
                     Some(Ok(f)) if f.flags().write => f.set_len(size).await.map_err(|e| err(&e))?,
@@ -382,7 +401,7 @@ impl fuser::Filesystem for Nacre {
                     }
                 }
                 for h in s.handles_of(fid) {
-                    h.forget_cache().await;
+                    h.resized(size).await;
                 }
             }
             let a = if sa.mask != 0 {
@@ -515,9 +534,14 @@ impl fuser::Filesystem for Nacre {
             let fid = s.fid(ino)?;
             for h in s.handles_of(fid) {
                 // Close-to-open: what this mount wrote is on the servers first.
-                h.write_back().await.map_err(|e| err(&e))?;
+                h.share().await;
             }
-            let f = s.fs.open(&c, fid, flags).await.map_err(|e| err(&e))?;
+            let f = s.open_file(&c, fid, flags).await?;
+            if flags.truncate && flags.write {
+                for h in s.handles_of(fid) {
+                    h.resized(0).await;
+                }
+            }
             let fh = s.add_handle(f);
             Ok(move |r: ReplyOpen| r.opened(FileHandle(fh), fopen(flags)))
         })
@@ -539,7 +563,7 @@ impl fuser::Filesystem for Nacre {
             let fid = s.fid(ino)?;
             for h in s.handles_of(fid) {
                 if !Arc::ptr_eq(&h, &f) && h.may_be_dirty() {
-                    h.write_back().await.map_err(|e| err(&e))?;
+                    h.share().await;
                 }
             }
             let data = f.read(offset, size as usize).await.map_err(|e| err(&e))?;
@@ -562,12 +586,24 @@ impl fuser::Filesystem for Nacre {
         let data = data.to_vec();
         serve!(self, reply, |s| {
             let f = s.handle(fh)?;
+            let fid = s.fid(ino)?;
+            let others: Vec<Arc<File>> = s.handles_of(fid).into_iter().filter(|h| !Arc::ptr_eq(h, &f)).collect();
+            // Writes of other handles go first, so this one lands after them; an append
+            // goes after all they wrote.
+            for h in &others {
+                if h.may_be_dirty() {
+                    h.share().await;
+                }
+            }
+            if f.flags().append {
+                let end = others.iter().filter(|h| h.flags().write).map(|h| h.size_hint()).max().unwrap_or(0);
+                f.grown(end).await;
+            }
             let n = f.write(offset, &data).await.map_err(|e| err(&e))?;
-            if let Ok(fid) = s.fid(ino) {
-                for h in s.handles_of(fid) {
-                    if !Arc::ptr_eq(&h, &f) {
-                        h.forget_cache().await;
-                    }
+            for h in &others {
+                h.forget_cache().await;
+                if f.flags().append {
+                    h.grown(f.size_hint()).await;
                 }
             }
             Ok(move |r: ReplyWrite| r.written(n as u32))
@@ -788,12 +824,12 @@ impl fuser::Filesystem for Nacre {
             let dir = s.fid(parent)?;
             let name = name_of(&name)?;
             // Made and opened in one request.
-            let (a, f) = match s.fs.create_open(&c, dir, name, mode_bits, None, open).await {
+            let (a, f) = match s.fs.create_open(&c, dir, name, mode_bits, None, s.kernel_flags(open)).await {
                 Ok(made) => made,
                 // Made meanwhile by someone else: without O_EXCL that is an open.
                 Err(e) if e.errno == errno::EEXIST && flags & libc::O_EXCL == 0 => {
                     let a = s.fs.lookup(&c, dir, name).await.map_err(|e| err(&e))?;
-                    (a, s.fs.open(&c, a.fid, open).await.map_err(|e| err(&e))?)
+                    (a, s.open_file(&c, a.fid, open).await?)
                 }
                 Err(e) => return Err(err(&e)),
             };
