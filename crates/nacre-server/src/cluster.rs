@@ -89,7 +89,8 @@ pub enum MgsAt {
     Remote { nid: Nid, fsname: String },
 }
 
-/// Register target `index` of `kind`, served at `nid`, with the MGS at `mgs`.
+/// Register target `index` of `kind`, served at `nid`, with the MGS at `mgs` (`nacre mdt
+/// serve` and `ost serve` register so too).
 pub async fn register_remote(
     client: &Client,
     mgs: &Nid,
@@ -105,6 +106,8 @@ pub async fn register_remote(
     }
     .encode();
     let reply = import.call(op, &body, &[]).await.map_err(|e| format!("MGS {mgs}: {e}"))?;
+    // The MGS need not keep an export for a client that only registered.
+    let _ = import.disconnect().await;
     if reply.header.status != 0 {
         return Err(format!(
             "MGS {mgs} refused {}: {}",

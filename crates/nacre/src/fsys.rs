@@ -87,17 +87,50 @@ pub async fn mount_here(mgs: &Nid, mnt: &Path, o: &MountOpts) -> Res<Mounted> {
 /// Between the MGS and the control endpoint in a mount's source.
 const CTL_MARK: &str = ",ctl=";
 
-/// Every Nacre mount of this machine: (mount point, MGS, control endpoint).
-pub fn local_mounts() -> Res<Vec<(PathBuf, Nid, Option<Nid>)>> {
+/// The mount table: each mount's point, file system type and source.
+fn mount_table() -> Res<Vec<(PathBuf, String, String)>> {
     let info = std::fs::read_to_string("/proc/self/mountinfo")?;
     let mut out = Vec::new();
     for line in info.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
         let Some(dash) = fields.iter().position(|f| *f == "-") else { continue };
-        let (Some(point), Some(fstype), Some(source)) = (fields.get(4), fields.get(dash + 1), fields.get(dash + 2))
-        else {
+        if let (Some(point), Some(fstype), Some(source)) = (fields.get(4), fields.get(dash + 1), fields.get(dash + 2)) {
+            out.push((PathBuf::from(unescape(point)), fstype.to_string(), unescape(source)));
+        }
+    }
+    Ok(out)
+}
+
+/// A mountinfo field with its octal escapes (`\040` for a space) undone.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8)
+        {
+            out.push(v);
+            i += 4;
             continue;
-        };
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Whether `path` is a mount point now.
+pub fn is_mounted(path: &Path) -> bool {
+    let canon = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    mount_table().is_ok_and(|t| t.iter().any(|(p, _, _)| *p == canon))
+}
+
+/// Every Nacre mount of this machine: (mount point, MGS, control endpoint).
+pub fn local_mounts() -> Res<Vec<(PathBuf, Nid, Option<Nid>)>> {
+    let mut out = Vec::new();
+    for (point, fstype, source) in mount_table()? {
         let Some(source) = source.strip_prefix(SOURCE_PREFIX).filter(|_| fstype.starts_with("fuse")) else {
             continue;
         };
@@ -106,7 +139,7 @@ pub fn local_mounts() -> Res<Vec<(PathBuf, Nid, Option<Nid>)>> {
             None => (source, None),
         };
         let Ok(mgs) = mgs.parse() else { continue };
-        out.push((PathBuf::from(crate::up::unescape(point)), mgs, ctl));
+        out.push((point, mgs, ctl));
     }
     Ok(out)
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use clap::Subcommand;
 use nacre_net::nid::Nid;
-use nacre_proto::mgs::{Request, TargetEntry, TargetKind};
+use nacre_proto::mgs::TargetKind;
 use nacre_raid::{BlockDevice, CreateOptions, FileDrive, Level, Volume, VolumeOptions};
 use nacre_server::mgs::Mgs;
 
@@ -89,21 +89,5 @@ pub fn run(cmd: MgsCommand) -> CliResult {
 pub async fn register(mgs: &Nid, fsname: &str, kind: TargetKind, index: u32, nid: &Nid) -> CliResult {
     let cfg = nacre_net::client::ClientConfig { ping: false, ..Default::default() };
     let client = nacre_net::client::Client::new(Arc::new(nacre_net::transport::TcpTransport), cfg);
-    let import = client.connect(mgs).await.map_err(|e| format!("MGS {mgs}: {e}"))?;
-    let (op, body) = Request::Register {
-        fsname: fsname.to_string(),
-        target: TargetEntry { kind, index, nids: vec![nid.to_string()] },
-    }
-    .encode();
-    let reply = import.call(op, &body, &[]).await?;
-    let _ = import.disconnect().await;
-    if reply.header.status != 0 {
-        return Err(format!(
-            "MGS {mgs} refused {}: {}",
-            kind.name(fsname, index),
-            String::from_utf8_lossy(&reply.body)
-        )
-        .into());
-    }
-    Ok(())
+    Ok(nacre_server::cluster::register_remote(&client, mgs, fsname, kind, index, nid).await?)
 }

@@ -153,22 +153,56 @@ fn format(a: &UpArgs) -> Result<Conf, Box<dyn std::error::Error>> {
     }
     let conf = Conf { fsname: a.fsname.clone(), mdts: a.mdts, osts: a.osts, host: a.host.clone(), port: a.port };
     conf.mgs()?;
-    println!("{}", crate::mgs::format(&a.data.join("mgs"), &a.fsname)?);
-    for i in 0..a.mdts {
-        println!("{}", crate::mdt::format(&a.data.join(format!("mdt{i}")), &format!("mdt{i}"), i, a.mdt_size, 4)?);
-    }
-    let f = crate::ost::OstFormat {
-        size: a.ost_size,
-        data_drives: a.ost_drives,
-        strip: 128 << 10,
-        index_size: a.mdt_size,
-        index_drives: 4,
-    };
-    for i in 0..a.osts {
-        println!("{}", crate::ost::format(&a.data.join(format!("ost{i}")), &format!("ost{i}"), &f)?);
-    }
+    let sizes = Sizes { ost: a.ost_size, mdt: a.mdt_size, ost_drives: a.ost_drives };
+    let (mdts, osts): (Vec<u32>, Vec<u32>) = ((0..a.mdts).collect(), (0..a.osts).collect());
+    make_targets(&a.data, &a.fsname, true, &mdts, &osts, &sizes, false)?;
     conf.save(&conf_path(&a.data))?;
     Ok(conf)
+}
+
+/// The size of new targets: object data per OST, bytes per drive of an MDT (and of an
+/// OST's index volume), and drives of an OST's RAID6 data volume.
+struct Sizes {
+    ost: u64,
+    mdt: u64,
+    ost_drives: usize,
+}
+
+/// Make targets in `data` (`mgs/`, `mdtN/`, `ostN/`), printing a line for each; with
+/// `keep`, a target already there is kept (a node's later starts), else it is an error.
+fn make_targets(
+    data: &Path,
+    fsname: &str,
+    mgs: bool,
+    mdts: &[u32],
+    osts: &[u32],
+    s: &Sizes,
+    keep: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let new = |dir: &Path| !keep || !dir.exists();
+    if mgs && new(&data.join("mgs")) {
+        println!("{}", crate::mgs::format(&data.join("mgs"), fsname)?);
+    }
+    for &i in mdts {
+        let dir = data.join(format!("mdt{i}"));
+        if new(&dir) {
+            println!("{}", crate::mdt::format(&dir, &format!("mdt{i}"), i, s.mdt, 4)?);
+        }
+    }
+    let f = crate::ost::OstFormat {
+        size: s.ost,
+        data_drives: s.ost_drives,
+        strip: 128 << 10,
+        index_size: s.mdt,
+        index_drives: 4,
+    };
+    for &i in osts {
+        let dir = data.join(format!("ost{i}"));
+        if new(&dir) {
+            println!("{}", crate::ost::format(&dir, &format!("ost{i}"), &f)?);
+        }
+    }
+    Ok(())
 }
 
 /// `nacre up`: serve in this process (`--foreground`), or start a process that does and
@@ -214,37 +248,9 @@ fn detach(data: &Path, tag: &str, args: Option<Vec<String>>) -> CliResult {
     crate::service::detach(args, "ready", Some(&proc_file(data, tag, "log")))
 }
 
-/// Whether `path` is a mount point now (per /proc/self/mountinfo).
-pub fn is_mounted(path: &Path) -> bool {
-    let Ok(canon) = std::fs::canonicalize(path).or_else(|_| Ok::<_, ()>(path.to_path_buf())) else { return false };
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|m| m.lines().any(|l| l.split(' ').nth(4).is_some_and(|p| Path::new(&unescape(p)) == canon)))
-        .unwrap_or(false)
-}
-
-/// A mountinfo path field with its octal escapes (`\040` for a space) undone.
-pub fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8)
-        {
-            out.push(v);
-            i += 4;
-            continue;
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Take a dead mount (its process was killed) off `path`.
 fn clear_stale_mount(path: &Path) {
-    if is_mounted(path) && std::fs::metadata(path).is_err() {
+    if crate::fsys::is_mounted(path) && std::fs::metadata(path).is_err() {
         let _ = crate::fsys::unmount(path, true);
     }
 }
@@ -460,29 +466,12 @@ pub fn server(a: ServerArgs) -> CliResult {
     }
     let _lock = take_lock(&n.data, &n.name)?;
     let size = |s: &Option<String>, default: &str| parse_size(s.as_deref().unwrap_or(default));
-    let (ost_size, mdt_size) = (size(&n.ost_size, "512M")?, size(&n.mdt_size, "256M")?);
-    if n.mgs && !n.data.join("mgs").exists() {
-        println!("{}", crate::mgs::format(&n.data.join("mgs"), &c.fsname)?);
-    }
-    for &i in &n.mdts {
-        let dir = n.data.join(format!("mdt{i}"));
-        if !dir.exists() {
-            println!("{}", crate::mdt::format(&dir, &format!("mdt{i}"), i, mdt_size, 4)?);
-        }
-    }
-    let f = crate::ost::OstFormat {
-        size: ost_size,
-        data_drives: n.ost_drives.unwrap_or(10),
-        strip: 128 << 10,
-        index_size: mdt_size,
-        index_drives: 4,
+    let sizes = Sizes {
+        ost: size(&n.ost_size, "512M")?,
+        mdt: size(&n.mdt_size, "256M")?,
+        ost_drives: n.ost_drives.unwrap_or(10),
     };
-    for &i in &n.osts {
-        let dir = n.data.join(format!("ost{i}"));
-        if !dir.exists() {
-            println!("{}", crate::ost::format(&dir, &format!("ost{i}"), &f)?);
-        }
-    }
+    make_targets(&n.data, &c.fsname, n.mgs, &n.mdts, &n.osts, &sizes, true)?;
     let plan = Plan {
         fsname: c.fsname.clone(),
         data: n.data.clone(),
@@ -516,7 +505,7 @@ pub fn down(a: DownArgs) -> CliResult {
     // A mount served by a process of its own (`up --per-service`) goes first.
     if let Ok(m) = std::fs::read_to_string(a.data.join("nacre.mount")) {
         let mnt = PathBuf::from(m.trim());
-        if is_mounted(&mnt) {
+        if crate::fsys::is_mounted(&mnt) {
             crate::fsys::unmount(&mnt, false).or_else(|_| crate::fsys::unmount(&mnt, true))?;
         }
         let _ = std::fs::remove_file(a.data.join("nacre.mount"));
