@@ -64,7 +64,7 @@ impl OpenFlags {
 /// Bytes written and not yet sent, and the part of the dirty budget they hold.
 struct Dirty {
     data: Vec<u8>,
-    _permit: Option<OwnedSemaphorePermit>,
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 /// Dirty extents on their way to the servers.
@@ -256,13 +256,13 @@ impl File {
             Some((s, e)) if e == offset => {
                 let d = st.dirty.get_mut(&s).ok_or_else(|| Error::new(errno::EIO, "dirty extent vanished"))?;
                 d.data.extend_from_slice(data);
-                match &mut d._permit {
+                match &mut d.permit {
                     Some(p) => p.merge(permit),
-                    None => d._permit = Some(permit),
+                    None => d.permit = Some(permit),
                 }
             }
             _ => {
-                st.dirty.insert(offset, Dirty { data: data.to_vec(), _permit: Some(permit) });
+                st.dirty.insert(offset, Dirty { data: data.to_vec(), permit: Some(permit) });
             }
         }
         st.dirty_bytes += len;
@@ -310,7 +310,7 @@ impl File {
                 let (fs, creds, layout) = (fs.clone(), creds.clone(), layout.clone());
                 set.spawn(async move {
                     let r = write_range(&fs, &creds, fid, &layout, offset, Bytes::from(d.data)).await;
-                    drop(d._permit);
+                    drop(d.permit);
                     r
                 });
             }

@@ -224,7 +224,9 @@ impl Shared {
     /// The largest size a handle of this mount open for writing knows for `fid` (its
     /// writes may not be on the servers yet).
     fn dirty_size(&self, fid: Fid) -> u64 {
-        self.handles_of(fid).iter().filter(|f| f.flags().write).map(|f| f.size_hint()).max().unwrap_or(0)
+        let o = lock(&self.open);
+        let handles = o.by_fid.get(&fid).into_iter().flatten().filter_map(Weak::upgrade);
+        handles.filter(|f| f.flags().write).map(|f| f.size_hint()).max().unwrap_or(0)
     }
 
     /// The other open handles of `fid` in this mount.
@@ -272,10 +274,6 @@ impl Shared {
     fn entry(&self, a: &Attr) -> (FileAttr, Generation) {
         let ino = self.inodes.remember(a.fid);
         (self.file_attr(ino, a), Generation(u64::from(a.fid.ver)))
-    }
-
-    async fn getattr(&self, c: &Creds, fid: Fid) -> nacre_client::Result<Attr> {
-        self.fs.getattr(c, fid).await
     }
 }
 
@@ -334,7 +332,7 @@ impl fuser::Filesystem for Nacre {
         let c = self.shared.creds(req);
         serve!(self, reply, |s| {
             let fid = s.fid(ino)?;
-            let a = s.getattr(&c, fid).await.map_err(|e| err(&e))?;
+            let a = s.fs.getattr(&c, fid).await.map_err(|e| err(&e))?;
             let fa = s.file_attr(ino.0, &a);
             let ttl = s.cfg.attr_timeout;
             Ok(move |r: ReplyAttr| r.attr(&ttl, &fa))
@@ -407,7 +405,7 @@ impl fuser::Filesystem for Nacre {
             let a = if sa.mask != 0 {
                 s.fs.setattr(&c, fid, sa).await.map_err(|e| err(&e))?
             } else {
-                s.getattr(&c, fid).await.map_err(|e| err(&e))?
+                s.fs.getattr(&c, fid).await.map_err(|e| err(&e))?
             };
             let mut fa = s.file_attr(ino.0, &a);
             if let Some(size) = size {
@@ -676,7 +674,7 @@ impl fuser::Filesystem for Nacre {
         serve!(self, reply, |s| {
             let dir = s.fid(ino)?;
             let (dots, entries, _) = s.list(&c, dir, offset).await?;
-            let here = s.getattr(&c, dir).await.map_err(|e| err(&e))?;
+            let here = s.fs.getattr(&c, dir).await.map_err(|e| err(&e))?;
             let ttl = s.cfg.attr_timeout;
             let s2 = s.clone();
             Ok(move |mut r: ReplyDirectoryPlus| {
@@ -754,7 +752,7 @@ impl fuser::Filesystem for Nacre {
             let name = name_of(&name)?;
             if name == LAYOUT_XATTR {
                 // A directory's default layout; a file's layout is fixed at create.
-                let a = s.getattr(&c, fid).await.map_err(|e| err(&e))?;
+                let a = s.fs.getattr(&c, fid).await.map_err(|e| err(&e))?;
                 if !mode::is_dir(a.mode) {
                     return Err(Errno::EPERM);
                 }
