@@ -47,7 +47,7 @@ fn drives(dir: &Path, n: usize, size: u64) -> Result<Vec<Arc<dyn nacre_raid::Blo
 }
 
 /// The file system: its drives under `dir`, served from this process.
-async fn serve(dir: &Path, o: &ClientBenchOptions) -> Result<Local, BenchError> {
+pub async fn serve(dir: &Path, o: &ClientBenchOptions) -> Result<Local, BenchError> {
     std::fs::create_dir_all(dir)?;
     let mgs_vol = create(&drives(&dir.join("mgs"), 2, 16 << 20)?, Level::Raid1, 64 << 10)?;
     let mgs = Arc::new(Mgs::format(Arc::new(mgs_vol), "bench").map_err(bad)?);

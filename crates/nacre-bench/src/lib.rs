@@ -1,9 +1,10 @@
 //! `nacre-bench`: Nacre's benchmarks. Each prints a human table and returns its figures
 //! as JSON, which the CLI prints as the last line so that scripts can compare runs.
-//! The RAID benches and the transport selftest live here; the IO500 phases join them with
-//! their issue.
+//! The RAID benches, the transport selftest, the OST and MDS surveys, the client library
+//! bench, and IO500's phases (`io500`) on any file system or on Nacre natively.
 
 pub mod client;
+pub mod io500;
 pub mod kernel;
 pub mod mds;
 pub mod net;

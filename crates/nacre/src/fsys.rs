@@ -211,7 +211,7 @@ fn silence_stdio() {
 }
 
 /// The Nacre mount holding `path`: its mount point and MGS (the mount's source).
-fn mount_of(path: &Path) -> Res<(PathBuf, Nid)> {
+pub(crate) fn mount_of(path: &Path) -> Res<(PathBuf, Nid)> {
     let canon = std::fs::canonicalize(path)
         .or_else(|_| path.parent().map(std::fs::canonicalize).unwrap_or(Ok(PathBuf::from("/"))))?;
     let best = local_mounts()?
@@ -223,7 +223,7 @@ fn mount_of(path: &Path) -> Res<(PathBuf, Nid)> {
 }
 
 /// The path of `path` inside its mount, as `/a/b`.
-fn inside(path: &Path, point: &Path) -> Res<String> {
+pub(crate) fn inside(path: &Path, point: &Path) -> Res<String> {
     let abs = if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir()?.join(path) };
     // Canonicalize what exists (the last name may not yet).
     let (parent, name) = (abs.parent().unwrap_or(Path::new("/")), abs.file_name());

@@ -3,7 +3,9 @@
 //! file system's services join as they land.
 
 mod bench;
+mod demo;
 mod fsys;
+mod io500;
 mod mdt;
 mod mgs;
 mod net;
@@ -93,6 +95,13 @@ enum Command {
     Df(fsys::PathArg),
     /// Find files by name, type, size, mtime, stripe count or OST (`lfs find`).
     Find(fsys::FindArgs),
+    /// IO500's phases (ISC25 standard list) on a directory of any file system, or on
+    /// Nacre natively: `[RESULT]` lines, the `[SCORE ]` line, then one JSON line.
+    Io500(io500::Io500Args),
+    /// Nacre's main job on this machine: `up` on drive files, a short IO500 through the
+    /// mount, through the client library and on the local file system, side by side,
+    /// then `down`; ends with one JSON line.
+    Demo(demo::DemoArgs),
 }
 
 /// Where a parameter command goes: `--server`, else every local mount's control endpoint
@@ -185,6 +194,8 @@ fn main() {
         Command::Mkdir(a) => fsys::mkdir(a),
         Command::Df(a) => fsys::df(a),
         Command::Find(a) => fsys::find(a),
+        Command::Io500(a) => io500::io500(a),
+        Command::Demo(a) => demo::demo(a),
         Command::Ost(cmd) => ost::run(cmd),
         Command::Mdt(cmd) => mdt::run(cmd),
         Command::Mgs(cmd) => mgs::run(cmd),

@@ -1,0 +1,167 @@
+//! The tasks of a phase: threads that start together, and IO500's stonewall with wear-out
+//! (`stoneWallingWearOut=1`): each task works until the stonewall time, then every task
+//! goes on to as many steps as the busiest one did, so that each read phase finds the same
+//! amount from every task.
+
+use std::io;
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+pub struct Team {
+    pub tasks: usize,
+    pub stonewall: Duration,
+    /// Where the tasks agree on the wear-out point.
+    mid: Barrier,
+    /// Set by a task that failed before the wear-out point, so the others stop early.
+    failed: AtomicBool,
+    counts: Vec<AtomicU64>,
+}
+
+/// The error a task returns when it stopped because another one failed.
+fn stopped() -> io::Error {
+    io::Error::new(io::ErrorKind::Interrupted, "stopped: another task failed")
+}
+
+impl Team {
+    pub fn new(tasks: usize, stonewall: Duration) -> Team {
+        Team {
+            tasks,
+            stonewall,
+            mid: Barrier::new(tasks),
+            failed: AtomicBool::new(false),
+            counts: (0..tasks).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Run `f(rank)` on every task at once; their results in rank order and the seconds
+    /// from the first task's start to the last task's end. The first real error of any
+    /// task.
+    pub fn run<T: Send>(&self, f: impl Fn(usize) -> io::Result<T> + Sync) -> io::Result<(Vec<T>, f64)> {
+        self.failed.store(false, Ordering::SeqCst);
+        let start = Barrier::new(self.tasks);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..self.tasks)
+                .map(|rank| {
+                    let (f, start) = (&f, &start);
+                    s.spawn(move || {
+                        start.wait();
+                        let began = Instant::now();
+                        let r = f(rank);
+                        (r, began, Instant::now())
+                    })
+                })
+                .collect();
+            let (mut out, mut span, mut err) = (Vec::with_capacity(self.tasks), None::<(Instant, Instant)>, None);
+            for h in handles {
+                match h.join() {
+                    Ok((Ok(v), began, ended)) => {
+                        out.push(v);
+                        span = Some(span.map_or((began, ended), |(b, e)| (b.min(began), e.max(ended))));
+                    }
+                    Ok((Err(e), _, _)) => {
+                        // A real failure wins over "stopped because another failed".
+                        if err.as_ref().is_none_or(|x: &io::Error| x.kind() == io::ErrorKind::Interrupted) {
+                            err = Some(e);
+                        }
+                    }
+                    Err(_) => err = Some(io::Error::other("a task panicked")),
+                }
+            }
+            match (err, span) {
+                (Some(e), _) => Err(e),
+                (None, Some((b, e))) => Ok((out, (e - b).as_secs_f64())),
+                (None, None) => Ok((out, 0.0)),
+            }
+        })
+    }
+
+    /// Inside [`Team::run`], on every task: `step(i)` for i = 0, 1, … until `cap` steps
+    /// or the stonewall, then on to the largest count any task reached. Every task must
+    /// call it exactly once per phase. The steps done, and whether the stonewall (rather
+    /// than the cap) stopped this task.
+    pub fn wear_out(
+        &self,
+        rank: usize,
+        cap: u64,
+        mut step: impl FnMut(u64) -> io::Result<()>,
+    ) -> io::Result<(u64, bool)> {
+        let deadline = Instant::now() + self.stonewall;
+        let (mut done, mut walled, mut err) = (0u64, false, None);
+        while done < cap {
+            if self.failed.load(Ordering::Relaxed) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                walled = true;
+                break;
+            }
+            if let Err(e) = step(done) {
+                self.failed.store(true, Ordering::SeqCst);
+                err = Some(e);
+                break;
+            }
+            done += 1;
+        }
+        self.counts[rank].store(done, Ordering::SeqCst);
+        self.mid.wait();
+        if let Some(e) = err {
+            return Err(e);
+        }
+        if self.failed.load(Ordering::SeqCst) {
+            return Err(stopped());
+        }
+        let most = self.counts.iter().map(|c| c.load(Ordering::SeqCst)).max().unwrap_or(done);
+        while done < most {
+            step(done)?;
+            done += 1;
+        }
+        Ok((done, walled))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn every_task_wears_out_to_the_busiest_count() {
+        let team = Team::new(3, Duration::from_millis(50));
+        let (counts, secs) = team
+            .run(|rank| {
+                // Task 0 is slow: the others do many more steps before the stonewall.
+                team.wear_out(rank, u64::MAX, |_| {
+                    std::thread::sleep(Duration::from_millis(if rank == 0 { 20 } else { 1 }));
+                    Ok(())
+                })
+            })
+            .expect("no task fails");
+        let most = counts.iter().map(|c| c.0).max().unwrap_or(0);
+        assert!(most > 5, "{counts:?}");
+        assert!(counts.iter().all(|c| c.0 == most && c.1), "{counts:?}");
+        assert!(secs >= 0.05);
+    }
+
+    #[test]
+    fn the_cap_ends_a_task_before_the_stonewall() {
+        let team = Team::new(2, Duration::from_secs(600));
+        let (counts, _) = team.run(|rank| team.wear_out(rank, 10 + rank as u64, |_| Ok(()))).expect("ok");
+        assert_eq!(counts, vec![(11, false), (11, false)], "wear-out to the larger cap, no stonewall");
+    }
+
+    #[test]
+    fn one_failing_task_stops_the_phase_with_its_error() {
+        let team = Team::new(3, Duration::from_secs(600));
+        let steps = AtomicUsize::new(0);
+        let e = team
+            .run(|rank| {
+                team.wear_out(rank, u64::MAX, |i| {
+                    steps.fetch_add(1, Ordering::Relaxed);
+                    if rank == 1 && i == 3 { Err(io::Error::other("disk on fire")) } else { Ok(()) }
+                })
+            })
+            .expect_err("task 1 fails");
+        assert_eq!(e.to_string(), "disk on fire");
+    }
+}
