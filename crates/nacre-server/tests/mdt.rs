@@ -607,8 +607,15 @@ fn layouts_are_inherited_validated_and_survive_a_crash() {
     assert_eq!(l.components[0].kind, Kind::Mdt);
     let Kind::Stripes(s) = &l.components[1].kind else { panic!("{l:?}") };
     assert_eq!((s.count, s.size), (-1, 4 << 20), "count from the directory, size from the root");
+    // A subdirectory takes its parent's default when it is made (as io500.sh counts on:
+    // DoM set on mdtest-hard reaches the files of the directories mdtest makes in it).
+    let sub = ns.mkdir(&c, d.fid, "sub", 0o755, None).unwrap();
+    assert_eq!(ns.layout(sub.fid).unwrap(), ns.layout(d.fid).unwrap());
+    let deep = ns.create(&c, sub.fid, "deep", 0o644, None).unwrap();
+    assert_eq!(ns.layout(deep.fid).unwrap().unwrap().components[0].kind, Kind::Mdt);
     // A file in a directory without a default takes the root's.
     let e = ns.mkdir(&c, ROOT, "e", 0o755, None).unwrap();
+    assert_eq!(ns.layout(e.fid).unwrap(), None, "the root's default is not copied: it applies everywhere anyway");
     let g = ns.create(&c, e.fid, "g", 0o644, None).unwrap();
     let Kind::Stripes(s) = &ns.layout(g.fid).unwrap().unwrap().components[0].kind.clone() else { panic!() };
     assert_eq!((s.count, s.size), (2, 4 << 20));

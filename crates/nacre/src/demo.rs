@@ -40,12 +40,15 @@ pub struct DemoArgs {
     /// Most files a task makes in mdtest-easy.
     #[arg(long, default_value_t = 25_000)]
     pub mdtest_easy_files: u64,
-    /// Most files a task makes in mdtest-hard.
-    #[arg(long, default_value_t = 10_000)]
+    /// Most files a task makes in mdtest-hard (their data is on the MDT).
+    #[arg(long, default_value_t = 5_000)]
     pub mdtest_hard_files: u64,
     /// Object data each OST holds.
     #[arg(long, default_value = "2G", value_parser = parse_size)]
     pub ost_size: u64,
+    /// Bytes of each of the MDT's four drives (and of each OST's index drives).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    pub mdt_size: u64,
     /// TCP port of the MGS.
     #[arg(long, default_value_t = 9400)]
     pub port: u16,
@@ -148,7 +151,7 @@ pub fn demo(a: DemoArgs) -> CliResult {
         .arg("--ost-size")
         .arg(a.ost_size.to_string())
         .arg("--mdt-size")
-        .arg("1G")
+        .arg(a.mdt_size.to_string())
         .arg("--port")
         .arg(a.port.to_string())
         .status()?;

@@ -65,6 +65,9 @@ pub struct Io500Args {
     /// A TOML file of settings (the options above, and `[layouts]`).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Leave the run's files in place (to look at them after a failure).
+    #[arg(long)]
+    pub keep: bool,
     /// Also write the figures and settings, as JSON, to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -138,6 +141,7 @@ impl Io500Args {
             o.mdtest_hard_files = n;
         }
         o.drop_caches = self.drop_caches || cfg.drop_caches.unwrap_or(false);
+        o.keep = self.keep;
         let l = cfg.layouts;
         o.layouts = NacreLayouts {
             ior_easy: l.ior_easy,

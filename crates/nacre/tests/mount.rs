@@ -675,3 +675,93 @@ fn find(args: &[&str], path: &Path) -> String {
     assert!(out.status.success(), "find: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// The last line of `nacre …`'s output, which must succeed, as JSON.
+fn json_of(out: &std::process::Output, what: &str) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{what}: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(text.lines().last().unwrap_or("")).unwrap_or_else(|e| panic!("{what}: {e}: {text}"))
+}
+
+const IO500_TINY: [&str; 14] = [
+    "--tasks",
+    "4",
+    "--stonewall",
+    "0.3",
+    "--ior-easy-size",
+    "2M",
+    "--ior-easy-transfer",
+    "512K",
+    "--ior-hard-segments",
+    "30",
+    "--mdtest-easy-files",
+    "100",
+    "--mdtest-hard-files",
+    "100",
+];
+
+/// `nacre io500` through the mount (POSIX) and through the library (native) on the same
+/// file system: every phase verified, io500.sh's layouts set, nothing left, and the
+/// `--json` file holding what the last line says.
+#[test]
+fn io500_runs_through_the_mount_and_natively() {
+    let fs = Up::start("io500");
+    let json_file = fs.mnt.parent().unwrap().join("io500.json");
+    for api in ["posix", "native"] {
+        let out = nacre()
+            .args(["io500", "--api", api, "--dir"])
+            .arg(&fs.mnt)
+            .args(IO500_TINY)
+            .arg("--json")
+            .arg(&json_file)
+            .output()
+            .unwrap();
+        let j = json_of(&out, api);
+        assert_eq!(j["api"], api);
+        let phases = j["phases"].as_array().unwrap();
+        assert_eq!(phases.len(), 13, "{j}");
+        assert!(phases.iter().all(|p| p["value"].as_f64().unwrap() > 0.0), "{j}");
+        assert_eq!(j["layouts"].as_array().unwrap().len(), 6, "the Helma layouts on Nacre: {j}");
+        assert!(j["score"]["total"].as_f64().unwrap() > 0.0);
+        let file: serde_json::Value = serde_json::from_str(&fs::read_to_string(&json_file).unwrap()).unwrap();
+        assert_eq!(file, j);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text.lines().filter(|l| l.starts_with("[RESULT]")).count(), 12, "{text}");
+        assert_eq!(fs::read_dir(&fs.mnt).unwrap().count(), 0, "{api}: the run removed its files");
+    }
+    // Bad input: named, and nothing is made.
+    let out = nacre().args(["io500", "--api", "native", "--dir", "/tmp", "--tasks", "2"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not on a Nacre mount"), "{out:?}");
+    let out = nacre().args(["io500", "--dir"]).arg(&fs.mnt).args(["--tasks", "0"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("0 tasks"), "{out:?}");
+    let cfg = fs.mnt.parent().unwrap().join("io500.toml");
+    fs::write(&cfg, "stonewal = 3\n").unwrap();
+    let out = nacre().args(["io500", "--dir"]).arg(&fs.mnt).arg("--config").arg(&cfg).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field `stonewal`"), "{out:?}");
+    assert_eq!(fs::read_dir(&fs.mnt).unwrap().count(), 0);
+}
+
+/// `nacre demo`, small: up, IO500 three ways, the table, down, nothing left.
+#[test]
+fn demo_runs_io500_three_ways_and_leaves_nothing() {
+    let work = scratch("demo");
+    let out = nacre()
+        .arg("demo")
+        .arg("--work")
+        .arg(&work)
+        .args(["--port", &free_port().to_string(), "--ost-size", "128M", "--mdt-size", "64M"])
+        .args(["--tasks", "4", "--stonewall", "0.3", "--ior-easy-size", "2M", "--ior-hard-segments", "30"])
+        .args(["--mdtest-easy-files", "100", "--mdtest-hard-files", "100"])
+        .output()
+        .unwrap();
+    let j = json_of(&out, "demo");
+    for k in ["score_mount", "score_native", "score_local", "ratio_mount", "ratio_native"] {
+        assert!(j[k].as_f64().unwrap() > 0.0, "{k}: {j}");
+    }
+    assert_eq!(j["phases"].as_object().unwrap().len(), 13, "{j}");
+    assert_eq!(j["phases"]["find"].as_object().unwrap().len(), 3, "{j}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("mount/local") && text.contains("left behind: 0 entries"), "{text}");
+    assert!(!work.exists(), "the demo removed its folder");
+}

@@ -88,6 +88,8 @@ pub struct Io500Options {
     pub run_dir: String,
     /// Name each phase on stderr as it starts.
     pub progress: bool,
+    /// Leave the run's files (to look at after a failure); IO500 removes them.
+    pub keep: bool,
 }
 
 impl Io500Options {
@@ -108,6 +110,7 @@ impl Io500Options {
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
             ),
             progress: false,
+            keep: false,
         }
     }
 
@@ -170,7 +173,7 @@ pub fn run(storage: &dyn Storage, o: &Io500Options, out: &mut dyn Write) -> io::
     let mut r = Run::new(storage, o);
     storage.mkdir(&o.run_dir)?;
     let result = r.all(out);
-    let cleaned = r.remove_tree(&o.run_dir);
+    let cleaned = if o.keep { Ok(()) } else { r.remove_tree(&o.run_dir) };
     let results = result?;
     cleaned.map_err(|e| io::Error::new(e.kind(), format!("removing the run's files: {e}")))?;
     let score = Score::of(&results);

@@ -95,6 +95,18 @@ impl Posix {
     }
 }
 
+/// close(2), with its error: a file system may report a failed write only there (NFS,
+/// Lustre, Nacre's mount with write-behind), and dropping a `File` ignores it.
+fn close(f: File) -> io::Result<()> {
+    use std::os::fd::IntoRawFd;
+    let fd = f.into_raw_fd();
+    // SAFETY: `fd` is ours alone (taken from the File), closed once.
+    if unsafe { libc::close(fd) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn meta_of(m: &std::fs::Metadata) -> Meta {
     Meta { is_dir: m.is_dir(), size: m.len(), mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec() }
 }
@@ -185,7 +197,7 @@ impl Handle for PosixFile {
         if fsync {
             self.f.sync_all().map_err(|e| at(&self.path, e))?;
         }
-        Ok(())
+        close(self.f).map_err(|e| at(&self.path, e))
     }
 }
 

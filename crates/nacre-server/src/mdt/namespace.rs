@@ -1245,6 +1245,14 @@ impl Tx<'_> {
         if let Some(l) = &layout {
             self.put_layout(fid, l)?;
         }
+        // A new subdirectory takes its parent's default file layout, as on Lustre (the
+        // root's is the file system's default, which applies everywhere anyway).
+        if kind == mode::S_IFDIR
+            && dir != Fid::ROOT
+            && let Some(l) = self.layout_of(dir)?
+        {
+            self.put_layout(fid, &l)?;
+        }
         if let Some(o) = &objects {
             self.put_objects(fid, o)?;
         }
