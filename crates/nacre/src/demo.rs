@@ -37,11 +37,13 @@ pub struct DemoArgs {
     /// Most 47,008-byte segments a task writes in ior-hard.
     #[arg(long, default_value_t = 2000)]
     pub ior_hard_segments: u64,
-    /// Most files a task makes in mdtest-easy.
-    #[arg(long, default_value_t = 25_000)]
+    /// Most files a task makes in mdtest-easy. The file counts keep the whole tree under
+    /// the 20,000 descriptors libfuse's passthrough may hold on machines like this one (it
+    /// keeps one per inode the kernel knows).
+    #[arg(long, default_value_t = 2_500)]
     pub mdtest_easy_files: u64,
     /// Most files a task makes in mdtest-hard (their data is on the MDT).
-    #[arg(long, default_value_t = 5_000)]
+    #[arg(long, default_value_t = 2_000)]
     pub mdtest_hard_files: u64,
     /// Object data each OST holds.
     #[arg(long, default_value = "2G", value_parser = parse_size)]
@@ -96,7 +98,23 @@ impl Drop for Cleanup {
 fn passthrough(bin: &Path, src: &Path, mnt: &Path) -> Res<Child> {
     std::fs::create_dir_all(src)?;
     std::fs::create_dir_all(mnt)?;
-    let mut child = Command::new(bin)
+    let mut cmd = Command::new(bin);
+    // passthrough_ll holds a descriptor for every inode the kernel knows: mdtest's files
+    // pass the usual limits at once.
+    // SAFETY: only setrlimit between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            // Root may go past the hard limit (to fs.nr_open's default); else the hard limit.
+            let big = libc::rlimit { rlim_cur: 1 << 20, rlim_max: 1 << 20 };
+            let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &big) != 0 && libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 {
+                l.rlim_cur = l.rlim_max;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
         .arg("-f")
         .arg("-o")
         .arg(format!("source={}", src.display()))
