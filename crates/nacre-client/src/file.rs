@@ -376,6 +376,16 @@ impl File {
         }
     }
 
+    /// Whether bytes of `[offset, offset + len)` may wait in this handle's write-behind or
+    /// be on their way (true when it cannot tell at once): another handle writing there
+    /// must let them land first.
+    pub fn may_hold(&self, offset: u64, len: u64) -> bool {
+        let end = offset.saturating_add(len);
+        let Ok(st) = self.st.try_lock() else { return true };
+        st.dirty.range(..end).next_back().is_some_and(|(&s, d)| s + d.data.len() as u64 > offset)
+            || st.flushing.iter().any(|f| f.start < end && offset < f.end)
+    }
+
     /// Whether writes wait in this handle's write-behind (no RPC).
     pub fn may_be_dirty(&self) -> bool {
         self.st.try_lock().map_or(true, |st| !st.dirty.is_empty() || !st.flushing.is_empty())
@@ -534,7 +544,13 @@ impl File {
     }
 
     /// Tell the MDT the size the objects give (if larger than it has) and a new mtime.
+    /// A file whose data all lives on the MDT (DoM only) has nothing to tell: each DoM
+    /// write set its size and mtime there.
     async fn publish_size(&self, st: &mut State) -> Result<()> {
+        if self.layout().await?.objects.iter().all(Vec::is_empty) {
+            st.written = false;
+            return Ok(());
+        }
         let _still = self.fs.size_guard(self.fid).await;
         let mdt = mdt_of(self.fid)?;
         let (reply, _) = self.fs.md(mdt, &self.creds, &Request::Getattr { fid: self.fid }, &[]).await?;

@@ -199,7 +199,14 @@ impl Shared {
     /// The kernel's view of `a`, under inode number `ino`, with the size dirty writes of
     /// this mount reach.
     fn file_attr(&self, ino: u64, a: &Attr) -> FileAttr {
-        let size = a.size.max(self.dirty_size(a.fid));
+        self.file_attr_after(ino, a, 0)
+    }
+
+    /// As [`Shared::file_attr`], with `before`: the size this mount's write handles gave
+    /// `a.fid` before `a` was asked for. A handle closed meanwhile has published its size,
+    /// but `a` may predate that: the larger of the two is right.
+    fn file_attr_after(&self, ino: u64, a: &Attr, before: u64) -> FileAttr {
+        let size = a.size.max(before).max(self.dirty_size(a.fid));
         FileAttr {
             ino: INodeNo(ino),
             size,
@@ -227,6 +234,19 @@ impl Shared {
         let o = lock(&self.open);
         let handles = o.by_fid.get(&fid).into_iter().flatten().filter_map(Weak::upgrade);
         handles.filter(|f| f.flags().write).map(|f| f.size_hint()).max().unwrap_or(0)
+    }
+
+    /// [`Shared::dirty_size`] of every file with a write handle here: taken before asking
+    /// an MDT for attributes (see [`Shared::file_attr_after`]).
+    fn dirty_sizes(&self) -> std::collections::HashMap<Fid, u64> {
+        let o = lock(&self.open);
+        o.by_fid
+            .iter()
+            .filter_map(|(fid, v)| {
+                let w = v.iter().filter_map(Weak::upgrade).filter(|f| f.flags().write);
+                w.map(|f| f.size_hint()).max().map(|n| (*fid, n))
+            })
+            .collect()
     }
 
     /// The other open handles of `fid` in this mount.
@@ -272,8 +292,12 @@ impl Shared {
     }
 
     fn entry(&self, a: &Attr) -> (FileAttr, Generation) {
+        self.entry_after(a, 0)
+    }
+
+    fn entry_after(&self, a: &Attr, before: u64) -> (FileAttr, Generation) {
         let ino = self.inodes.remember(a.fid);
-        (self.file_attr(ino, a), Generation(u64::from(a.fid.ver)))
+        (self.file_attr_after(ino, a, before), Generation(u64::from(a.fid.ver)))
     }
 }
 
@@ -317,8 +341,9 @@ impl fuser::Filesystem for Nacre {
         let name = name.to_owned();
         serve!(self, reply, |s| {
             let dir = s.fid(parent)?;
+            let before = s.dirty_sizes();
             let a = s.fs.lookup(&c, dir, name_of(&name)?).await.map_err(|e| err(&e))?;
-            let (fa, g) = s.entry(&a);
+            let (fa, g) = s.entry_after(&a, before.get(&a.fid).copied().unwrap_or(0));
             let ttl = s.cfg.attr_timeout;
             Ok(move |r: ReplyEntry| r.entry(&ttl, &fa, g))
         })
@@ -332,8 +357,9 @@ impl fuser::Filesystem for Nacre {
         let c = self.shared.creds(req);
         serve!(self, reply, |s| {
             let fid = s.fid(ino)?;
+            let before = s.dirty_size(fid);
             let a = s.fs.getattr(&c, fid).await.map_err(|e| err(&e))?;
-            let fa = s.file_attr(ino.0, &a);
+            let fa = s.file_attr_after(ino.0, &a, before);
             let ttl = s.cfg.attr_timeout;
             Ok(move |r: ReplyAttr| r.attr(&ttl, &fa))
         })
@@ -586,10 +612,12 @@ impl fuser::Filesystem for Nacre {
             let f = s.handle(fh)?;
             let fid = s.fid(ino)?;
             let others: Vec<Arc<File>> = s.handles_of(fid).into_iter().filter(|h| !Arc::ptr_eq(h, &f)).collect();
-            // Writes of other handles go first, so this one lands after them; an append
-            // goes after all they wrote.
+            // Writes of other handles to these bytes go first, so this one lands after
+            // them; an append goes after all they wrote. Writes elsewhere in the file
+            // (ior-hard's interleaved tasks) need not wait for each other.
+            let append = f.flags().append;
             for h in &others {
-                if h.may_be_dirty() {
+                if if append { h.may_be_dirty() } else { h.may_hold(offset, data.len() as u64) } {
                     h.share().await;
                 }
             }
@@ -629,7 +657,19 @@ impl fuser::Filesystem for Nacre {
     ) {
         serve!(self, reply, |s| {
             let f = lock(&s.open).handles.remove(&fh.0).ok_or(Errno::EBADF)?;
-            f.close().await.map_err(|e| err(&e))?;
+            let (fid, closed) = (f.fid(), f.close().await);
+            drop(f);
+            // Only open files stay listed by FID (every attribute answer walks them).
+            {
+                let mut o = lock(&s.open);
+                if let Some(v) = o.by_fid.get_mut(&fid) {
+                    v.retain(|w| w.strong_count() > 0);
+                    if v.is_empty() {
+                        o.by_fid.remove(&fid);
+                    }
+                }
+            }
+            closed.map_err(|e| err(&e))?;
             Ok(|r: ReplyEmpty| r.ok())
         })
     }
@@ -673,6 +713,7 @@ impl fuser::Filesystem for Nacre {
         let c = self.shared.creds(req);
         serve!(self, reply, |s| {
             let dir = s.fid(ino)?;
+            let before = s.dirty_sizes();
             let (dots, entries, _) = s.list(&c, dir, offset).await?;
             let here = s.fs.getattr(&c, dir).await.map_err(|e| err(&e))?;
             let ttl = s.cfg.attr_timeout;
@@ -692,7 +733,7 @@ impl fuser::Filesystem for Nacre {
                     // A remote entry's attributes are on its own MDT: the kernel looks it up.
                     let ttl = if a.nlink == 0 { Duration::ZERO } else { ttl };
                     let i = s2.inodes.remember(e.fid);
-                    let fa = s2.file_attr(i, &a);
+                    let fa = s2.file_attr_after(i, &a, before.get(&a.fid).copied().unwrap_or(0));
                     if r.add(INodeNo(i), e.cookie, &e.name, &ttl, &fa, Generation(u64::from(e.fid.ver))) {
                         // Not sent: give the reference back.
                         s2.inodes.forget(i, 1);
