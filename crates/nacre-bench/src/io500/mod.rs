@@ -216,6 +216,15 @@ struct Run<'a> {
     layouts_set: Vec<(String, String)>,
 }
 
+/// Where an ior phase's transfers go: task `rank`'s file, the offset of its `i`-th
+/// transfer, and the pattern's seed.
+struct IorPlan<'r> {
+    xfer: usize,
+    file: Box<dyn Fn(usize) -> String + Sync + 'r>,
+    offset: Box<dyn Fn(usize, u64) -> u64 + Sync + 'r>,
+    seed: Box<dyn Fn(usize) -> u64 + Sync + 'r>,
+}
+
 /// Error `kind` naming a phase.
 fn in_phase(phase: &str, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("{phase}: {e}"))
@@ -352,86 +361,88 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    fn ior_easy_write(&mut self) -> io::Result<PhaseResult> {
+    /// Where ior-easy puts task `rank`'s transfers: its own file, one after another.
+    fn easy_plan(&self) -> IorPlan<'_> {
         let xfer = self.o.ior_easy_transfer;
-        let cap = self.o.ior_easy_bytes / xfer as u64;
+        IorPlan {
+            xfer,
+            file: Box::new(|rank| self.easy_file(rank)),
+            offset: Box::new(move |_, i| i * xfer as u64),
+            seed: Box::new(|rank| self.easy_seed(rank)),
+        }
+    }
+
+    /// Where ior-hard puts them: segment after segment of one file, each holding one
+    /// transfer of every task in rank order.
+    fn hard_plan(&self) -> IorPlan<'_> {
+        let tasks = self.o.tasks as u64;
+        IorPlan {
+            xfer: IOR_HARD_TRANSFER,
+            file: Box::new(|_| self.hard_file()),
+            offset: Box::new(move |rank, seg| (seg * tasks + rank as u64) * IOR_HARD_TRANSFER as u64),
+            seed: Box::new(|_| self.hard_seed()),
+        }
+    }
+
+    /// An ior write phase: each task writes its transfers of `plan` until `cap` or the
+    /// stonewall (then wears out), then fsyncs and closes. The transfers each task made.
+    fn ior_write(&self, name: &'static str, plan: &IorPlan, cap: u64) -> io::Result<(Vec<u64>, PhaseResult)> {
         let (per, secs) = self.team.run(|rank| {
-            let mut h = self.s.open(&self.easy_file(rank), Open::Write)?;
-            let (mut buf, seed) = (vec![0u8; xfer], self.easy_seed(rank));
+            let mut h = self.s.open(&(plan.file)(rank), Open::Write)?;
+            let (mut buf, seed) = (vec![0u8; plan.xfer], (plan.seed)(rank));
             let done = self.team.wear_out(rank, cap, |i| {
-                let off = i * xfer as u64;
+                let off = (plan.offset)(rank, i);
                 pattern::fill(&mut buf, seed, off);
                 h.write_at(off, &buf)
             })?;
             h.close(true)?;
             Ok(done)
         })?;
-        self.easy_xfers = per.iter().map(|p| p.0).collect();
-        let bytes = self.easy_xfers.iter().sum::<u64>() * xfer as u64;
-        let mut r = PhaseResult::bandwidth("ior-easy-write", bytes, secs);
+        let counts: Vec<u64> = per.iter().map(|p| p.0).collect();
+        let mut r = PhaseResult::bandwidth(name, counts.iter().sum::<u64>() * plan.xfer as u64, secs);
         r.stonewalled = Some(per.iter().any(|p| p.1));
+        Ok((counts, r))
+    }
+
+    /// An ior read phase: each task reads back, and checks, its neighbour's `counts`
+    /// transfers of `plan`.
+    fn ior_read(&self, name: &'static str, plan: &IorPlan, counts: &[u64]) -> io::Result<PhaseResult> {
+        let (_, secs) = self.team.run(|rank| {
+            let from = self.neighbour(rank);
+            let path = (plan.file)(from);
+            let mut h = self.s.open(&path, Open::Read)?;
+            let (mut buf, seed) = (vec![0u8; plan.xfer], (plan.seed)(from));
+            for i in 0..counts[from] {
+                let off = (plan.offset)(from, i);
+                h.read_at(off, &mut buf)?;
+                if let Some(p) = pattern::first_difference(&buf, seed, off) {
+                    return Err(corrupt(format!("{path}: byte {} differs from what was written", off + p as u64)));
+                }
+            }
+            h.close(false)
+        })?;
+        Ok(PhaseResult::bandwidth(name, counts.iter().sum::<u64>() * plan.xfer as u64, secs))
+    }
+
+    fn ior_easy_write(&mut self) -> io::Result<PhaseResult> {
+        let cap = self.o.ior_easy_bytes / self.o.ior_easy_transfer as u64;
+        let (counts, r) = self.ior_write("ior-easy-write", &self.easy_plan(), cap)?;
+        self.easy_xfers = counts;
         Ok(r)
     }
 
     fn ior_easy_read(&mut self) -> io::Result<PhaseResult> {
-        let xfer = self.o.ior_easy_transfer;
-        let (_, secs) = self.team.run(|rank| {
-            let from = self.neighbour(rank);
-            let path = self.easy_file(from);
-            let mut h = self.s.open(&path, Open::Read)?;
-            let (mut buf, seed) = (vec![0u8; xfer], self.easy_seed(from));
-            for i in 0..self.easy_xfers[from] {
-                let off = i * xfer as u64;
-                h.read_at(off, &mut buf)?;
-                if let Some(p) = pattern::first_difference(&buf, seed, off) {
-                    return Err(corrupt(format!("{path}: byte {} differs from what was written", off + p as u64)));
-                }
-            }
-            h.close(false)
-        })?;
-        let bytes = self.easy_xfers.iter().sum::<u64>() * xfer as u64;
-        Ok(PhaseResult::bandwidth("ior-easy-read", bytes, secs))
+        self.ior_read("ior-easy-read", &self.easy_plan(), &self.easy_xfers)
     }
 
     fn ior_hard_write(&mut self) -> io::Result<PhaseResult> {
-        let tasks = self.o.tasks as u64;
-        let path = self.hard_file();
-        let (per, secs) = self.team.run(|rank| {
-            let mut h = self.s.open(&path, Open::Write)?;
-            let (mut buf, seed) = (vec![0u8; IOR_HARD_TRANSFER], self.hard_seed());
-            let done = self.team.wear_out(rank, self.o.ior_hard_segments, |seg| {
-                let off = (seg * tasks + rank as u64) * IOR_HARD_TRANSFER as u64;
-                pattern::fill(&mut buf, seed, off);
-                h.write_at(off, &buf)
-            })?;
-            h.close(true)?;
-            Ok(done)
-        })?;
-        self.hard_segments = per.iter().map(|p| p.0).collect();
-        let bytes = self.hard_segments.iter().sum::<u64>() * IOR_HARD_TRANSFER as u64;
-        let mut r = PhaseResult::bandwidth("ior-hard-write", bytes, secs);
-        r.stonewalled = Some(per.iter().any(|p| p.1));
+        let (counts, r) = self.ior_write("ior-hard-write", &self.hard_plan(), self.o.ior_hard_segments)?;
+        self.hard_segments = counts;
         Ok(r)
     }
 
     fn ior_hard_read(&mut self) -> io::Result<PhaseResult> {
-        let tasks = self.o.tasks as u64;
-        let path = self.hard_file();
-        let (_, secs) = self.team.run(|rank| {
-            let from = self.neighbour(rank);
-            let mut h = self.s.open(&path, Open::Read)?;
-            let (mut buf, seed) = (vec![0u8; IOR_HARD_TRANSFER], self.hard_seed());
-            for seg in 0..self.hard_segments[from] {
-                let off = (seg * tasks + from as u64) * IOR_HARD_TRANSFER as u64;
-                h.read_at(off, &mut buf)?;
-                if let Some(p) = pattern::first_difference(&buf, seed, off) {
-                    return Err(corrupt(format!("{path}: byte {} differs from what was written", off + p as u64)));
-                }
-            }
-            h.close(false)
-        })?;
-        let bytes = self.hard_segments.iter().sum::<u64>() * IOR_HARD_TRANSFER as u64;
-        Ok(PhaseResult::bandwidth("ior-hard-read", bytes, secs))
+        self.ior_read("ior-hard-read", &self.hard_plan(), &self.hard_segments)
     }
 
     fn ior_rnd4k_easy_read(&mut self) -> io::Result<PhaseResult> {
