@@ -112,6 +112,8 @@ fn bad_settings_are_refused_before_anything_is_made() {
         Io500Options { tasks: 0, ..tiny(1) },
         Io500Options { ior_easy_transfer: 1000, ..tiny(1) },
         Io500Options { run_dir: "../escape".into(), ..tiny(1) },
+        Io500Options { ior_easy_bytes: 1000, ..tiny(1) },
+        Io500Options { mdtest_hard_files: 0, ..tiny(1) },
     ] {
         let e = io500::run(&s, &bad, &mut Vec::new()).expect_err("refused");
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");

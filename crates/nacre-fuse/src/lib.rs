@@ -617,7 +617,8 @@ impl fuser::Filesystem for Nacre {
             // (ior-hard's interleaved tasks) need not wait for each other.
             let append = f.flags().append;
             for h in &others {
-                if if append { h.may_be_dirty() } else { h.may_hold(offset, data.len() as u64) } {
+                let in_the_way = if append { h.may_be_dirty() } else { h.may_hold(offset, data.len() as u64) };
+                if in_the_way {
                     h.share().await;
                 }
             }
@@ -658,12 +659,14 @@ impl fuser::Filesystem for Nacre {
         serve!(self, reply, |s| {
             let f = lock(&s.open).handles.remove(&fh.0).ok_or(Errno::EBADF)?;
             let (fid, closed) = (f.fid(), f.close().await);
+            let this = Arc::as_ptr(&f);
             drop(f);
-            // Only open files stay listed by FID (every attribute answer walks them).
+            // Only open files stay listed by FID (every attribute answer walks them): this
+            // handle goes even if a request still holds it for a moment.
             {
                 let mut o = lock(&s.open);
                 if let Some(v) = o.by_fid.get_mut(&fid) {
-                    v.retain(|w| w.strong_count() > 0);
+                    v.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), this));
                     if v.is_empty() {
                         o.by_fid.remove(&fid);
                     }

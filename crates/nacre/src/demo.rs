@@ -22,7 +22,7 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 #[derive(Args, Clone, Debug)]
 pub struct DemoArgs {
     /// Working folder: drive files, the mount point, the local reference folder (made,
-    /// and removed at the end).
+    /// and removed at the end; an existing folder only if an earlier demo made it).
     #[arg(long, default_value = "/tmp/nacre-demo")]
     pub work: PathBuf,
     /// IO500 tasks (threads).
@@ -67,6 +67,9 @@ struct Cleanup {
     passthrough: Option<(Child, PathBuf)>,
 }
 
+/// The file that marks a working folder as the demo's own: only such a folder is removed.
+const MARK: &str = ".nacre-demo";
+
 impl Cleanup {
     fn stop(&mut self) -> Res<()> {
         if let Some((mut child, mnt)) = self.passthrough.take() {
@@ -82,6 +85,13 @@ impl Cleanup {
             }
         }
         if self.work.exists() {
+            if !self.work.join(MARK).exists() {
+                return Err(format!(
+                    "{} exists and was not made by nacre demo: give --work a new folder",
+                    self.work.display()
+                )
+                .into());
+            }
             std::fs::remove_dir_all(&self.work).map_err(|e| format!("{}: {e}", self.work.display()))?;
         }
         Ok(())
@@ -145,6 +155,8 @@ pub fn demo(a: DemoArgs) -> CliResult {
     // What an earlier demo left.
     let mut cleanup = Cleanup { exe: exe.clone(), work: work.clone(), passthrough: None };
     cleanup.stop()?;
+    std::fs::create_dir_all(&work)?;
+    std::fs::write(work.join(MARK), "made by nacre demo; removed when it ends\n")?;
     std::fs::create_dir_all(&mnt)?;
     std::fs::create_dir_all(&local)?;
 

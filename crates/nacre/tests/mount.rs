@@ -745,7 +745,17 @@ fn io500_runs_through_the_mount_and_natively() {
 /// `nacre demo`, small: up, IO500 three ways, the table, down, nothing left.
 #[test]
 fn demo_runs_io500_three_ways_and_leaves_nothing() {
+    // A folder the demo did not make is refused, and left as it was.
+    let theirs = scratch("not-the-demos");
+    fs::write(theirs.join("precious"), b"keep").unwrap();
+    let out = nacre().arg("demo").arg("--work").arg(&theirs).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("was not made by nacre demo"), "{out:?}");
+    assert_eq!(fs::read(theirs.join("precious")).unwrap(), b"keep");
+    fs::remove_dir_all(&theirs).unwrap();
+
     let work = scratch("demo");
+    fs::remove_dir(&work).unwrap();
     let out = nacre()
         .arg("demo")
         .arg("--work")

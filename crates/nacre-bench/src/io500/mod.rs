@@ -122,6 +122,21 @@ impl Io500Options {
         if !(4096..=64 << 20).contains(&self.ior_easy_transfer) || !self.ior_easy_transfer.is_multiple_of(4096) {
             return Err(format!("ior-easy transfer {}: a multiple of 4 KiB up to 64 MiB", self.ior_easy_transfer));
         }
+        if self.ior_easy_bytes < self.ior_easy_transfer as u64 {
+            return Err(format!(
+                "ior-easy size {} is less than one transfer of {}",
+                self.ior_easy_bytes, self.ior_easy_transfer
+            ));
+        }
+        for (what, n) in [
+            ("ior-hard segments", self.ior_hard_segments),
+            ("mdtest-easy files", self.mdtest_easy_files),
+            ("mdtest-hard files", self.mdtest_hard_files),
+        ] {
+            if n == 0 {
+                return Err(format!("{what}: at least 1"));
+            }
+        }
         if self.stonewall > Duration::from_secs(24 * 3600) {
             return Err("stonewall: at most a day".into());
         }
@@ -190,6 +205,7 @@ pub fn run(storage: &dyn Storage, o: &Io500Options, out: &mut dyn Write) -> io::
         "mdtest_hard_bytes": MDTEST_HARD_BYTES,
         "drop_caches": o.drop_caches,
         "run_dir": o.run_dir,
+        "seed": r.seed,
     });
     Ok(Io500Report { api: storage.api(), results, score, layouts: r.layouts_set, settings })
 }
@@ -457,7 +473,7 @@ impl<'a> Run<'a> {
             let mut h = self.s.open(&path, Open::Read)?;
             let (mut buf, seed) = (vec![0u8; RND_READ], self.easy_seed(from));
             let mut rng = pattern::seed(self.seed, &[4, rank as u64]) | 1;
-            let deadline = Instant::now() + self.o.stonewall;
+            let deadline = self.team.deadline();
             let mut reads = 0u64;
             // At least one read, so a zero stonewall still checks something.
             while reads == 0 || Instant::now() < deadline {
@@ -599,8 +615,10 @@ impl<'a> Run<'a> {
         struct Queue {
             dirs: VecDeque<String>,
             busy: usize,
+            /// A task failed: the others stop taking and adding directories.
+            failed: bool,
         }
-        let q = Mutex::new(Queue { dirs: VecDeque::from([self.o.run_dir.clone()]), busy: 0 });
+        let q = Mutex::new(Queue { dirs: VecDeque::from([self.o.run_dir.clone()]), busy: 0, failed: false });
         let cv = Condvar::new();
         let lock = || q.lock().unwrap_or_else(|e| e.into_inner());
         let newer = self.timestamp_ns;
@@ -610,6 +628,9 @@ impl<'a> Run<'a> {
                 let dir = {
                     let mut g = lock();
                     loop {
+                        if g.failed {
+                            break None;
+                        }
                         if let Some(d) = g.dirs.pop_front() {
                             g.busy += 1;
                             break Some(d);
@@ -629,10 +650,14 @@ impl<'a> Run<'a> {
                 let mut g = lock();
                 g.busy -= 1;
                 if let Err(e) = listed {
-                    // The others stop as the queue drains.
+                    g.failed = true;
                     g.dirs.clear();
                     cv.notify_all();
                     return Err(e);
+                }
+                if g.failed {
+                    cv.notify_all();
+                    return Err(io::Error::new(io::ErrorKind::Interrupted, "stopped: another task failed"));
                 }
                 for e in entries.drain(..) {
                     seen += 1;

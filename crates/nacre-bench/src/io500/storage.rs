@@ -93,6 +93,11 @@ impl Posix {
     fn full(&self, path: &str) -> PathBuf {
         self.root.join(path)
     }
+
+    /// open(2) with `O_CREAT | O_WRONLY`, as mdtest and ior do.
+    fn create(&self, path: &str) -> io::Result<File> {
+        OpenOptions::new().write(true).create(true).truncate(false).open(self.full(path)).map_err(|e| at(path, e))
+    }
 }
 
 /// close(2), with its error: a file system may report a failed write only there (NFS,
@@ -125,23 +130,14 @@ impl Storage for Posix {
     }
 
     fn create_empty(&self, path: &str) -> io::Result<()> {
-        OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(self.full(path))
-            .map(drop)
-            .map_err(|e| at(path, e))
+        let f = self.create(path)?;
+        close(f).map_err(|e| at(path, e))
     }
 
     fn create_with(&self, path: &str, data: &[u8]) -> io::Result<()> {
-        let f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(self.full(path))
-            .map_err(|e| at(path, e))?;
-        f.write_all_at(data, 0).map_err(|e| at(path, e))
+        let f = self.create(path)?;
+        f.write_all_at(data, 0).map_err(|e| at(path, e))?;
+        close(f).map_err(|e| at(path, e))
     }
 
     fn stat(&self, path: &str) -> io::Result<Meta> {
@@ -171,10 +167,9 @@ impl Storage for Posix {
 
     fn open(&self, path: &str, how: Open) -> io::Result<Box<dyn Handle>> {
         let f = match how {
-            Open::Write => OpenOptions::new().write(true).create(true).truncate(false).open(self.full(path)),
-            Open::Read => File::open(self.full(path)),
-        }
-        .map_err(|e| at(path, e))?;
+            Open::Write => self.create(path)?,
+            Open::Read => File::open(self.full(path)).map_err(|e| at(path, e))?,
+        };
         Ok(Box::new(PosixFile { f, path: path.to_string() }))
     }
 }

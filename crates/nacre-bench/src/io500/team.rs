@@ -4,18 +4,31 @@
 //! amount from every task.
 
 use std::io;
-use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Barrier, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 pub struct Team {
-    pub tasks: usize,
-    pub stonewall: Duration,
+    tasks: usize,
+    stonewall: Duration,
     /// Where the tasks agree on the wear-out point.
-    mid: Barrier,
+    mid: Mutex<Mid>,
+    arrived: Condvar,
     /// Set by a task that failed before the wear-out point, so the others stop early.
     failed: AtomicBool,
     counts: Vec<AtomicU64>,
+    /// Per task: reached the wear-out point in this phase (or left without).
+    at_mid: Vec<AtomicBool>,
+    /// When the phase started: the stonewall counts from here, as ior's does.
+    start: Mutex<Option<Instant>>,
+}
+
+/// The wear-out point of one phase: tasks that got there, and whether one of them came
+/// only because it failed (or ended without getting there).
+#[derive(Default)]
+struct Mid {
+    arrived: usize,
+    failed: bool,
 }
 
 /// The error a task returns when it stopped because another one failed.
@@ -23,15 +36,48 @@ fn stopped() -> io::Error {
     io::Error::new(io::ErrorKind::Interrupted, "stopped: another task failed")
 }
 
+/// Counts a task as arrived at the wear-out point when it ends without getting there (an
+/// error before it, or a panic), so no other task waits for it.
+struct Leaving<'t> {
+    team: &'t Team,
+    rank: usize,
+}
+
+impl Drop for Leaving<'_> {
+    fn drop(&mut self) {
+        if !self.team.at_mid[self.rank].swap(true, Ordering::SeqCst) {
+            self.team.arrive(true);
+        }
+    }
+}
+
 impl Team {
     pub fn new(tasks: usize, stonewall: Duration) -> Team {
         Team {
             tasks,
             stonewall,
-            mid: Barrier::new(tasks),
+            mid: Mutex::new(Mid::default()),
+            arrived: Condvar::new(),
             failed: AtomicBool::new(false),
             counts: (0..tasks).map(|_| AtomicU64::new(0)).collect(),
+            at_mid: (0..tasks).map(|_| AtomicBool::new(false)).collect(),
+            start: Mutex::new(None),
         }
+    }
+
+    fn mid(&self) -> std::sync::MutexGuard<'_, Mid> {
+        self.mid.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One more task at the wear-out point; `failed` if it comes because it failed.
+    fn arrive(&self, failed: bool) {
+        let mut m = self.mid();
+        m.arrived += 1;
+        m.failed |= failed;
+        if failed {
+            self.failed.store(true, Ordering::SeqCst);
+        }
+        self.arrived.notify_all();
     }
 
     /// Run `f(rank)` on every task at once; their results in rank order and the seconds
@@ -39,12 +85,18 @@ impl Team {
     /// task.
     pub fn run<T: Send>(&self, f: impl Fn(usize) -> io::Result<T> + Sync) -> io::Result<(Vec<T>, f64)> {
         self.failed.store(false, Ordering::SeqCst);
+        *self.mid() = Mid::default();
+        for a in &self.at_mid {
+            a.store(false, Ordering::SeqCst);
+        }
         let start = Barrier::new(self.tasks);
+        *self.start.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         std::thread::scope(|s| {
             let handles: Vec<_> = (0..self.tasks)
                 .map(|rank| {
                     let (f, start) = (&f, &start);
                     s.spawn(move || {
+                        let _leaving = Leaving { team: self, rank };
                         start.wait();
                         let began = Instant::now();
                         let r = f(rank);
@@ -76,17 +128,24 @@ impl Team {
         })
     }
 
+    /// The stonewall's end in the current phase.
+    pub fn deadline(&self) -> Instant {
+        let start = self.start.lock().unwrap_or_else(|e| e.into_inner()).unwrap_or_else(Instant::now);
+        start + self.stonewall
+    }
+
     /// Inside [`Team::run`], on every task: `step(i)` for i = 0, 1, … until `cap` steps
-    /// or the stonewall, then on to the largest count any task reached. Every task must
-    /// call it exactly once per phase. The steps done, and whether the stonewall (rather
-    /// than the cap) stopped this task.
+    /// or the stonewall (from the phase's start), then on to the largest count any task
+    /// reached. A task that ends without calling it (an error before) counts as failed,
+    /// and the others stop. The steps done, and whether the stonewall (rather than the
+    /// cap) stopped this task.
     pub fn wear_out(
         &self,
         rank: usize,
         cap: u64,
         mut step: impl FnMut(u64) -> io::Result<()>,
     ) -> io::Result<(u64, bool)> {
-        let deadline = Instant::now() + self.stonewall;
+        let deadline = self.deadline();
         let (mut done, mut walled, mut err) = (0u64, false, None);
         while done < cap {
             if self.failed.load(Ordering::Relaxed) {
@@ -97,18 +156,26 @@ impl Team {
                 break;
             }
             if let Err(e) = step(done) {
-                self.failed.store(true, Ordering::SeqCst);
                 err = Some(e);
                 break;
             }
             done += 1;
         }
         self.counts[rank].store(done, Ordering::SeqCst);
-        self.mid.wait();
+        if !self.at_mid[rank].swap(true, Ordering::SeqCst) {
+            self.arrive(err.is_some());
+        }
+        let failed = {
+            let mut m = self.mid();
+            while m.arrived < self.tasks {
+                m = self.arrived.wait(m).unwrap_or_else(|e| e.into_inner());
+            }
+            m.failed
+        };
         if let Some(e) = err {
             return Err(e);
         }
-        if self.failed.load(Ordering::SeqCst) {
+        if failed {
             return Err(stopped());
         }
         let most = self.counts.iter().map(|c| c.load(Ordering::SeqCst)).max().unwrap_or(done);
@@ -148,6 +215,23 @@ mod tests {
         let team = Team::new(2, Duration::from_secs(600));
         let (counts, _) = team.run(|rank| team.wear_out(rank, 10 + rank as u64, |_| Ok(()))).expect("ok");
         assert_eq!(counts, vec![(11, false), (11, false)], "wear-out to the larger cap, no stonewall");
+    }
+
+    #[test]
+    fn a_task_failing_before_the_wear_out_point_does_not_hang_the_others() {
+        let team = Team::new(3, Duration::from_secs(600));
+        let e = team
+            .run(|rank| {
+                if rank == 2 {
+                    return Err(io::Error::other("open failed"));
+                }
+                team.wear_out(rank, u64::MAX, |_| Ok(()))
+            })
+            .expect_err("task 2 fails");
+        assert_eq!(e.to_string(), "open failed");
+        // The next phase starts clean.
+        let (counts, _) = team.run(|rank| team.wear_out(rank, 5, |_| Ok(()))).expect("ok");
+        assert_eq!(counts, vec![(5, false); 3]);
     }
 
     #[test]
