@@ -26,3 +26,11 @@ pub use nacre_proto::fid::Fid;
 pub use nacre_proto::mdt::{Attr, Creds, DirEntry, SetAttr};
 pub use params::Tunables;
 pub use striping::FileLayout;
+
+/// The credentials of this process (its user and group, no supplementary groups): what a
+/// tool acting for the user who ran it sends.
+pub fn process_creds() -> Creds {
+    // SAFETY: getuid/getgid take nothing and cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    Creds { uid, gid, groups: Vec::new() }
+}

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use clap::Args;
-use nacre_client::{Attr, Creds, Fid, FileSystem, MountOptions};
+use nacre_client::{Attr, Fid, FileSystem, MountOptions, process_creds};
 use nacre_net::nid::Nid;
 use nacre_proto::dne::DirDefault;
 use nacre_proto::layout::Layout;
@@ -249,12 +249,6 @@ fn with_fs<T>(path: &Path, f: impl AsyncFnOnce(FileSystem, String) -> Res<T>) ->
     })
 }
 
-fn creds() -> Creds {
-    // SAFETY: getuid/getgid cannot fail.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    Creds { uid, gid, groups: Vec::new() }
-}
-
 #[derive(Args)]
 pub struct SetstripeArgs {
     /// `lfs setstripe` options (`-c N -S SIZE -i IDX -p POOL -C N -E END -L mdt`), then the
@@ -270,7 +264,7 @@ pub fn setstripe(a: SetstripeArgs) -> CliResult {
     let layout = if delete { None } else { Some(Layout::from_lfs_args(&opts).map_err(|e| format!("setstripe: {e}"))?) };
     let path = PathBuf::from(path);
     with_fs(&path, async |fs, rel| {
-        let c = creds();
+        let c = process_creds();
         match fs.resolve(&c, &rel).await {
             Ok(a) if mode::is_dir(a.mode) => fs.set_dir_layout(&c, a.fid, layout.as_ref()).await?,
             Ok(_) => {
@@ -298,7 +292,7 @@ pub struct PathArg {
 
 pub fn getstripe(a: PathArg) -> CliResult {
     with_fs(&a.path, async |fs, rel| {
-        let c = creds();
+        let c = process_creds();
         let at = fs.resolve(&c, &rel).await?;
         println!("{}", a.path.display());
         match fs.getlayout(&c, at.fid).await? {
@@ -346,7 +340,7 @@ pub struct SetdirstripeArgs {
 pub fn setdirstripe(a: SetdirstripeArgs) -> CliResult {
     let path = a.path.clone();
     with_fs(&path, async |fs, rel| {
-        let c = creds();
+        let c = process_creds();
         if a.default {
             let dir = fs.resolve(&c, &rel).await?;
             let d = DirDefault {
@@ -366,7 +360,7 @@ pub fn setdirstripe(a: SetdirstripeArgs) -> CliResult {
 
 pub fn getdirstripe(a: PathArg) -> CliResult {
     with_fs(&a.path, async |fs, rel| {
-        let c = creds();
+        let c = process_creds();
         let dir = fs.resolve(&c, &rel).await?;
         let (stripe, default) = fs.getdirstripe(&c, dir.fid).await?;
         match stripe {
@@ -409,7 +403,7 @@ pub struct MkdirArgs {
 pub fn mkdir(a: MkdirArgs) -> CliResult {
     let path = a.path.clone();
     with_fs(&path, async |fs, rel| {
-        let c = creds();
+        let c = process_creds();
         let (dir, name) = fs.parent_of(&c, &rel).await?;
         fs.mkdir(&c, dir.fid, name, 0o755, a.index, a.count).await?;
         Ok(())
@@ -418,7 +412,7 @@ pub fn mkdir(a: MkdirArgs) -> CliResult {
 
 pub fn df(a: PathArg) -> CliResult {
     with_fs(&a.path, async |fs, _| {
-        let s = fs.statfs(&creds()).await?;
+        let s = fs.statfs(&process_creds()).await?;
         let (point, _) = mount_of(&a.path)?;
         println!("{:<24}{:>14}{:>14}{:>14}{:>6} Mounted on", "UUID", "1K-blocks", "Used", "Available", "Use%");
         let row = |name: &str, total: u64, used: u64, free: u64, at: String| {
@@ -487,7 +481,7 @@ pub fn find(a: FindArgs) -> CliResult {
     let root = a.path.clone();
     let needs_layout = a.stripe_count.is_some() || a.ost.is_some();
     with_fs(&root, async |fs, rel| {
-        let c = creds();
+        let c = process_creds();
         let start = fs.resolve(&c, &rel).await?;
         let matches = async |path: &str, name: &str, at: &Attr| -> Res<bool> {
             if let Some(g) = &a.name

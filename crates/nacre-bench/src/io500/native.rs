@@ -43,7 +43,7 @@ impl Native {
     /// The phases under `root` (a path inside the file system, `/` or `/a/b`), which
     /// must exist. `rt` runs the client's tasks; the phases' threads block on it.
     pub fn new(fs: FileSystem, rt: Runtime, root: &str) -> io::Result<Native> {
-        let creds = creds();
+        let creds = nacre_client::process_creds();
         let a = rt.block_on(fs.resolve(&creds, root)).map_err(|e| io_err(root, e))?;
         if !mode::is_dir(a.mode) {
             return Err(io::Error::new(io::ErrorKind::NotADirectory, format!("{root} is not a directory")));
@@ -99,12 +99,6 @@ impl Native {
 /// (`a/b`, `c`) from `a/b/c`; (``, `c`) from `c`.
 fn split(path: &str) -> (&str, &str) {
     path.rsplit_once('/').unwrap_or(("", path))
-}
-
-fn creds() -> Creds {
-    // SAFETY: getuid/getgid cannot fail.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    Creds { uid, gid, groups: Vec::new() }
 }
 
 impl Storage for Native {
