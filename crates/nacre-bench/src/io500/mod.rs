@@ -321,8 +321,9 @@ impl<'a> Run<'a> {
             ("ior-rnd4K-easy-read", Run::ior_rnd4k_easy_read),
         ];
         let mut results = Vec::new();
-        for (name, phase) in phases {
-            if self.o.drop_caches {
+        for (k, (name, phase)) in phases.into_iter().enumerate() {
+            // Before the first phase, `run` has just dropped them (checking it may).
+            if self.o.drop_caches && k > 0 {
                 drop_caches().map_err(|e| in_phase(name, e))?;
             }
             if self.o.progress {
@@ -508,31 +509,45 @@ impl<'a> Run<'a> {
         Ok(r)
     }
 
-    fn mdtest_easy_stat(&mut self) -> io::Result<PhaseResult> {
+    /// An mdtest phase over what a write phase made: each task runs `op(from, i)` on
+    /// each of its neighbour's `counts[from]` files, then `done(from)`.
+    fn md_each(
+        &self,
+        name: &'static str,
+        counts: &[u64],
+        op: impl Fn(usize, u64) -> io::Result<()> + Sync,
+        done: impl Fn(usize) -> io::Result<()> + Sync,
+    ) -> io::Result<PhaseResult> {
         let (_, secs) = self.team.run(|rank| {
             let from = self.neighbour(rank);
-            for i in 0..self.md_easy[from] {
-                let path = self.md_easy_file(from, i);
-                let m = self.s.stat(&path)?;
-                if m.is_dir || m.size != 0 {
-                    return Err(corrupt(format!("{path}: {m:?}, not an empty file")));
-                }
+            for i in 0..counts[from] {
+                op(from, i)?;
             }
-            Ok(())
+            done(from)
         })?;
-        Ok(PhaseResult::rate("mdtest-easy-stat", self.md_easy.iter().sum(), secs))
+        Ok(PhaseResult::rate(name, counts.iter().sum(), secs))
+    }
+
+    /// A stat that must find a regular file of `size` bytes.
+    fn stat_file(&self, path: &str, size: u64) -> io::Result<()> {
+        let m = self.s.stat(path)?;
+        if m.is_dir || m.size != size {
+            return Err(corrupt(format!("{path}: {m:?}, not a file of {size} bytes")));
+        }
+        Ok(())
+    }
+
+    fn mdtest_easy_stat(&mut self) -> io::Result<PhaseResult> {
+        let stat = |from, i| self.stat_file(&self.md_easy_file(from, i), 0);
+        self.md_each("mdtest-easy-stat", &self.md_easy, stat, |_| Ok(()))
     }
 
     fn mdtest_easy_delete(&mut self) -> io::Result<PhaseResult> {
-        let (_, secs) = self.team.run(|rank| {
-            let from = self.neighbour(rank);
-            for i in 0..self.md_easy[from] {
-                self.s.unlink(&self.md_easy_file(from, i))?;
-            }
-            self.s.rmdir(&self.md_easy_dir(from))
-        })?;
+        let unlink = |from, i| self.s.unlink(&self.md_easy_file(from, i));
+        let r =
+            self.md_each("mdtest-easy-delete", &self.md_easy, unlink, |from| self.s.rmdir(&self.md_easy_dir(from)))?;
         self.s.rmdir(&self.path("mdtest-easy/test-dir"))?;
-        Ok(PhaseResult::rate("mdtest-easy-delete", self.md_easy.iter().sum(), secs))
+        Ok(r)
     }
 
     /// The file `find` compares modification times with. Made between mdtest-easy-write
@@ -563,49 +578,31 @@ impl<'a> Run<'a> {
     }
 
     fn mdtest_hard_read(&mut self) -> io::Result<PhaseResult> {
-        let (_, secs) = self.team.run(|rank| {
-            let from = self.neighbour(rank);
+        let read = |from, i| {
+            let path = self.md_hard_file(from, i);
             let mut buf = Vec::with_capacity(MDTEST_HARD_BYTES);
-            for i in 0..self.md_hard[from] {
-                let path = self.md_hard_file(from, i);
-                self.s.read_file(&path, MDTEST_HARD_BYTES, &mut buf)?;
-                if buf.len() != MDTEST_HARD_BYTES {
-                    return Err(corrupt(format!("{path}: read {} bytes of {MDTEST_HARD_BYTES}", buf.len())));
-                }
-                if let Some(p) = pattern::first_difference(&buf, self.md_hard_seed(from, i), 0) {
-                    return Err(corrupt(format!("{path}: byte {p} differs from what was written")));
-                }
+            self.s.read_file(&path, MDTEST_HARD_BYTES, &mut buf)?;
+            if buf.len() != MDTEST_HARD_BYTES {
+                return Err(corrupt(format!("{path}: read {} bytes of {MDTEST_HARD_BYTES}", buf.len())));
+            }
+            if let Some(p) = pattern::first_difference(&buf, self.md_hard_seed(from, i), 0) {
+                return Err(corrupt(format!("{path}: byte {p} differs from what was written")));
             }
             Ok(())
-        })?;
-        Ok(PhaseResult::rate("mdtest-hard-read", self.md_hard.iter().sum(), secs))
+        };
+        self.md_each("mdtest-hard-read", &self.md_hard, read, |_| Ok(()))
     }
 
     fn mdtest_hard_stat(&mut self) -> io::Result<PhaseResult> {
-        let (_, secs) = self.team.run(|rank| {
-            let from = self.neighbour(rank);
-            for i in 0..self.md_hard[from] {
-                let path = self.md_hard_file(from, i);
-                let m = self.s.stat(&path)?;
-                if m.is_dir || m.size != MDTEST_HARD_BYTES as u64 {
-                    return Err(corrupt(format!("{path}: {m:?}, not a file of {MDTEST_HARD_BYTES} bytes")));
-                }
-            }
-            Ok(())
-        })?;
-        Ok(PhaseResult::rate("mdtest-hard-stat", self.md_hard.iter().sum(), secs))
+        let stat = |from, i| self.stat_file(&self.md_hard_file(from, i), MDTEST_HARD_BYTES as u64);
+        self.md_each("mdtest-hard-stat", &self.md_hard, stat, |_| Ok(()))
     }
 
     fn mdtest_hard_delete(&mut self) -> io::Result<PhaseResult> {
-        let (_, secs) = self.team.run(|rank| {
-            let from = self.neighbour(rank);
-            for i in 0..self.md_hard[from] {
-                self.s.unlink(&self.md_hard_file(from, i))?;
-            }
-            Ok(())
-        })?;
+        let unlink = |from, i| self.s.unlink(&self.md_hard_file(from, i));
+        let r = self.md_each("mdtest-hard-delete", &self.md_hard, unlink, |_| Ok(()))?;
         self.s.rmdir(&self.path("mdtest-hard/test-dir"))?;
-        Ok(PhaseResult::rate("mdtest-hard-delete", self.md_hard.iter().sum(), secs))
+        Ok(r)
     }
 
     /// IO500's find: `-newer timestamp -size 3901c -name *01*` over the whole run, the
