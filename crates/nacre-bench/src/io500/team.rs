@@ -11,24 +11,17 @@ use std::time::{Duration, Instant};
 pub struct Team {
     tasks: usize,
     stonewall: Duration,
-    /// Where the tasks agree on the wear-out point.
-    mid: Mutex<Mid>,
+    /// Tasks at the wear-out point of this phase (where they agree on the count).
+    mid: Mutex<usize>,
     arrived: Condvar,
-    /// Set by a task that failed before the wear-out point, so the others stop early.
+    /// Set by a task that failed before the wear-out point (or ended without reaching
+    /// it), so the others stop early, and stop there.
     failed: AtomicBool,
     counts: Vec<AtomicU64>,
     /// Per task: reached the wear-out point in this phase (or left without).
     at_mid: Vec<AtomicBool>,
     /// When the phase started: the stonewall counts from here, as ior's does.
     start: Mutex<Option<Instant>>,
-}
-
-/// The wear-out point of one phase: tasks that got there, and whether one of them came
-/// only because it failed (or ended without getting there).
-#[derive(Default)]
-struct Mid {
-    arrived: usize,
-    failed: bool,
 }
 
 /// The error a task returns when it stopped because another one failed.
@@ -56,7 +49,7 @@ impl Team {
         Team {
             tasks,
             stonewall,
-            mid: Mutex::new(Mid::default()),
+            mid: Mutex::new(0),
             arrived: Condvar::new(),
             failed: AtomicBool::new(false),
             counts: (0..tasks).map(|_| AtomicU64::new(0)).collect(),
@@ -65,18 +58,16 @@ impl Team {
         }
     }
 
-    fn mid(&self) -> std::sync::MutexGuard<'_, Mid> {
+    fn mid(&self) -> std::sync::MutexGuard<'_, usize> {
         self.mid.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// One more task at the wear-out point; `failed` if it comes because it failed.
     fn arrive(&self, failed: bool) {
-        let mut m = self.mid();
-        m.arrived += 1;
-        m.failed |= failed;
         if failed {
             self.failed.store(true, Ordering::SeqCst);
         }
+        *self.mid() += 1;
         self.arrived.notify_all();
     }
 
@@ -85,7 +76,7 @@ impl Team {
     /// task.
     pub fn run<T: Send>(&self, f: impl Fn(usize) -> io::Result<T> + Sync) -> io::Result<(Vec<T>, f64)> {
         self.failed.store(false, Ordering::SeqCst);
-        *self.mid() = Mid::default();
+        *self.mid() = 0;
         for a in &self.at_mid {
             a.store(false, Ordering::SeqCst);
         }
@@ -165,17 +156,17 @@ impl Team {
         if !self.at_mid[rank].swap(true, Ordering::SeqCst) {
             self.arrive(err.is_some());
         }
-        let failed = {
-            let mut m = self.mid();
-            while m.arrived < self.tasks {
-                m = self.arrived.wait(m).unwrap_or_else(|e| e.into_inner());
+        {
+            let mut arrived = self.mid();
+            while *arrived < self.tasks {
+                arrived = self.arrived.wait(arrived).unwrap_or_else(|e| e.into_inner());
             }
-            m.failed
-        };
+        }
         if let Some(e) = err {
             return Err(e);
         }
-        if failed {
+        // Every task has arrived, each having set the flag first if it failed.
+        if self.failed.load(Ordering::SeqCst) {
             return Err(stopped());
         }
         let most = self.counts.iter().map(|c| c.load(Ordering::SeqCst)).max().unwrap_or(done);
