@@ -231,22 +231,14 @@ impl Shared {
     /// The largest size a handle of this mount open for writing knows for `fid` (its
     /// writes may not be on the servers yet).
     fn dirty_size(&self, fid: Fid) -> u64 {
-        let o = lock(&self.open);
-        let handles = o.by_fid.get(&fid).into_iter().flatten().filter_map(Weak::upgrade);
-        handles.filter(|f| f.flags().write).map(|f| f.size_hint()).max().unwrap_or(0)
+        lock(&self.open).by_fid.get(&fid).and_then(|v| written_size(v)).unwrap_or(0)
     }
 
     /// [`Shared::dirty_size`] of every file with a write handle here: taken before asking
     /// an MDT for attributes (see [`Shared::file_attr_after`]).
     fn dirty_sizes(&self) -> std::collections::HashMap<Fid, u64> {
         let o = lock(&self.open);
-        o.by_fid
-            .iter()
-            .filter_map(|(fid, v)| {
-                let w = v.iter().filter_map(Weak::upgrade).filter(|f| f.flags().write);
-                w.map(|f| f.size_hint()).max().map(|n| (*fid, n))
-            })
-            .collect()
+        o.by_fid.iter().filter_map(|(fid, v)| written_size(v).map(|n| (*fid, n))).collect()
     }
 
     /// The other open handles of `fid` in this mount.
@@ -299,6 +291,11 @@ impl Shared {
         let ino = self.inodes.remember(a.fid);
         (self.file_attr_after(ino, a, before), Generation(u64::from(a.fid.ver)))
     }
+}
+
+/// The largest size the live write handles among `handles` know, if any.
+fn written_size(handles: &[Weak<File>]) -> Option<u64> {
+    handles.iter().filter_map(Weak::upgrade).filter(|f| f.flags().write).map(|f| f.size_hint()).max()
 }
 
 /// Run `f` on the runtime and answer with its result.
