@@ -19,8 +19,9 @@ use nacre_proto::ost;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinHandle;
 
+use crate::cache::{self, fetched, spawn_fetch};
 use crate::error::{Error, Result, errno};
-use crate::fs::{FileSystem, all, mdt_of};
+use crate::fs::{FileSystem, all, lock, mdt_of};
 use crate::striping::{FileLayout, Piece, Place};
 
 /// Largest DoM read or write in one RPC (the MDS's `DOM_IO_MAX`).
@@ -74,19 +75,12 @@ struct Flush {
     task: JoinHandle<Result<()>>,
 }
 
-/// A read-ahead chunk: being read, or read.
-enum Chunk {
-    Pending(JoinHandle<Result<Bytes>>),
-    Ready(Bytes),
-}
-
+/// This handle's sequential stream (the chunks it reads ahead are the file's, shared).
 #[derive(Default)]
 struct ReadAhead {
     /// Where the next sequential read starts.
     next: u64,
     window: u64,
-    /// Chunks by offset, each one RPC's worth; each holds read-ahead budget.
-    chunks: BTreeMap<u64, (Chunk, Option<OwnedSemaphorePermit>)>,
 }
 
 #[derive(Default)]
@@ -116,6 +110,8 @@ pub struct File {
     /// Fetched at the first IO: a file opened and closed without any costs no RPC for it.
     layout: tokio::sync::OnceCell<Arc<FileLayout>>,
     st: tokio::sync::Mutex<State>,
+    /// The file's read-ahead chunks, shared with its other handles on this mount.
+    chunks: cache::Shared,
     /// `State::size`, readable without the lock (for `stat` while writes are dirty).
     size_hint: AtomicU64,
     closed: AtomicBool,
@@ -145,6 +141,7 @@ impl File {
         if flags.write {
             fs.add_writer(attr.fid);
         }
+        let chunks = fs.inner.caches.open(&attr);
         File {
             fs,
             creds: c.clone(),
@@ -153,6 +150,7 @@ impl File {
             flags,
             layout: tokio::sync::OnceCell::new(),
             st: tokio::sync::Mutex::new(State { size: attr.size, ..State::default() }),
+            chunks,
             size_hint: AtomicU64::new(attr.size),
             closed: AtomicBool::new(false),
         }
@@ -212,7 +210,7 @@ impl File {
         // A write past the layout's end fails now, not at write-back.
         let layout = self.layout().await?;
         layout.plan(offset, len, u64::MAX)?;
-        st.ra.chunks.clear();
+        self.forget_chunks();
         let size = st.size.max(end);
         self.set_size(&mut st, size);
         st.written = true;
@@ -355,14 +353,19 @@ impl File {
 
     /// Drop read-ahead data (another handle of this mount wrote the file).
     pub async fn forget_cache(&self) {
-        self.st.lock().await.ra.chunks.clear();
+        self.forget_chunks();
+    }
+
+    /// Drop the file's read-ahead chunks (it changed on this mount).
+    fn forget_chunks(&self) {
+        lock(&self.chunks).clear();
     }
 
     /// The file is `size` bytes now (another handle of the mount truncated it): what this
     /// handle knew of its size and read ahead no longer holds.
     pub async fn resized(&self, size: u64) {
         let mut st = self.st.lock().await;
-        st.ra.chunks.clear();
+        self.forget_chunks();
         st.append_known = false;
         self.set_size(&mut st, size);
     }
@@ -407,7 +410,7 @@ impl File {
             let a = self.fs.glimpse(&self.creds, a).await?;
             if a.size > st.size {
                 // Chunks read ahead near the old end are short.
-                st.ra.chunks.clear();
+                self.forget_chunks();
                 self.set_size(&mut st, a.size);
             }
         }
@@ -443,74 +446,77 @@ impl File {
             }
             st.ra.next = st.ra.next.max(end);
         } else {
-            st.ra.chunks.clear();
             st.ra.window = 0;
             st.ra.next = end;
         }
         if st.ra.window == 0 {
+            lock(&self.chunks).stream(self.handle, None);
             return read_range(&self.fs, &self.creds, self.fid, layout, offset, len).await;
         }
-        // Ask for the chunks this read needs and those of the window after it.
+        // Start the chunks this read needs and those of the window after it that no
+        // handle has asked for yet.
         let size = st.size;
         let ahead = end.saturating_add(st.ra.window).min(size);
-        let mut c = offset / chunk * chunk;
-        while c < ahead {
-            if let std::collections::btree_map::Entry::Vacant(slot) = st.ra.chunks.entry(c) {
-                let needed = c < end;
-                let n = chunk.min(size - c);
-                let permit = self.fs.inner.params.read_ahead.try_take(n);
-                if permit.is_none() && !needed {
-                    break;
+        let mut needed = Vec::new();
+        {
+            let mut chunks = lock(&self.chunks);
+            chunks.stream(self.handle, Some(st.ra.next));
+            let mut c = offset / chunk * chunk;
+            while c < ahead {
+                let is_needed = c < end;
+                if !chunks.contains(c) {
+                    let n = chunk.min(size - c);
+                    let budget = &self.fs.inner.params.read_ahead;
+                    let permit = budget.try_take(n).or_else(|| {
+                        // The budget is spent: what this stream has passed goes first.
+                        chunks.drop_before(st.ra.next.saturating_sub(near), chunk);
+                        budget.try_take(n)
+                    });
+                    if permit.is_none() && !is_needed {
+                        break;
+                    }
+                    let (fs, creds, fid, layout) = (self.fs.clone(), self.creds.clone(), self.fid, layout.clone());
+                    let fetch =
+                        spawn_fetch(async move { read_range(&fs, &creds, fid, &layout, c, n).await.map(Bytes::from) });
+                    chunks.insert(c, fetch, permit);
                 }
-                let (fs, creds, fid, layout) = (self.fs.clone(), self.creds.clone(), self.fid, layout.clone());
-                let task =
-                    tokio::spawn(async move { read_range(&fs, &creds, fid, &layout, c, n).await.map(Bytes::from) });
-                slot.insert((Chunk::Pending(task), permit));
+                if is_needed && let Some(f) = chunks.get(c) {
+                    needed.push((c, f));
+                }
+                c += chunk;
             }
-            c += chunk;
         }
         let mut out = vec![0u8; len as usize];
-        let mut c = offset / chunk * chunk;
-        while c < end {
-            // A chunk holds `want` bytes, or it is short (cut by a read that was given up,
-            // or read when the file was shorter) and read again here.
+        for (c, fetch) in needed {
+            // A chunk holds `want` bytes, or it is short (read when the file was
+            // shorter) and read again here; one that failed is dropped, so the next read
+            // tries again.
             let want = chunk.min(size.saturating_sub(c));
-            let data = match st.ra.chunks.remove(&c) {
-                Some((Chunk::Ready(b), permit)) => Some((b, permit)),
-                Some((Chunk::Pending(task), permit)) => {
-                    // Taken out while awaited: a read given up meanwhile leaves no
-                    // half-made chunk behind.
-                    let r = task.await.map_err(|e| Error::new(errno::EIO, format!("read-ahead task: {e}")));
-                    Some((r.and_then(|r| r)?, permit))
-                }
-                None => None,
-            };
-            let data = match data {
-                Some((b, permit)) if b.len() as u64 >= want => {
-                    st.ra.chunks.insert(c, (Chunk::Ready(b.clone()), permit));
+            let data = match fetched(fetch.clone()).await {
+                Ok(b) if b.len() as u64 >= want => {
+                    lock(&self.chunks).remove_unbudgeted(c);
                     b
                 }
-                _ => Bytes::from(read_range(&self.fs, &self.creds, self.fid, layout, c, want).await?),
+                Ok(_) => {
+                    lock(&self.chunks).remove_if(c, &fetch);
+                    Bytes::from(read_range(&self.fs, &self.creds, self.fid, layout, c, want).await?)
+                }
+                Err(e) => {
+                    lock(&self.chunks).remove_if(c, &fetch);
+                    return Err(e);
+                }
             };
             let (from, to) = (offset.max(c), end.min(c + chunk));
-            if from < to {
-                let have = (to - c).min(data.len() as u64);
-                if from - c < have {
-                    let n = (have - (from - c)) as usize;
-                    let at = (from - offset) as usize;
-                    out[at..at + n].copy_from_slice(&data[(from - c) as usize..(from - c) as usize + n]);
-                }
+            let have = (to - c).min(data.len() as u64);
+            if from - c < have {
+                let n = (have - (from - c)) as usize;
+                let at = (from - offset) as usize;
+                out[at..at + n].copy_from_slice(&data[(from - c) as usize..(from - c) as usize + n]);
             }
-            c += chunk;
         }
-        // Chunks the stream has passed are done with (a late read among them reads
-        // again).
-        let behind = st.ra.next.saturating_sub(near);
-        let done: Vec<u64> =
-            st.ra.chunks.range(..behind).filter(|(s, _)| **s + chunk <= behind).map(|(s, _)| *s).collect();
-        for s in done {
-            st.ra.chunks.remove(&s);
-        }
+        // Chunks every stream of the file has passed are done with (a late read among
+        // them reads again).
+        lock(&self.chunks).drop_passed(near, chunk);
         Ok(out)
     }
 
@@ -518,7 +524,7 @@ impl File {
     pub async fn set_len(&self, size: u64) -> Result<()> {
         let mut st = self.st.lock().await;
         self.flush(&mut st).await?;
-        st.ra.chunks.clear();
+        self.forget_chunks();
         let s = SetAttr { mask: set::SIZE, size, ..SetAttr::default() };
         self.fs.setattr(&self.creds, self.fid, s).await?;
         self.set_size(&mut st, size);
@@ -580,7 +586,7 @@ impl File {
         if r.is_ok() && st.written {
             r = self.publish_size(&mut st).await;
         }
-        st.ra.chunks.clear();
+        lock(&self.chunks).stream(self.handle, None);
         if self.flags.write {
             self.fs.drop_writer(self.fid);
         }
@@ -596,6 +602,7 @@ impl Drop for File {
         if self.closed.load(Ordering::SeqCst) {
             return;
         }
+        lock(&self.chunks).stream(self.handle, None);
         if self.flags.write {
             self.fs.drop_writer(self.fid);
         }

@@ -17,6 +17,7 @@ use nacre_proto::mdt::{Attr, Creds, DirEntry, READDIR_MAX, Reply, Request, SetAt
 use nacre_proto::mgs::{Config, TargetKind};
 use nacre_proto::{mgs, ost};
 
+use crate::cache::Caches;
 use crate::error::{Error, Result, errno};
 use crate::file::{File, OpenFlags};
 use crate::params::{Budget, Params, Tunables};
@@ -76,6 +77,8 @@ pub(crate) struct Inner {
     /// Per file, held while its size changes (a truncate, or a close publishing the size
     /// the objects give), so a close cannot publish a size read before a truncate.
     sizing: Mutex<HashMap<Fid, Arc<tokio::sync::Mutex<()>>>>,
+    /// Read-ahead chunks of the files open here, shared by each file's handles.
+    pub(crate) caches: Caches,
     follower: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
@@ -147,6 +150,7 @@ impl FileSystem {
             layouts: Mutex::new(HashMap::new()),
             writers: Mutex::new(HashMap::new()),
             sizing: Mutex::new(HashMap::new()),
+            caches: Caches::default(),
             follower: Mutex::new(None),
         });
         let fs = FileSystem { inner };

@@ -13,6 +13,7 @@
 //! f.close().await?;
 //! ```
 
+mod cache;
 pub mod error;
 pub mod file;
 pub mod fs;

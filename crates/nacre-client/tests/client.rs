@@ -5,6 +5,8 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use common::{TestFs, pattern};
 use nacre_client::error::errno;
 use nacre_client::{Creds, Fid, FileSystem, OpenFlags, SetAttr};
@@ -441,6 +443,86 @@ async fn a_spent_dirty_budget_never_blocks_a_writer() {
         let want: Vec<u8> = (0..3).flat_map(|r| pattern(i as u64 * 10 + r, 100_000)).collect();
         assert!(got == want, "file {i}");
     }
+}
+
+/// ior-hard's reads: four handles of one file on one mount, each reading every fourth
+/// block. The file's read-ahead chunks are shared by its handles, so the OSTs read each
+/// byte about once, not once per handle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handles_reading_interleaved_blocks_share_their_read_ahead() {
+    const T: usize = 47_008;
+    const SEGMENTS: usize = 64;
+    let t = TestFs::start(1, 3).await;
+    let fs = t.mount("c1").await;
+    // 256 KiB chunks: the file is about 46 of them.
+    fs.set_param("osc.*.max_pages_per_rpc", "64").unwrap();
+    let c = Creds::default();
+    let a = fs.create(&c, Fid::ROOT, "hard", 0o644, Some(&lfs("-C 6 -S 64K"))).await.unwrap();
+    let f = fs.open(&c, a.fid, OpenFlags::WRITE).await.unwrap();
+    let data = Arc::new(pattern(12, 4 * SEGMENTS * T));
+    write_in(&f, 0, &data, &[T]).await;
+    f.close().await.unwrap();
+    let before = t.ost_read_bytes();
+    let start = Arc::new(tokio::sync::Barrier::new(4));
+    let mut readers = Vec::new();
+    for rank in 0..4usize {
+        let (fs, c, data, start) = (fs.clone(), c.clone(), data.clone(), start.clone());
+        readers.push(tokio::spawn(async move {
+            let f = fs.open(&c, a.fid, OpenFlags::READ).await.unwrap();
+            start.wait().await;
+            for seg in 0..SEGMENTS {
+                let off = (seg * 4 + rank) * T;
+                let got = f.read(off as u64, T).await.unwrap();
+                assert!(got == data[off..off + T], "rank {rank} segment {seg}");
+            }
+            f.close().await.unwrap();
+        }));
+    }
+    for r in readers {
+        r.await.unwrap();
+    }
+    let read = t.ost_read_bytes() - before;
+    let size = data.len() as u64;
+    // A cache per handle reads the whole file once per handle (4x).
+    assert!(read >= size && read <= size * 3 / 2, "the OSTs read {read} bytes for a file of {size}");
+}
+
+/// A handle's read-ahead, shared by the file's handles on one mount, does not outlive a
+/// change: a write through another handle of the mount drops it at once, and a change
+/// from another mount is seen by the next open (close-to-open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_read_ahead_sees_writes_here_and_opens_after_writes_elsewhere() {
+    let t = TestFs::start(1, 2).await;
+    let (fs1, fs2) = (t.mount("c1").await, t.mount("c2").await);
+    let c = Creds::default();
+    let a = fs1.create(&c, Fid::ROOT, "f", 0o644, Some(&lfs("-c 2 -S 64K"))).await.unwrap();
+    let old = pattern(21, 1 << 20);
+    let w = fs1.open(&c, a.fid, OpenFlags::WRITE).await.unwrap();
+    w.write(0, &old).await.unwrap();
+    w.close().await.unwrap();
+    // A reader that stays open keeps the file's chunks alive on mount 1.
+    let keep = fs1.open(&c, a.fid, OpenFlags::READ).await.unwrap();
+    assert_eq!(keep.read(0, 1 << 20).await.unwrap(), old);
+
+    // Another handle of mount 1 writes: the reader's next read has the new bytes.
+    let here = pattern(22, 4096);
+    let w = fs1.open(&c, a.fid, OpenFlags::WRITE).await.unwrap();
+    w.write(8192, &here).await.unwrap();
+    w.close().await.unwrap();
+    let mut want = old.clone();
+    want[8192..8192 + 4096].copy_from_slice(&here);
+    assert_eq!(keep.read(0, 1 << 20).await.unwrap(), want);
+
+    // Mount 2 overwrites the same bytes and closes; a handle opened on mount 1 after that
+    // reads them, though the file's chunks were alive all along.
+    let there = pattern(23, 1 << 20);
+    let w = fs2.open(&c, a.fid, OpenFlags::WRITE).await.unwrap();
+    w.write(0, &there).await.unwrap();
+    w.close().await.unwrap();
+    let fresh = fs1.open(&c, a.fid, OpenFlags::READ).await.unwrap();
+    assert_eq!(fresh.read(0, 1 << 20).await.unwrap(), there);
+    fresh.close().await.unwrap();
+    keep.close().await.unwrap();
 }
 
 /// ior-hard's reads: four readers of one file, each every fourth 47,008-byte block (a

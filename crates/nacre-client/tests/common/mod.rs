@@ -24,6 +24,8 @@ fn vol(name: &str, level: Level, n: usize, bytes: u64, strip: u64) -> Arc<Volume
 pub struct TestFs {
     pub net: MemNetwork,
     pub local: Local,
+    /// The OSTs, by index (for their counters).
+    pub osts: Vec<Arc<Target>>,
 }
 
 impl TestFs {
@@ -44,12 +46,18 @@ impl TestFs {
                 let meta = vol(&format!("m{i}-"), Level::Raid1, 2, 32 << 20, 64 << 10);
                 (i as u32, Arc::new(Target::format(data, meta, TargetOptions::default()).unwrap()))
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let targets = osts.iter().map(|(_, t)| t.clone()).collect();
         let t = Arc::new(net.transport("servers"));
         let listen = |name: &str| format!("{name}@mem").parse().unwrap();
         let local = Local::start(t, listen, MgsAt::Here(mgs), mdts, osts, Duration::ZERO).await.unwrap();
         assert!(local.wait_ready(n_osts, Duration::from_secs(30)).await, "the MDTs never got objects");
-        TestFs { net, local }
+        TestFs { net, local, osts: targets }
+    }
+
+    /// Bytes the OSTs have read from their objects so far.
+    pub fn ost_read_bytes(&self) -> u64 {
+        self.osts.iter().map(|t| t.stats().read_bytes).sum()
     }
 
     pub async fn mount(&self, name: &str) -> FileSystem {

@@ -1,0 +1,164 @@
+//! Read-ahead chunks of one file, shared by all of its handles on this mount, as the
+//! kernel's page cache is shared by the processes of one node. ior-hard's tasks read
+//! interleaved blocks of one file: with a cache per handle, every task fetched every
+//! chunk (four times the data for four tasks); with one per file, each chunk is fetched
+//! once for all of them.
+//!
+//! A chunk is one RPC's worth of the file at a multiple of the RPC size. It is fetched by
+//! a task of its own; readers wait on a watch channel for its bytes. Chunks read ahead
+//! hold part of the mount's `max_read_ahead_mb`; a chunk a read needed when that budget
+//! was spent holds none and goes once read. A chunk goes when every handle streaming
+//! through the file has passed it, when a write or truncate on this mount changes the
+//! file, or when the file is found changed at an open (its size or mtime differ from
+//! what the cache was filled under: close-to-open).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, Weak};
+
+use bytes::Bytes;
+use nacre_proto::fid::Fid;
+use nacre_proto::mdt::Attr;
+use tokio::sync::{OwnedSemaphorePermit, watch};
+
+use crate::error::{Error, Result, errno};
+use crate::fs::lock;
+
+/// A chunk's bytes once fetched (`None` while on the way).
+pub(crate) type Fetch = watch::Receiver<Option<Result<Bytes>>>;
+
+struct Slot {
+    fetch: Fetch,
+    /// Its share of `max_read_ahead_mb` (none for a chunk a read needed when it was spent).
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+pub(crate) struct Chunks {
+    /// The file's size and mtime at the open that found or made this cache.
+    stamp: (u64, i64),
+    slots: BTreeMap<u64, Slot>,
+    /// Where each handle reading sequentially is (by MDT handle): a chunk behind all of
+    /// them is done with.
+    streams: HashMap<u64, u64>,
+}
+
+pub(crate) type Shared = Arc<Mutex<Chunks>>;
+
+/// The live caches of a mount, by file; an entry dies with the last handle of its file.
+#[derive(Default)]
+pub(crate) struct Caches {
+    files: Mutex<HashMap<Fid, Weak<Mutex<Chunks>>>>,
+}
+
+/// Entries `Caches` keeps before it sweeps out those of closed files.
+const SWEEP_AT: usize = 1024;
+
+impl Caches {
+    /// The cache of `attr`'s file for a handle opening it now; what it holds is dropped
+    /// if the file changed since it was filled.
+    pub(crate) fn open(&self, attr: &Attr) -> Shared {
+        let stamp = (attr.size, attr.mtime_ns);
+        let mut files = lock(&self.files);
+        if let Some(c) = files.get(&attr.fid).and_then(Weak::upgrade) {
+            let mut g = lock(&c);
+            if g.stamp != stamp {
+                g.slots.clear();
+                g.stamp = stamp;
+            }
+            drop(g);
+            return c;
+        }
+        if files.len() >= SWEEP_AT {
+            files.retain(|_, w| w.strong_count() > 0);
+        }
+        let c = Arc::new(Mutex::new(Chunks { stamp, slots: BTreeMap::new(), streams: HashMap::new() }));
+        files.insert(attr.fid, Arc::downgrade(&c));
+        c
+    }
+}
+
+impl Chunks {
+    /// Drop every chunk (the file changed on this mount).
+    pub(crate) fn clear(&mut self) {
+        self.slots.clear();
+    }
+
+    pub(crate) fn contains(&self, at: u64) -> bool {
+        self.slots.contains_key(&at)
+    }
+
+    /// The fetch of the chunk at `at`, if there is one.
+    pub(crate) fn get(&self, at: u64) -> Option<Fetch> {
+        self.slots.get(&at).map(|s| s.fetch.clone())
+    }
+
+    pub(crate) fn insert(&mut self, at: u64, fetch: Fetch, permit: Option<OwnedSemaphorePermit>) {
+        self.slots.insert(at, Slot { fetch, permit });
+    }
+
+    /// Remove the chunk at `at` if it is still `fetch` (not one fetched again since).
+    pub(crate) fn remove_if(&mut self, at: u64, fetch: &Fetch) {
+        if self.slots.get(&at).is_some_and(|s| s.fetch.same_channel(fetch)) {
+            self.slots.remove(&at);
+        }
+    }
+
+    /// Remove the chunk at `at` if it holds no budget: a read needed it when the budget
+    /// was spent, and has read it.
+    pub(crate) fn remove_unbudgeted(&mut self, at: u64) {
+        if self.slots.get(&at).is_some_and(|s| s.permit.is_none()) {
+            self.slots.remove(&at);
+        }
+    }
+
+    /// Handle `handle` streams on at `next`; `None`: it stopped streaming (closed, or
+    /// reads elsewhere).
+    pub(crate) fn stream(&mut self, handle: u64, next: Option<u64>) {
+        match next {
+            Some(n) => {
+                self.streams.insert(handle, n);
+            }
+            None => {
+                self.streams.remove(&handle);
+            }
+        }
+    }
+
+    /// Drop the chunks (each `chunk` bytes) that end before `before`.
+    pub(crate) fn drop_before(&mut self, before: u64, chunk: u64) {
+        while let Some((&s, _)) = self.slots.first_key_value() {
+            if s.saturating_add(chunk) > before {
+                break;
+            }
+            self.slots.remove(&s);
+        }
+    }
+
+    /// Drop the chunks every stream has passed by more than `slack` bytes.
+    pub(crate) fn drop_passed(&mut self, slack: u64, chunk: u64) {
+        if let Some(&low) = self.streams.values().min() {
+            self.drop_before(low.saturating_sub(slack), chunk);
+        }
+    }
+}
+
+/// Wait for a fetch's bytes. A fetch whose task is gone reads as an error.
+pub(crate) async fn fetched(mut f: Fetch) -> Result<Bytes> {
+    match f.wait_for(Option::is_some).await {
+        Ok(v) => v.clone().unwrap_or_else(|| Err(Error::new(errno::EIO, "read-ahead fetch lost"))),
+        Err(_) => Err(Error::new(errno::EIO, "read-ahead task stopped")),
+    }
+}
+
+/// A fetch running `read`; its bytes go to every reader waiting on it.
+pub(crate) fn spawn_fetch<F>(read: F) -> Fetch
+where
+    F: std::future::Future<Output = Result<Bytes>> + Send + 'static,
+{
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(async move {
+        let r = read.await;
+        // No receiver left: the chunk was dropped meanwhile, nobody wants it.
+        let _ = tx.send(Some(r));
+    });
+    rx
+}
