@@ -149,6 +149,11 @@ pub(crate) async fn fetched(mut f: Fetch) -> Result<Bytes> {
     }
 }
 
+/// A chunk whose bytes are here already.
+pub(crate) fn ready(data: Bytes) -> Fetch {
+    watch::channel(Some(Ok(data))).1
+}
+
 /// A fetch running `read`; its bytes go to every reader waiting on it.
 pub(crate) fn spawn_fetch<F>(read: F) -> Fetch
 where

@@ -26,6 +26,9 @@ use crate::striping::{FileLayout, Piece, Place};
 
 /// Largest DoM read or write in one RPC (the MDS's `DOM_IO_MAX`).
 const DOM_RPC_MAX: u64 = 1 << 20;
+/// Largest file an open for reading asks the MDT to send whole with its answer, when all
+/// of it is there (DoM read-on-open).
+const READ_ON_OPEN_MAX: u32 = 64 << 10;
 /// Largest offset a file may reach (`i64::MAX`, as `off_t`).
 const FILE_SIZE_MAX: u64 = i64::MAX as u64;
 
@@ -120,20 +123,46 @@ pub struct File {
 impl File {
     pub(crate) async fn open(fs: FileSystem, c: &Creds, fid: Fid, flags: OpenFlags) -> Result<File> {
         let mdt = mdt_of(fid)?;
-        let (reply, _) = fs.md(mdt, c, &Request::Open { fid, read: flags.read, write: flags.write }, &[]).await?;
+        let r = Request::Open { fid, read: flags.read, write: flags.write, dom_read: read_on_open(&fs, flags) };
+        let (reply, first) = fs.md(mdt, c, &r, &[]).await?;
         let Reply::Opened { handle, attr } = reply else {
             return Err(Error::protocol("open", "the MDS did not answer with a handle"));
         };
+        File::answered(fs, c, handle, attr, flags, &first).await
+    }
+
+    /// The file an MDT opened as `handle` for an open by FID or by name, with its bytes
+    /// if it sent them (DoM read-on-open): a regular file, cut if O_TRUNC asked.
+    pub(crate) async fn answered(
+        fs: FileSystem,
+        c: &Creds,
+        handle: u64,
+        attr: Attr,
+        flags: OpenFlags,
+        first: &[u8],
+    ) -> Result<File> {
         if !mode::is_reg(attr.mode) {
-            let _ = fs.md(mdt, c, &Request::Close { handle }, &[]).await;
+            let _ = fs.md(mdt_of(attr.fid)?, c, &Request::Close { handle }, &[]).await;
             let errno = if mode::is_dir(attr.mode) { errno::EISDIR } else { errno::EINVAL };
-            return Err(Error::new(errno, format!("{fid} is not a regular file")));
+            return Err(Error::new(errno, format!("{} is not a regular file", attr.fid)));
         }
         let f = File::opened(fs, c, handle, attr, flags);
         if flags.truncate && flags.write {
             f.set_len(0).await?;
+        } else if !first.is_empty() {
+            f.prime(first);
         }
         Ok(f)
+    }
+
+    /// The whole file as the MDT sent it with the open: its only chunk, ready for the
+    /// first read (which then costs no RPC).
+    fn prime(&self, data: &[u8]) {
+        let size = self.size_hint();
+        if data.len() as u64 != size || size > self.fs.inner.params.rpc_bytes() {
+            return;
+        }
+        lock(&self.chunks).insert(0, cache::ready(Bytes::copy_from_slice(data)), None);
     }
 
     /// A file the MDT has opened as `handle` (by an open, or a create-open).
@@ -625,6 +654,14 @@ impl Drop for File {
             }
         });
     }
+}
+
+/// What an open with `flags` asks the MDT to send of a small file (0: nothing): only
+/// opens for reading that go through read-ahead.
+pub(crate) fn read_on_open(fs: &FileSystem, flags: OpenFlags) -> u32 {
+    let p = &fs.inner.params;
+    let reads_ahead = p.read_ahead_per_file.load(Ordering::Relaxed) > 0;
+    if flags.read && !flags.direct && reads_ahead { READ_ON_OPEN_MAX } else { 0 }
 }
 
 /// Wait for a write-back task; keep its failure for the next call.

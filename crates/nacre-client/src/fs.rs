@@ -814,6 +814,26 @@ impl FileSystem {
         File::open(self.clone(), c, fid, flags).await
     }
 
+    /// Open `name` in `dir`: the lookup and the open in one request (Lustre's open
+    /// intent). A small file whose bytes are all on the MDT comes with them (DoM
+    /// read-on-open), so reading it costs no further RPC.
+    pub async fn open_at(&self, c: &Creds, dir: Fid, name: &str, flags: OpenFlags) -> Result<File> {
+        let dom_read = crate::file::read_on_open(self, flags);
+        let (reply, first) = self
+            .by_name(c, dir, name, |at| {
+                let r =
+                    Request::OpenAt { dir: at, name: name.to_string(), read: flags.read, write: flags.write, dom_read };
+                async move { self.md(mdt_of(at)?, c, &r, &[]).await }
+            })
+            .await?;
+        match reply {
+            Reply::Opened { handle, attr } => File::answered(self.clone(), c, handle, attr, flags, &first).await,
+            // The inode is on another MDT: open it there.
+            Reply::Attr(a) => self.open(c, a.fid, flags).await,
+            r => Err(Error::protocol("open-at", format!("unexpected reply {r:?}"))),
+        }
+    }
+
     /// Hold `fid`'s size still on this mount (see `Inner::sizing`).
     pub(crate) async fn size_guard(&self, fid: Fid) -> tokio::sync::OwnedMutexGuard<()> {
         let m = {

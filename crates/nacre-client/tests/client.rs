@@ -445,6 +445,72 @@ async fn a_spent_dirty_budget_never_blocks_a_writer() {
     }
 }
 
+/// The MDT operations `name` has served so far (its `md_stats`).
+fn md_ops(t: &TestFs, mdt: usize, name: &str) -> u64 {
+    let stats = t.local.mdses()[mdt].get_param("mdt.*.md_stats");
+    stats[0].1.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).map_or(0, |n| n.parse().unwrap())
+}
+
+/// An open by name is one request, and a small DoM file comes with it: reading it costs no
+/// further RPC. In a striped directory the name goes to its shard; an entry whose inode is
+/// on another MDT (a link) is opened there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_by_name_reads_a_small_dom_file_with_the_open() {
+    let t = TestFs::start(2, 2).await;
+    let fs = t.mount("c1").await;
+    let c = Creds::default();
+    let dom = lfs("-E 1M -L mdt -E eof -c 1");
+    let sd = fs.mkdir(&c, Fid::ROOT, "striped", 0o755, -1, 2).await.unwrap();
+    fs.set_dir_layout(&c, sd.fid, Some(&dom)).await.unwrap();
+    let body = pattern(31, 3901);
+    let mut made = Vec::new();
+    for i in 0..8 {
+        let a = fs.create_with_data(&c, sd.fid, &format!("f{i}"), 0o644, &body).await.unwrap();
+        made.push(a.fid);
+    }
+    let dom_reads = |t: &TestFs| md_ops(t, 0, "dom_read") + md_ops(t, 1, "dom_read");
+    let before = dom_reads(&t);
+    for (i, fid) in made.iter().enumerate() {
+        let f = fs.open_at(&c, sd.fid, &format!("f{i}"), OpenFlags::READ).await.unwrap();
+        assert_eq!(f.fid(), *fid);
+        assert_eq!(f.read(0, 1 << 20).await.unwrap(), body, "f{i}");
+        f.close().await.unwrap();
+    }
+    assert_eq!(dom_reads(&t), before, "the opens brought the bytes");
+    // Opened for writing, or O_DIRECT: no bytes with the open, and reads still right.
+    let f = fs.open_at(&c, sd.fid, "f0", OpenFlags::READ_WRITE).await.unwrap();
+    f.write(0, b"new").await.unwrap();
+    let mut want = body.clone();
+    want[..3].copy_from_slice(b"new");
+    assert_eq!(f.read(0, 1 << 20).await.unwrap(), want);
+    f.close().await.unwrap();
+    let direct = OpenFlags { direct: true, ..OpenFlags::READ };
+    let f = fs.open_at(&c, sd.fid, "f0", direct).await.unwrap();
+    assert_eq!(f.read(0, 1 << 20).await.unwrap(), want);
+    f.close().await.unwrap();
+    assert!(dom_reads(&t) > before);
+
+    // A link on MDT 1 to a file on MDT 0.
+    let on1 = fs.mkdir(&c, Fid::ROOT, "on1", 0o755, 1, 1).await.unwrap();
+    let a = fs.create(&c, Fid::ROOT, "target", 0o644, None).await.unwrap();
+    fs.link(&c, a.fid, on1.fid, "link").await.unwrap();
+    let f = fs.open_at(&c, on1.fid, "link", OpenFlags::WRITE).await.unwrap();
+    assert_eq!(f.fid(), a.fid);
+    f.write(0, b"via the link").await.unwrap();
+    f.close().await.unwrap();
+    let f = fs.open_at(&c, Fid::ROOT, "target", OpenFlags::READ).await.unwrap();
+    assert_eq!(f.read(0, 100).await.unwrap(), b"via the link");
+    f.close().await.unwrap();
+    // Errors: no such name, a directory, a name that is too long.
+    assert_eq!(fs.open_at(&c, Fid::ROOT, "absent", OpenFlags::READ).await.err().map(|e| e.errno), Some(errno::ENOENT));
+    assert_eq!(fs.open_at(&c, Fid::ROOT, "on1", OpenFlags::READ).await.err().map(|e| e.errno), Some(errno::EISDIR));
+    let long = "n".repeat(300);
+    assert_eq!(
+        fs.open_at(&c, Fid::ROOT, &long, OpenFlags::READ).await.err().map(|e| e.errno),
+        Some(errno::ENAMETOOLONG)
+    );
+}
+
 /// ior-hard's reads: four handles of one file on one mount, each reading every fourth
 /// block. The file's read-ahead chunks are shared by its handles, so the OSTs read each
 /// byte about once, not once per handle.

@@ -164,6 +164,7 @@ pub const MDS_SETDIRDEFAULT: u16 = 322;
 /// From one MDT to another: updates of an operation the first coordinates.
 pub const MDS_UPDATE: u16 = 323;
 pub const MDS_CREATE_OPEN: u16 = 324;
+pub const MDS_OPEN_AT: u16 = 325;
 
 /// Supplementary groups a request may carry.
 pub const GROUPS_MAX: usize = 64;
@@ -295,10 +296,25 @@ pub enum Request {
         fid: Fid,
         set: SetAttr,
     },
+    /// Open a file. Opened for reading, a file of at most `dom_read` bytes that are all on
+    /// the MDT comes whole as the reply's bulk (Lustre's DoM read-on-open): a small file is
+    /// opened and read in one request.
     Open {
         fid: Fid,
         read: bool,
         write: bool,
+        dom_read: u32,
+    },
+    /// Open `name` in `dir` (Lustre's open intent: the lookup and the open in one request),
+    /// with `dom_read` as [`Request::Open`]'s. The answer is [`Reply::Opened`], or
+    /// [`Reply::Attr`] with the FID of a file whose inode is on another MDT, to be opened
+    /// there.
+    OpenAt {
+        dir: Fid,
+        name: String,
+        read: bool,
+        write: bool,
+        dom_read: u32,
     },
     Close {
         handle: u64,
@@ -391,6 +407,7 @@ impl Request {
                 | Request::Getlayout { .. }
                 | Request::DomRead { .. }
                 | Request::Open { .. }
+                | Request::OpenAt { .. }
                 | Request::Getdirstripe { .. }
         )
     }
@@ -423,7 +440,12 @@ impl Request {
                     .i64(set.mtime_ns)
                     .done(),
             ),
-            Request::Open { fid, read, write } => (MDS_OPEN, fid.put(e).u8(*read as u8).u8(*write as u8).done()),
+            Request::Open { fid, read, write, dom_read } => {
+                (MDS_OPEN, fid.put(e).u8(*read as u8).u8(*write as u8).u32(*dom_read).done())
+            }
+            Request::OpenAt { dir, name, read, write, dom_read } => {
+                (MDS_OPEN_AT, s(dir.put(e), name).u8(*read as u8).u8(*write as u8).u32(*dom_read).done())
+            }
             Request::Close { handle } => (MDS_CLOSE, e.u64(*handle).done()),
             Request::Readlink { fid } => (MDS_READLINK, fid.put(e).done()),
             Request::Getxattr { fid, name } => (MDS_GETXATTR, s(fid.put(e), name).done()),
@@ -465,6 +487,7 @@ impl Request {
             MDS_RENAME => "rename",
             MDS_SETATTR => "setattr",
             MDS_OPEN => "open",
+            MDS_OPEN_AT => "open-at",
             MDS_CLOSE => "close",
             MDS_READLINK => "readlink",
             MDS_GETXATTR => "getxattr",
@@ -545,6 +568,14 @@ impl Request {
                 fid: Fid::get(&mut d, "fid")?,
                 read: d.u8("read flag")? != 0,
                 write: d.u8("write flag")? != 0,
+                dom_read: d.u32("DoM read length")?,
+            },
+            MDS_OPEN_AT => Request::OpenAt {
+                dir: Fid::get(&mut d, "directory")?,
+                name: name_of(&mut d, "name")?,
+                read: d.u8("read flag")? != 0,
+                write: d.u8("write flag")? != 0,
+                dom_read: d.u32("DoM read length")?,
             },
             MDS_CLOSE => Request::Close { handle: d.u64("handle")? },
             MDS_READLINK => Request::Readlink { fid: Fid::get(&mut d, "fid")? },
@@ -774,7 +805,8 @@ mod tests {
                 fid: f,
                 set: SetAttr { mask: set::MODE | set::MTIME_NOW, mode: 0o600, ..Default::default() },
             },
-            Request::Open { fid: f, read: true, write: false },
+            Request::Open { fid: f, read: true, write: false, dom_read: 0 },
+            Request::OpenAt { dir: f, name: "o".into(), read: true, write: false, dom_read: 4096 },
             Request::CreateOpen { dir: f, name: "n".into(), perms: 0o600, layout: vec![], read: false, write: true },
             Request::Close { handle: 3 },
             Request::Readlink { fid: f },

@@ -15,6 +15,7 @@ use nacre_proto::mdt::{self, Creds, READDIR_MAX, Request, errno, mode, set, xatt
 use nacre_proto::param;
 
 use crate::dne::{Coordinator, coordinator_client, update_digest};
+use crate::mdt::OpenAnswer;
 use crate::mdt::namespace::RenameMode;
 use crate::mdt::namespace::{Answer, NEEDS_COORDINATION};
 use crate::mdt::{Cred, MdError, Namespace, ReplyKey, SetAttr};
@@ -26,7 +27,7 @@ const READDIR_REPLY_BYTES: usize = 60 << 10;
 const EPROTO: i32 = 71;
 
 /// Operations counted in `md_stats`, by opcode.
-const OPS: [(u16, &str); 25] = [
+const OPS: [(u16, &str); 26] = [
     (mdt::MDS_GETATTR, "getattr"),
     (mdt::MDS_LOOKUP, "lookup"),
     (mdt::MDS_READDIR, "readdir"),
@@ -36,6 +37,7 @@ const OPS: [(u16, &str); 25] = [
     (mdt::MDS_RENAME, "rename"),
     (mdt::MDS_SETATTR, "setattr"),
     (mdt::MDS_OPEN, "open"),
+    (mdt::MDS_OPEN_AT, "open_at"),
     (mdt::MDS_CLOSE, "close"),
     (mdt::MDS_READLINK, "readlink"),
     (mdt::MDS_GETXATTR, "getxattr"),
@@ -72,6 +74,18 @@ fn ok(r: mdt::Reply) -> Reply {
 fn answer<T>(r: Result<T, MdError>, f: impl FnOnce(T) -> mdt::Reply) -> Reply {
     match r {
         Ok(v) => ok(f(v)),
+        Err(e) => fail(e.status(), e.message),
+    }
+}
+
+/// An open's answer: the handle and attributes, with the file's first bytes as the bulk
+/// (DoM read-on-open), or the attributes of a file to open at its own MDT.
+fn opened(r: Result<OpenAnswer, MdError>) -> Reply {
+    match r {
+        Ok(OpenAnswer::Here((handle, attr, data))) => {
+            Reply { status: 0, body: mdt::Reply::Opened { handle, attr }.encode(), bulk: Bytes::from(data) }
+        }
+        Ok(OpenAnswer::Elsewhere(attr)) => ok(mdt::Reply::Attr(attr)),
         Err(e) => fail(e.status(), e.message),
     }
 }
@@ -581,11 +595,11 @@ impl Mds {
                 answer(ns.rename(&c, src_dir, &src_name, dst_dir, &dst_name, how, key), |_| mdt::Reply::Done)
             }
             Request::Setattr { fid, set } => answer(ns.setattr(&c, fid, set_attr(&set), key), mdt::Reply::Attr),
-            Request::Open { fid, read, write } => {
-                answer(ns.open_file(req.client, &c, fid, read, write), |(handle, attr)| mdt::Reply::Opened {
-                    handle,
-                    attr,
-                })
+            Request::Open { fid, read, write, dom_read } => {
+                opened(ns.open_reading(req.client, &c, fid, read, write, dom_read).map(OpenAnswer::Here))
+            }
+            Request::OpenAt { dir, name, read, write, dom_read } => {
+                opened(ns.open_at(req.client, &c, dir, &name, read, write, dom_read))
             }
             Request::Close { handle } => answer(ns.close_file(req.client, handle), |_| mdt::Reply::Done),
             Request::Readlink { fid } => answer(ns.readlink(fid), mdt::Reply::Bytes),

@@ -133,7 +133,7 @@ async fn operations_through_the_service() {
     assert_eq!((a.mode, a.size), (mode::S_IFREG | 0o600, 1 << 33));
     // Another user: denied by the new mode.
     let bob = Md { imp: md.imp.clone(), creds: Creds { uid: 1001, gid: 1001, groups: vec![] } };
-    let e = bob.call(Request::Open { fid: f.fid, read: true, write: false }).await.unwrap_err();
+    let e = bob.call(Request::Open { fid: f.fid, read: true, write: false, dom_read: 0 }).await.unwrap_err();
     assert_eq!(e.0, -errno::EACCES);
     // Symlinks, xattrs, rename, open/close, statfs.
     let l = md
@@ -164,12 +164,13 @@ async fn operations_through_the_service() {
     .unwrap();
     assert!(matches!(md.call(Request::Getattr { fid: f.fid }).await.unwrap(), Reply::Attr(_)));
     let Reply::Opened { handle: reader, .. } =
-        md.call(Request::Open { fid: f.fid, read: true, write: false }).await.unwrap()
+        md.call(Request::Open { fid: f.fid, read: true, write: false, dom_read: 0 }).await.unwrap()
     else {
         panic!("not opened")
     };
     assert!(matches!(md.call(Request::Getattr { fid: f.fid }).await.unwrap(), Reply::Attr(_)), "only read");
-    let Reply::Opened { handle, .. } = md.call(Request::Open { fid: f.fid, read: true, write: true }).await.unwrap()
+    let Reply::Opened { handle, .. } =
+        md.call(Request::Open { fid: f.fid, read: true, write: true, dom_read: 0 }).await.unwrap()
     else {
         panic!("not opened")
     };
@@ -358,7 +359,7 @@ async fn an_evicted_client_loses_its_open_files_and_reply_records() {
         })
         .await
         .unwrap();
-    md.call(Request::Open { fid: f.fid, read: true, write: true }).await.unwrap();
+    md.call(Request::Open { fid: f.fid, read: true, write: true, dom_read: 0 }).await.unwrap();
     md.call(Request::Unlink { dir: Fid::ROOT, name: "held".into(), rmdir: false }).await.unwrap();
     let ns = mds.namespace().clone();
     assert_eq!(ns.getattr(f.fid).unwrap().nlink, 0, "open: it lives on");

@@ -656,6 +656,48 @@ fn layouts_are_inherited_validated_and_survive_a_crash() {
     assert_eq!(errno_of(ns.layout(pfl.fid)), errno::ENOENT);
 }
 
+/// An open by name is a lookup and an open in one call; opened for reading, a small file
+/// whose bytes are all on the MDT comes with them (DoM read-on-open), and no other does.
+#[test]
+fn open_by_name_brings_a_small_dom_file_with_it() {
+    use nacre_proto::layout::Layout;
+    use nacre_server::mdt::OpenAnswer;
+    let (ns, _v) = ns();
+    let c = root();
+    let lfs = |args: &str| Layout::from_lfs_args(&args.split_whitespace().collect::<Vec<_>>()).unwrap();
+    let f = ns.create_with_layout(&c, ROOT, "small", 0o644, lfs("-E 64K -L mdt -E eof -c 1"), None).unwrap();
+    let body: Vec<u8> = (0..3901u32).map(|i| (i * 13 % 251) as u8).collect();
+    ns.write_dom(&c, f.fid, 0, &body, None).unwrap();
+    let open = |name: &str, read: bool, write: bool, dom_read: u32| match ns
+        .open_at(7, &c, ROOT, name, read, write, dom_read)
+    {
+        Ok(OpenAnswer::Here((h, a, data))) => {
+            ns.close_file(7, h).unwrap();
+            Ok((a, data))
+        }
+        Ok(OpenAnswer::Elsewhere(a)) => panic!("{name} is here, not at {}", a.fid),
+        Err(e) => Err(e),
+    };
+    let (a, data) = open("small", true, false, 64 << 10).unwrap();
+    assert_eq!((a.fid, a.size), (f.fid, 3901));
+    assert_eq!(data, body);
+    // Not asked, not for reading, or larger than asked: the open alone.
+    assert!(open("small", true, false, 0).unwrap().1.is_empty());
+    assert!(open("small", false, true, 64 << 10).unwrap().1.is_empty());
+    assert!(open("small", true, true, 3900).unwrap().1.is_empty());
+    assert_eq!(open("small", true, true, 3901).unwrap().1, body);
+    // Bytes past the DoM component live on an OST: not sent.
+    ns.write_dom(&c, f.fid, (64 << 10) - 4, b"full", None).unwrap();
+    ns.setattr(&c, f.fid, SetAttr { size: Some(70_000), ..Default::default() }, None).unwrap();
+    assert!(open("small", true, false, 1 << 20).unwrap().1.is_empty());
+    // A file with no DoM, and the errors of a lookup and of an open.
+    ns.create(&c, ROOT, "plain", 0o644, None).unwrap();
+    assert!(open("plain", true, false, 64 << 10).unwrap().1.is_empty());
+    assert_eq!(errno_of(open("absent", true, false, 0)), errno::ENOENT);
+    ns.create(&c, ROOT, "private", 0o600, None).unwrap();
+    assert_eq!(errno_of(ns.open_at(8, &Cred::user(5, 5), ROOT, "private", true, false, 0).map(|_| ())), errno::EACCES);
+}
+
 #[test]
 fn data_on_the_mdt_reads_back_and_follows_truncates_and_crashes() {
     use nacre_proto::layout::Layout;

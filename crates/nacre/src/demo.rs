@@ -150,6 +150,15 @@ fn leftovers(dir: &Path) -> Res<usize> {
 }
 
 pub fn demo(a: DemoArgs) -> CliResult {
+    if let Some(bin) = &a.passthrough
+        && !bin.is_file()
+    {
+        return Err(format!(
+            "--passthrough {}: no such program (scripts/ref/fuse-ceiling.sh builds it)",
+            bin.display()
+        )
+        .into());
+    }
     let exe = std::env::current_exe()?;
     let (work, data, mnt, local) = (a.work.clone(), a.work.join("data"), a.work.join("mnt"), a.work.join("local"));
     // What an earlier demo left.

@@ -754,8 +754,13 @@ fn demo_runs_io500_three_ways_and_leaves_nothing() {
     assert_eq!(fs::read(theirs.join("precious")).unwrap(), b"keep");
     fs::remove_dir_all(&theirs).unwrap();
 
+    // A passthrough program that is not there is refused before anything starts.
     let work = scratch("demo");
     fs::remove_dir(&work).unwrap();
+    let out = nacre().arg("demo").arg("--work").arg(&work).args(["--passthrough", "/nonexistent/pt"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--passthrough /nonexistent/pt: no such program"), "{out:?}");
+    assert!(!work.exists(), "nothing made");
+
     let out = nacre()
         .arg("demo")
         .arg("--work")

@@ -151,10 +151,10 @@ impl Storage for Native {
 
     fn read_file(&self, path: &str, max: usize, buf: &mut Vec<u8>) -> io::Result<()> {
         let (dir, name) = self.parent(path)?;
+        // One request opens it and, when it is small and on the MDT, brings its bytes.
         let r = self.rt.block_on(async {
-            let a = self.fs.lookup(&self.creds, dir, name).await?;
-            let f = self.fs.open(&self.creds, a.fid, OpenFlags::READ).await?;
-            let data = f.read(0, max.min(a.size as usize)).await;
+            let f = self.fs.open_at(&self.creds, dir, name, OpenFlags::READ).await?;
+            let data = f.read(0, max.min(f.size_hint() as usize)).await;
             let closed = f.close().await;
             let data = data?;
             closed?;
@@ -194,18 +194,14 @@ impl Storage for Native {
         let f = match how {
             Open::Write => {
                 let (dir, name) = self.parent(path)?;
-                match self.rt.block_on(self.fs.lookup(&self.creds, dir, name)) {
-                    Ok(a) => self.rt.block_on(self.fs.open(&self.creds, a.fid, OpenFlags::WRITE)),
+                match self.rt.block_on(self.fs.open_at(&self.creds, dir, name, OpenFlags::WRITE)) {
                     Err(e) if e.errno == errno::ENOENT => return self.open_new(path),
-                    Err(e) => Err(e),
+                    r => r,
                 }
             }
             Open::Read => {
                 let (dir, name) = self.parent(path)?;
-                self.rt.block_on(async {
-                    let a = self.fs.lookup(&self.creds, dir, name).await?;
-                    self.fs.open(&self.creds, a.fid, OpenFlags::READ).await
-                })
+                self.rt.block_on(self.fs.open_at(&self.creds, dir, name, OpenFlags::READ))
             }
         }
         .map_err(|e| io_err(path, e))?;
@@ -225,10 +221,7 @@ impl Native {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 let (dir, name) = self.parent(path)?;
                 self.rt
-                    .block_on(async {
-                        let a = self.fs.lookup(&self.creds, dir, name).await?;
-                        self.fs.open(&self.creds, a.fid, OpenFlags::WRITE).await
-                    })
+                    .block_on(self.fs.open_at(&self.creds, dir, name, OpenFlags::WRITE))
                     .map_err(|e| io_err(path, e))?
             }
             Err(e) => return Err(e),

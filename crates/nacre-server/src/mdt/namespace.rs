@@ -86,6 +86,14 @@ pub fn remote_attr(fid: Fid, kind: u32) -> Attr {
     Attr { fid, mode: kind & mode::S_IFMT, ..Attr::default() }
 }
 
+/// What an open by name finds.
+pub enum OpenAnswer {
+    /// Opened here: the handle, the attributes, and the file's bytes if sent with them.
+    Here((u64, Attr, Vec<u8>)),
+    /// The entry's inode is on another MDT (these are its FID and type), to be opened there.
+    Elsewhere(Attr),
+}
+
 /// EREMOTE if `dir` is a striped directory: its entries are in its shards.
 fn striped_here(txn: &redb::ReadTransaction, dir: Fid) -> Result<()> {
     match txn.open_table(DIRSTRIPES)?.get(dir.key())? {
@@ -2852,6 +2860,57 @@ impl Namespace {
     /// handle for `close_file`.
     pub fn open_file(&self, owner: u64, cred: &Cred, fid: Fid, read: bool, write: bool) -> Result<(u64, Attr)> {
         self.open_as(owner, Some(cred), fid, read, write)
+    }
+
+    /// [`Namespace::open_file`], with the whole file's bytes when it is opened for reading,
+    /// its layout keeps all of them here and they are at most `dom_read` (DoM
+    /// read-on-open: a small file is opened and read in one request); none otherwise.
+    pub fn open_reading(
+        &self,
+        owner: u64,
+        cred: &Cred,
+        fid: Fid,
+        read: bool,
+        write: bool,
+        dom_read: u32,
+    ) -> Result<(u64, Attr, Vec<u8>)> {
+        let (handle, attr) = self.open_file(owner, cred, fid, read, write)?;
+        let whole = read
+            && mode::is_reg(attr.mode)
+            && attr.size > 0
+            && attr.size <= u64::from(dom_read).min(DOM_IO_MAX as u64)
+            && self.dom_end(fid)?.is_some_and(|end| attr.size <= end);
+        if !whole {
+            return Ok((handle, attr, Vec::new()));
+        }
+        match self.read_dom(cred, fid, 0, attr.size as usize) {
+            Ok(data) => Ok((handle, attr, data)),
+            Err(e) => {
+                // The open stands only with its read.
+                let _ = self.close_file(owner, handle);
+                Err(e)
+            }
+        }
+    }
+
+    /// Open `name` in `dir` as [`Namespace::open_reading`] (the lookup and the open in one
+    /// call), unless the entry's inode is on another MDT.
+    #[allow(clippy::too_many_arguments)]
+    pub fn open_at(
+        &self,
+        owner: u64,
+        cred: &Cred,
+        dir: Fid,
+        name: &str,
+        read: bool,
+        write: bool,
+        dom_read: u32,
+    ) -> Result<OpenAnswer> {
+        let a = self.lookup(cred, dir, name)?;
+        if a.fid.mdt() != Some(self.index) {
+            return Ok(OpenAnswer::Elsewhere(a));
+        }
+        self.open_reading(owner, cred, a.fid, read, write, dom_read).map(OpenAnswer::Here)
     }
 
     /// Open a regular file the caller has just made (create-open): as open(2) with
