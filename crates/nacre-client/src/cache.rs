@@ -1,5 +1,6 @@
-//! Read-ahead chunks of one file, shared by all of its handles on this mount, as the
-//! kernel's page cache is shared by the processes of one node. ior-hard's tasks read
+//! What the handles of one file on this mount share (its write-behind is in `behind`), and
+//! its read-ahead chunks, shared as the kernel's page cache is by the processes of one
+//! node. ior-hard's tasks read
 //! interleaved blocks of one file: with a cache per handle, every task fetched every
 //! chunk (four times the data for four tasks); with one per file, each chunk is fetched
 //! once for all of them.
@@ -20,6 +21,7 @@ use nacre_proto::fid::Fid;
 use nacre_proto::mdt::Attr;
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
+use crate::behind::WriteBehind;
 use crate::error::{Error, Result, errno};
 use crate::fs::lock;
 
@@ -41,12 +43,17 @@ pub(crate) struct Chunks {
     streams: HashMap<u64, u64>,
 }
 
-pub(crate) type Shared = Arc<Mutex<Chunks>>;
+/// What the handles of one file on this mount share: its read-ahead chunks and its
+/// write-behind.
+pub(crate) struct Shared {
+    pub chunks: Mutex<Chunks>,
+    pub behind: Mutex<WriteBehind>,
+}
 
 /// The live caches of a mount, by file; an entry dies with the last handle of its file.
 #[derive(Default)]
 pub(crate) struct Caches {
-    files: Mutex<HashMap<Fid, Weak<Mutex<Chunks>>>>,
+    files: Mutex<HashMap<Fid, Weak<Shared>>>,
 }
 
 /// Entries `Caches` keeps before it sweeps out those of closed files.
@@ -55,24 +62,27 @@ const SWEEP_AT: usize = 1024;
 impl Caches {
     /// The cache of `attr`'s file for a handle opening it now; what it holds is dropped
     /// if the file changed since it was filled.
-    pub(crate) fn open(&self, attr: &Attr) -> Shared {
+    pub(crate) fn open(&self, attr: &Attr) -> Arc<Shared> {
         let stamp = (attr.size, attr.mtime_ns);
         let mut files = lock(&self.files);
-        if let Some(c) = files.get(&attr.fid).and_then(Weak::upgrade) {
-            let mut g = lock(&c);
+        if let Some(s) = files.get(&attr.fid).and_then(Weak::upgrade) {
+            let mut g = lock(&s.chunks);
             if g.stamp != stamp {
                 g.slots.clear();
                 g.stamp = stamp;
             }
             drop(g);
-            return c;
+            return s;
         }
         if files.len() >= SWEEP_AT {
             files.retain(|_, w| w.strong_count() > 0);
         }
-        let c = Arc::new(Mutex::new(Chunks { stamp, slots: BTreeMap::new(), streams: HashMap::new() }));
-        files.insert(attr.fid, Arc::downgrade(&c));
-        c
+        let s = Arc::new(Shared {
+            chunks: Mutex::new(Chunks { stamp, slots: BTreeMap::new(), streams: HashMap::new() }),
+            behind: Mutex::new(WriteBehind::default()),
+        });
+        files.insert(attr.fid, Arc::downgrade(&s));
+        s
     }
 }
 

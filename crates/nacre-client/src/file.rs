@@ -8,7 +8,6 @@
 //! opens the file afterwards sees all of it. While a file is open for writing here, its
 //! size comes from its objects (a glimpse).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -16,9 +15,8 @@ use bytes::Bytes;
 use nacre_proto::fid::Fid;
 use nacre_proto::mdt::{Attr, Creds, Reply, Request, SetAttr, mode, set};
 use nacre_proto::ost;
-use tokio::sync::OwnedSemaphorePermit;
-use tokio::task::JoinHandle;
 
+use crate::behind::{self, Taken};
 use crate::cache::{self, fetched, spawn_fetch};
 use crate::error::{Error, Result, errno};
 use crate::fs::{FileSystem, all, lock, mdt_of};
@@ -65,19 +63,6 @@ impl OpenFlags {
     }
 }
 
-/// Bytes written and not yet sent, and the part of the dirty budget they hold.
-struct Dirty {
-    data: Vec<u8>,
-    permit: Option<OwnedSemaphorePermit>,
-}
-
-/// Dirty extents on their way to the servers.
-struct Flush {
-    start: u64,
-    end: u64,
-    task: JoinHandle<Result<()>>,
-}
-
 /// This handle's sequential stream (the chunks it reads ahead are the file's, shared).
 #[derive(Default)]
 struct ReadAhead {
@@ -88,12 +73,9 @@ struct ReadAhead {
 
 #[derive(Default)]
 struct State {
-    dirty: BTreeMap<u64, Dirty>,
-    dirty_bytes: u64,
-    flushing: Vec<Flush>,
-    /// A background write's failure, reported by the next call (as Linux reports
-    /// writeback errors at fsync or close).
-    error: Option<Error>,
+    /// Write-back failures of the file this handle has reported (or that came before it
+    /// was opened): a later one is reported by its next write, fsync or close.
+    errors_seen: u64,
     written: bool,
     /// The file is at least this long (its size at open, or after our writes); a read
     /// past it asks the servers.
@@ -113,8 +95,9 @@ pub struct File {
     /// Fetched at the first IO: a file opened and closed without any costs no RPC for it.
     layout: tokio::sync::OnceCell<Arc<FileLayout>>,
     st: tokio::sync::Mutex<State>,
-    /// The file's read-ahead chunks, shared with its other handles on this mount.
-    chunks: cache::Shared,
+    /// The file's read-ahead chunks and write-behind, shared with its other handles on
+    /// this mount.
+    shared: Arc<cache::Shared>,
     /// `State::size`, readable without the lock (for `stat` while writes are dirty).
     size_hint: AtomicU64,
     closed: AtomicBool,
@@ -162,7 +145,7 @@ impl File {
         if data.len() as u64 != size || size > self.fs.inner.params.rpc_bytes() {
             return;
         }
-        lock(&self.chunks).insert(0, cache::ready(Bytes::copy_from_slice(data)), None);
+        lock(&self.shared.chunks).insert(0, cache::ready(Bytes::copy_from_slice(data)), None);
     }
 
     /// A file the MDT has opened as `handle` (by an open, or a create-open).
@@ -170,7 +153,8 @@ impl File {
         if flags.write {
             fs.add_writer(attr.fid);
         }
-        let chunks = fs.inner.caches.open(&attr);
+        let shared = fs.inner.caches.open(&attr);
+        let errors_seen = lock(&shared.behind).errors();
         File {
             fs,
             creds: c.clone(),
@@ -178,8 +162,8 @@ impl File {
             handle,
             flags,
             layout: tokio::sync::OnceCell::new(),
-            st: tokio::sync::Mutex::new(State { size: attr.size, ..State::default() }),
-            chunks,
+            st: tokio::sync::Mutex::new(State { size: attr.size, errors_seen, ..State::default() }),
+            shared,
             size_hint: AtomicU64::new(attr.size),
             closed: AtomicBool::new(false),
         }
@@ -214,9 +198,7 @@ impl File {
             return Err(Error::new(errno::EBADF, format!("{} is not open for writing", self.fid)));
         }
         let mut st = self.st.lock().await;
-        if let Some(e) = st.error.take() {
-            return Err(e);
-        }
+        self.reported(&mut st)?;
         if data.is_empty() {
             return Ok(0);
         }
@@ -243,60 +225,45 @@ impl File {
         let size = st.size.max(end);
         self.set_size(&mut st, size);
         st.written = true;
+        let through = || write_range(&self.fs, &self.creds, self.fid, &layout, offset, Bytes::copy_from_slice(data));
         if self.flags.direct {
             self.flush(&mut st).await?;
-            return write_range(&self.fs, &self.creds, self.fid, &layout, offset, Bytes::copy_from_slice(data))
-                .await
-                .map(|_| data.len());
-        }
-        if st.dirty.range(..end).next_back().is_some_and(|(&s, d)| s + d.data.len() as u64 > offset) {
-            // It overwrites bytes still dirty: send those first, so the order holds.
-            self.flush(&mut st).await?;
+            return through().await.map(|_| data.len());
         }
         let budget = &self.fs.inner.params.dirty;
         let permit = match budget.try_take(len) {
             Some(p) => p,
             None => {
                 // The mount's dirty budget is spent (other files may hold it, idle): send
-                // ours, and if there is still no room, write this one through rather than
-                // wait for files nobody may touch again.
+                // this file's, and if there is still no room, write this one through
+                // rather than wait for files nobody may touch again.
                 self.flush(&mut st).await?;
                 match budget.try_take(len) {
                     Some(p) => p,
-                    None => {
-                        return write_range(
-                            &self.fs,
-                            &self.creds,
-                            self.fid,
-                            &layout,
-                            offset,
-                            Bytes::copy_from_slice(data),
-                        )
-                        .await
-                        .map(|_| data.len());
-                    }
+                    None => return through().await.map(|_| data.len()),
                 }
             }
         };
-        let before = st.dirty.range(..=offset).next_back().map(|(&s, d)| (s, s + d.data.len() as u64));
-        match before {
-            Some((s, e)) if e == offset => {
-                let d = st.dirty.get_mut(&s).ok_or_else(|| Error::new(errno::EIO, "dirty extent vanished"))?;
-                d.data.extend_from_slice(data);
-                match &mut d.permit {
-                    Some(p) => p.merge(permit),
-                    None => d.permit = Some(permit),
+        let unit = self.flush_unit(&layout);
+        let mut permit = Some(permit);
+        loop {
+            let full = {
+                let mut wb = lock(&self.shared.behind);
+                (!wb.overlaps(offset, end)).then(|| wb.add(offset, data, permit.take()) >= unit)
+            };
+            match full {
+                Some(full) => {
+                    if full {
+                        // What is one RPC long or more goes; what is shorter may grow.
+                        self.launch(unit.min(self.fs.inner.params.rpc_bytes())).await;
+                    }
+                    return Ok(data.len());
                 }
-            }
-            _ => {
-                st.dirty.insert(offset, Dirty { data: data.to_vec(), permit: Some(permit) });
+                // It overwrites bytes still dirty (this handle's or another's): send
+                // those first, so the order holds.
+                None => self.flush(&mut st).await?,
             }
         }
-        st.dirty_bytes += len;
-        if st.dirty_bytes >= self.flush_unit(&layout) {
-            self.launch(&mut st).await;
-        }
-        Ok(data.len())
     }
 
     /// Dirty bytes that make a write-back: a full RPC to every object of the widest
@@ -307,61 +274,44 @@ impl File {
         (p.rpc_bytes() * width).min(p.dirty.size() / 4).max(1)
     }
 
-    /// Start sending every dirty extent, after any write-back in flight that overlaps it.
-    async fn launch(&self, st: &mut State) {
-        if st.dirty.is_empty() {
-            return;
-        }
-        let extents = std::mem::take(&mut st.dirty);
-        st.dirty_bytes = 0;
-        let start = extents.keys().next().copied().unwrap_or(0);
-        let end = extents.iter().next_back().map_or(0, |(&s, d)| s + d.data.len() as u64);
-        let mut keep = Vec::new();
-        for f in std::mem::take(&mut st.flushing) {
-            if f.start < end && start < f.end || f.task.is_finished() {
-                collect(st, f.task).await;
-            } else {
-                keep.push(f);
+    /// Start sending the file's dirty extents of at least `min_len` bytes (0: all), after
+    /// any write-back in flight that overlaps them.
+    async fn launch(&self, min_len: u64) {
+        let Some(taken) = lock(&self.shared.behind).take(min_len) else { return };
+        match self.layout().await {
+            Ok(layout) => send(self.fs.clone(), self.creds.clone(), self.fid, layout, self.shared.clone(), taken),
+            Err(e) => {
+                lock(&self.shared.behind).failed(e);
+                let _ = taken.done.send(true);
             }
         }
-        st.flushing = keep;
-        let Some(layout) = self.layout.get().cloned() else {
-            // Dirty data means a write, and a write fetched the layout.
-            st.error.get_or_insert(Error::new(errno::EIO, "write-back without a layout"));
-            return;
-        };
-        let (fs, creds, fid) = (self.fs.clone(), self.creds.clone(), self.fid);
-        let task = tokio::spawn(async move {
-            let mut set = tokio::task::JoinSet::new();
-            for (offset, d) in extents {
-                let (fs, creds, layout) = (fs.clone(), creds.clone(), layout.clone());
-                set.spawn(async move {
-                    let r = write_range(&fs, &creds, fid, &layout, offset, Bytes::from(d.data)).await;
-                    drop(d.permit);
-                    r
-                });
-            }
-            all(set, "write-back").await.map(|_| ())
-        });
-        st.flushing.push(Flush { start, end, task });
     }
 
-    /// Send every dirty byte and wait for all write-back; the first failure since the
-    /// last call is returned (and reported no more).
+    /// Send every dirty byte of the file and wait for all its write-back; a failure since
+    /// this handle last reported one is returned.
     async fn flush(&self, st: &mut State) -> Result<()> {
-        self.settle(st).await;
-        match st.error.take() {
-            Some(e) => Err(e),
+        self.settle().await;
+        self.reported(st)
+    }
+
+    /// A write-back failure of the file this handle has not reported yet.
+    fn reported(&self, st: &mut State) -> Result<()> {
+        match lock(&self.shared.behind).error_since(st.errors_seen) {
+            Some((n, e)) => {
+                st.errors_seen = n;
+                Err(e)
+            }
             None => Ok(()),
         }
     }
 
-    /// Send every dirty byte and wait for all write-back, leaving a failure for this
-    /// handle's own next write, fsync or close to report.
-    async fn settle(&self, st: &mut State) {
-        self.launch(st).await;
-        for f in std::mem::take(&mut st.flushing) {
-            collect(st, f.task).await;
+    /// Send every dirty byte of the file and wait for all its write-back, leaving a
+    /// failure for each handle's next write, fsync or close to report.
+    async fn settle(&self) {
+        self.launch(0).await;
+        let waits = lock(&self.shared.behind).in_flight();
+        for w in waits {
+            behind::ended(w).await;
         }
     }
 
@@ -373,11 +323,10 @@ impl File {
         self.flush(&mut st).await
     }
 
-    /// Write back what this handle holds so another handle of the mount sees it (before
-    /// that one reads, writes or truncates). A failure stays for this handle to report.
+    /// Write back the file's dirty bytes (before another handle of the mount reads,
+    /// writes or truncates). A failure stays for the handles to report.
     pub async fn share(&self) {
-        let mut st = self.st.lock().await;
-        self.settle(&mut st).await;
+        self.settle().await;
     }
 
     /// Drop read-ahead data (another handle of this mount wrote the file).
@@ -387,7 +336,7 @@ impl File {
 
     /// Drop the file's read-ahead chunks (it changed on this mount).
     fn forget_chunks(&self) {
-        lock(&self.chunks).clear();
+        lock(&self.shared.chunks).clear();
     }
 
     /// The file is `size` bytes now (another handle of the mount truncated it): what this
@@ -412,15 +361,12 @@ impl File {
     /// be on their way (true when it cannot tell at once): another handle writing there
     /// must let them land first.
     pub fn may_hold(&self, offset: u64, len: u64) -> bool {
-        let end = offset.saturating_add(len);
-        let Ok(st) = self.st.try_lock() else { return true };
-        st.dirty.range(..end).next_back().is_some_and(|(&s, d)| s + d.data.len() as u64 > offset)
-            || st.flushing.iter().any(|f| f.start < end && offset < f.end)
+        lock(&self.shared.behind).holds(offset, offset.saturating_add(len))
     }
 
-    /// Whether writes wait in this handle's write-behind (no RPC).
+    /// Whether writes wait in the file's write-behind (no RPC).
     pub fn may_be_dirty(&self) -> bool {
-        self.st.try_lock().map_or(true, |st| !st.dirty.is_empty() || !st.flushing.is_empty())
+        !lock(&self.shared.behind).is_idle()
     }
 
     /// Read up to `len` bytes at `offset`; fewer at the end of the file.
@@ -429,8 +375,8 @@ impl File {
             return Err(Error::new(errno::EBADF, format!("{} is not open for reading", self.fid)));
         }
         let mut st = self.st.lock().await;
-        if !st.dirty.is_empty() || !st.flushing.is_empty() {
-            self.settle(&mut st).await;
+        if self.may_be_dirty() {
+            self.settle().await;
         }
         let mut len = len as u64;
         if offset.saturating_add(len) > st.size {
@@ -479,7 +425,7 @@ impl File {
             st.ra.next = end;
         }
         if st.ra.window == 0 {
-            lock(&self.chunks).stream(self.handle, None);
+            lock(&self.shared.chunks).stream(self.handle, None);
             return read_range(&self.fs, &self.creds, self.fid, layout, offset, len).await;
         }
         // Start the chunks this read needs and those of the window after it that no
@@ -488,7 +434,7 @@ impl File {
         let ahead = end.saturating_add(st.ra.window).min(size);
         let mut needed = Vec::new();
         {
-            let mut chunks = lock(&self.chunks);
+            let mut chunks = lock(&self.shared.chunks);
             chunks.stream(self.handle, Some(st.ra.next));
             let mut c = offset / chunk * chunk;
             while c < ahead {
@@ -523,15 +469,15 @@ impl File {
             let want = chunk.min(size.saturating_sub(c));
             let data = match fetched(fetch.clone()).await {
                 Ok(b) if b.len() as u64 >= want => {
-                    lock(&self.chunks).remove_unbudgeted(c);
+                    lock(&self.shared.chunks).remove_unbudgeted(c);
                     b
                 }
                 Ok(_) => {
-                    lock(&self.chunks).remove_if(c, &fetch);
+                    lock(&self.shared.chunks).remove_if(c, &fetch);
                     Bytes::from(read_range(&self.fs, &self.creds, self.fid, layout, c, want).await?)
                 }
                 Err(e) => {
-                    lock(&self.chunks).remove_if(c, &fetch);
+                    lock(&self.shared.chunks).remove_if(c, &fetch);
                     return Err(e);
                 }
             };
@@ -545,7 +491,7 @@ impl File {
         }
         // Chunks every stream of the file has passed are done with (a late read among
         // them reads again).
-        lock(&self.chunks).drop_passed(near, chunk);
+        lock(&self.shared.chunks).drop_passed(near, chunk);
         Ok(out)
     }
 
@@ -615,7 +561,7 @@ impl File {
         if r.is_ok() && st.written {
             r = self.publish_size(&mut st).await;
         }
-        lock(&self.chunks).stream(self.handle, None);
+        lock(&self.shared.chunks).stream(self.handle, None);
         if self.flags.write {
             self.fs.drop_writer(self.fid);
         }
@@ -625,29 +571,41 @@ impl File {
 }
 
 impl Drop for File {
-    /// A file dropped without `close` still releases its MDT handle (its dirty data, if
-    /// any, is written back first, on the runtime).
+    /// A file dropped without `close` still releases its MDT handle (the file's dirty
+    /// data, if any, is written back first, on the runtime).
     fn drop(&mut self) {
         if self.closed.load(Ordering::SeqCst) {
             return;
         }
-        lock(&self.chunks).stream(self.handle, None);
+        lock(&self.shared.chunks).stream(self.handle, None);
         if self.flags.write {
             self.fs.drop_writer(self.fid);
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
         let (fs, creds, fid, handle, layout) =
             (self.fs.clone(), self.creds.clone(), self.fid, self.handle, self.layout.get().cloned());
-        let st = std::mem::take(self.st.get_mut());
+        let shared = self.shared.clone();
+        let (taken, waits) = {
+            let mut wb = lock(&shared.behind);
+            let taken = wb.take(0);
+            (taken, wb.in_flight())
+        };
         rt.spawn(async move {
-            // What is in flight lands first: the dirty bytes are newer.
-            for f in st.flushing {
-                let _ = f.task.await;
-            }
-            if let Some(layout) = layout {
-                for (offset, d) in st.dirty {
-                    let _ = write_range(&fs, &creds, fid, &layout, offset, Bytes::from(d.data)).await;
+            if let Some(taken) = taken {
+                let layout = match layout {
+                    Some(l) => Ok(l),
+                    None => fs.file_layout(&creds, fid).await,
+                };
+                match layout {
+                    Ok(layout) => send(fs.clone(), creds.clone(), fid, layout, shared.clone(), taken),
+                    Err(e) => {
+                        lock(&shared.behind).failed(e);
+                        let _ = taken.done.send(true);
+                    }
                 }
+            }
+            for w in waits {
+                behind::ended(w).await;
             }
             if let Ok(mdt) = mdt_of(fid) {
                 let _ = fs.md(mdt, &creds, &Request::Close { handle }, &[]).await;
@@ -664,14 +622,27 @@ pub(crate) fn read_on_open(fs: &FileSystem, flags: OpenFlags) -> u32 {
     if flags.read && !flags.direct && reads_ahead { READ_ON_OPEN_MAX } else { 0 }
 }
 
-/// Wait for a write-back task; keep its failure for the next call.
-async fn collect(st: &mut State, task: JoinHandle<Result<()>>) {
-    let r = task.await.map_err(|e| Error::new(errno::EIO, format!("write-back task: {e}"))).and_then(|r| r);
-    if let Err(e) = r
-        && st.error.is_none()
-    {
-        st.error = Some(e);
-    }
+/// Send a write-back's extents, all in parallel, once the write-backs it follows have
+/// ended; a failure is kept for the file's handles to report.
+fn send(fs: FileSystem, creds: Creds, fid: Fid, layout: Arc<FileLayout>, shared: Arc<cache::Shared>, taken: Taken) {
+    tokio::spawn(async move {
+        for w in taken.after {
+            behind::ended(w).await;
+        }
+        let mut set = tokio::task::JoinSet::new();
+        for (offset, x) in taken.extents {
+            let (fs, creds, layout) = (fs.clone(), creds.clone(), layout.clone());
+            set.spawn(async move {
+                let r = write_range(&fs, &creds, fid, &layout, offset, Bytes::from(x.data)).await;
+                drop(x.permit);
+                r
+            });
+        }
+        if let Err(e) = all(set, "write-back").await {
+            lock(&shared.behind).failed(e);
+        }
+        let _ = taken.done.send(true);
+    });
 }
 
 /// The bytes of `data` (which starts at file offset `base`) that a piece carries.

@@ -13,6 +13,7 @@
 //! f.close().await?;
 //! ```
 
+mod behind;
 mod cache;
 pub mod error;
 pub mod file;
