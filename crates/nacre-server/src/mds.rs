@@ -197,8 +197,9 @@ impl Mds {
     /// The transport handler of this MDS. Lookups, getattrs and listings run where they
     /// arrive: they read redb's cache and a hop to another thread would cost more than
     /// they do (≈ 25 µs to wake a thread here). Changes await group commit on the
-    /// transport's task (see `serve_change`); opens and closes take the namespace's locks,
-    /// so they run on blocking threads.
+    /// transport's task (see `serve_change`). Opens and closes run where they arrive too
+    /// when they need not wait (see `try_open`); otherwise, and for everything else, on
+    /// blocking threads.
     pub fn handler(self: &Arc<Self>) -> Handler {
         let mds = self.clone();
         Arc::new(move |req: Incoming| {
@@ -221,6 +222,9 @@ impl Mds {
                 if inline {
                     return mds.handle(req);
                 }
+                if let Some(reply) = mds.try_open(&req) {
+                    return reply;
+                }
                 let (header, client) = (req.header, req.client);
                 let (reply, body) = match mds.serve_change(&req).await {
                     Some(reply) => (reply, req.body),
@@ -238,6 +242,32 @@ impl Mds {
                 reply
             })
         })
+    }
+
+    /// An open, open-by-name or close served on the transport's task, when it need not
+    /// wait: no commit holds the handle table, and a close removes no unlinked file.
+    /// `None`: not one of those, or it must wait (then `handle` serves it).
+    fn try_open(&self, req: &Incoming) -> Option<Reply> {
+        if !matches!(req.header.opcode, mdt::MDS_OPEN | mdt::MDS_OPEN_AT | mdt::MDS_CLOSE) {
+            return None;
+        }
+        // A malformed body goes to `handle`, which answers it.
+        let (creds, r) = Request::decode(req.header.opcode, &req.body).ok()?;
+        let (ns, c, owner) = (&self.ns, cred(creds), req.client);
+        let reply = match r {
+            Request::Open { fid, read, write, dom_read } => {
+                opened(ns.try_open_reading(owner, &c, fid, read, write, dom_read)?.map(OpenAnswer::Here))
+            }
+            Request::OpenAt { dir, name, read, write, dom_read } => {
+                opened(ns.try_open_at(owner, &c, dir, &name, read, write, dom_read)?)
+            }
+            Request::Close { handle } => answer(ns.try_close_file(owner, handle)?, |_| mdt::Reply::Done),
+            _ => return None,
+        };
+        if let Some(i) = OPS.iter().position(|(o, _)| *o == req.header.opcode) {
+            self.counts[i].fetch_add(1, Ordering::Relaxed);
+        }
+        Some(reply)
     }
 
     /// Parameters whose names match `pattern`: `mdt.NAME.md_stats` (operations served),

@@ -538,11 +538,24 @@ fn open_unlinked_files_live_until_the_last_close_and_restart_keeps_everything() 
     assert_eq!(errno_of(ns.open_file(1, &c, d.fid, false, true)), errno::EISDIR);
     ns.remove(&c, ROOT, "f", false, None).unwrap();
     assert_eq!(ns.getattr(f.fid).unwrap().nlink, 0);
-    ns.close_file(1, h1).unwrap();
+    // Closing without waiting: not the last handle, done; the last one must remove the
+    // file (a change), so it is left to `close_file`, and nothing was done.
+    assert!(matches!(ns.try_close_file(1, h1), Some(Ok(()))));
     assert!(ns.getattr(f.fid).is_ok(), "still open once");
+    assert!(ns.try_close_file(1, h2).is_none());
+    assert!(ns.getattr(f.fid).is_ok(), "the refused close did nothing");
     ns.close_file(1, h2).unwrap();
     assert_eq!(errno_of(ns.getattr(f.fid)), errno::ENOENT);
     assert_eq!(errno_of(ns.close_file(1, h2)), errno::EBADF);
+    assert!(matches!(ns.try_close_file(1, h2), Some(Err(e)) if e.errno == errno::EBADF));
+    assert!(matches!(ns.try_close_file(2, h1), Some(Err(e)) if e.errno == errno::EBADF), "not client 2's");
+    // Opening without waiting gives what opening does; the last close of a linked file
+    // needs no change.
+    let (h3, a, _) = ns.try_open_reading(1, &c, g.fid, true, false, 0).unwrap().unwrap();
+    assert_eq!(a.fid, g.fid);
+    assert_eq!(errno_of(ns.try_open_reading(1, &c, d.fid, false, true, 0).unwrap()), errno::EISDIR);
+    assert!(matches!(ns.try_close_file(1, h3), Some(Ok(()))));
+    assert!(ns.getattr(g.fid).is_ok());
     // An orphan whose handle dies with the server goes at the next start.
     let (_h, _) = ns.open_file(1, &c, g.fid, true, false).unwrap();
     ns.remove(&c, ROOT, "g", false, None).unwrap();

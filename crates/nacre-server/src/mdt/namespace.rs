@@ -2874,23 +2874,44 @@ impl Namespace {
         write: bool,
         dom_read: u32,
     ) -> Result<(u64, Attr, Vec<u8>)> {
-        let (handle, attr) = self.open_file(owner, cred, fid, read, write)?;
+        self.open_reading_with(lock(&self.opens), owner, cred, fid, read, write, dom_read)
+    }
+
+    /// [`Namespace::open_reading`] if it need not wait: `None` while a commit holds the
+    /// handle table (the caller then opens on a thread that may wait).
+    pub fn try_open_reading(
+        &self,
+        owner: u64,
+        cred: &Cred,
+        fid: Fid,
+        read: bool,
+        write: bool,
+        dom_read: u32,
+    ) -> Option<Result<(u64, Attr, Vec<u8>)>> {
+        Some(self.open_reading_with(self.try_opens()?, owner, cred, fid, read, write, dom_read))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn open_reading_with(
+        &self,
+        o: MutexGuard<'_, Opens>,
+        owner: u64,
+        cred: &Cred,
+        fid: Fid,
+        read: bool,
+        write: bool,
+        dom_read: u32,
+    ) -> Result<(u64, Attr, Vec<u8>)> {
+        let (handle, attr) = self.open_locked(o, owner, Some(cred), fid, read, write)?;
         let whole = read
             && mode::is_reg(attr.mode)
             && attr.size > 0
             && attr.size <= u64::from(dom_read).min(DOM_IO_MAX as u64)
-            && self.dom_end(fid)?.is_some_and(|end| attr.size <= end);
-        if !whole {
-            return Ok((handle, attr, Vec::new()));
-        }
-        match self.read_dom(cred, fid, 0, attr.size as usize) {
-            Ok(data) => Ok((handle, attr, data)),
-            Err(e) => {
-                // The open stands only with its read.
-                let _ = self.close_file(owner, handle);
-                Err(e)
-            }
-        }
+            && self.dom_end(fid).ok().flatten().is_some_and(|end| attr.size <= end);
+        // The bytes are a bonus: if they cannot be read now, the open stands without them
+        // and the reader's own read meets the error.
+        let data = if whole { self.read_dom(cred, fid, 0, attr.size as usize).unwrap_or_default() } else { Vec::new() };
+        Ok((handle, attr, data))
     }
 
     /// Open `name` in `dir` as [`Namespace::open_reading`] (the lookup and the open in one
@@ -2913,6 +2934,28 @@ impl Namespace {
         self.open_reading(owner, cred, a.fid, read, write, dom_read).map(OpenAnswer::Here)
     }
 
+    /// [`Namespace::open_at`] if it need not wait (see [`Namespace::try_open_reading`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn try_open_at(
+        &self,
+        owner: u64,
+        cred: &Cred,
+        dir: Fid,
+        name: &str,
+        read: bool,
+        write: bool,
+        dom_read: u32,
+    ) -> Option<Result<OpenAnswer>> {
+        let a = match self.lookup(cred, dir, name) {
+            Ok(a) => a,
+            Err(e) => return Some(Err(e)),
+        };
+        if a.fid.mdt() != Some(self.index) {
+            return Some(Ok(OpenAnswer::Elsewhere(a)));
+        }
+        Some(self.open_reading_with(self.try_opens()?, owner, cred, a.fid, read, write, dom_read).map(OpenAnswer::Here))
+    }
+
     /// Open a regular file the caller has just made (create-open): as open(2) with
     /// O_CREAT, the creator may open it whatever its mode says.
     pub fn open_created(&self, owner: u64, fid: Fid, read: bool, write: bool) -> Result<(u64, Attr)> {
@@ -2921,9 +2964,31 @@ impl Namespace {
 
     /// Open `fid`, checking `cred`'s permission if given.
     fn open_as(&self, owner: u64, cred: Option<&Cred>, fid: Fid, read: bool, write: bool) -> Result<(u64, Attr)> {
+        self.open_locked(lock(&self.opens), owner, cred, fid, read, write)
+    }
+
+    /// The open-handle table, if no commit holds it now (a commit holds it for its whole
+    /// batch).
+    fn try_opens(&self) -> Option<MutexGuard<'_, Opens>> {
+        match self.opens.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// `open_as` with the handle table held.
+    fn open_locked(
+        &self,
+        mut o: MutexGuard<'_, Opens>,
+        owner: u64,
+        cred: Option<&Cred>,
+        fid: Fid,
+        read: bool,
+        write: bool,
+    ) -> Result<(u64, Attr)> {
         // Under the lock a commit holds for its whole batch: the inode read here is not
         // being removed meanwhile.
-        let mut o = lock(&self.opens);
         let a = self.getattr(fid)?;
         if a.nlink == 0 {
             return Err(MdError::new(errno::ENOENT, format!("{fid} was unlinked")));
@@ -3009,32 +3074,7 @@ impl Namespace {
     /// Close a handle of client `owner`; the last close of a file unlinked meanwhile
     /// removes it.
     pub fn close_file(&self, owner: u64, handle: u64) -> Result<()> {
-        let key = {
-            let mut o = lock(&self.opens);
-            let Some(&(k, by, write)) = o.handles.get(&handle).filter(|(_, by, _)| *by == owner) else {
-                return Err(MdError::new(errno::EBADF, format!("client {owner:#x} has no open handle {handle}")));
-            };
-            o.handles.remove(&handle);
-            if write && let Some(w) = o.writers.get_mut(&k) {
-                *w -= 1;
-                if *w == 0 {
-                    o.writers.remove(&k);
-                }
-            }
-            if let Some(n) = o.per_owner.get_mut(&by) {
-                *n -= 1;
-                if *n == 0 {
-                    o.per_owner.remove(&by);
-                }
-            }
-            let n = o.counts.entry(k).or_default();
-            *n -= 1;
-            if *n > 0 {
-                return Ok(());
-            }
-            o.counts.remove(&k);
-            k
-        };
+        let Some(key) = release(&mut lock(&self.opens), owner, handle)? else { return Ok(()) };
         // Only an unlinked file needs a change.
         if self.read_inode(Fid::from_key(key)).is_ok_and(|(a, _)| a.nlink > 0) {
             return Ok(());
@@ -3052,4 +3092,48 @@ impl Namespace {
         )?;
         Ok(())
     }
+
+    /// [`Namespace::close_file`] if it need not wait: `None` (and nothing done) while a
+    /// commit holds the handle table, or when this close must remove a file unlinked
+    /// meanwhile (a change, which waits for its commit).
+    pub fn try_close_file(&self, owner: u64, handle: u64) -> Option<Result<()>> {
+        let mut o = self.try_opens()?;
+        if let Some(&(k, by, _)) = o.handles.get(&handle)
+            && by == owner
+            && o.counts.get(&k) == Some(&1)
+            && !self.read_inode(Fid::from_key(k)).is_ok_and(|(a, _)| a.nlink > 0)
+        {
+            return None;
+        }
+        // The last close of a linked file, or not the last close: nothing to change (an
+        // unlink decides under this same lock whether the file is open).
+        Some(release(&mut o, owner, handle).map(|_| ()))
+    }
+}
+
+/// Drop handle `handle` of client `owner`; the file's key if that was its last handle.
+fn release(o: &mut Opens, owner: u64, handle: u64) -> Result<Option<u128>> {
+    let Some(&(k, by, write)) = o.handles.get(&handle).filter(|(_, by, _)| *by == owner) else {
+        return Err(MdError::new(errno::EBADF, format!("client {owner:#x} has no open handle {handle}")));
+    };
+    o.handles.remove(&handle);
+    if write && let Some(w) = o.writers.get_mut(&k) {
+        *w -= 1;
+        if *w == 0 {
+            o.writers.remove(&k);
+        }
+    }
+    if let Some(n) = o.per_owner.get_mut(&by) {
+        *n -= 1;
+        if *n == 0 {
+            o.per_owner.remove(&by);
+        }
+    }
+    let n = o.counts.entry(k).or_default();
+    *n -= 1;
+    if *n > 0 {
+        return Ok(None);
+    }
+    o.counts.remove(&k);
+    Ok(Some(k))
 }
