@@ -231,20 +231,30 @@ impl File {
             return through().await.map(|_| data.len());
         }
         let budget = &self.fs.inner.params.dirty;
+        let unit = self.flush_unit(&layout);
+        // What is one RPC long or more goes; what is shorter may still grow.
+        let long = unit.min(self.fs.inner.params.rpc_bytes());
         let permit = match budget.try_take(len) {
             Some(p) => p,
             None => {
-                // The mount's dirty budget is spent (other files may hold it, idle): send
-                // this file's, and if there is still no room, write this one through
-                // rather than wait for files nobody may touch again.
-                self.flush(&mut st).await?;
+                // The mount's dirty budget is spent. This file's long extents go first
+                // (their room comes back when they land); then all of its dirty bytes;
+                // and if other, idle files hold the rest, this write goes through rather
+                // than wait for files nobody may touch again.
+                self.launch(long).await;
+                self.landed().await;
                 match budget.try_take(len) {
                     Some(p) => p,
-                    None => return through().await.map(|_| data.len()),
+                    None => {
+                        self.flush(&mut st).await?;
+                        match budget.try_take(len) {
+                            Some(p) => p,
+                            None => return through().await.map(|_| data.len()),
+                        }
+                    }
                 }
             }
         };
-        let unit = self.flush_unit(&layout);
         let mut permit = Some(permit);
         loop {
             let full = {
@@ -254,8 +264,7 @@ impl File {
             match full {
                 Some(full) => {
                     if full {
-                        // What is one RPC long or more goes; what is shorter may grow.
-                        self.launch(unit.min(self.fs.inner.params.rpc_bytes())).await;
+                        self.launch(long).await;
                     }
                     return Ok(data.len());
                 }
@@ -309,6 +318,11 @@ impl File {
     /// failure for each handle's next write, fsync or close to report.
     async fn settle(&self) {
         self.launch(0).await;
+        self.landed().await;
+    }
+
+    /// Wait for the file's write-backs in flight now.
+    async fn landed(&self) {
         let waits = lock(&self.shared.behind).in_flight();
         for w in waits {
             behind::ended(w).await;

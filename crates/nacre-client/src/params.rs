@@ -20,7 +20,10 @@ pub struct Tunables {
     pub max_pages_per_rpc: u64,
     /// RPCs in flight to each OST (`osc.*.max_rpcs_in_flight`).
     pub max_rpcs_in_flight: u64,
-    /// Bytes written but not yet sent, over the whole mount (`llite.*.max_dirty_mb`).
+    /// Bytes written but not yet sent, over the whole mount (`llite.*.max_dirty_mb`). By
+    /// default an eighth of the machine's memory, between 64 MiB and 2 GiB: room for
+    /// writers some way apart in one file (ior-hard's tasks) to meet before their bytes
+    /// go out.
     pub max_dirty_mb: u64,
     /// Read-ahead buffers over the whole mount (`llite.*.max_read_ahead_mb`).
     pub max_read_ahead_mb: u64,
@@ -36,12 +39,22 @@ impl Default for Tunables {
         Tunables {
             max_pages_per_rpc: 1024,
             max_rpcs_in_flight: 8,
-            max_dirty_mb: 256,
+            max_dirty_mb: default_dirty_mb(),
             max_read_ahead_mb: 256,
             max_read_ahead_per_file_mb: 64,
             checksums: true,
         }
     }
+}
+
+/// An eighth of this machine's memory in MiB, within [64, 2048].
+fn default_dirty_mb() -> u64 {
+    // SAFETY: sysinfo fills the struct it is given and touches nothing else.
+    let ram = unsafe {
+        let mut i: libc::sysinfo = std::mem::zeroed();
+        if libc::sysinfo(&mut i) == 0 { (i.totalram as u64).saturating_mul(u64::from(i.mem_unit)) } else { 0 }
+    };
+    ((ram / 8) >> 20).clamp(64, 2048)
 }
 
 /// A byte or slot budget that can be resized while tasks hold parts of it. A shrink that
