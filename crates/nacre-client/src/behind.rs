@@ -45,6 +45,8 @@ pub(crate) struct WriteBehind {
     /// The last write-back failure, and how many there have been.
     error: Option<Error>,
     errors: u64,
+    /// Write-backs that have landed (for `fsync`: whether there is anything to sync).
+    landed: u64,
 }
 
 impl WriteBehind {
@@ -121,6 +123,16 @@ impl WriteBehind {
     pub fn in_flight(&mut self) -> Vec<watch::Receiver<bool>> {
         self.prune();
         self.in_flight.iter().map(|f| f.done.clone()).collect()
+    }
+
+    /// A write-back landed (before it says it has ended).
+    pub fn landed_one(&mut self) {
+        self.landed += 1;
+    }
+
+    /// How many write-backs have landed so far.
+    pub fn landed(&self) -> u64 {
+        self.landed
     }
 
     /// A write-back failed (before it says it has ended).

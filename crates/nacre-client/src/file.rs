@@ -76,6 +76,8 @@ struct State {
     /// Write-back failures of the file this handle has reported (or that came before it
     /// was opened): a later one is reported by its next write, fsync or close.
     errors_seen: u64,
+    /// The file's write-backs that had landed at this handle's last OST sync.
+    landed_synced: u64,
     written: bool,
     /// The file is at least this long (its size at open, or after our writes); a read
     /// past it asks the servers.
@@ -526,7 +528,10 @@ impl File {
     pub async fn fsync(&self) -> Result<()> {
         let mut st = self.st.lock().await;
         self.flush(&mut st).await?;
-        if !st.written {
+        // The file's write-back is shared: bytes another handle wrote may have gone out
+        // just now, and they must be durable too.
+        let landed = lock(&self.shared.behind).landed();
+        if !st.written && landed == st.landed_synced {
             return Ok(());
         }
         let mut osts: Vec<u32> = self.layout().await?.objects.iter().flatten().map(|(o, _)| *o).collect();
@@ -535,7 +540,8 @@ impl File {
         for o in osts {
             self.fs.ost_call(o, &ost::Request::Sync { target: 0 }, &[]).await?;
         }
-        self.publish_size(&mut st).await
+        st.landed_synced = landed;
+        if st.written { self.publish_size(&mut st).await } else { Ok(()) }
     }
 
     /// Tell the MDT the size the objects give (if larger than it has) and a new mtime.
@@ -652,8 +658,9 @@ fn send(fs: FileSystem, creds: Creds, fid: Fid, layout: Arc<FileLayout>, shared:
                 r
             });
         }
-        if let Err(e) = all(set, "write-back").await {
-            lock(&shared.behind).failed(e);
+        match all(set, "write-back").await {
+            Ok(_) => lock(&shared.behind).landed_one(),
+            Err(e) => lock(&shared.behind).failed(e),
         }
         let _ = taken.done.send(true);
     });
