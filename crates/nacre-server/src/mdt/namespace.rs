@@ -86,6 +86,18 @@ pub fn remote_attr(fid: Fid, kind: u32) -> Attr {
     Attr { fid, mode: kind & mode::S_IFMT, ..Attr::default() }
 }
 
+/// Whether a call may wait for a lock.
+#[derive(Clone, Copy)]
+enum Wait {
+    Yes,
+    No,
+}
+
+/// What a call that waits answers if it found its lock held: it cannot, as it waited.
+fn busy() -> MdError {
+    MdError::new(errno::EIO, "a lock was held after waiting for it".to_string())
+}
+
 /// What an open by name finds.
 pub enum OpenAnswer {
     /// Opened here: the handle, the attributes, and the file's bytes if sent with them.
@@ -2874,7 +2886,7 @@ impl Namespace {
         write: bool,
         dom_read: u32,
     ) -> Result<(u64, Attr, Vec<u8>)> {
-        self.open_reading_with(lock(&self.opens), owner, cred, fid, read, write, dom_read)
+        self.open_reading_as(Wait::Yes, owner, cred, fid, read, write, dom_read).unwrap_or_else(|| Err(busy()))
     }
 
     /// [`Namespace::open_reading`] if it need not wait: `None` while a commit holds the
@@ -2888,30 +2900,39 @@ impl Namespace {
         write: bool,
         dom_read: u32,
     ) -> Option<Result<(u64, Attr, Vec<u8>)>> {
-        Some(self.open_reading_with(self.try_opens()?, owner, cred, fid, read, write, dom_read))
+        self.open_reading_as(Wait::No, owner, cred, fid, read, write, dom_read)
     }
 
+    /// `open_reading`, waiting for the handle table or not (`None`: it is held).
     #[allow(clippy::too_many_arguments)]
-    fn open_reading_with(
+    fn open_reading_as(
         &self,
-        o: MutexGuard<'_, Opens>,
+        wait: Wait,
         owner: u64,
         cred: &Cred,
         fid: Fid,
         read: bool,
         write: bool,
         dom_read: u32,
-    ) -> Result<(u64, Attr, Vec<u8>)> {
-        let (handle, attr) = self.open_locked(o, owner, Some(cred), fid, read, write)?;
+    ) -> Option<Result<(u64, Attr, Vec<u8>)>> {
+        let o = self.opens(wait)?;
+        Some(self.open_locked(o, owner, Some(cred), fid, read, write).map(|(handle, attr)| {
+            let data = self.read_on_open(cred, &attr, read, dom_read);
+            (handle, attr, data)
+        }))
+    }
+
+    /// The whole of a file just opened, if it was opened for reading and its bytes are
+    /// all here and at most `dom_read` (none otherwise). They are a bonus: if they cannot
+    /// be read now, the open stands without them and the reader's own read meets the
+    /// error.
+    fn read_on_open(&self, cred: &Cred, attr: &Attr, read: bool, dom_read: u32) -> Vec<u8> {
         let whole = read
             && mode::is_reg(attr.mode)
             && attr.size > 0
             && attr.size <= u64::from(dom_read).min(DOM_IO_MAX as u64)
-            && self.dom_end(fid).ok().flatten().is_some_and(|end| attr.size <= end);
-        // The bytes are a bonus: if they cannot be read now, the open stands without them
-        // and the reader's own read meets the error.
-        let data = if whole { self.read_dom(cred, fid, 0, attr.size as usize).unwrap_or_default() } else { Vec::new() };
-        Ok((handle, attr, data))
+            && self.dom_end(attr.fid).ok().flatten().is_some_and(|end| attr.size <= end);
+        if whole { self.read_dom(cred, attr.fid, 0, attr.size as usize).unwrap_or_default() } else { Vec::new() }
     }
 
     /// Open `name` in `dir` as [`Namespace::open_reading`] (the lookup and the open in one
@@ -2927,17 +2948,29 @@ impl Namespace {
         write: bool,
         dom_read: u32,
     ) -> Result<OpenAnswer> {
-        let a = self.lookup(cred, dir, name)?;
-        if a.fid.mdt() != Some(self.index) {
-            return Ok(OpenAnswer::Elsewhere(a));
-        }
-        self.open_reading(owner, cred, a.fid, read, write, dom_read).map(OpenAnswer::Here)
+        self.open_at_as(Wait::Yes, owner, cred, dir, name, read, write, dom_read).unwrap_or_else(|| Err(busy()))
     }
 
     /// [`Namespace::open_at`] if it need not wait (see [`Namespace::try_open_reading`]).
     #[allow(clippy::too_many_arguments)]
     pub fn try_open_at(
         &self,
+        owner: u64,
+        cred: &Cred,
+        dir: Fid,
+        name: &str,
+        read: bool,
+        write: bool,
+        dom_read: u32,
+    ) -> Option<Result<OpenAnswer>> {
+        self.open_at_as(Wait::No, owner, cred, dir, name, read, write, dom_read)
+    }
+
+    /// `open_at`, waiting for the handle table or not (`None`: it is held).
+    #[allow(clippy::too_many_arguments)]
+    fn open_at_as(
+        &self,
+        wait: Wait,
         owner: u64,
         cred: &Cred,
         dir: Fid,
@@ -2953,7 +2986,7 @@ impl Namespace {
         if a.fid.mdt() != Some(self.index) {
             return Some(Ok(OpenAnswer::Elsewhere(a)));
         }
-        Some(self.open_reading_with(self.try_opens()?, owner, cred, a.fid, read, write, dom_read).map(OpenAnswer::Here))
+        Some(self.open_reading_as(wait, owner, cred, a.fid, read, write, dom_read)?.map(OpenAnswer::Here))
     }
 
     /// Open a regular file the caller has just made (create-open): as open(2) with
@@ -2967,13 +3000,16 @@ impl Namespace {
         self.open_locked(lock(&self.opens), owner, cred, fid, read, write)
     }
 
-    /// The open-handle table, if no commit holds it now (a commit holds it for its whole
-    /// batch).
-    fn try_opens(&self) -> Option<MutexGuard<'_, Opens>> {
-        match self.opens.try_lock() {
-            Ok(g) => Some(g),
-            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
+    /// The open-handle table; with `Wait::No`, only if no commit holds it now (a commit
+    /// holds it for its whole batch).
+    fn opens(&self, wait: Wait) -> Option<MutexGuard<'_, Opens>> {
+        match wait {
+            Wait::Yes => Some(lock(&self.opens)),
+            Wait::No => match self.opens.try_lock() {
+                Ok(g) => Some(g),
+                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            },
         }
     }
 
@@ -3097,7 +3133,7 @@ impl Namespace {
     /// commit holds the handle table, or when this close must remove a file unlinked
     /// meanwhile (a change, which waits for its commit).
     pub fn try_close_file(&self, owner: u64, handle: u64) -> Option<Result<()>> {
-        let mut o = self.try_opens()?;
+        let mut o = self.opens(Wait::No)?;
         if let Some(&(k, by, _)) = o.handles.get(&handle)
             && by == owner
             && o.counts.get(&k) == Some(&1)
