@@ -55,12 +55,6 @@ impl WriteBehind {
         self.extents.range(..end).next_back().is_some_and(|(&s, e)| s + e.data.len() as u64 > offset)
     }
 
-    /// Whether bytes of `[offset, end)` are dirty or on their way.
-    pub fn holds(&mut self, offset: u64, end: u64) -> bool {
-        self.prune();
-        self.overlaps(offset, end) || self.in_flight.iter().any(|f| f.start < end && offset < f.end)
-    }
-
     /// Whether nothing is dirty or on its way.
     pub fn is_idle(&mut self) -> bool {
         self.prune();
@@ -206,7 +200,7 @@ mod tests {
         let mut w = WriteBehind::default();
         w.add(0, b"old", None);
         let first = w.take(0).unwrap();
-        assert!(first.after.is_empty() && !w.is_idle() && w.holds(1, 2));
+        assert!(first.after.is_empty() && !w.is_idle());
         w.add(1, b"n", None);
         let second = w.take(0).unwrap();
         assert_eq!(second.after.len(), 1, "it waits for the first");

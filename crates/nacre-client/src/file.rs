@@ -345,11 +345,6 @@ impl File {
         self.settle().await;
     }
 
-    /// Drop read-ahead data (another handle of this mount wrote the file).
-    pub async fn forget_cache(&self) {
-        self.forget_chunks();
-    }
-
     /// Drop the file's read-ahead chunks (it changed on this mount).
     fn forget_chunks(&self) {
         lock(&self.shared.chunks).clear();
@@ -371,13 +366,6 @@ impl File {
         if size > st.size {
             self.set_size(&mut st, size);
         }
-    }
-
-    /// Whether bytes of `[offset, offset + len)` may wait in this handle's write-behind or
-    /// be on their way (true when it cannot tell at once): another handle writing there
-    /// must let them land first.
-    pub fn may_hold(&self, offset: u64, len: u64) -> bool {
-        lock(&self.shared.behind).holds(offset, offset.saturating_add(len))
     }
 
     /// Whether writes wait in the file's write-behind (no RPC).

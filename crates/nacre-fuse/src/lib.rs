@@ -571,7 +571,7 @@ impl fuser::Filesystem for Nacre {
     fn read(
         &self,
         _req: &Request,
-        ino: INodeNo,
+        _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -581,12 +581,8 @@ impl fuser::Filesystem for Nacre {
     ) {
         serve!(self, reply, |s| {
             let f = s.handle(fh)?;
-            let fid = s.fid(ino)?;
-            for h in s.handles_of(fid) {
-                if !Arc::ptr_eq(&h, &f) && h.may_be_dirty() {
-                    h.share().await;
-                }
-            }
+            // The file's write-behind is shared by its handles: the read sends what any of
+            // them left dirty first.
             let data = f.read(offset, size as usize).await.map_err(|e| err(&e))?;
             Ok(move |r: ReplyData| r.data(&data))
         })
@@ -607,28 +603,23 @@ impl fuser::Filesystem for Nacre {
         let data = data.to_vec();
         serve!(self, reply, |s| {
             let f = s.handle(fh)?;
-            let fid = s.fid(ino)?;
-            let others: Vec<Arc<File>> = s.handles_of(fid).into_iter().filter(|h| !Arc::ptr_eq(h, &f)).collect();
-            // Writes of other handles to these bytes go first, so this one lands after
-            // them; an append goes after all they wrote. Writes elsewhere in the file
-            // (ior-hard's interleaved tasks) need not wait for each other.
+            // The file's write-behind and read-ahead are shared by its handles: a write
+            // over bytes another handle left dirty sends those first, and drops what any
+            // handle read ahead. An append goes after all that the others wrote.
             let append = f.flags().append;
-            for h in &others {
-                let in_the_way = if append { h.may_be_dirty() } else { h.may_hold(offset, data.len() as u64) };
-                if in_the_way {
-                    h.share().await;
-                }
-            }
-            if f.flags().append {
+            let others: Vec<Arc<File>> = if append {
+                let fid = s.fid(ino)?;
+                s.handles_of(fid).into_iter().filter(|h| !Arc::ptr_eq(h, &f)).collect()
+            } else {
+                Vec::new()
+            };
+            if append {
                 let end = others.iter().filter(|h| h.flags().write).map(|h| h.size_hint()).max().unwrap_or(0);
                 f.grown(end).await;
             }
             let n = f.write(offset, &data).await.map_err(|e| err(&e))?;
             for h in &others {
-                h.forget_cache().await;
-                if f.flags().append {
-                    h.grown(f.size_hint()).await;
-                }
+                h.grown(f.size_hint()).await;
             }
             Ok(move |r: ReplyWrite| r.written(n as u32))
         })
