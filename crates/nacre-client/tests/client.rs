@@ -595,6 +595,41 @@ async fn handles_writing_interleaved_blocks_share_their_write_behind() {
     f.close().await.unwrap();
 }
 
+/// The OST syncs served so far (their `client_stats`).
+fn ost_syncs(t: &TestFs) -> u64 {
+    t.local
+        .osses()
+        .iter()
+        .flat_map(|o| o.get_param("obdfilter.*.client_stats"))
+        .flat_map(|(_, v)| v.lines().map(str::to_string).collect::<Vec<_>>())
+        .filter_map(|l| l.trim().strip_prefix("sync: { samples: ")?.strip_suffix(" }")?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The write-behind is the file's: an fsync through a handle that wrote nothing still
+/// sends another handle's bytes and makes them durable (the OSTs are asked to sync); with
+/// nothing sent since, it asks nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fsync_of_any_handle_makes_the_files_written_bytes_durable() {
+    let t = TestFs::start(1, 2).await;
+    let fs = t.mount("c1").await;
+    let c = Creds::default();
+    let a = fs.create(&c, Fid::ROOT, "f", 0o644, Some(&lfs("-c 2 -S 64K"))).await.unwrap();
+    let (w, r) =
+        (fs.open(&c, a.fid, OpenFlags::WRITE).await.unwrap(), fs.open(&c, a.fid, OpenFlags::READ).await.unwrap());
+    let data = pattern(41, 256 << 10);
+    w.write(0, &data).await.unwrap();
+    let before = ost_syncs(&t);
+    r.fsync().await.unwrap();
+    let after = ost_syncs(&t);
+    assert!(after > before, "the reader's fsync synced nothing ({before} -> {after})");
+    r.fsync().await.unwrap();
+    assert_eq!(ost_syncs(&t), after, "nothing new to sync");
+    assert_eq!(r.read(0, data.len()).await.unwrap(), data);
+    w.close().await.unwrap();
+    r.close().await.unwrap();
+}
+
 /// A handle's read-ahead, shared by the file's handles on one mount, does not outlive a
 /// change: a write through another handle of the mount drops it at once, and a change
 /// from another mount is seen by the next open (close-to-open).
