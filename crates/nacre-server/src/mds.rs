@@ -264,9 +264,7 @@ impl Mds {
             Request::Close { handle } => answer(ns.try_close_file(owner, handle)?, |_| mdt::Reply::Done),
             _ => return None,
         };
-        if let Some(i) = OPS.iter().position(|(o, _)| *o == req.header.opcode) {
-            self.counts[i].fetch_add(1, Ordering::Relaxed);
-        }
+        self.count(req.header.opcode);
         Some(reply)
     }
 
@@ -315,12 +313,16 @@ impl Mds {
         Ok(self.account(req, creds, r))
     }
 
-    /// Count a decoded request and make its reply key if it is a change.
-    fn account(&self, req: &Incoming, creds: Creds, r: Request) -> (Cred, Request, Option<ReplyKey>) {
-        let op = req.header.opcode;
+    /// Count one request of opcode `op` in `md_stats`.
+    fn count(&self, op: u16) {
         if let Some(i) = OPS.iter().position(|(o, _)| *o == op) {
             self.counts[i].fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Count a decoded request and make its reply key if it is a change.
+    fn account(&self, req: &Incoming, creds: Creds, r: Request) -> (Cred, Request, Option<ReplyKey>) {
+        self.count(req.header.opcode);
         let key = r.is_change().then(|| reply_key(&req.header, req.client, &req.body, &req.bulk));
         (cred(creds), r, key)
     }
