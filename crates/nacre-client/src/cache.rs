@@ -92,10 +92,6 @@ impl Chunks {
         self.slots.clear();
     }
 
-    pub(crate) fn contains(&self, at: u64) -> bool {
-        self.slots.contains_key(&at)
-    }
-
     /// The fetch of the chunk at `at`, if there is one.
     pub(crate) fn get(&self, at: u64) -> Option<Fetch> {
         self.slots.get(&at).map(|s| s.fetch.clone())

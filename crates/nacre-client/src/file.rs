@@ -443,24 +443,30 @@ impl File {
             let mut c = offset / chunk * chunk;
             while c < ahead {
                 let is_needed = c < end;
-                if !chunks.contains(c) {
-                    let n = chunk.min(size - c);
-                    let budget = &self.fs.inner.params.read_ahead;
-                    let permit = budget.try_take(n).or_else(|| {
-                        // The budget is spent: what this stream has passed goes first.
-                        chunks.drop_before(st.ra.next.saturating_sub(near), chunk);
-                        budget.try_take(n)
-                    });
-                    if permit.is_none() && !is_needed {
-                        break;
+                let fetch = match chunks.get(c) {
+                    Some(f) => f,
+                    None => {
+                        let n = chunk.min(size - c);
+                        let budget = &self.fs.inner.params.read_ahead;
+                        let permit = budget.try_take(n).or_else(|| {
+                            // The budget is spent: what this stream has passed goes first.
+                            chunks.drop_before(st.ra.next.saturating_sub(near), chunk);
+                            budget.try_take(n)
+                        });
+                        if permit.is_none() && !is_needed {
+                            break;
+                        }
+                        let (fs, creds, fid, layout) = (self.fs.clone(), self.creds.clone(), self.fid, layout.clone());
+                        let f =
+                            spawn_fetch(
+                                async move { read_range(&fs, &creds, fid, &layout, c, n).await.map(Bytes::from) },
+                            );
+                        chunks.insert(c, f.clone(), permit);
+                        f
                     }
-                    let (fs, creds, fid, layout) = (self.fs.clone(), self.creds.clone(), self.fid, layout.clone());
-                    let fetch =
-                        spawn_fetch(async move { read_range(&fs, &creds, fid, &layout, c, n).await.map(Bytes::from) });
-                    chunks.insert(c, fetch, permit);
-                }
-                if is_needed && let Some(f) = chunks.get(c) {
-                    needed.push((c, f));
+                };
+                if is_needed {
+                    needed.push((c, fetch));
                 }
                 c += chunk;
             }
