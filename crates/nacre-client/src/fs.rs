@@ -3,7 +3,7 @@
 //! that owns the name).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -13,7 +13,9 @@ use nacre_net::transport::{TcpTransport, Transport};
 use nacre_proto::dne::{DirDefault, DirStripe};
 use nacre_proto::fid::Fid;
 use nacre_proto::layout::Layout;
-use nacre_proto::mdt::{Attr, Creds, DirEntry, READDIR_MAX, Reply, Request, SetAttr, mode, set};
+use nacre_proto::mdt::{
+    Attr, Creds, DirEntry, LOOKUP_MANY_MAX, Looked, READDIR_MAX, Reply, Request, SetAttr, mode, set,
+};
 use nacre_proto::mgs::{Config, TargetKind};
 use nacre_proto::{mgs, ost};
 
@@ -21,6 +23,7 @@ use crate::cache::Caches;
 use crate::error::{Error, Result, errno};
 use crate::file::{File, OpenFlags};
 use crate::params::{Budget, Params, Tunables};
+use crate::statahead::{Fetch, Probe, Statahead};
 use crate::striping::FileLayout;
 
 /// How to mount.
@@ -79,6 +82,11 @@ pub(crate) struct Inner {
     sizing: Mutex<HashMap<Fid, Arc<tokio::sync::Mutex<()>>>>,
     /// Read-ahead chunks of the files open here, shared by each file's handles.
     pub(crate) caches: Caches,
+    /// Attributes fetched ahead of numbered lookups.
+    statahead: Statahead,
+    /// Changes this mount sent to the MDTs, counted as each goes out and as it comes
+    /// back: a statahead answer fetched across a change is not used.
+    changes: AtomicU64,
     follower: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
@@ -113,6 +121,23 @@ pub struct TargetUsage {
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Counts a change as it goes out and again when it is done (or abandoned), so that
+/// anything read while it was in flight can tell.
+struct ChangeCount<'a>(&'a AtomicU64);
+
+impl<'a> ChangeCount<'a> {
+    fn new(n: &'a AtomicU64) -> ChangeCount<'a> {
+        n.fetch_add(1, Ordering::AcqRel);
+        ChangeCount(n)
+    }
+}
+
+impl Drop for ChangeCount<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
 }
 
 fn expect<T>(what: &str, r: Reply, f: impl FnOnce(Reply) -> Option<T>) -> Result<T> {
@@ -151,6 +176,8 @@ impl FileSystem {
             writers: Mutex::new(HashMap::new()),
             sizing: Mutex::new(HashMap::new()),
             caches: Caches::default(),
+            statahead: Statahead::default(),
+            changes: AtomicU64::new(0),
             follower: Mutex::new(None),
         });
         let fs = FileSystem { inner };
@@ -265,6 +292,7 @@ impl FileSystem {
     ) -> Result<(Reply, nacre_net::bulk::Bulk)> {
         let (import, _) = self.target_link(TargetKind::Mdt, mdt).await?;
         let (op, body) = r.encode(c);
+        let _change = r.is_change().then(|| ChangeCount::new(&self.inner.changes));
         let started = tokio::time::Instant::now();
         let mut wait = Duration::from_millis(5);
         loop {
@@ -400,6 +428,113 @@ impl FileSystem {
     }
 
     pub async fn lookup(&self, c: &Creds, dir: Fid, name: &str) -> Result<Attr> {
+        let ahead = self.inner.params.statahead_max.load(Ordering::Relaxed) > 0;
+        if ahead {
+            // At most one wait: a fetch that landed without the name leaves it to the MDT.
+            for _ in 0..2 {
+                match self.inner.statahead.probe(dir, c, name, self.inner.changes.load(Ordering::Acquire)) {
+                    Probe::Hit(a) => {
+                        self.stat_ahead(c, dir, name);
+                        return self.sized(c, a, false).await;
+                    }
+                    Probe::Wait(mut landed) => {
+                        let _ = landed.wait_for(|done| *done).await;
+                    }
+                    Probe::Miss => break,
+                }
+            }
+        }
+        let a = self.lookup_here(c, dir, name).await?;
+        if ahead {
+            self.stat_ahead(c, dir, name);
+        }
+        Ok(a)
+    }
+
+    /// Follow a lookup for statahead, and start the fetch it makes due.
+    fn stat_ahead(&self, c: &Creds, dir: Fid, name: &str) {
+        let max = self.inner.params.statahead_max.load(Ordering::Relaxed);
+        if let Some(f) = self.inner.statahead.note(dir, c, name, max) {
+            let (fs, c) = (self.clone(), c.clone());
+            tokio::spawn(async move { fs.fetch_ahead(&c, f).await });
+        }
+    }
+
+    /// Fetch a statahead window. Only plain answers are kept: not a file some client is
+    /// writing (its size comes from a glimpse at the time), nor a remote entry.
+    async fn fetch_ahead(&self, c: &Creds, f: Fetch) {
+        let began = self.inner.changes.load(Ordering::Acquire);
+        let found = self.looked(c, f.dir, &f.names).await.ok().map(|v| {
+            let writers = lock(&self.inner.writers);
+            (f.first..)
+                .zip(v)
+                .filter_map(|(i, l)| match l {
+                    Looked::Attr(a) if a.nlink > 0 && !writers.contains_key(&a.fid) => Some((i, a)),
+                    _ => None,
+                })
+                .collect()
+        });
+        self.inner.statahead.landed(&f, found, began, self.inner.changes.load(Ordering::Acquire));
+        let _ = f.done.send(true);
+    }
+
+    /// Each of `names` in `dir`, in as few requests as the directory's stripes allow (at
+    /// most [`LOOKUP_MANY_MAX`] names each): one answer per name, in order. The
+    /// directory's own errors fail the call; a missing name is its own answer.
+    pub async fn lookup_many(&self, c: &Creds, dir: Fid, names: &[String]) -> Result<Vec<Result<Attr>>> {
+        let looked = self.looked(c, dir, names).await?;
+        let mut out = Vec::with_capacity(looked.len());
+        for (name, l) in names.iter().zip(looked) {
+            out.push(match l {
+                // A remote entry: its MDT has the rest.
+                Looked::Attr(a) if a.nlink == 0 => self.getattr(c, a.fid).await,
+                Looked::Attr(a) => self.sized(c, a, false).await,
+                Looked::Writing(a) => self.sized(c, a, true).await,
+                Looked::Error(e) => Err(Error::new(e, format!("lookup of {name:?} in {dir}"))),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The MDTs' answers for `names` of `dir`, in order, each name asked of the shard
+    /// that holds it.
+    async fn looked(&self, c: &Creds, dir: Fid, names: &[String]) -> Result<Vec<Looked>> {
+        let mut out = vec![Looked::Error(errno::EIO); names.len()];
+        // A second pass once an MDT said the directory is striped.
+        for fetch in [false, true] {
+            let stripe = self.stripe(c, dir, fetch).await?;
+            let mut groups: BTreeMap<Fid, Vec<usize>> = BTreeMap::new();
+            for (i, n) in names.iter().enumerate() {
+                groups.entry(stripe.as_ref().map_or(dir, |s| s.shards[s.shard_of(n)])).or_default().push(i);
+            }
+            let mut striped = false;
+            'groups: for (at, idx) in groups {
+                for part in idx.chunks(LOOKUP_MANY_MAX) {
+                    let req = Request::LookupMany { dir: at, names: part.iter().map(|&i| names[i].clone()).collect() };
+                    let v = match self.md_at(at, c, &req).await {
+                        Err(e) if e.errno == errno::EREMOTE && at == dir && !fetch => {
+                            striped = true;
+                            break 'groups;
+                        }
+                        r => expect("lookup-many", r?, |r| match r {
+                            Reply::Looked(v) if v.len() == part.len() => Some(v),
+                            _ => None,
+                        })?,
+                    };
+                    for (&i, l) in part.iter().zip(v) {
+                        out[i] = l;
+                    }
+                }
+            }
+            if !striped {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// One name asked of its MDT.
+    async fn lookup_here(&self, c: &Creds, dir: Fid, name: &str) -> Result<Attr> {
         let (a, writing) = self
             .by_name(c, dir, name, |at| async move {
                 attr_writing("lookup", self.md_at(at, c, &Request::Lookup { dir: at, name: name.to_string() }).await?)

@@ -19,6 +19,7 @@ pub mod error;
 pub mod file;
 pub mod fs;
 pub mod params;
+mod statahead;
 pub mod striping;
 
 pub use error::{Error, Result};
@@ -27,6 +28,8 @@ pub use fs::{FileSystem, MountOptions, StatFs, TargetUsage};
 pub use nacre_proto::fid::Fid;
 pub use nacre_proto::mdt::{Attr, Creds, DirEntry, SetAttr};
 pub use params::Tunables;
+/// How long an attribute fetched ahead may answer a lookup (see `llite.*.statahead_max`).
+pub const STATAHEAD_AGE: std::time::Duration = statahead::AGE;
 pub use striping::FileLayout;
 
 /// The credentials of this process (its user and group, no supplementary groups): what a

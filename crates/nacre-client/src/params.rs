@@ -32,6 +32,9 @@ pub struct Tunables {
     /// CRC-32C of every bulk RPC, checked by the OSS on writes and here on reads
     /// (`osc.*.checksums`).
     pub checksums: bool,
+    /// Names fetched ahead of a numbered sequence of lookups, at most
+    /// (`llite.*.statahead_max`; 0 turns statahead off): see the `statahead` module.
+    pub statahead_max: u64,
 }
 
 impl Default for Tunables {
@@ -43,9 +46,13 @@ impl Default for Tunables {
             max_read_ahead_mb: 256,
             max_read_ahead_per_file_mb: 64,
             checksums: true,
+            statahead_max: 128,
         }
     }
 }
+
+/// The largest `statahead_max`, as Lustre's.
+pub const STATAHEAD_MAX: u64 = 8192;
 
 /// An eighth of this machine's memory in MiB, within [64, 2048].
 fn default_dirty_mb() -> u64 {
@@ -143,6 +150,7 @@ pub struct Params {
     pub read_ahead: Budget,
     pub read_ahead_per_file: AtomicU64,
     pub checksums: AtomicBool,
+    pub statahead_max: AtomicU64,
 }
 
 impl Params {
@@ -154,6 +162,7 @@ impl Params {
             read_ahead: Budget::new(t.max_read_ahead_mb << 20),
             read_ahead_per_file: AtomicU64::new(t.max_read_ahead_per_file_mb << 20),
             checksums: AtomicBool::new(t.checksums),
+            statahead_max: AtomicU64::new(t.statahead_max.min(STATAHEAD_MAX)),
         }
     }
 
@@ -194,6 +203,7 @@ impl Params {
                 let v = number(0, 1)?;
                 self.checksums.store(v == 1, Ordering::Relaxed);
             }
+            "statahead_max" => self.statahead_max.store(number(0, STATAHEAD_MAX)?, Ordering::Relaxed),
             "short_io_bytes" => {
                 return Err(format!(
                     "short_io_bytes is read-only: every Nacre RPC carries its data inline, up to {} bytes",
@@ -219,6 +229,7 @@ impl Params {
                 "max_read_ahead_per_file_mb",
                 (self.read_ahead_per_file.load(Ordering::Relaxed) >> 20).to_string(),
             ),
+            ("llite", "statahead_max", self.statahead_max.load(Ordering::Relaxed).to_string()),
         ]
     }
 }

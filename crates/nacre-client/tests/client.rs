@@ -511,6 +511,75 @@ async fn open_by_name_reads_a_small_dom_file_with_the_open() {
     );
 }
 
+/// Statahead: lookups of numbered names in order (mdtest's stat phase) are answered
+/// from attributes fetched ahead, many names per request, in a plain and in a striped
+/// directory. What comes back equals what a lookup of its own gives; a change from this
+/// mount makes the answers fetched before it unusable; a name that is missing is still
+/// ENOENT; another mount's change shows once the answers are older than a second; and
+/// `statahead_max=0` turns it off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numbered_lookups_in_order_are_answered_from_statahead() {
+    const N: usize = 300;
+    let t = TestFs::start(2, 1).await;
+    let fs = t.mount("c1").await;
+    let c = Creds::default();
+    let plain = fs.mkdir(&c, Fid::ROOT, "plain", 0o755, 0, 1).await.unwrap();
+    let striped = fs.mkdir(&c, Fid::ROOT, "striped", 0o755, -1, 2).await.unwrap();
+    let lookups = |t: &TestFs| md_ops(t, 0, "lookup") + md_ops(t, 1, "lookup");
+    let batches = |t: &TestFs| md_ops(t, 0, "lookup_many") + md_ops(t, 1, "lookup_many");
+    for dir in [plain.fid, striped.fid] {
+        let mut made = Vec::new();
+        for i in 0..N {
+            // One file missing from the sequence: it must stay ENOENT.
+            if i == 100 {
+                continue;
+            }
+            made.push((i, fs.create(&c, dir, &format!("file.mdtest.0.{i}"), 0o644, None).await.unwrap()));
+        }
+        let (l0, b0) = (lookups(&t), batches(&t));
+        for &(i, ref a) in &made[..150] {
+            let got = fs.lookup(&c, dir, &format!("file.mdtest.0.{i}")).await.unwrap();
+            assert_eq!(got, *a, "file.mdtest.0.{i}");
+            if i == 99 {
+                let e = fs.lookup(&c, dir, "file.mdtest.0.100").await.unwrap_err();
+                assert_eq!(e.errno, errno::ENOENT);
+            }
+        }
+        let (asked, fetched) = (lookups(&t) - l0, batches(&t) - b0);
+        assert!(asked < 20, "{asked} single lookups for 150 names");
+        assert!(fetched > 0 && fetched < 40, "{fetched} lookup-many requests");
+        // A change from this mount: answers fetched before it are not used. The size set
+        // here is what the next lookup must see.
+        let (i, a) = &made[150];
+        let f = fs.open(&c, a.fid, OpenFlags::WRITE).await.unwrap();
+        f.close().await.unwrap();
+        fs.setattr(&c, made[151].1.fid, SetAttr { mask: set::SIZE, size: 7, ..Default::default() }).await.unwrap();
+        assert_eq!(fs.lookup(&c, dir, &format!("file.mdtest.0.{i}")).await.unwrap().fid, a.fid);
+        let (j, _) = &made[151];
+        assert_eq!(fs.lookup(&c, dir, &format!("file.mdtest.0.{j}")).await.unwrap().size, 7);
+    }
+
+    // Another mount's change is seen once the answers fetched here are older than
+    // STATAHEAD_AGE.
+    let other = t.mount("c2").await;
+    for i in 160..170 {
+        fs.lookup(&c, plain.fid, &format!("file.mdtest.0.{i}")).await.unwrap();
+    }
+    let next = other.lookup(&c, plain.fid, "file.mdtest.0.170").await.unwrap();
+    other.setattr(&c, next.fid, SetAttr { mask: set::SIZE, size: 99, ..Default::default() }).await.unwrap();
+    tokio::time::sleep(nacre_client::STATAHEAD_AGE + std::time::Duration::from_millis(50)).await;
+    assert_eq!(fs.lookup(&c, plain.fid, "file.mdtest.0.170").await.unwrap().size, 99);
+
+    // Off: every lookup is its own request.
+    fs.set_param("llite.*.statahead_max", "0").unwrap();
+    let l0 = lookups(&t);
+    for i in 200..260 {
+        fs.lookup(&c, plain.fid, &format!("file.mdtest.0.{i}")).await.unwrap();
+    }
+    assert_eq!(lookups(&t) - l0, 60);
+    assert!(fs.set_param("llite.*.statahead_max", "9000").is_err());
+}
+
 /// ior-hard's reads: four handles of one file on one mount, each reading every fourth
 /// block. The file's read-ahead chunks are shared by its handles, so the OSTs read each
 /// byte about once, not once per handle.

@@ -165,11 +165,15 @@ pub const MDS_SETDIRDEFAULT: u16 = 322;
 pub const MDS_UPDATE: u16 = 323;
 pub const MDS_CREATE_OPEN: u16 = 324;
 pub const MDS_OPEN_AT: u16 = 325;
+/// Several names of one directory looked up in one request (the client's statahead).
+pub const MDS_LOOKUP_MANY: u16 = 326;
 
 /// Supplementary groups a request may carry.
 pub const GROUPS_MAX: usize = 64;
 /// Entries one readdir reply holds at most.
 pub const READDIR_MAX: u32 = 1024;
+/// Names one lookup-many request holds at most.
+pub const LOOKUP_MANY_MAX: usize = 256;
 
 /// Who asks.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -245,6 +249,12 @@ pub enum Request {
     Lookup {
         dir: Fid,
         name: String,
+    },
+    /// Each of `names` in `dir` (at most [`LOOKUP_MANY_MAX`]), answered one by one
+    /// ([`Reply::Looked`]): a name that is missing does not fail the others.
+    LookupMany {
+        dir: Fid,
+        names: Vec<String>,
     },
     /// Entries after `cookie` (0 starts), at most `max`, each with its attributes.
     Readdir {
@@ -399,6 +409,7 @@ impl Request {
             self,
             Request::Getattr { .. }
                 | Request::Lookup { .. }
+                | Request::LookupMany { .. }
                 | Request::Readdir { .. }
                 | Request::Readlink { .. }
                 | Request::Getxattr { .. }
@@ -419,6 +430,13 @@ impl Request {
         match self {
             Request::Getattr { fid } => (MDS_GETATTR, fid.put(e).done()),
             Request::Lookup { dir, name } => (MDS_LOOKUP, s(dir.put(e), name).done()),
+            Request::LookupMany { dir, names } => {
+                let mut e = dir.put(e).u32(names.len() as u32);
+                for n in names {
+                    e = s(e, n);
+                }
+                (MDS_LOOKUP_MANY, e.done())
+            }
             Request::Readdir { dir, cookie, max } => (MDS_READDIR, dir.put(e).u64(*cookie).u32(*max).done()),
             Request::Create { dir, name, mode, target, layout } => {
                 (MDS_CREATE, s(dir.put(e), name).u32(*mode).bytes(target).bytes(layout).done())
@@ -479,6 +497,7 @@ impl Request {
         let name = match opcode {
             MDS_GETATTR => "getattr",
             MDS_LOOKUP => "lookup",
+            MDS_LOOKUP_MANY => "lookup-many",
             MDS_READDIR => "readdir",
             MDS_CREATE => "create",
             MDS_CREATE_OPEN => "create-open",
@@ -513,6 +532,18 @@ impl Request {
         let r = match opcode {
             MDS_GETATTR => Request::Getattr { fid: Fid::get(&mut d, "fid")? },
             MDS_LOOKUP => Request::Lookup { dir: Fid::get(&mut d, "directory")?, name: name_of(&mut d, "name")? },
+            MDS_LOOKUP_MANY => {
+                let dir = Fid::get(&mut d, "directory")?;
+                let n = d.u32("name count")? as usize;
+                if n > LOOKUP_MANY_MAX {
+                    return Err(ProtoError::Invalid(format!("{n} names in one lookup; at most {LOOKUP_MANY_MAX}")));
+                }
+                let mut names = Vec::with_capacity(n);
+                for _ in 0..n {
+                    names.push(name_of(&mut d, "name")?);
+                }
+                Request::LookupMany { dir, names }
+            }
             MDS_READDIR => {
                 Request::Readdir { dir: Fid::get(&mut d, "directory")?, cookie: d.u64("cookie")?, max: d.u32("max")? }
             }
@@ -659,6 +690,18 @@ pub enum Reply {
         stripe: Vec<u8>,
         default: Vec<u8>,
     },
+    /// The answers to a lookup-many, one per name, in the request's order.
+    Looked(Vec<Looked>),
+}
+
+/// One name's answer in [`Reply::Looked`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Looked {
+    Attr(Attr),
+    /// As [`Reply::Writing`]: some client has the file open for writing.
+    Writing(Attr),
+    /// The name's error (a positive errno: ENOENT, ENAMETOOLONG, ...).
+    Error(i32),
 }
 
 /// Bytes a reply's variable parts may hold (entries, names, values).
@@ -701,6 +744,17 @@ impl Reply {
             }
             Reply::DirStripe { stripe, default } => e.u8(9).bytes(stripe).bytes(default).done(),
             Reply::Writing(a) => a.put(e.u8(10)).done(),
+            Reply::Looked(v) => {
+                let mut e = e.u8(11).u32(v.len() as u32);
+                for l in v {
+                    e = match l {
+                        Looked::Attr(a) => a.put(e.u8(1)),
+                        Looked::Writing(a) => a.put(e.u8(2)),
+                        Looked::Error(errno) => e.u8(3).u32(*errno as u32),
+                    };
+                }
+                e.done()
+            }
         }
     }
 
@@ -771,6 +825,22 @@ impl Reply {
                 stripe: d.bytes("directory stripe", 8 + 16 * crate::dne::DIR_STRIPES_MAX + 8)?.to_vec(),
                 default: d.bytes("directory default", 64)?.to_vec(),
             },
+            11 => {
+                let n = d.u32("answer count")? as usize;
+                if n > LOOKUP_MANY_MAX {
+                    return Err(ProtoError::Invalid(format!("{n} lookup answers; at most {LOOKUP_MANY_MAX}")));
+                }
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    v.push(match d.u8("answer kind")? {
+                        1 => Looked::Attr(Attr::get(&mut d)?),
+                        2 => Looked::Writing(Attr::get(&mut d)?),
+                        3 => Looked::Error(d.u32("errno")? as i32),
+                        k => return Err(ProtoError::Invalid(format!("lookup answer of unknown kind {k}"))),
+                    });
+                }
+                Reply::Looked(v)
+            }
             k => return Err(ProtoError::Invalid(format!("MDS reply of unknown kind {k}"))),
         };
         d.end()?;
@@ -789,6 +859,8 @@ mod tests {
         let all = [
             Request::Getattr { fid: f },
             Request::Lookup { dir: f, name: "a".into() },
+            Request::LookupMany { dir: f, names: vec!["a".into(), "b7".into()] },
+            Request::LookupMany { dir: f, names: vec![] },
             Request::Readdir { dir: f, cookie: 9, max: 100 },
             Request::Create {
                 dir: f,
@@ -845,6 +917,11 @@ mod tests {
         assert!(Request::decode(op, &body).unwrap_err().to_string().contains("supplementary groups"));
         let (op, body) = Request::Lookup { dir: f, name: "n".repeat(NAME_MAX * 4 + 1) }.encode(&creds);
         assert!(Request::decode(op, &body).unwrap_err().to_string().contains("longer than"));
+        let names = vec!["n".to_string(); LOOKUP_MANY_MAX + 1];
+        let (op, body) = Request::LookupMany { dir: f, names }.encode(&creds);
+        assert!(Request::decode(op, &body).unwrap_err().to_string().contains("257 names in one lookup"));
+        let b = Reply::Looked(vec![Looked::Error(2); LOOKUP_MANY_MAX + 1]).encode();
+        assert!(Reply::decode(&b).unwrap_err().to_string().contains("lookup answers"));
         let a = Attr { fid: f, mode: mode::S_IFDIR | 0o755, nlink: 2, ..Attr::default() };
         let replies = [
             Reply::Attr(a),
@@ -860,6 +937,8 @@ mod tests {
             Reply::Layout { layout: vec![1, 2, 3], objects: vec![vec![], vec![(0, 5), (3, 9)]] },
             Reply::DirStripe { stripe: vec![1, 2], default: vec![] },
             Reply::Writing(a),
+            Reply::Looked(vec![Looked::Attr(a), Looked::Error(errno::ENOENT), Looked::Writing(a)]),
+            Reply::Looked(vec![]),
         ];
         for r in replies {
             let b = r.encode();

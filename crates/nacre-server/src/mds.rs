@@ -27,7 +27,7 @@ const READDIR_REPLY_BYTES: usize = 60 << 10;
 const EPROTO: i32 = 71;
 
 /// Operations counted in `md_stats`, by opcode.
-const OPS: [(u16, &str); 26] = [
+const OPS: [(u16, &str); 27] = [
     (mdt::MDS_GETATTR, "getattr"),
     (mdt::MDS_LOOKUP, "lookup"),
     (mdt::MDS_READDIR, "readdir"),
@@ -54,6 +54,7 @@ const OPS: [(u16, &str); 26] = [
     (mdt::MDS_SETDIRDEFAULT, "setdirdefault"),
     (mdt::MDS_UPDATE, "update"),
     (mdt::MDS_CREATE_OPEN, "create_open"),
+    (mdt::MDS_LOOKUP_MANY, "lookup_many"),
 ];
 
 pub struct Mds {
@@ -122,8 +123,13 @@ fn create_change(
 
 /// The answer of a getattr or lookup: a regular file some client has open for writing
 /// says so (its size is then taken from its objects).
+/// Is `a` a regular file some client has open for writing (its size is then the objects')?
+fn writing(ns: &Namespace, a: &mdt::Attr) -> bool {
+    mode::is_reg(a.mode) && ns.is_open_for_write(a.fid)
+}
+
 fn attr_reply(ns: &Namespace, a: mdt::Attr) -> mdt::Reply {
-    if mode::is_reg(a.mode) && ns.is_open_for_write(a.fid) { mdt::Reply::Writing(a) } else { mdt::Reply::Attr(a) }
+    if writing(ns, &a) { mdt::Reply::Writing(a) } else { mdt::Reply::Attr(a) }
 }
 
 fn set_attr(s: &mdt::SetAttr) -> SetAttr {
@@ -209,6 +215,7 @@ impl Mds {
                     req.header.opcode,
                     mdt::MDS_GETATTR
                         | mdt::MDS_LOOKUP
+                        | mdt::MDS_LOOKUP_MANY
                         | mdt::MDS_READDIR
                         | mdt::MDS_READLINK
                         | mdt::MDS_GETXATTR
@@ -588,6 +595,17 @@ impl Mds {
         match r {
             Request::Getattr { fid } => answer(ns.getattr(fid), |a| attr_reply(ns, a)),
             Request::Lookup { dir, name } => answer(ns.lookup(&c, dir, &name), |a| attr_reply(ns, a)),
+            Request::LookupMany { dir, names } => answer(ns.lookup_many(&c, dir, &names), |v| {
+                mdt::Reply::Looked(
+                    v.into_iter()
+                        .map(|r| match r {
+                            Ok(a) if writing(ns, &a) => mdt::Looked::Writing(a),
+                            Ok(a) => mdt::Looked::Attr(a),
+                            Err(e) => mdt::Looked::Error(e.errno),
+                        })
+                        .collect(),
+                )
+            }),
             Request::Readdir { dir, cookie, max } => {
                 // A page fits one reply body (64 KiB), with room for its header.
                 let max = max.clamp(1, READDIR_MAX) as usize;

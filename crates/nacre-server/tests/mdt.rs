@@ -350,6 +350,39 @@ fn names_are_checked() {
     assert_eq!(ns.statfs().unwrap().inodes, 3);
 }
 
+/// Several names of one directory in one call (the client's statahead): each name gets
+/// the answer a lookup of its own gives, a missing or over-long name fails alone, and the
+/// directory's own errors fail the whole call.
+#[test]
+fn lookup_many_answers_each_name_as_a_lookup_would() {
+    let (ns, _v) = ns();
+    let c = root();
+    let d = ns.mkdir(&c, ROOT, "d", 0o700, None).unwrap();
+    for i in 0..5 {
+        ns.create(&c, d.fid, &format!("f{i}"), 0o644, None).unwrap();
+    }
+    let long = "x".repeat(256);
+    let names = ["f0", "f4", "missing", long.as_str(), ".", "..", "f2"];
+    let got = ns.lookup_many(&c, d.fid, &names).unwrap();
+    assert_eq!(got.len(), names.len());
+    for (name, r) in names.iter().zip(&got) {
+        match ns.lookup(&c, d.fid, name) {
+            Ok(a) => assert_eq!(r.as_ref().ok(), Some(&a), "{name}"),
+            Err(e) => assert_eq!(r.as_ref().err().map(|x| x.errno), Some(e.errno), "{name}"),
+        }
+    }
+    assert_eq!(got[2].as_ref().unwrap_err().errno, errno::ENOENT);
+    assert_eq!(got[3].as_ref().unwrap_err().errno, errno::ENAMETOOLONG);
+    assert_eq!(got[4].as_ref().unwrap().fid, d.fid);
+    assert_eq!(got[5].as_ref().unwrap().fid, ROOT);
+    assert!(ns.lookup_many::<&str>(&c, d.fid, &[]).unwrap().is_empty());
+    // The directory's errors: not a directory, missing, no search permission.
+    let f0 = got[0].as_ref().unwrap().fid;
+    assert_eq!(errno_of(ns.lookup_many(&c, f0, &["x"])), errno::ENOTDIR);
+    assert_eq!(errno_of(ns.lookup_many(&c, Fid::new(Fid::seq_of(0, 0), 999), &["x"])), errno::ENOENT);
+    assert_eq!(errno_of(ns.lookup_many(&Cred::user(1000, 100), d.fid, &["f0"])), errno::EACCES);
+}
+
 #[test]
 fn permissions_and_sticky_directories() {
     let (ns, _v) = ns();

@@ -82,6 +82,17 @@ fn resent_intent() -> MdError {
 }
 
 /// The attributes of an entry whose inode lives on another MDT: its FID and type only.
+/// ENAMETOOLONG for a name longer than [`NAME_MAX`].
+fn name_fits(name: &str) -> Result<()> {
+    if name.len() > NAME_MAX {
+        return Err(MdError::new(
+            errno::ENAMETOOLONG,
+            format!("name of {} bytes is longer than {NAME_MAX}", name.len()),
+        ));
+    }
+    Ok(())
+}
+
 pub fn remote_attr(fid: Fid, kind: u32) -> Attr {
     Attr { fid, mode: kind & mode::S_IFMT, ..Attr::default() }
 }
@@ -581,12 +592,7 @@ fn check_name(name: &str) -> Result<()> {
     if name.is_empty() || name == "." || name == ".." {
         return Err(MdError::new(errno::EINVAL, format!("{name:?} cannot name a new entry")));
     }
-    if name.len() > NAME_MAX {
-        return Err(MdError::new(
-            errno::ENAMETOOLONG,
-            format!("name of {} bytes is longer than {NAME_MAX}", name.len()),
-        ));
-    }
+    name_fits(name)?;
     if name.contains('/') || name.contains('\0') {
         return Err(MdError::new(errno::EINVAL, format!("name {name:?} holds '/' or NUL")));
     }
@@ -1519,12 +1525,15 @@ impl Namespace {
 
     /// The entry `name` of `dir` with its attributes; needs search (X) permission on `dir`.
     pub fn lookup(&self, cred: &Cred, dir: Fid, name: &str) -> Result<Attr> {
-        if name.len() > NAME_MAX {
-            return Err(MdError::new(
-                errno::ENAMETOOLONG,
-                format!("name of {} bytes is longer than {NAME_MAX}", name.len()),
-            ));
-        }
+        name_fits(name)?;
+        let mut one = self.lookup_many(cred, dir, &[name])?;
+        one.pop().unwrap_or_else(|| Err(storage("a lookup of one name answered none")))
+    }
+
+    /// Each of `names` in `dir`, in one read transaction (the client's statahead). The
+    /// directory's own errors (missing, not a directory, no search permission, striped
+    /// here) fail the whole call; a name's own (missing, too long) is its answer alone.
+    pub fn lookup_many<S: AsRef<str>>(&self, cred: &Cred, dir: Fid, names: &[S]) -> Result<Vec<Result<Attr>>> {
         let txn = self.db.begin_read()?;
         let inodes = txn.open_table(INODES)?;
         let get = |f: Fid| -> Result<(Attr, Fid)> {
@@ -1538,27 +1547,31 @@ impl Namespace {
         if !may(cred, &d, X) {
             return Err(denied(cred, "search", &d));
         }
-        if name != "." && name != ".." {
+        if names.iter().any(|n| !matches!(n.as_ref(), "." | "..")) {
             striped_here(&txn, dir)?;
         }
-        let (child, kind) = match name {
-            "." => (dir, mode::S_IFDIR),
-            ".." => (parent, mode::S_IFDIR),
-            _ => {
-                let t = txn.open_table(DIRENTS)?;
-                let v = t
-                    .get((dir.key(), cookie_of(name), name))?
-                    .ok_or_else(|| MdError::new(errno::ENOENT, format!("no {name:?} in {dir}")))?;
-                let (f, k) = v.value();
-                (Fid::from_key(f), k)
+        let dirents = txn.open_table(DIRENTS)?;
+        let one = |name: &str| -> Result<Attr> {
+            name_fits(name)?;
+            let (child, kind) = match name {
+                "." => (dir, mode::S_IFDIR),
+                ".." => (parent, mode::S_IFDIR),
+                _ => {
+                    let v = dirents
+                        .get((dir.key(), cookie_of(name), name))?
+                        .ok_or_else(|| MdError::new(errno::ENOENT, format!("no {name:?} in {dir}")))?;
+                    let (f, k) = v.value();
+                    (Fid::from_key(f), k)
+                }
+            };
+            if child.mdt() != Some(self.index) {
+                // Lustre's answer for a remote entry: its FID, whose sequence names the
+                // MDT that has its attributes.
+                return Ok(remote_attr(child, kind));
             }
+            Ok(get(child)?.0)
         };
-        if child.mdt() != Some(self.index) {
-            // Lustre's answer for a remote entry: its FID, whose sequence names the MDT
-            // that has its attributes.
-            return Ok(remote_attr(child, kind));
-        }
-        Ok(get(child)?.0)
+        Ok(names.iter().map(|n| one(n.as_ref())).collect())
     }
 
     /// Up to `max` entries of `dir` after `cookie` (0 starts), each with its attributes;

@@ -1,0 +1,349 @@
+//! Statahead: when a process looks up the names of a directory one after another in a
+//! numbered sequence (`file.0`, `file.1`, ..., as mdtest and many job scripts name their
+//! files), the attributes of the next names are fetched ahead, many per request, and its
+//! later lookups are answered here without a round trip. This is Lustre's statahead for
+//! regularized file names (`llite.*.statahead_max`).
+//!
+//! - A sequence is a directory and a name prefix, followed for one set of credentials.
+//!   It runs once [`RUN_MIN`] lookups in a row asked for the previous number plus one;
+//!   then the window opens at [`WINDOW_MIN`] names and doubles with each fetch, up to
+//!   `statahead_max`. A lookup that breaks the sequence starts it over from its name;
+//!   one that skips names inside what was fetched (missing files) goes on with it.
+//! - One fetch per sequence is in flight at a time, and the next starts when the reader
+//!   is half way through what was fetched. A lookup of a name the fetch in flight covers
+//!   waits for it rather than asking on its own.
+//! - An answer is used once, within [`AGE`] of its fetch, and only if no change went out
+//!   from this mount since the fetch began (a create, unlink, setattr, close...: the
+//!   mount's change count says). Other mounts' changes show within [`AGE`], as they do
+//!   through the kernel's attribute cache on a FUSE mount.
+//! - At most [`SEQUENCES_MAX`] sequences are followed; the one used least recently goes.
+
+use std::collections::HashMap;
+use std::ops::RangeInclusive;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use nacre_proto::fid::Fid;
+use nacre_proto::mdt::{Attr, Creds};
+use tokio::sync::watch;
+
+/// Lookups in a row, each the previous number plus one, before anything is fetched.
+pub const RUN_MIN: u32 = 3;
+/// Names of a sequence's first fetch.
+pub const WINDOW_MIN: u64 = 8;
+/// How long a fetched answer may stand in for a lookup.
+pub const AGE: Duration = Duration::from_secs(1);
+/// Sequences followed at once.
+pub const SEQUENCES_MAX: usize = 64;
+
+/// A name split into a prefix and a trailing number: `file.mdtest.3.` and 17 from
+/// `file.mdtest.3.17`. `width` is the digits' count when the number is zero-padded
+/// (`f007`), else 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Numbered<'n> {
+    prefix: &'n str,
+    number: u64,
+    width: usize,
+}
+
+fn numbered(name: &str) -> Option<Numbered<'_>> {
+    let digits = name.bytes().rev().take_while(u8::is_ascii_digit).count();
+    // Up to 18 digits fit a u64 with room to count on.
+    if digits == 0 || digits > 18 {
+        return None;
+    }
+    let (prefix, tail) = name.split_at(name.len() - digits);
+    let number = tail.parse().ok()?;
+    let width = if digits > 1 && tail.starts_with('0') { digits } else { 0 };
+    Some(Numbered { prefix, number, width })
+}
+
+fn name_of(prefix: &str, number: u64, width: usize) -> String {
+    format!("{prefix}{number:0width$}")
+}
+
+struct Sequence {
+    creds: Creds,
+    width: usize,
+    /// The number a lookup continuing the sequence asks next.
+    next: u64,
+    run: u32,
+    window: u64,
+    /// The highest number fetched or being fetched (`None`: nothing yet).
+    fetched_to: Option<u64>,
+    /// Fetched answers by number: the attributes, when, and the mount's change count
+    /// when their fetch began.
+    ready: HashMap<u64, (Attr, Instant, u64)>,
+    /// The numbers of the fetch in flight, and its end (true once it has landed).
+    inflight: Option<(RangeInclusive<u64>, watch::Receiver<bool>)>,
+    used: u64,
+}
+
+/// What statahead has for a lookup.
+pub enum Probe {
+    Hit(Attr),
+    /// A fetch in flight covers the name: wait for it, then probe again.
+    Wait(watch::Receiver<bool>),
+    Miss,
+}
+
+/// Names to fetch for a sequence. Its landing is told with [`Statahead::landed`]; the
+/// sender ends the wait of lookups that found it in flight when dropped.
+pub struct Fetch {
+    pub dir: Fid,
+    pub prefix: String,
+    pub first: u64,
+    pub names: Vec<String>,
+    pub done: watch::Sender<bool>,
+}
+
+/// The sequences by directory and prefix, and a clock of notes for least-recent use.
+#[derive(Default)]
+struct Sequences {
+    map: HashMap<(Fid, String), Sequence>,
+    tick: u64,
+}
+
+#[derive(Default)]
+pub struct Statahead {
+    sequences: Mutex<Sequences>,
+}
+
+impl Statahead {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Sequences> {
+        self.sequences.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A fetched answer for `name` of `dir`, if there is a good one; `changes` is the
+    /// mount's change count now.
+    pub fn probe(&self, dir: Fid, creds: &Creds, name: &str, changes: u64) -> Probe {
+        let Some(n) = numbered(name) else { return Probe::Miss };
+        let mut g = self.lock();
+        let Some(s) = g.map.get_mut(&(dir, n.prefix.to_string())) else { return Probe::Miss };
+        if s.creds != *creds || s.width != n.width {
+            return Probe::Miss;
+        }
+        if let Some((a, at, seen)) = s.ready.remove(&n.number) {
+            if seen == changes && at.elapsed() < AGE {
+                return Probe::Hit(a);
+            }
+            return Probe::Miss;
+        }
+        match &s.inflight {
+            Some((range, rx)) if range.contains(&n.number) => Probe::Wait(rx.clone()),
+            _ => Probe::Miss,
+        }
+    }
+
+    /// Follow a lookup of `name` of `dir` that was answered (here or by the MDT); a fetch
+    /// to start, if one is due. `max` is `statahead_max` (0: statahead is off).
+    pub fn note(&self, dir: Fid, creds: &Creds, name: &str, max: u64) -> Option<Fetch> {
+        let n = numbered(name)?;
+        if max == 0 {
+            return None;
+        }
+        let mut g = self.lock();
+        g.tick += 1;
+        let tick = g.tick;
+        let map = &mut g.map;
+        let key = (dir, n.prefix.to_string());
+        // The next number, or one further inside what was fetched (a missing name
+        // skipped), continues the sequence.
+        let continues = map.get(&key).is_some_and(|s| {
+            s.creds == *creds
+                && s.width == n.width
+                && (s.next == n.number || (n.number > s.next && s.fetched_to.is_some_and(|t| n.number <= t)))
+        });
+        if !continues {
+            if !map.contains_key(&key) && map.len() >= SEQUENCES_MAX {
+                let oldest = map.iter().min_by_key(|(_, s)| s.used).map(|(k, _)| k.clone());
+                if let Some(k) = oldest {
+                    map.remove(&k);
+                }
+            }
+            map.insert(
+                key,
+                Sequence {
+                    creds: creds.clone(),
+                    width: n.width,
+                    next: n.number.saturating_add(1),
+                    run: 1,
+                    window: 0,
+                    fetched_to: None,
+                    ready: HashMap::new(),
+                    inflight: None,
+                    used: tick,
+                },
+            );
+            return None;
+        }
+        let s = map.get_mut(&key)?;
+        s.used = tick;
+        s.run = s.run.saturating_add(1);
+        s.next = n.number.saturating_add(1);
+        s.ready.retain(|k, _| *k > n.number);
+        if s.run < RUN_MIN || s.inflight.is_some() {
+            return None;
+        }
+        let ahead = s.fetched_to.map_or(0, |t| t.saturating_sub(n.number));
+        if ahead > s.window / 2 {
+            return None;
+        }
+        s.window = (s.window * 2).clamp(WINDOW_MIN.min(max), max);
+        let first = s.fetched_to.map_or(s.next, |t| t.saturating_add(1).max(s.next));
+        let last = first.saturating_add(s.window - 1);
+        let (done, rx) = watch::channel(false);
+        s.fetched_to = Some(last);
+        s.inflight = Some((first..=last, rx));
+        Some(Fetch {
+            dir,
+            prefix: n.prefix.to_string(),
+            first,
+            names: (first..=last).map(|i| name_of(n.prefix, i, n.width)).collect(),
+            done,
+        })
+    }
+
+    /// A fetch landed: `found` holds the attributes of the names that exist (`None`: it
+    /// failed), `began` the mount's change count when it was sent, `changes` now.
+    pub fn landed(&self, f: &Fetch, found: Option<Vec<(u64, Attr)>>, began: u64, changes: u64) {
+        let mut g = self.lock();
+        let Some(s) = g.map.get_mut(&(f.dir, f.prefix.clone())) else { return };
+        if s.inflight.as_ref().is_none_or(|(r, _)| *r.start() != f.first) {
+            // The sequence started over meanwhile: this fetch is not its own.
+            return;
+        }
+        s.inflight = None;
+        match found {
+            Some(found) if began == changes => {
+                let now = Instant::now();
+                for (i, a) in found {
+                    if i >= s.next {
+                        s.ready.insert(i, (a, now, began));
+                    }
+                }
+            }
+            // Failed, or a change went out meanwhile: fetch again from where the reader is.
+            _ => s.fetched_to = s.next.checked_sub(1),
+        }
+    }
+
+    /// Answers held, over every sequence.
+    #[cfg(test)]
+    pub fn held(&self) -> usize {
+        self.lock().map.values().map(|s| s.ready.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(n: u64) -> Attr {
+        Attr { fid: Fid::new(0x2_0000_0400, n as u32 + 1), nlink: 1, ..Attr::default() }
+    }
+
+    #[test]
+    fn names_split_into_prefix_and_number_and_format_back() {
+        let n = numbered("file.mdtest.3.17").unwrap();
+        assert_eq!((n.prefix, n.number, n.width), ("file.mdtest.3.", 17, 0));
+        assert_eq!(name_of(n.prefix, 18, n.width), "file.mdtest.3.18");
+        let z = numbered("f007").unwrap();
+        assert_eq!((z.prefix, z.number, z.width), ("f", 7, 3));
+        assert_eq!(name_of("f", 8, 3), "f008");
+        assert_eq!(numbered("0").map(|n| (n.number, n.width)), Some((0, 0)));
+        assert!(numbered("plain").is_none());
+        assert!(numbered(&"9".repeat(19)).is_none(), "too long for a u64 with room");
+    }
+
+    #[test]
+    fn a_run_opens_a_window_that_doubles_and_answers_are_used_once() {
+        let sa = Statahead::default();
+        let (d, c) = (Fid::new(0x2_0000_0400, 1), Creds::default());
+        assert!(sa.note(d, &c, "f0", 128).is_none());
+        assert!(sa.note(d, &c, "f1", 128).is_none());
+        let f = sa.note(d, &c, "f2", 128).expect("the third in a row starts a fetch");
+        assert_eq!(f.names, (3..11).map(|i| format!("f{i}")).collect::<Vec<_>>());
+        assert!(matches!(sa.probe(d, &c, "f3", 0), Probe::Wait(_)), "in flight: wait for it");
+        assert!(matches!(sa.probe(d, &c, "f11", 0), Probe::Miss));
+        // f5 does not exist: it is simply not among the answers.
+        let found = (3..11).filter(|&i| i != 5).map(|i| (i, attr(i))).collect();
+        sa.landed(&f, Some(found), 0, 0);
+        assert_eq!(sa.held(), 7);
+        match sa.probe(d, &c, "f3", 0) {
+            Probe::Hit(a) => assert_eq!(a, attr(3)),
+            _ => panic!("f3 was fetched"),
+        }
+        assert!(matches!(sa.probe(d, &c, "f3", 0), Probe::Miss), "an answer is used once");
+        assert!(sa.note(d, &c, "f3", 128).is_none(), "7 ahead of 8: not yet");
+        assert!(matches!(sa.probe(d, &c, "f4", 1), Probe::Miss), "a change went out since the fetch");
+        assert!(sa.note(d, &c, "f4", 128).is_none());
+        assert!(matches!(sa.probe(d, &c, "f5", 0), Probe::Miss), "f5 does not exist");
+        assert!(sa.note(d, &c, "f5", 128).is_none(), "still 5 ahead");
+        let g = sa.note(d, &c, "f6", 128).expect("half way through: the next fetch, twice as long");
+        assert_eq!((g.first, g.names.len()), (11, 16));
+        assert!(matches!(sa.probe(d, &c, "f7", 0), Probe::Hit(_)));
+        assert!(matches!(sa.probe(d, &c, "f7", 0), Probe::Miss), "{} held", sa.held());
+        // Other credentials never see these answers.
+        let other = Creds { uid: 1000, gid: 1000, groups: vec![] };
+        assert!(matches!(sa.probe(d, &other, "f9", 0), Probe::Miss));
+        assert!(matches!(sa.probe(d, &c, "f9", 0), Probe::Hit(_)));
+    }
+
+    #[test]
+    fn a_break_starts_over_and_a_fetch_of_the_old_run_is_ignored() {
+        let sa = Statahead::default();
+        let (d, c) = (Fid::new(0x2_0000_0400, 1), Creds::default());
+        for i in 0..2 {
+            assert!(sa.note(d, &c, &format!("a{i}"), 64).is_none());
+        }
+        let f = sa.note(d, &c, "a2", 64).unwrap();
+        assert!(sa.note(d, &c, "a20", 64).is_none(), "a jump past what was fetched starts over");
+        sa.landed(&f, Some(vec![(3, attr(3))]), 0, 0);
+        assert_eq!(sa.held(), 0, "the old run's answers are dropped");
+        // Two prefixes in one directory are two sequences (mdtest-hard's tasks).
+        for i in 0..3 {
+            sa.note(d, &c, &format!("b{i}"), 64);
+        }
+        assert!(sa.note(d, &c, "a21", 64).is_none());
+        assert!(matches!(sa.probe(d, &c, "b3", 0), Probe::Wait(_)), "b's fetch is in flight");
+        // A skip inside what was fetched goes on with the run.
+        for i in 0..3 {
+            sa.note(d, &c, &format!("s{i}"), 64);
+        }
+        assert!(sa.note(d, &c, "s5", 64).is_none());
+        assert!(matches!(sa.probe(d, &c, "s6", 0), Probe::Wait(_)), "the run and its fetch went on");
+        // Off: nothing is followed.
+        assert!(sa.note(d, &c, "z0", 0).is_none());
+    }
+
+    #[test]
+    fn a_failed_fetch_is_asked_again_and_answers_grow_old() {
+        let sa = Statahead::default();
+        let (d, c) = (Fid::new(0x2_0000_0400, 1), Creds::default());
+        sa.note(d, &c, "x0", 16);
+        sa.note(d, &c, "x1", 16);
+        let f = sa.note(d, &c, "x2", 16).unwrap();
+        sa.landed(&f, None, 0, 0);
+        let again = sa.note(d, &c, "x3", 16).expect("refetched from where the reader is");
+        assert_eq!(again.first, 4);
+        sa.landed(&again, Some(vec![(4, attr(4))]), 0, 0);
+        {
+            let mut g = sa.lock();
+            let s = g.map.get_mut(&(d, "x".to_string())).unwrap();
+            let e = s.ready.get_mut(&4).unwrap();
+            e.1 = Instant::now().checked_sub(AGE).unwrap();
+        }
+        assert!(matches!(sa.probe(d, &c, "x4", 0), Probe::Miss), "older than AGE");
+    }
+
+    #[test]
+    fn sequences_are_bounded() {
+        let sa = Statahead::default();
+        let c = Creds::default();
+        for i in 0..(SEQUENCES_MAX as u32 + 10) {
+            sa.note(Fid::new(0x2_0000_0400, i + 1), &c, "f0", 64);
+        }
+        assert_eq!(sa.lock().map.len(), SEQUENCES_MAX);
+    }
+}
