@@ -73,9 +73,13 @@ struct Served {
 
 /// Bytes of each of the MDT's four drives: room for every round's files (about 4 KiB of
 /// database and log per file and round, mirrored over two pairs), at least 64 MiB. The
-/// drives are written whole when the volume is made: under /dev/shm they take memory.
+/// database's file doubles as it grows, so the room is rounded up to a power of two and a
+/// quarter more (the log's region and the volume's own): a database of 2^k bytes must
+/// still fit its next growth. The drives are written whole when the volume is made:
+/// under /dev/shm they take memory.
 fn drive_bytes(o: &MdsBenchOptions) -> u64 {
-    ((o.files * o.rounds.max(1) as u64 * 8) << 10).clamp(64 << 20, 4 << 30).div_ceil(1 << 20) << 20
+    let room = ((o.files * o.rounds.max(1) as u64 * 8) << 10).next_power_of_two();
+    (room / 4 * 5).clamp(64 << 20, 4 << 30).div_ceil(1 << 20) << 20
 }
 
 async fn serve(dir: &Path, sync: SyncMode, drive: u64) -> Result<Served, BenchError> {
