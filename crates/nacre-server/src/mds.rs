@@ -15,10 +15,10 @@ use nacre_proto::mdt::{self, Creds, READDIR_MAX, Request, errno, mode, set, xatt
 use nacre_proto::param;
 
 use crate::dne::{Coordinator, coordinator_client, update_digest};
-use crate::mdt::OpenAnswer;
 use crate::mdt::namespace::RenameMode;
 use crate::mdt::namespace::{Answer, NEEDS_COORDINATION};
 use crate::mdt::{Cred, MdError, Namespace, ReplyKey, SetAttr};
+use crate::mdt::{OpenAnswer, Wait};
 
 /// Bytes of names and attributes one readdir reply carries at most.
 const READDIR_REPLY_BYTES: usize = 60 << 10;
@@ -260,19 +260,32 @@ impl Mds {
         }
         // A malformed body goes to `handle`, which answers it.
         let (creds, r) = Request::decode(req.header.opcode, &req.body).ok()?;
-        let (ns, c, owner) = (&self.ns, cred(creds), req.client);
-        let reply = match r {
-            Request::Open { fid, read, write, dom_read } => {
-                opened(ns.try_open_reading(owner, &c, fid, read, write, dom_read)?.map(OpenAnswer::Here))
-            }
-            Request::OpenAt { dir, name, read, write, dom_read } => {
-                opened(ns.try_open_at(owner, &c, dir, &name, read, write, dom_read)?)
-            }
-            Request::Close { handle } => answer(ns.try_close_file(owner, handle)?, |_| mdt::Reply::Done),
-            _ => return None,
-        };
+        let reply = self.serve_open(req.client, &cred(creds), r, Wait::No)?;
         self.count(req.header.opcode);
         Some(reply)
+    }
+
+    /// An open, open-by-name or close for client `owner`. `None`: not one of those, or,
+    /// with [`Wait::No`], it would have to wait for the handle table or (a last close of an
+    /// unlinked file) make a change.
+    fn serve_open(&self, owner: u64, c: &Cred, r: Request, wait: Wait) -> Option<Reply> {
+        let ns = &self.ns;
+        Some(match r {
+            Request::Open { fid, read, write, dom_read } => {
+                opened(ns.open_reading(wait, owner, c, fid, read, write, dom_read)?.map(OpenAnswer::Here))
+            }
+            Request::OpenAt { dir, name, read, write, dom_read } => {
+                opened(ns.open_at(wait, owner, c, dir, &name, read, write, dom_read)?)
+            }
+            Request::Close { handle } => {
+                let closed = match wait {
+                    Wait::No => ns.try_close_file(owner, handle)?,
+                    Wait::Yes => ns.close_file(owner, handle),
+                };
+                answer(closed, |_| mdt::Reply::Done)
+            }
+            _ => return None,
+        })
     }
 
     /// Parameters whose names match `pattern`: `mdt.NAME.md_stats` (operations served),
@@ -645,13 +658,9 @@ impl Mds {
                 answer(ns.rename(&c, src_dir, &src_name, dst_dir, &dst_name, how, key), |_| mdt::Reply::Done)
             }
             Request::Setattr { fid, set } => answer(ns.setattr(&c, fid, set_attr(&set), key), mdt::Reply::Attr),
-            Request::Open { fid, read, write, dom_read } => {
-                opened(ns.open_reading(req.client, &c, fid, read, write, dom_read).map(OpenAnswer::Here))
-            }
-            Request::OpenAt { dir, name, read, write, dom_read } => {
-                opened(ns.open_at(req.client, &c, dir, &name, read, write, dom_read))
-            }
-            Request::Close { handle } => answer(ns.close_file(req.client, handle), |_| mdt::Reply::Done),
+            r @ (Request::Open { .. } | Request::OpenAt { .. } | Request::Close { .. }) => self
+                .serve_open(req.client, &c, r, Wait::Yes)
+                .unwrap_or_else(|| fail(-errno::EIO, "the handle table was held after waiting for it".into())),
             Request::Readlink { fid } => answer(ns.readlink(fid), mdt::Reply::Bytes),
             Request::Getxattr { fid, name } => answer(ns.getxattr(&c, fid, &name), mdt::Reply::Bytes),
             Request::Setxattr { fid, name, value, flags } => answer(

@@ -10,4 +10,6 @@
 pub mod log;
 pub mod namespace;
 
-pub use namespace::{Cred, MdError, MdtStatFs, Namespace, NamespaceOptions, OpenAnswer, RenameMode, ReplyKey, SetAttr};
+pub use namespace::{
+    Cred, MdError, MdtStatFs, Namespace, NamespaceOptions, OpenAnswer, RenameMode, ReplyKey, SetAttr, Wait,
+};

@@ -97,16 +97,12 @@ pub fn remote_attr(fid: Fid, kind: u32) -> Attr {
     Attr { fid, mode: kind & mode::S_IFMT, ..Attr::default() }
 }
 
-/// Whether a call may wait for a lock.
-#[derive(Clone, Copy)]
-enum Wait {
+/// Whether a call may wait for a lock: `No` on the transport's task, which must not
+/// block (the call then answers `None` and is tried again where it may wait).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Wait {
     Yes,
     No,
-}
-
-/// What a call that waits answers if it found its lock held: it cannot, as it waited.
-fn busy() -> MdError {
-    MdError::new(errno::EIO, "a lock was held after waiting for it".to_string())
 }
 
 /// What an open by name finds.
@@ -2890,35 +2886,9 @@ impl Namespace {
     /// [`Namespace::open_file`], with the whole file's bytes when it is opened for reading,
     /// its layout keeps all of them here and they are at most `dom_read` (DoM
     /// read-on-open: a small file is opened and read in one request); none otherwise.
-    pub fn open_reading(
-        &self,
-        owner: u64,
-        cred: &Cred,
-        fid: Fid,
-        read: bool,
-        write: bool,
-        dom_read: u32,
-    ) -> Result<(u64, Attr, Vec<u8>)> {
-        self.open_reading_as(Wait::Yes, owner, cred, fid, read, write, dom_read).unwrap_or_else(|| Err(busy()))
-    }
-
-    /// [`Namespace::open_reading`] if it need not wait: `None` while a commit holds the
-    /// handle table (the caller then opens on a thread that may wait).
-    pub fn try_open_reading(
-        &self,
-        owner: u64,
-        cred: &Cred,
-        fid: Fid,
-        read: bool,
-        write: bool,
-        dom_read: u32,
-    ) -> Option<Result<(u64, Attr, Vec<u8>)>> {
-        self.open_reading_as(Wait::No, owner, cred, fid, read, write, dom_read)
-    }
-
-    /// `open_reading`, waiting for the handle table or not (`None`: it is held).
+    /// `None` only with [`Wait::No`], while a commit holds the handle table.
     #[allow(clippy::too_many_arguments)]
-    fn open_reading_as(
+    pub fn open_reading(
         &self,
         wait: Wait,
         owner: u64,
@@ -2949,39 +2919,9 @@ impl Namespace {
     }
 
     /// Open `name` in `dir` as [`Namespace::open_reading`] (the lookup and the open in one
-    /// call), unless the entry's inode is on another MDT.
+    /// call), unless the entry's inode is on another MDT. `None` only with [`Wait::No`].
     #[allow(clippy::too_many_arguments)]
     pub fn open_at(
-        &self,
-        owner: u64,
-        cred: &Cred,
-        dir: Fid,
-        name: &str,
-        read: bool,
-        write: bool,
-        dom_read: u32,
-    ) -> Result<OpenAnswer> {
-        self.open_at_as(Wait::Yes, owner, cred, dir, name, read, write, dom_read).unwrap_or_else(|| Err(busy()))
-    }
-
-    /// [`Namespace::open_at`] if it need not wait (see [`Namespace::try_open_reading`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn try_open_at(
-        &self,
-        owner: u64,
-        cred: &Cred,
-        dir: Fid,
-        name: &str,
-        read: bool,
-        write: bool,
-        dom_read: u32,
-    ) -> Option<Result<OpenAnswer>> {
-        self.open_at_as(Wait::No, owner, cred, dir, name, read, write, dom_read)
-    }
-
-    /// `open_at`, waiting for the handle table or not (`None`: it is held).
-    #[allow(clippy::too_many_arguments)]
-    fn open_at_as(
         &self,
         wait: Wait,
         owner: u64,
@@ -2999,7 +2939,7 @@ impl Namespace {
         if a.fid.mdt() != Some(self.index) {
             return Some(Ok(OpenAnswer::Elsewhere(a)));
         }
-        Some(self.open_reading_as(wait, owner, cred, a.fid, read, write, dom_read)?.map(OpenAnswer::Here))
+        Some(self.open_reading(wait, owner, cred, a.fid, read, write, dom_read)?.map(OpenAnswer::Here))
     }
 
     /// Open a regular file the caller has just made (create-open): as open(2) with
