@@ -23,7 +23,7 @@ use crate::cache::Caches;
 use crate::error::{Error, Result, errno};
 use crate::file::{File, OpenFlags};
 use crate::params::{Budget, Params, Tunables};
-use crate::statahead::{Fetch, Probe, Statahead};
+use crate::statahead::{Fetch, Probe, Statahead, WAIT_MAX};
 use crate::striping::FileLayout;
 
 /// How to mount.
@@ -121,6 +121,28 @@ pub struct TargetUsage {
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Names of one request to a lookup-many, at most: a request body holds 64 KiB.
+const LOOKUP_MANY_BYTES: usize = 32 << 10;
+
+/// `idx` (indices into `names`) cut into requests of at most [`LOOKUP_MANY_MAX`] names
+/// and [`LOOKUP_MANY_BYTES`] of them.
+fn lookup_parts<'i>(idx: &'i [usize], names: &[String]) -> Vec<&'i [usize]> {
+    let mut parts = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (k, &i) in idx.iter().enumerate() {
+        let b = names[i].len() + 4;
+        if k > start && (k - start == LOOKUP_MANY_MAX || bytes + b > LOOKUP_MANY_BYTES) {
+            parts.push(&idx[start..k]);
+            (start, bytes) = (k, 0);
+        }
+        bytes += b;
+    }
+    if start < idx.len() {
+        parts.push(&idx[start..]);
+    }
+    parts
 }
 
 /// Counts a change as it goes out and again when it is done (or abandoned), so that
@@ -292,7 +314,10 @@ impl FileSystem {
     ) -> Result<(Reply, nacre_net::bulk::Bulk)> {
         let (import, _) = self.target_link(TargetKind::Mdt, mdt).await?;
         let (op, body) = r.encode(c);
-        let _change = r.is_change().then(|| ChangeCount::new(&self.inner.changes));
+        // A close changes no attributes a lookup answers (statahead keeps no file open
+        // for writing), so it is not counted.
+        let counted = r.is_change() && !matches!(r, Request::Close { .. });
+        let _change = counted.then(|| ChangeCount::new(&self.inner.changes));
         let started = tokio::time::Instant::now();
         let mut wait = Duration::from_millis(5);
         loop {
@@ -438,7 +463,7 @@ impl FileSystem {
                         return self.sized(c, a, false).await;
                     }
                     Probe::Wait(mut landed) => {
-                        let _ = landed.wait_for(|done| *done).await;
+                        let _ = tokio::time::timeout(WAIT_MAX, landed.wait_for(|done| *done)).await;
                     }
                     Probe::Miss => break,
                 }
@@ -454,7 +479,8 @@ impl FileSystem {
     /// Follow a lookup for statahead, and start the fetch it makes due.
     fn stat_ahead(&self, c: &Creds, dir: Fid, name: &str) {
         let max = self.inner.params.statahead_max.load(Ordering::Relaxed);
-        if let Some(f) = self.inner.statahead.note(dir, c, name, max) {
+        let changes = self.inner.changes.load(Ordering::Acquire);
+        if let Some(f) = self.inner.statahead.note(dir, c, name, max, changes) {
             let (fs, c) = (self.clone(), c.clone());
             tokio::spawn(async move { fs.fetch_ahead(&c, f).await });
         }
@@ -509,7 +535,7 @@ impl FileSystem {
             }
             let mut striped = false;
             'groups: for (at, idx) in groups {
-                for part in idx.chunks(LOOKUP_MANY_MAX) {
+                for part in lookup_parts(&idx, names) {
                     let req = Request::LookupMany { dir: at, names: part.iter().map(|&i| names[i].clone()).collect() };
                     let v = match self.md_at(at, c, &req).await {
                         Err(e) if e.errno == errno::EREMOTE && at == dir && !fetch => {
@@ -1137,4 +1163,25 @@ pub fn param_handler(fs: FileSystem) -> nacre_net::server::Handler {
             }
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_requests_are_cut_by_count_and_by_bytes() {
+        let short: Vec<String> = (0..600).map(|i| format!("f{i}")).collect();
+        let idx: Vec<usize> = (0..600).collect();
+        let parts = lookup_parts(&idx, &short);
+        assert_eq!(parts.iter().map(|p| p.len()).collect::<Vec<_>>(), [256, 256, 88]);
+        assert_eq!(parts.concat(), idx, "every name once, in order");
+        // 255-byte names: 32 KiB holds 126 of them.
+        let long: Vec<String> = (0..300).map(|i| format!("{i:0>255}")).collect();
+        let idx: Vec<usize> = (0..300).collect();
+        let parts = lookup_parts(&idx, &long);
+        assert!(parts.iter().all(|p| p.iter().map(|&i| long[i].len() + 4).sum::<usize>() <= LOOKUP_MANY_BYTES));
+        assert_eq!(parts.concat(), idx);
+        assert!(lookup_parts(&[], &long).is_empty());
+    }
 }

@@ -5,13 +5,18 @@
 //! regularized file names (`llite.*.statahead_max`).
 //!
 //! - A sequence is a directory and a name prefix, followed for one set of credentials.
-//!   It runs once [`RUN_MIN`] lookups in a row asked for the previous number plus one;
-//!   then the window opens at [`WINDOW_MIN`] names and doubles with each fetch, up to
-//!   `statahead_max`. A lookup that breaks the sequence starts it over from its name;
-//!   one that skips names inside what was fetched (missing files) goes on with it.
+//!   It runs once [`RUN_MIN`] lookups in a row asked for the previous number plus one,
+//!   with no change sent from this mount in between (a process removing or touching each
+//!   file it looks up gains nothing from statahead); then the window opens at
+//!   [`WINDOW_MIN`] names and doubles with each fetch, up to `statahead_max`. A lookup
+//!   that breaks the sequence starts it over from its name; one that skips names inside
+//!   what was fetched (missing files) goes on with it. Zero-padded numbers keep their
+//!   width (`f099`, `f100`).
 //! - One fetch per sequence is in flight at a time, and the next starts when the reader
 //!   is half way through what was fetched. A lookup of a name the fetch in flight covers
-//!   waits for it rather than asking on its own.
+//!   waits for it (at most [`WAIT_MAX`]) rather than asking on its own. A fetch that a
+//!   change overlapped is thrown away, and the sequence starts over at the smallest
+//!   window.
 //! - An answer is used once, within [`AGE`] of its fetch, and only if no change went out
 //!   from this mount since the fetch began (a create, unlink, setattr, close...: the
 //!   mount's change count says). Other mounts' changes show within [`AGE`], as they do
@@ -35,6 +40,9 @@ pub const WINDOW_MIN: u64 = 8;
 pub const AGE: Duration = Duration::from_secs(1);
 /// Sequences followed at once.
 pub const SEQUENCES_MAX: usize = 64;
+/// How long a lookup waits for the fetch in flight that covers its name before it asks
+/// the MDT itself (a fetch is one round trip; this bounds a slow or dead shard's cost).
+pub const WAIT_MAX: Duration = Duration::from_millis(100);
 
 /// A name split into a prefix and a trailing number: `file.mdtest.3.` and 17 from
 /// `file.mdtest.3.17`. `width` is the digits' count when the number is zero-padded
@@ -62,9 +70,21 @@ fn name_of(prefix: &str, number: u64, width: usize) -> String {
     format!("{prefix}{number:0width$}")
 }
 
+/// A fetch in flight: its numbers, its end (true once landed), its id, and the mount's
+/// change count when it began.
+struct Inflight {
+    range: RangeInclusive<u64>,
+    landed: watch::Receiver<bool>,
+    id: u64,
+    began: u64,
+}
+
 struct Sequence {
     creds: Creds,
+    /// Digits of the zero-padded numbers (0: not padded).
     width: usize,
+    /// The mount's change count at the last lookup followed.
+    changes: u64,
     /// The number a lookup continuing the sequence asks next.
     next: u64,
     run: u32,
@@ -74,8 +94,7 @@ struct Sequence {
     /// Fetched answers by number: the attributes, when, and the mount's change count
     /// when their fetch began.
     ready: HashMap<u64, (Attr, Instant, u64)>,
-    /// The numbers of the fetch in flight, and its end (true once it has landed).
-    inflight: Option<(RangeInclusive<u64>, watch::Receiver<bool>)>,
+    inflight: Option<Inflight>,
     used: u64,
 }
 
@@ -92,16 +111,26 @@ pub enum Probe {
 pub struct Fetch {
     pub dir: Fid,
     pub prefix: String,
+    /// Which fetch of its sequence this is: a sequence that started over meanwhile has
+    /// another one in flight.
+    pub id: u64,
     pub first: u64,
     pub names: Vec<String>,
     pub done: watch::Sender<bool>,
 }
 
-/// The sequences by directory and prefix, and a clock of notes for least-recent use.
+/// The sequences by directory and prefix, a clock of notes for least-recent use, and the
+/// last fetch id given.
 #[derive(Default)]
 struct Sequences {
     map: HashMap<(Fid, String), Sequence>,
     tick: u64,
+    fetches: u64,
+}
+
+/// Does `name` (split as `n`) belong to a sequence of numbers `width` digits wide?
+fn fits(name: &str, n: &Numbered<'_>, width: usize) -> bool {
+    n.width == width || name_of(n.prefix, n.number, width) == name
 }
 
 #[derive(Default)]
@@ -120,7 +149,7 @@ impl Statahead {
         let Some(n) = numbered(name) else { return Probe::Miss };
         let mut g = self.lock();
         let Some(s) = g.map.get_mut(&(dir, n.prefix.to_string())) else { return Probe::Miss };
-        if s.creds != *creds || s.width != n.width {
+        if s.creds != *creds || !fits(name, &n, s.width) {
             return Probe::Miss;
         }
         if let Some((a, at, seen)) = s.ready.remove(&n.number) {
@@ -130,28 +159,32 @@ impl Statahead {
             return Probe::Miss;
         }
         match &s.inflight {
-            Some((range, rx)) if range.contains(&n.number) => Probe::Wait(rx.clone()),
+            // A fetch that a change has overlapped will be thrown away: no use waiting.
+            Some(f) if f.range.contains(&n.number) && f.began == changes => Probe::Wait(f.landed.clone()),
             _ => Probe::Miss,
         }
     }
 
     /// Follow a lookup of `name` of `dir` that was answered (here or by the MDT); a fetch
-    /// to start, if one is due. `max` is `statahead_max` (0: statahead is off).
-    pub fn note(&self, dir: Fid, creds: &Creds, name: &str, max: u64) -> Option<Fetch> {
+    /// to start, if one is due. `max` is `statahead_max` (0: statahead is off), `changes`
+    /// the mount's change count now.
+    pub fn note(&self, dir: Fid, creds: &Creds, name: &str, max: u64, changes: u64) -> Option<Fetch> {
         let n = numbered(name)?;
         if max == 0 {
             return None;
         }
         let mut g = self.lock();
         g.tick += 1;
-        let tick = g.tick;
+        g.fetches += 1;
+        let (tick, id) = (g.tick, g.fetches);
         let map = &mut g.map;
         let key = (dir, n.prefix.to_string());
         // The next number, or one further inside what was fetched (a missing name
         // skipped), continues the sequence.
         let continues = map.get(&key).is_some_and(|s| {
             s.creds == *creds
-                && s.width == n.width
+                && s.changes == changes
+                && fits(name, &n, s.width)
                 && (s.next == n.number || (n.number > s.next && s.fetched_to.is_some_and(|t| n.number <= t)))
         });
         if !continues {
@@ -166,6 +199,7 @@ impl Statahead {
                 Sequence {
                     creds: creds.clone(),
                     width: n.width,
+                    changes,
                     next: n.number.saturating_add(1),
                     run: 1,
                     window: 0,
@@ -192,14 +226,15 @@ impl Statahead {
         s.window = (s.window * 2).clamp(WINDOW_MIN.min(max), max);
         let first = s.fetched_to.map_or(s.next, |t| t.saturating_add(1).max(s.next));
         let last = first.saturating_add(s.window - 1);
-        let (done, rx) = watch::channel(false);
+        let (done, landed) = watch::channel(false);
         s.fetched_to = Some(last);
-        s.inflight = Some((first..=last, rx));
+        s.inflight = Some(Inflight { range: first..=last, landed, id, began: changes });
         Some(Fetch {
             dir,
             prefix: n.prefix.to_string(),
+            id,
             first,
-            names: (first..=last).map(|i| name_of(n.prefix, i, n.width)).collect(),
+            names: (first..=last).map(|i| name_of(n.prefix, i, s.width)).collect(),
             done,
         })
     }
@@ -209,7 +244,7 @@ impl Statahead {
     pub fn landed(&self, f: &Fetch, found: Option<Vec<(u64, Attr)>>, began: u64, changes: u64) {
         let mut g = self.lock();
         let Some(s) = g.map.get_mut(&(f.dir, f.prefix.clone())) else { return };
-        if s.inflight.as_ref().is_none_or(|(r, _)| *r.start() != f.first) {
+        if s.inflight.as_ref().is_none_or(|i| i.id != f.id) {
             // The sequence started over meanwhile: this fetch is not its own.
             return;
         }
@@ -223,8 +258,13 @@ impl Statahead {
                     }
                 }
             }
-            // Failed, or a change went out meanwhile: fetch again from where the reader is.
-            _ => s.fetched_to = s.next.checked_sub(1),
+            // Failed, or a change went out meanwhile: start over from where the reader
+            // is, at the smallest window, after a new run.
+            _ => {
+                s.fetched_to = s.next.checked_sub(1);
+                s.run = 0;
+                s.window = 0;
+            }
         }
     }
 
@@ -260,9 +300,9 @@ mod tests {
     fn a_run_opens_a_window_that_doubles_and_answers_are_used_once() {
         let sa = Statahead::default();
         let (d, c) = (Fid::new(0x2_0000_0400, 1), Creds::default());
-        assert!(sa.note(d, &c, "f0", 128).is_none());
-        assert!(sa.note(d, &c, "f1", 128).is_none());
-        let f = sa.note(d, &c, "f2", 128).expect("the third in a row starts a fetch");
+        assert!(sa.note(d, &c, "f0", 128, 0).is_none());
+        assert!(sa.note(d, &c, "f1", 128, 0).is_none());
+        let f = sa.note(d, &c, "f2", 128, 0).expect("the third in a row starts a fetch");
         assert_eq!(f.names, (3..11).map(|i| format!("f{i}")).collect::<Vec<_>>());
         assert!(matches!(sa.probe(d, &c, "f3", 0), Probe::Wait(_)), "in flight: wait for it");
         assert!(matches!(sa.probe(d, &c, "f11", 0), Probe::Miss));
@@ -275,12 +315,12 @@ mod tests {
             _ => panic!("f3 was fetched"),
         }
         assert!(matches!(sa.probe(d, &c, "f3", 0), Probe::Miss), "an answer is used once");
-        assert!(sa.note(d, &c, "f3", 128).is_none(), "7 ahead of 8: not yet");
+        assert!(sa.note(d, &c, "f3", 128, 0).is_none(), "7 ahead of 8: not yet");
         assert!(matches!(sa.probe(d, &c, "f4", 1), Probe::Miss), "a change went out since the fetch");
-        assert!(sa.note(d, &c, "f4", 128).is_none());
+        assert!(sa.note(d, &c, "f4", 128, 0).is_none());
         assert!(matches!(sa.probe(d, &c, "f5", 0), Probe::Miss), "f5 does not exist");
-        assert!(sa.note(d, &c, "f5", 128).is_none(), "still 5 ahead");
-        let g = sa.note(d, &c, "f6", 128).expect("half way through: the next fetch, twice as long");
+        assert!(sa.note(d, &c, "f5", 128, 0).is_none(), "still 5 ahead");
+        let g = sa.note(d, &c, "f6", 128, 0).expect("half way through: the next fetch, twice as long");
         assert_eq!((g.first, g.names.len()), (11, 16));
         assert!(matches!(sa.probe(d, &c, "f7", 0), Probe::Hit(_)));
         assert!(matches!(sa.probe(d, &c, "f7", 0), Probe::Miss), "{} held", sa.held());
@@ -295,46 +335,110 @@ mod tests {
         let sa = Statahead::default();
         let (d, c) = (Fid::new(0x2_0000_0400, 1), Creds::default());
         for i in 0..2 {
-            assert!(sa.note(d, &c, &format!("a{i}"), 64).is_none());
+            assert!(sa.note(d, &c, &format!("a{i}"), 64, 0).is_none());
         }
-        let f = sa.note(d, &c, "a2", 64).unwrap();
-        assert!(sa.note(d, &c, "a20", 64).is_none(), "a jump past what was fetched starts over");
+        let f = sa.note(d, &c, "a2", 64, 0).unwrap();
+        assert!(sa.note(d, &c, "a20", 64, 0).is_none(), "a jump past what was fetched starts over");
         sa.landed(&f, Some(vec![(3, attr(3))]), 0, 0);
         assert_eq!(sa.held(), 0, "the old run's answers are dropped");
         // Two prefixes in one directory are two sequences (mdtest-hard's tasks).
         for i in 0..3 {
-            sa.note(d, &c, &format!("b{i}"), 64);
+            sa.note(d, &c, &format!("b{i}"), 64, 0);
         }
-        assert!(sa.note(d, &c, "a21", 64).is_none());
+        assert!(sa.note(d, &c, "a21", 64, 0).is_none());
         assert!(matches!(sa.probe(d, &c, "b3", 0), Probe::Wait(_)), "b's fetch is in flight");
         // A skip inside what was fetched goes on with the run.
         for i in 0..3 {
-            sa.note(d, &c, &format!("s{i}"), 64);
+            sa.note(d, &c, &format!("s{i}"), 64, 0);
         }
-        assert!(sa.note(d, &c, "s5", 64).is_none());
+        assert!(sa.note(d, &c, "s5", 64, 0).is_none());
         assert!(matches!(sa.probe(d, &c, "s6", 0), Probe::Wait(_)), "the run and its fetch went on");
         // Off: nothing is followed.
-        assert!(sa.note(d, &c, "z0", 0).is_none());
+        assert!(sa.note(d, &c, "z0", 0, 0).is_none());
     }
 
     #[test]
     fn a_failed_fetch_is_asked_again_and_answers_grow_old() {
         let sa = Statahead::default();
         let (d, c) = (Fid::new(0x2_0000_0400, 1), Creds::default());
-        sa.note(d, &c, "x0", 16);
-        sa.note(d, &c, "x1", 16);
-        let f = sa.note(d, &c, "x2", 16).unwrap();
+        sa.note(d, &c, "x0", 16, 0);
+        sa.note(d, &c, "x1", 16, 0);
+        let f = sa.note(d, &c, "x2", 16, 0).unwrap();
         sa.landed(&f, None, 0, 0);
-        let again = sa.note(d, &c, "x3", 16).expect("refetched from where the reader is");
-        assert_eq!(again.first, 4);
-        sa.landed(&again, Some(vec![(4, attr(4))]), 0, 0);
+        assert!(sa.note(d, &c, "x3", 16, 0).is_none(), "a new run first");
+        assert!(sa.note(d, &c, "x4", 16, 0).is_none());
+        let again = sa.note(d, &c, "x5", 16, 0).expect("refetched from where the reader is");
+        assert_eq!((again.first, again.names.len()), (6, 8));
+        sa.landed(&again, Some(vec![(6, attr(6))]), 0, 0);
         {
             let mut g = sa.lock();
             let s = g.map.get_mut(&(d, "x".to_string())).unwrap();
-            let e = s.ready.get_mut(&4).unwrap();
+            let e = s.ready.get_mut(&6).unwrap();
             e.1 = Instant::now().checked_sub(AGE).unwrap();
         }
-        assert!(matches!(sa.probe(d, &c, "x4", 0), Probe::Miss), "older than AGE");
+        assert!(matches!(sa.probe(d, &c, "x6", 0), Probe::Miss), "older than AGE");
+    }
+
+    #[test]
+    fn a_fetch_is_told_apart_from_a_later_one_with_the_same_first_number() {
+        let sa = Statahead::default();
+        let (d, c) = (Fid::new(0x2_0000_0400, 1), Creds::default());
+        for i in 0..2 {
+            sa.note(d, &c, &format!("f{i}"), 64, 0);
+        }
+        let old = sa.note(d, &c, "f2", 64, 0).unwrap();
+        // The same prefix, zero-padded: a new sequence whose first fetch also starts at 3.
+        for i in 0..2 {
+            sa.note(d, &c, &format!("f00{i}"), 64, 0);
+        }
+        let new = sa.note(d, &c, "f002", 64, 0).unwrap();
+        assert_eq!((old.first, new.first), (3, 3));
+        assert_eq!(new.names[0], "f003");
+        sa.landed(&old, Some(vec![(3, attr(3))]), 0, 0);
+        assert!(matches!(sa.probe(d, &c, "f003", 0), Probe::Wait(_)), "f3's attributes are not f003's");
+        sa.landed(&new, Some(vec![(3, attr(33))]), 0, 0);
+        match sa.probe(d, &c, "f003", 0) {
+            Probe::Hit(a) => assert_eq!(a, attr(33)),
+            _ => panic!("f003 was fetched"),
+        }
+    }
+
+    #[test]
+    fn changes_between_lookups_or_during_a_fetch_hold_statahead_back() {
+        let sa = Statahead::default();
+        let (d, c) = (Fid::new(0x2_0000_0400, 1), Creds::default());
+        // A change between each lookup (rm file.*): never a fetch.
+        for i in 0..10u64 {
+            assert!(sa.note(d, &c, &format!("r{i}"), 64, 2 * i).is_none(), "r{i}");
+        }
+        // A change during a fetch: nobody waits for it, its answers go, and the sequence
+        // needs a new run before it fetches again.
+        for i in 0..2 {
+            sa.note(d, &c, &format!("g{i}"), 64, 0);
+        }
+        let f = sa.note(d, &c, "g2", 64, 0).unwrap();
+        assert!(matches!(sa.probe(d, &c, "g3", 2), Probe::Miss), "no wait on a fetch a change overlapped");
+        sa.landed(&f, Some(vec![(3, attr(3)), (4, attr(4))]), 0, 2);
+        assert!(matches!(sa.probe(d, &c, "g3", 2), Probe::Miss));
+        assert!(sa.note(d, &c, "g3", 64, 2).is_none(), "the change count moved: a new run");
+        assert!(sa.note(d, &c, "g4", 64, 2).is_none());
+        let again = sa.note(d, &c, "g5", 64, 2).expect("a new run, a new fetch");
+        assert_eq!((again.first, again.names.len()), (6, 8), "from where the reader is, smallest window");
+    }
+
+    #[test]
+    fn zero_padded_numbers_keep_their_width_past_a_power_of_ten() {
+        let sa = Statahead::default();
+        let (d, c) = (Fid::new(0x2_0000_0400, 1), Creds::default());
+        for i in 97..99 {
+            sa.note(d, &c, &format!("f{i:03}"), 16, 0);
+        }
+        let f = sa.note(d, &c, "f099", 16, 0).unwrap();
+        assert_eq!(f.names[0], "f100");
+        sa.landed(&f, Some(vec![(100, attr(100))]), 0, 0);
+        assert!(matches!(sa.probe(d, &c, "f100", 0), Probe::Hit(_)));
+        assert!(sa.note(d, &c, "f100", 16, 0).is_none(), "f100 goes on with the run of f097");
+        assert!(matches!(sa.probe(d, &c, "f0101", 0), Probe::Miss), "another width");
     }
 
     #[test]
@@ -342,7 +446,7 @@ mod tests {
         let sa = Statahead::default();
         let c = Creds::default();
         for i in 0..(SEQUENCES_MAX as u32 + 10) {
-            sa.note(Fid::new(0x2_0000_0400, i + 1), &c, "f0", 64);
+            sa.note(Fid::new(0x2_0000_0400, i + 1), &c, "f0", 64, 0);
         }
         assert_eq!(sa.lock().map.len(), SEQUENCES_MAX);
     }

@@ -609,10 +609,16 @@ impl Mds {
             Request::Getattr { fid } => answer(ns.getattr(fid), |a| attr_reply(ns, a)),
             Request::Lookup { dir, name } => answer(ns.lookup(&c, dir, &name), |a| attr_reply(ns, a)),
             Request::LookupMany { dir, names } => answer(ns.lookup_many(&c, dir, &names), |v| {
+                // One look at the handle table for every name: a commit may hold it.
+                let regular: Vec<Fid> =
+                    v.iter().filter_map(|r| r.as_ref().ok()).filter(|a| mode::is_reg(a.mode)).map(|a| a.fid).collect();
+                let open = ns.open_for_write(&regular);
+                let writing: std::collections::HashSet<Fid> =
+                    regular.into_iter().zip(open).filter(|(_, w)| *w).map(|(f, _)| f).collect();
                 mdt::Reply::Looked(
                     v.into_iter()
                         .map(|r| match r {
-                            Ok(a) if writing(ns, &a) => mdt::Looked::Writing(a),
+                            Ok(a) if writing.contains(&a.fid) => mdt::Looked::Writing(a),
                             Ok(a) => mdt::Looked::Attr(a),
                             Err(e) => mdt::Looked::Error(e.errno),
                         })

@@ -3014,6 +3014,12 @@ impl Namespace {
         lock(&self.opens).writers.contains_key(&fid.key())
     }
 
+    /// [`Namespace::is_open_for_write`] of each of `fids`, under one look at the table.
+    pub fn open_for_write(&self, fids: &[Fid]) -> Vec<bool> {
+        let o = lock(&self.opens);
+        fids.iter().map(|f| o.writers.contains_key(&f.key())).collect()
+    }
+
     /// Drop every handle of a client that is gone (evicted): its unlinked files go.
     pub fn release_client(&self, owner: u64) -> Result<()> {
         let handles: Vec<u64> =
