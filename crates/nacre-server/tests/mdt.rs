@@ -456,6 +456,34 @@ fn permissions_and_sticky_directories() {
     assert_eq!((sub.gid, sub.mode & mode::S_ISGID), (55, mode::S_ISGID));
 }
 
+/// In a sticky directory, removing or replacing another user's entry is EPERM before
+/// anything else is said of it (its type, whether it is empty), as Linux's may_delete
+/// checks the sticky bit first (checked on this machine's ext4 as uid 1000).
+#[test]
+fn the_sticky_bit_is_checked_before_type_and_emptiness() {
+    let (ns, _v) = ns();
+    let (alice, bob) = (Cred::user(1000, 100), Cred::user(1001, 101));
+    let s = ns.mkdir(&root(), ROOT, "s", 0o1777, None).unwrap();
+    let f = ns.create(&bob, s.fid, "f", 0o644, None).unwrap();
+    let d = ns.mkdir(&bob, s.fid, "d", 0o755, None).unwrap();
+    ns.create(&bob, d.fid, "x", 0o644, None).unwrap();
+    ns.create(&alice, s.fid, "mine", 0o644, None).unwrap();
+    ns.mkdir(&alice, s.fid, "mydir", 0o755, None).unwrap();
+    let rename = |from: &str, to: &str| ns.rename(&alice, s.fid, from, s.fid, to, RenameMode::Replace, None);
+    assert_eq!(errno_of(ns.remove(&alice, s.fid, "f", true, None)), errno::EPERM, "rmdir of bob's file");
+    assert_eq!(errno_of(ns.remove(&alice, s.fid, "d", false, None)), errno::EPERM, "unlink of bob's directory");
+    assert_eq!(errno_of(ns.remove(&alice, s.fid, "d", true, None)), errno::EPERM, "rmdir of bob's full directory");
+    assert_eq!(errno_of(rename("mine", "d")), errno::EPERM, "a file over bob's directory");
+    assert_eq!(errno_of(rename("mydir", "d")), errno::EPERM, "a directory over bob's full directory");
+    // For bob the same calls meet the type and emptiness errors.
+    assert_eq!(errno_of(ns.remove(&bob, s.fid, "f", true, None)), errno::ENOTDIR);
+    assert_eq!(errno_of(ns.remove(&bob, s.fid, "d", false, None)), errno::EISDIR);
+    assert_eq!(errno_of(ns.remove(&bob, s.fid, "d", true, None)), errno::ENOTEMPTY);
+    // Nothing changed.
+    assert_eq!(ns.lookup(&root(), s.fid, "f").unwrap().fid, f.fid);
+    assert_eq!(ns.lookup(&root(), s.fid, "d").unwrap().fid, d.fid);
+}
+
 #[test]
 fn rename_cases() {
     let (ns, _v) = ns();

@@ -1111,6 +1111,34 @@ impl Tx<'_> {
         dir.mode & mode::S_ISVTX == 0 || cred.uid == 0 || cred.uid == dir.uid || cred.uid == victim.uid
     }
 
+    /// Entry `name` (inode `child`) of a directory with attributes `d`, checked before
+    /// `cred` removes it or a rename replaces it, in Linux's order (`may_delete`, then the
+    /// file system): its inode is here, it is no striped directory (that needs the
+    /// coordinator), the sticky bit lets `cred` (EPERM), it is a directory exactly when
+    /// `dir` (ENOTDIR, EISDIR), and a directory is empty (ENOTEMPTY). Its attributes, the
+    /// parent they record, and whether it is a directory.
+    fn removable(&self, cred: &Cred, d: &Attr, child: Fid, name: &str, dir: bool) -> Result<(Attr, Fid, bool)> {
+        self.local(child)?;
+        let (a, ap) = self.get(child)?;
+        let is_dir = mode::is_dir(a.mode);
+        if is_dir && self.dir_stripe(child)?.is_some() {
+            return Err(coordinate(format!("{name:?} is a striped directory")));
+        }
+        if !Tx::sticky_ok(cred, d, &a) {
+            return Err(MdError::new(errno::EPERM, format!("{name:?} is in a sticky directory and not yours")));
+        }
+        if dir && !is_dir {
+            return Err(MdError::new(errno::ENOTDIR, format!("{name:?} is not a directory")));
+        }
+        if !dir && is_dir {
+            return Err(MdError::new(errno::EISDIR, format!("{name:?} is a directory")));
+        }
+        if is_dir && !self.dir_is_empty(child)? {
+            return Err(MdError::new(errno::ENOTEMPTY, format!("directory {name:?} is not empty")));
+        }
+        Ok((a, ap, is_dir))
+    }
+
     fn add_entry(&self, dir: Fid, name: &str, child: Fid, kind: u32) -> Result<()> {
         let h = cookie_of(name);
         self.txn.open_table(DIRENTS)?.insert((dir.key(), h, name), (child.key(), kind))?;
@@ -2494,24 +2522,7 @@ impl Namespace {
             let (d, dp) = tx.dir_for_change(&cred, dir)?;
             let (child, _) =
                 tx.lookup(dir, &name)?.ok_or_else(|| MdError::new(errno::ENOENT, format!("no {name:?} in {dir}")))?;
-            tx.local(child)?;
-            let (a, ap) = tx.get(child)?;
-            let is_dir = mode::is_dir(a.mode);
-            if is_dir && tx.dir_stripe(child)?.is_some() {
-                return Err(coordinate(format!("{name:?} is a striped directory")));
-            }
-            if rmdir && !is_dir {
-                return Err(MdError::new(errno::ENOTDIR, format!("{name:?} is not a directory")));
-            }
-            if !rmdir && is_dir {
-                return Err(MdError::new(errno::EISDIR, format!("{name:?} is a directory")));
-            }
-            if !Tx::sticky_ok(&cred, &d, &a) {
-                return Err(MdError::new(errno::EPERM, format!("{name:?} is in a sticky directory and not yours")));
-            }
-            if is_dir && !tx.dir_is_empty(child)? {
-                return Err(MdError::new(errno::ENOTEMPTY, format!("directory {name:?} is not empty")));
-            }
+            let (a, ap, is_dir) = tx.removable(&cred, &d, child, &name, rmdir)?;
             tx.remove_entry(dir, &name)?;
             tx.touch_dir(d, dp, if is_dir { -1 } else { 0 })?;
             tx.drop_link(a, ap)?;
@@ -2597,30 +2608,7 @@ impl Namespace {
                 }
             }
             let victim = match victim {
-                Some((v, _)) => {
-                    tx.local(v)?;
-                    let (va, vp) = tx.get(v)?;
-                    let v_dir = mode::is_dir(va.mode);
-                    if v_dir && tx.dir_stripe(v)?.is_some() {
-                        return Err(coordinate(format!("{dst_name:?} is a striped directory")));
-                    }
-                    if is_dir && !v_dir {
-                        return Err(MdError::new(errno::ENOTDIR, format!("{dst_name:?} is not a directory")));
-                    }
-                    if !is_dir && v_dir {
-                        return Err(MdError::new(errno::EISDIR, format!("{dst_name:?} is a directory")));
-                    }
-                    if v_dir && !tx.dir_is_empty(v)? {
-                        return Err(MdError::new(errno::ENOTEMPTY, format!("directory {dst_name:?} is not empty")));
-                    }
-                    if !Tx::sticky_ok(&cred, &dd, &va) {
-                        return Err(MdError::new(
-                            errno::EPERM,
-                            format!("{dst_name:?} is in a sticky directory and not yours"),
-                        ));
-                    }
-                    Some((va, vp, v_dir))
-                }
+                Some((v, _)) => Some(tx.removable(&cred, &dd, v, &dst_name, is_dir)?),
                 None => None,
             };
             if is_dir && victim.is_none() && dst_dir != src_dir && dd.nlink >= LINK_MAX {
