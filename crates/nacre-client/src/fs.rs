@@ -476,6 +476,26 @@ impl FileSystem {
         Ok(a)
     }
 
+    /// `name` of `dir` as statahead has it ready, without waiting for anything: `None`
+    /// when it has not (then [`FileSystem::lookup`] asks), or when the file is open for
+    /// writing here (its size needs a glimpse). For a caller on a thread of its own (the
+    /// mount's kernel readers), which answers a hit without a hop to the runtime; call it
+    /// inside the runtime's context (`Handle::enter`): a hit may start the next fetch.
+    pub fn lookup_ready(&self, c: &Creds, dir: Fid, name: &str) -> Option<Attr> {
+        if self.inner.params.statahead_max.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let Probe::Hit(a) = self.inner.statahead.probe(dir, c, name, self.inner.changes.load(Ordering::Acquire)) else {
+            return None;
+        };
+        self.stat_ahead(c, dir, name);
+        if mode::is_reg(a.mode) && lock(&self.inner.writers).contains_key(&a.fid) {
+            // Used up by the probe; the lookup asks the MDT and glimpses.
+            return None;
+        }
+        Some(a)
+    }
+
     /// Follow a lookup for statahead, and start the fetch it makes due.
     fn stat_ahead(&self, c: &Creds, dir: Fid, name: &str) {
         let max = self.inner.params.statahead_max.load(Ordering::Relaxed);

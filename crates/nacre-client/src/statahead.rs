@@ -156,6 +156,14 @@ impl Statahead {
             if seen == changes && at.elapsed() < AGE {
                 return Probe::Hit(a);
             }
+            if at.elapsed() >= AGE {
+                // The reader fell behind its window: what is left of it is as old. Fetch
+                // again from here.
+                s.ready.retain(|_, e| e.1.elapsed() < AGE);
+                if s.inflight.is_none() {
+                    s.fetched_to = Some(n.number);
+                }
+            }
             return Probe::Miss;
         }
         match &s.inflight {
@@ -377,6 +385,8 @@ mod tests {
             e.1 = Instant::now().checked_sub(AGE).unwrap();
         }
         assert!(matches!(sa.probe(d, &c, "x6", 0), Probe::Miss), "older than AGE");
+        let next = sa.note(d, &c, "x6", 16, 0).expect("a reader behind its window is fetched for again");
+        assert_eq!(next.first, 7);
     }
 
     #[test]

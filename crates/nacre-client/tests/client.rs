@@ -570,6 +570,18 @@ async fn numbered_lookups_in_order_are_answered_from_statahead() {
     tokio::time::sleep(nacre_client::STATAHEAD_AGE + std::time::Duration::from_millis(50)).await;
     assert_eq!(fs.lookup(&c, plain.fid, "file.mdtest.0.170").await.unwrap().size, 99);
 
+    // Without waiting (the mount's kernel readers): a name fetched ahead is there at
+    // once; a file open for writing here is not (its size needs a glimpse).
+    for i in 180..184 {
+        fs.lookup(&c, plain.fid, &format!("file.mdtest.0.{i}")).await.unwrap();
+    }
+    let want = other.lookup(&c, plain.fid, "file.mdtest.0.184").await.unwrap();
+    assert_eq!(fs.lookup_ready(&c, plain.fid, "file.mdtest.0.184"), Some(want));
+    let written = other.lookup(&c, plain.fid, "file.mdtest.0.185").await.unwrap();
+    let w = fs.open(&c, written.fid, OpenFlags::WRITE).await.unwrap();
+    assert_eq!(fs.lookup_ready(&c, plain.fid, "file.mdtest.0.185"), None, "open for writing here");
+    w.close().await.unwrap();
+
     // Off: every lookup is its own request.
     fs.set_param("llite.*.statahead_max", "0").unwrap();
     let l0 = lookups(&t);
