@@ -123,13 +123,8 @@ fn create_change(
 
 /// The answer of a getattr or lookup: a regular file some client has open for writing
 /// says so (its size is then taken from its objects).
-/// Is `a` a regular file some client has open for writing (its size is then the objects')?
-fn writing(ns: &Namespace, a: &mdt::Attr) -> bool {
-    mode::is_reg(a.mode) && ns.is_open_for_write(a.fid)
-}
-
 fn attr_reply(ns: &Namespace, a: mdt::Attr) -> mdt::Reply {
-    if writing(ns, &a) { mdt::Reply::Writing(a) } else { mdt::Reply::Attr(a) }
+    if mode::is_reg(a.mode) && ns.is_open_for_write(a.fid) { mdt::Reply::Writing(a) } else { mdt::Reply::Attr(a) }
 }
 
 fn set_attr(s: &mdt::SetAttr) -> SetAttr {
@@ -610,11 +605,9 @@ impl Mds {
             Request::Lookup { dir, name } => answer(ns.lookup(&c, dir, &name), |a| attr_reply(ns, a)),
             Request::LookupMany { dir, names } => answer(ns.lookup_many(&c, dir, &names), |v| {
                 // One look at the handle table for every name: a commit may hold it.
-                let regular: Vec<Fid> =
-                    v.iter().filter_map(|r| r.as_ref().ok()).filter(|a| mode::is_reg(a.mode)).map(|a| a.fid).collect();
-                let open = ns.open_for_write(&regular);
-                let writing: std::collections::HashSet<Fid> =
-                    regular.into_iter().zip(open).filter(|(_, w)| *w).map(|(f, _)| f).collect();
+                let writing = ns.open_for_write(
+                    v.iter().filter_map(|r| r.as_ref().ok()).filter(|a| mode::is_reg(a.mode)).map(|a| a.fid),
+                );
                 mdt::Reply::Looked(
                     v.into_iter()
                         .map(|r| match r {

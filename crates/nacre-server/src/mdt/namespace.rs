@@ -81,7 +81,6 @@ fn resent_intent() -> MdError {
     coordinate("resent: its operation over several MDTs has the answer".to_string())
 }
 
-/// The attributes of an entry whose inode lives on another MDT: its FID and type only.
 /// ENAMETOOLONG for a name longer than [`NAME_MAX`].
 fn name_fits(name: &str) -> Result<()> {
     if name.len() > NAME_MAX {
@@ -93,6 +92,7 @@ fn name_fits(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// The attributes of an entry whose inode lives on another MDT: its FID and type only.
 pub fn remote_attr(fid: Fid, kind: u32) -> Attr {
     Attr { fid, mode: kind & mode::S_IFMT, ..Attr::default() }
 }
@@ -3002,10 +3002,11 @@ impl Namespace {
         lock(&self.opens).writers.contains_key(&fid.key())
     }
 
-    /// [`Namespace::is_open_for_write`] of each of `fids`, under one look at the table.
-    pub fn open_for_write(&self, fids: &[Fid]) -> Vec<bool> {
+    /// Those of `fids` some client has open for writing (as
+    /// [`Namespace::is_open_for_write`]), under one look at the table.
+    pub fn open_for_write(&self, fids: impl IntoIterator<Item = Fid>) -> std::collections::HashSet<Fid> {
         let o = lock(&self.opens);
-        fids.iter().map(|f| o.writers.contains_key(&f.key())).collect()
+        fids.into_iter().filter(|f| o.writers.contains_key(&f.key())).collect()
     }
 
     /// Drop every handle of a client that is gone (evicted): its unlinked files go.
