@@ -453,27 +453,30 @@ impl FileSystem {
     }
 
     pub async fn lookup(&self, c: &Creds, dir: Fid, name: &str) -> Result<Attr> {
-        let ahead = self.inner.params.statahead_max.load(Ordering::Relaxed) > 0;
-        if ahead {
-            // At most one wait: a fetch that landed without the name leaves it to the MDT.
-            for _ in 0..2 {
-                match self.inner.statahead.probe(dir, c, name, self.inner.changes.load(Ordering::Acquire)) {
-                    Probe::Hit(a) => {
-                        self.stat_ahead(c, dir, name);
-                        return self.sized(c, a, false).await;
-                    }
-                    Probe::Wait(mut landed) => {
-                        let _ = tokio::time::timeout(WAIT_MAX, landed.wait_for(|done| *done)).await;
-                    }
-                    Probe::Miss => break,
+        // At most one wait: a fetch that landed without the name leaves it to the MDT.
+        for _ in 0..2 {
+            match self.probe_ahead(c, dir, name) {
+                Probe::Hit(a) => {
+                    self.stat_ahead(c, dir, name);
+                    return self.sized(c, a, false).await;
                 }
+                Probe::Wait(mut landed) => {
+                    let _ = tokio::time::timeout(WAIT_MAX, landed.wait_for(|done| *done)).await;
+                }
+                Probe::Miss => break,
             }
         }
         let a = self.lookup_here(c, dir, name).await?;
-        if ahead {
-            self.stat_ahead(c, dir, name);
-        }
+        self.stat_ahead(c, dir, name);
         Ok(a)
+    }
+
+    /// What statahead has for `name` of `dir` (a miss while it is off).
+    fn probe_ahead(&self, c: &Creds, dir: Fid, name: &str) -> Probe {
+        if self.inner.params.statahead_max.load(Ordering::Relaxed) == 0 {
+            return Probe::Miss;
+        }
+        self.inner.statahead.probe(dir, c, name, self.inner.changes.load(Ordering::Acquire))
     }
 
     /// `name` of `dir` as statahead has it ready, without waiting for anything: `None`
@@ -482,12 +485,7 @@ impl FileSystem {
     /// mount's kernel readers), which answers a hit without a hop to the runtime; call it
     /// inside the runtime's context (`Handle::enter`): a hit may start the next fetch.
     pub fn lookup_ready(&self, c: &Creds, dir: Fid, name: &str) -> Option<Attr> {
-        if self.inner.params.statahead_max.load(Ordering::Relaxed) == 0 {
-            return None;
-        }
-        let Probe::Hit(a) = self.inner.statahead.probe(dir, c, name, self.inner.changes.load(Ordering::Acquire)) else {
-            return None;
-        };
+        let Probe::Hit(a) = self.probe_ahead(c, dir, name) else { return None };
         self.stat_ahead(c, dir, name);
         if mode::is_reg(a.mode) && lock(&self.inner.writers).contains_key(&a.fid) {
             // Used up by the probe; the lookup asks the MDT and glimpses.
@@ -507,20 +505,19 @@ impl FileSystem {
     }
 
     /// Fetch a statahead window. Only plain answers are kept: not a file some client is
-    /// writing (its size comes from a glimpse at the time), nor a remote entry.
+    /// writing (its size comes from a glimpse at the time; one open for writing here is
+    /// glimpsed when its answer is used), nor a remote entry.
     async fn fetch_ahead(&self, c: &Creds, f: Fetch) {
-        let began = self.inner.changes.load(Ordering::Acquire);
         let found = self.looked(c, f.dir, &f.names).await.ok().map(|v| {
-            let writers = lock(&self.inner.writers);
             (f.first..)
                 .zip(v)
                 .filter_map(|(i, l)| match l {
-                    Looked::Attr(a) if a.nlink > 0 && !writers.contains_key(&a.fid) => Some((i, a)),
+                    Looked::Attr(a) if a.nlink > 0 => Some((i, a)),
                     _ => None,
                 })
                 .collect()
         });
-        self.inner.statahead.landed(&f, found, began, self.inner.changes.load(Ordering::Acquire));
+        self.inner.statahead.landed(&f, found, self.inner.changes.load(Ordering::Acquire));
         let _ = f.done.send(true);
     }
 

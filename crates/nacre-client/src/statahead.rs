@@ -18,9 +18,10 @@
 //!   change overlapped is thrown away, and the sequence starts over at the smallest
 //!   window.
 //! - An answer is used once, within [`AGE`] of its fetch, and only if no change went out
-//!   from this mount since the fetch began (a create, unlink, setattr, close...: the
-//!   mount's change count says). Other mounts' changes show within [`AGE`], as they do
-//!   through the kernel's attribute cache on a FUSE mount.
+//!   from this mount since its sequence started (a create, unlink, setattr...: the
+//!   mount's change count says; a close changes nothing a lookup answers and is not
+//!   counted). Other mounts' changes show within [`AGE`], as they do through the
+//!   kernel's attribute cache on a FUSE mount.
 //! - At most [`SEQUENCES_MAX`] sequences are followed; the one used least recently goes.
 
 use std::collections::HashMap;
@@ -70,20 +71,19 @@ fn name_of(prefix: &str, number: u64, width: usize) -> String {
     format!("{prefix}{number:0width$}")
 }
 
-/// A fetch in flight: its numbers, its end (true once landed), its id, and the mount's
-/// change count when it began.
+/// A fetch in flight: its numbers, its end (true once landed), and its id.
 struct Inflight {
     range: RangeInclusive<u64>,
     landed: watch::Receiver<bool>,
     id: u64,
-    began: u64,
 }
 
 struct Sequence {
     creds: Creds,
     /// Digits of the zero-padded numbers (0: not padded).
     width: usize,
-    /// The mount's change count at the last lookup followed.
+    /// The mount's change count when the sequence started: a lookup after a change starts
+    /// it over, so its fetches and their answers are good only while the count is this.
     changes: u64,
     /// The number a lookup continuing the sequence asks next.
     next: u64,
@@ -91,9 +91,8 @@ struct Sequence {
     window: u64,
     /// The highest number fetched or being fetched (`None`: nothing yet).
     fetched_to: Option<u64>,
-    /// Fetched answers by number: the attributes, when, and the mount's change count
-    /// when their fetch began.
-    ready: HashMap<u64, (Attr, Instant, u64)>,
+    /// Fetched answers by number: the attributes, and when.
+    ready: HashMap<u64, (Attr, Instant)>,
     inflight: Option<Inflight>,
     used: u64,
 }
@@ -149,26 +148,25 @@ impl Statahead {
         let Some(n) = numbered(name) else { return Probe::Miss };
         let mut g = self.lock();
         let Some(s) = g.map.get_mut(&(dir, n.prefix.to_string())) else { return Probe::Miss };
-        if s.creds != *creds || !fits(name, &n, s.width) {
+        // After a change, nothing fetched is used and no fetch is waited for: it will be
+        // thrown away when it lands.
+        if s.creds != *creds || !fits(name, &n, s.width) || s.changes != changes {
             return Probe::Miss;
         }
-        if let Some((a, at, seen)) = s.ready.remove(&n.number) {
-            if seen == changes && at.elapsed() < AGE {
+        if let Some((a, at)) = s.ready.remove(&n.number) {
+            if at.elapsed() < AGE {
                 return Probe::Hit(a);
             }
-            if at.elapsed() >= AGE {
-                // The reader fell behind its window: what is left of it is as old. Fetch
-                // again from here.
-                s.ready.retain(|_, e| e.1.elapsed() < AGE);
-                if s.inflight.is_none() {
-                    s.fetched_to = Some(n.number);
-                }
+            // The reader fell behind its window: what is left of it is as old. Fetch again
+            // from here.
+            s.ready.retain(|_, e| e.1.elapsed() < AGE);
+            if s.inflight.is_none() {
+                s.fetched_to = Some(n.number);
             }
             return Probe::Miss;
         }
         match &s.inflight {
-            // A fetch that a change has overlapped will be thrown away: no use waiting.
-            Some(f) if f.range.contains(&n.number) && f.began == changes => Probe::Wait(f.landed.clone()),
+            Some(f) if f.range.contains(&n.number) => Probe::Wait(f.landed.clone()),
             _ => Probe::Miss,
         }
     }
@@ -177,10 +175,10 @@ impl Statahead {
     /// to start, if one is due. `max` is `statahead_max` (0: statahead is off), `changes`
     /// the mount's change count now.
     pub fn note(&self, dir: Fid, creds: &Creds, name: &str, max: u64, changes: u64) -> Option<Fetch> {
-        let n = numbered(name)?;
         if max == 0 {
             return None;
         }
+        let n = numbered(name)?;
         let mut g = self.lock();
         g.tick += 1;
         g.fetches += 1;
@@ -236,7 +234,7 @@ impl Statahead {
         let last = first.saturating_add(s.window - 1);
         let (done, landed) = watch::channel(false);
         s.fetched_to = Some(last);
-        s.inflight = Some(Inflight { range: first..=last, landed, id, began: changes });
+        s.inflight = Some(Inflight { range: first..=last, landed, id });
         Some(Fetch {
             dir,
             prefix: n.prefix.to_string(),
@@ -248,8 +246,8 @@ impl Statahead {
     }
 
     /// A fetch landed: `found` holds the attributes of the names that exist (`None`: it
-    /// failed), `began` the mount's change count when it was sent, `changes` now.
-    pub fn landed(&self, f: &Fetch, found: Option<Vec<(u64, Attr)>>, began: u64, changes: u64) {
+    /// failed), `changes` is the mount's change count now.
+    pub fn landed(&self, f: &Fetch, found: Option<Vec<(u64, Attr)>>, changes: u64) {
         let mut g = self.lock();
         let Some(s) = g.map.get_mut(&(f.dir, f.prefix.clone())) else { return };
         if s.inflight.as_ref().is_none_or(|i| i.id != f.id) {
@@ -258,11 +256,11 @@ impl Statahead {
         }
         s.inflight = None;
         match found {
-            Some(found) if began == changes => {
+            Some(found) if s.changes == changes => {
                 let now = Instant::now();
                 for (i, a) in found {
                     if i >= s.next {
-                        s.ready.insert(i, (a, now, began));
+                        s.ready.insert(i, (a, now));
                     }
                 }
             }
@@ -316,7 +314,7 @@ mod tests {
         assert!(matches!(sa.probe(d, &c, "f11", 0), Probe::Miss));
         // f5 does not exist: it is simply not among the answers.
         let found = (3..11).filter(|&i| i != 5).map(|i| (i, attr(i))).collect();
-        sa.landed(&f, Some(found), 0, 0);
+        sa.landed(&f, Some(found), 0);
         assert_eq!(sa.held(), 7);
         match sa.probe(d, &c, "f3", 0) {
             Probe::Hit(a) => assert_eq!(a, attr(3)),
@@ -347,7 +345,7 @@ mod tests {
         }
         let f = sa.note(d, &c, "a2", 64, 0).unwrap();
         assert!(sa.note(d, &c, "a20", 64, 0).is_none(), "a jump past what was fetched starts over");
-        sa.landed(&f, Some(vec![(3, attr(3))]), 0, 0);
+        sa.landed(&f, Some(vec![(3, attr(3))]), 0);
         assert_eq!(sa.held(), 0, "the old run's answers are dropped");
         // Two prefixes in one directory are two sequences (mdtest-hard's tasks).
         for i in 0..3 {
@@ -372,12 +370,12 @@ mod tests {
         sa.note(d, &c, "x0", 16, 0);
         sa.note(d, &c, "x1", 16, 0);
         let f = sa.note(d, &c, "x2", 16, 0).unwrap();
-        sa.landed(&f, None, 0, 0);
+        sa.landed(&f, None, 0);
         assert!(sa.note(d, &c, "x3", 16, 0).is_none(), "a new run first");
         assert!(sa.note(d, &c, "x4", 16, 0).is_none());
         let again = sa.note(d, &c, "x5", 16, 0).expect("refetched from where the reader is");
         assert_eq!((again.first, again.names.len()), (6, 8));
-        sa.landed(&again, Some(vec![(6, attr(6))]), 0, 0);
+        sa.landed(&again, Some(vec![(6, attr(6))]), 0);
         {
             let mut g = sa.lock();
             let s = g.map.get_mut(&(d, "x".to_string())).unwrap();
@@ -404,9 +402,9 @@ mod tests {
         let new = sa.note(d, &c, "f002", 64, 0).unwrap();
         assert_eq!((old.first, new.first), (3, 3));
         assert_eq!(new.names[0], "f003");
-        sa.landed(&old, Some(vec![(3, attr(3))]), 0, 0);
+        sa.landed(&old, Some(vec![(3, attr(3))]), 0);
         assert!(matches!(sa.probe(d, &c, "f003", 0), Probe::Wait(_)), "f3's attributes are not f003's");
-        sa.landed(&new, Some(vec![(3, attr(33))]), 0, 0);
+        sa.landed(&new, Some(vec![(3, attr(33))]), 0);
         match sa.probe(d, &c, "f003", 0) {
             Probe::Hit(a) => assert_eq!(a, attr(33)),
             _ => panic!("f003 was fetched"),
@@ -428,7 +426,7 @@ mod tests {
         }
         let f = sa.note(d, &c, "g2", 64, 0).unwrap();
         assert!(matches!(sa.probe(d, &c, "g3", 2), Probe::Miss), "no wait on a fetch a change overlapped");
-        sa.landed(&f, Some(vec![(3, attr(3)), (4, attr(4))]), 0, 2);
+        sa.landed(&f, Some(vec![(3, attr(3)), (4, attr(4))]), 2);
         assert!(matches!(sa.probe(d, &c, "g3", 2), Probe::Miss));
         assert!(sa.note(d, &c, "g3", 64, 2).is_none(), "the change count moved: a new run");
         assert!(sa.note(d, &c, "g4", 64, 2).is_none());
@@ -445,7 +443,7 @@ mod tests {
         }
         let f = sa.note(d, &c, "f099", 16, 0).unwrap();
         assert_eq!(f.names[0], "f100");
-        sa.landed(&f, Some(vec![(100, attr(100))]), 0, 0);
+        sa.landed(&f, Some(vec![(100, attr(100))]), 0);
         assert!(matches!(sa.probe(d, &c, "f100", 0), Probe::Hit(_)));
         assert!(sa.note(d, &c, "f100", 16, 0).is_none(), "f100 goes on with the run of f097");
         assert!(matches!(sa.probe(d, &c, "f0101", 0), Probe::Miss), "another width");
