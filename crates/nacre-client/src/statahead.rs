@@ -285,6 +285,16 @@ impl Statahead {
 mod tests {
     use super::*;
 
+    /// Lookups of `names` in order, with no change between them: the last starts a fetch,
+    /// the others none.
+    fn run(sa: &Statahead, d: Fid, c: &Creds, names: &[&str], max: u64) -> Fetch {
+        let (last, first) = names.split_last().expect("a name");
+        for n in first {
+            assert!(sa.note(d, c, n, max, 0).is_none(), "{n} starts nothing");
+        }
+        sa.note(d, c, last, max, 0).expect("the run starts a fetch")
+    }
+
     fn attr(n: u64) -> Attr {
         Attr { fid: Fid::new(0x2_0000_0400, n as u32 + 1), nlink: 1, ..Attr::default() }
     }
@@ -306,9 +316,7 @@ mod tests {
     fn a_run_opens_a_window_that_doubles_and_answers_are_used_once() {
         let sa = Statahead::default();
         let (d, c) = (Fid::new(0x2_0000_0400, 1), Creds::default());
-        assert!(sa.note(d, &c, "f0", 128, 0).is_none());
-        assert!(sa.note(d, &c, "f1", 128, 0).is_none());
-        let f = sa.note(d, &c, "f2", 128, 0).expect("the third in a row starts a fetch");
+        let f = run(&sa, d, &c, &["f0", "f1", "f2"], 128);
         assert_eq!(f.names, (3..11).map(|i| format!("f{i}")).collect::<Vec<_>>());
         assert!(matches!(sa.probe(d, &c, "f3", 0), Probe::Wait(_)), "in flight: wait for it");
         assert!(matches!(sa.probe(d, &c, "f11", 0), Probe::Miss));
@@ -340,23 +348,16 @@ mod tests {
     fn a_break_starts_over_and_a_fetch_of_the_old_run_is_ignored() {
         let sa = Statahead::default();
         let (d, c) = (Fid::new(0x2_0000_0400, 1), Creds::default());
-        for i in 0..2 {
-            assert!(sa.note(d, &c, &format!("a{i}"), 64, 0).is_none());
-        }
-        let f = sa.note(d, &c, "a2", 64, 0).unwrap();
+        let f = run(&sa, d, &c, &["a0", "a1", "a2"], 64);
         assert!(sa.note(d, &c, "a20", 64, 0).is_none(), "a jump past what was fetched starts over");
         sa.landed(&f, Some(vec![(3, attr(3))]), 0);
         assert_eq!(sa.held(), 0, "the old run's answers are dropped");
         // Two prefixes in one directory are two sequences (mdtest-hard's tasks).
-        for i in 0..3 {
-            sa.note(d, &c, &format!("b{i}"), 64, 0);
-        }
+        run(&sa, d, &c, &["b0", "b1", "b2"], 64);
         assert!(sa.note(d, &c, "a21", 64, 0).is_none());
         assert!(matches!(sa.probe(d, &c, "b3", 0), Probe::Wait(_)), "b's fetch is in flight");
         // A skip inside what was fetched goes on with the run.
-        for i in 0..3 {
-            sa.note(d, &c, &format!("s{i}"), 64, 0);
-        }
+        run(&sa, d, &c, &["s0", "s1", "s2"], 64);
         assert!(sa.note(d, &c, "s5", 64, 0).is_none());
         assert!(matches!(sa.probe(d, &c, "s6", 0), Probe::Wait(_)), "the run and its fetch went on");
         // Off: nothing is followed.
@@ -367,9 +368,7 @@ mod tests {
     fn a_failed_fetch_is_asked_again_and_answers_grow_old() {
         let sa = Statahead::default();
         let (d, c) = (Fid::new(0x2_0000_0400, 1), Creds::default());
-        sa.note(d, &c, "x0", 16, 0);
-        sa.note(d, &c, "x1", 16, 0);
-        let f = sa.note(d, &c, "x2", 16, 0).unwrap();
+        let f = run(&sa, d, &c, &["x0", "x1", "x2"], 16);
         sa.landed(&f, None, 0);
         assert!(sa.note(d, &c, "x3", 16, 0).is_none(), "a new run first");
         assert!(sa.note(d, &c, "x4", 16, 0).is_none());
@@ -391,15 +390,9 @@ mod tests {
     fn a_fetch_is_told_apart_from_a_later_one_with_the_same_first_number() {
         let sa = Statahead::default();
         let (d, c) = (Fid::new(0x2_0000_0400, 1), Creds::default());
-        for i in 0..2 {
-            sa.note(d, &c, &format!("f{i}"), 64, 0);
-        }
-        let old = sa.note(d, &c, "f2", 64, 0).unwrap();
+        let old = run(&sa, d, &c, &["f0", "f1", "f2"], 64);
         // The same prefix, zero-padded: a new sequence whose first fetch also starts at 3.
-        for i in 0..2 {
-            sa.note(d, &c, &format!("f00{i}"), 64, 0);
-        }
-        let new = sa.note(d, &c, "f002", 64, 0).unwrap();
+        let new = run(&sa, d, &c, &["f000", "f001", "f002"], 64);
         assert_eq!((old.first, new.first), (3, 3));
         assert_eq!(new.names[0], "f003");
         sa.landed(&old, Some(vec![(3, attr(3))]), 0);
@@ -421,10 +414,7 @@ mod tests {
         }
         // A change during a fetch: nobody waits for it, its answers go, and the sequence
         // needs a new run before it fetches again.
-        for i in 0..2 {
-            sa.note(d, &c, &format!("g{i}"), 64, 0);
-        }
-        let f = sa.note(d, &c, "g2", 64, 0).unwrap();
+        let f = run(&sa, d, &c, &["g0", "g1", "g2"], 64);
         assert!(matches!(sa.probe(d, &c, "g3", 2), Probe::Miss), "no wait on a fetch a change overlapped");
         sa.landed(&f, Some(vec![(3, attr(3)), (4, attr(4))]), 2);
         assert!(matches!(sa.probe(d, &c, "g3", 2), Probe::Miss));
@@ -438,10 +428,7 @@ mod tests {
     fn zero_padded_numbers_keep_their_width_past_a_power_of_ten() {
         let sa = Statahead::default();
         let (d, c) = (Fid::new(0x2_0000_0400, 1), Creds::default());
-        for i in 97..99 {
-            sa.note(d, &c, &format!("f{i:03}"), 16, 0);
-        }
-        let f = sa.note(d, &c, "f099", 16, 0).unwrap();
+        let f = run(&sa, d, &c, &["f097", "f098", "f099"], 16);
         assert_eq!(f.names[0], "f100");
         sa.landed(&f, Some(vec![(100, attr(100))]), 0);
         assert!(matches!(sa.probe(d, &c, "f100", 0), Probe::Hit(_)));
