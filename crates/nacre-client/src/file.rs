@@ -236,28 +236,23 @@ impl File {
         let unit = self.flush_unit(&layout);
         // What is one RPC long or more goes; what is shorter may still grow.
         let long = unit.min(self.fs.inner.params.rpc_bytes());
-        let permit = match budget.try_take(len) {
-            Some(p) => p,
-            None => {
-                // The mount's dirty budget is spent. This file's long extents go first
-                // (their room comes back when they land); then all of its dirty bytes;
-                // and if other, idle files hold the rest, this write goes through rather
-                // than wait for files nobody may touch again.
-                self.launch(long).await;
-                self.landed().await;
-                match budget.try_take(len) {
-                    Some(p) => p,
-                    None => {
-                        self.flush(&mut st).await?;
-                        match budget.try_take(len) {
-                            Some(p) => p,
-                            None => return through().await.map(|_| data.len()),
-                        }
-                    }
-                }
-            }
-        };
-        let mut permit = Some(permit);
+        // When the mount's dirty budget is spent, this file's long extents go first (their
+        // room comes back when they land); then all of its dirty bytes; and if other, idle
+        // files hold the rest, this write goes through rather than wait for files nobody
+        // may touch again.
+        let mut permit = budget.try_take(len);
+        if permit.is_none() {
+            self.launch(long).await;
+            self.landed().await;
+            permit = budget.try_take(len);
+        }
+        if permit.is_none() {
+            self.flush(&mut st).await?;
+            permit = budget.try_take(len);
+        }
+        if permit.is_none() {
+            return through().await.map(|_| data.len());
+        }
         loop {
             let full = {
                 let mut wb = lock(&self.shared.behind);
