@@ -178,7 +178,7 @@ fn phase(v: &Volume, phase: Phase, jobs: usize, size: u64, io: u64, shift: u64, 
 /// VM's memory) costs several times the steady state, and would otherwise be charged to
 /// whichever phase touches it first (the rebuild phase writes to a brand-new spare).
 fn make_drive(path: &Path, size: u64) -> Result<Arc<dyn BlockDevice>, BenchError> {
-    let d = FileDrive::create_file(path, size)?;
+    let d = FileDrive::create_file(path, size, nacre_raid::Provision::Thick)?;
     let chunk = AlignedBuf::zeroed(4 << 20);
     let mut off = 0;
     while off < size {

@@ -12,6 +12,15 @@ pub const MGS_SETPARAM: u16 = 402;
 
 /// Longest file system name (Lustre's is 8; ours allows a little more).
 pub const FSNAME_MAX: usize = 16;
+
+/// Why `fsname` cannot name a file system (1 to [`FSNAME_MAX`] letters, digits or `_`, as
+/// target names and mount sources are built from it), or `None`.
+pub fn fsname_problem(fsname: &str) -> Option<String> {
+    let ok = !fsname.is_empty()
+        && fsname.len() <= FSNAME_MAX
+        && fsname.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    (!ok).then(|| format!("{fsname:?} is not a file system name (1 to {FSNAME_MAX} letters, digits or _)"))
+}
 /// NIDs one target may list (its server and failover partners).
 pub const NIDS_MAX: usize = 8;
 pub const NID_MAX: usize = 128;

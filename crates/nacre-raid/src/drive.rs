@@ -87,9 +87,11 @@ impl FileDrive {
         Ok(FileDrive { file, path: path.to_path_buf(), size, direct, identity })
     }
 
-    /// Create (or extend) a file drive of `size` bytes with its space allocated, so that
-    /// later O_DIRECT writes never allocate and a full file system shows at creation.
-    pub fn create_file(path: &Path, size: u64) -> Result<FileDrive> {
+    /// Create a file drive of `size` bytes. `Provision::Thick` allocates its space now, so
+    /// that later O_DIRECT writes never allocate and a full host shows at creation;
+    /// `Provision::Thin` makes a sparse file that takes host space only as it is written
+    /// (the caller checks that the host can hold it all). Either reads as zeros.
+    pub fn create_file(path: &Path, size: u64, provision: Provision) -> Result<FileDrive> {
         let f = OpenOptions::new()
             .read(true)
             .write(true)
@@ -99,9 +101,10 @@ impl FileDrive {
         let len = libc::off_t::try_from(size)
             .map_err(|_| RaidError::io(path, io::Error::new(io::ErrorKind::InvalidInput, "size too large")))?;
         // SAFETY: plain syscall on an owned, open descriptor.
-        let rc = unsafe { libc::posix_fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), 0, len) };
-        if rc != 0 {
-            // tmpfs and ext4 support it; elsewhere a sparse file still works.
+        let thick = provision == Provision::Thick
+            && unsafe { libc::posix_fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), 0, len) } == 0;
+        if !thick {
+            // Thin, or a file system without fallocate: a sparse file still works.
             f.set_len(size).map_err(|e| RaidError::io(path, e))?;
         }
         drop(f);
@@ -139,6 +142,15 @@ impl BlockDevice for FileDrive {
     fn identity(&self) -> Option<(u64, u64)> {
         Some(self.identity)
     }
+}
+
+/// How a new file drive takes host space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Provision {
+    /// All of it at creation (`posix_fallocate`).
+    Thick,
+    /// Only as blocks are written (a sparse file).
+    Thin,
 }
 
 /// A drive in memory that can be told to fail: now, or after a number of writes.
@@ -238,7 +250,7 @@ mod tests {
     fn a_drive_has_one_owner() {
         let p = std::env::temp_dir().join(format!("nacre-flock-{}", std::process::id()));
         let _ = std::fs::remove_file(&p);
-        let first = FileDrive::create_file(&p, 1 << 20).unwrap();
+        let first = FileDrive::create_file(&p, 1 << 20, Provision::Thick).unwrap();
         assert!(matches!(FileDrive::open(&p), Err(RaidError::DriveBusy { .. })));
         drop(first);
         let again = FileDrive::open(&p).unwrap();

@@ -23,7 +23,7 @@ pub mod superblock;
 pub mod volume;
 pub mod wil;
 
-pub use drive::{BlockDevice, FileDrive, MemDrive};
+pub use drive::{BlockDevice, FileDrive, MemDrive, Provision};
 pub use error::{RaidError, Result};
 pub use geometry::{Geometry, Level};
 pub use superblock::SlotState;

@@ -15,8 +15,8 @@ use nacre_osd::SyncMode;
 use nacre_osd::backend::VolumeBackend;
 use nacre_proto::mdt::errno;
 use nacre_proto::mgs::{
-    Config, FSNAME_MAX, NIDS_MAX, PARAM_NAME_MAX, PARAM_VALUE_MAX, PARAMS_MAX, Request, TARGETS_MAX, TargetEntry,
-    TargetKind, WAIT_MS_MAX,
+    Config, NIDS_MAX, PARAM_NAME_MAX, PARAM_VALUE_MAX, PARAMS_MAX, Request, TARGETS_MAX, TargetEntry, TargetKind,
+    WAIT_MS_MAX,
 };
 use nacre_proto::param;
 use nacre_raid::Volume;
@@ -89,14 +89,8 @@ fn check_param_name(name: &str) -> Result<()> {
 impl Mgs {
     /// Make a new MGS for file system `fsname` on `volume`.
     pub fn format(volume: Arc<Volume>, fsname: &str) -> Result<Mgs> {
-        if fsname.is_empty()
-            || fsname.len() > FSNAME_MAX
-            || !fsname.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        {
-            return Err(err(
-                errno::EINVAL,
-                format!("{fsname:?} is not a file system name (1 to {FSNAME_MAX} letters, digits or _)"),
-            ));
+        if let Some(problem) = nacre_proto::mgs::fsname_problem(fsname) {
+            return Err(err(errno::EINVAL, problem));
         }
         volume.write(0, &[0u8; 8192]).map_err(storage)?;
         let db = Self::open_db(volume)?;

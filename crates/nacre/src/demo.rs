@@ -48,7 +48,7 @@ pub struct DemoArgs {
     /// Object data each OST holds.
     #[arg(long, default_value = "2G", value_parser = parse_size)]
     pub ost_size: u64,
-    /// Bytes of each of the MDT's four drives (and of each OST's index drives).
+    /// Bytes of each of the MDT's four drives.
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     pub mdt_size: u64,
     /// TCP port of the MGS.
@@ -215,7 +215,7 @@ pub fn demo(a: DemoArgs) -> CliResult {
         println!("\n== IO500 on {what} ({})", dir.display());
         let t = Target::open(api, &dir, None)?;
         o.run_dir = format!("io500-{key}");
-        let report = run_on(&t, &o, what)?;
+        let report = run_on(&t, &o, &dir, what)?;
         runs.push((key, what.to_string(), report));
     }
 

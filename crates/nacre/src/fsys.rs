@@ -37,6 +37,20 @@ pub struct MountOpts {
     pub attr_timeout: f64,
 }
 
+impl MountOpts {
+    /// The same options on a command line.
+    fn argv(&self) -> Vec<String> {
+        let mut v = vec!["--attr-timeout".to_string(), self.attr_timeout.to_string()];
+        if self.writeback_cache {
+            v.push("--writeback-cache".into());
+        }
+        if self.root_squash {
+            v.push("--root-squash".into());
+        }
+        v
+    }
+}
+
 /// A mount served by this process, and its control endpoint (the client tunables, for
 /// `nacre get-param` / `set-param`).
 pub struct Mounted {
@@ -57,12 +71,37 @@ impl Mounted {
 /// Mount the file system of the MGS at `mgs` on `mnt` in this process. The mount's
 /// source in the mount table is `nacre:MGS,ctl=NID`, NID its control endpoint (loopback).
 pub async fn mount_here(mgs: &Nid, mnt: &Path, o: &MountOpts) -> Res<Mounted> {
+    mount_checked(mgs, None, mnt, o, MOUNT_TIMEOUT).await
+}
+
+/// The longest a mount waits for its MGS and MDT 0 by default.
+pub const MOUNT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// [`mount_here`], refusing a file system not named `fsname` (when given), and giving up
+/// after `timeout` if the MGS or MDT 0 does not answer.
+async fn mount_checked(
+    mgs: &Nid,
+    fsname: Option<&str>,
+    mnt: &Path,
+    o: &MountOpts,
+    timeout: std::time::Duration,
+) -> Res<Mounted> {
     if !mnt.is_dir() {
         return Err(format!("mount point {} is not a directory", mnt.display()).into());
     }
     // Services of this same process (`nacre up --mount`) are reached in memory.
     let opts = MountOptions { transport: Arc::new(nacre_net::transport::Shortcut), ..MountOptions::default() };
-    let fs = FileSystem::mount(mgs, opts).await.map_err(|e| format!("mounting from {mgs}: {e}"))?;
+    let fs = tokio::time::timeout(timeout, FileSystem::mount(mgs, opts))
+        .await
+        .map_err(|_| format!("mounting from {mgs}: no answer within {} s", timeout.as_secs_f64()))?
+        .map_err(|e| format!("mounting from {mgs}: {e}"))?;
+    if let Some(want) = fsname
+        && fs.fsname() != want
+    {
+        let have = fs.fsname().to_string();
+        fs.unmount().await;
+        return Err(format!("the MGS at {mgs} serves file system {have:?}, not {want:?}").into());
+    }
     let ctl = nacre_net::server::Server::start(
         Arc::new(nacre_net::transport::TcpTransport),
         &"127.0.0.1@tcp:0".parse()?,
@@ -144,6 +183,41 @@ pub fn local_mounts() -> Res<Vec<(PathBuf, Nid, Option<Nid>)>> {
     Ok(out)
 }
 
+/// Bytes free to users on the file system holding `path` (its nearest existing folder).
+pub fn host_free(path: &Path) -> std::io::Result<u64> {
+    let mut at = path;
+    while !at.exists() {
+        at = at.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    }
+    let c = std::ffi::CString::new(at.as_os_str().as_encoded_bytes())?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statvfs with a valid C string and a struct of ours to fill.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// The files under `dir`: (bytes of their sizes, bytes of host space they take).
+pub fn tree_usage(dir: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let (mut size, mut taken) = (0, 0);
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            match e.metadata() {
+                Ok(m) if m.is_dir() => todo.push(e.path()),
+                Ok(m) => {
+                    size += m.len();
+                    taken += m.blocks() * 512;
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    (size, taken)
+}
+
 /// Unmount `mnt` (lazily with `lazy`: a dead mount whose process is gone).
 pub fn unmount(mnt: &Path, lazy: bool) -> Res<()> {
     let c = std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes())?;
@@ -170,9 +244,15 @@ pub struct MountArgs {
     /// The MGS, e.g. 10.0.0.5@tcp:9400.
     #[arg(long)]
     pub mgs: Nid,
+    /// Refuse to mount unless the MGS serves the file system of this name.
+    #[arg(long)]
+    pub fsname: Option<String>,
     pub mountpoint: PathBuf,
     #[command(flatten)]
     pub opts: MountOpts,
+    /// Seconds to wait for the MGS and MDT 0 to answer before giving up.
+    #[arg(long, default_value_t = MOUNT_TIMEOUT.as_secs_f64())]
+    pub timeout: f64,
     /// Serve the mount in the foreground until it is unmounted.
     #[arg(long)]
     pub foreground: bool,
@@ -180,15 +260,42 @@ pub struct MountArgs {
     pub detached: bool,
 }
 
+impl MountArgs {
+    /// `nacre mount` with these arguments, for the process that serves the mount.
+    fn argv(&self) -> Vec<String> {
+        let mut v = vec!["mount".to_string(), "--mgs".into(), self.mgs.to_string()];
+        if let Some(f) = &self.fsname {
+            v.extend(["--fsname".into(), f.clone()]);
+        }
+        v.extend(["--timeout".into(), self.timeout.to_string()]);
+        v.extend(self.opts.argv());
+        v.push(self.mountpoint.display().to_string());
+        v
+    }
+}
+
 /// `nacre mount`: returns once mounted, leaving a process that serves the mount until
 /// it is unmounted.
 pub fn mount(a: MountArgs) -> CliResult {
+    if !(0.0..=3600.0).contains(&a.timeout) {
+        return Err(format!("--timeout {}: 0 to 3600 seconds", a.timeout).into());
+    }
+    let timeout = std::time::Duration::from_secs_f64(a.timeout);
+    if !a.detached {
+        // Said here, on the terminal, rather than by the process that serves the mount.
+        if !a.mountpoint.is_dir() {
+            return Err(format!("mount point {} is not a directory", a.mountpoint.display()).into());
+        }
+        if is_mounted(&a.mountpoint) {
+            return Err(format!("{} is already a mount point", a.mountpoint.display()).into());
+        }
+    }
     if !a.foreground {
-        return crate::service::detach(None, "mounted", None);
+        return crate::service::detach(Some(a.argv()), "mounted", None);
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async {
-        let m = mount_here(&a.mgs, &a.mountpoint, &a.opts).await?;
+        let m = mount_checked(&a.mgs, a.fsname.as_deref(), &a.mountpoint, &a.opts, timeout).await?;
         println!("mounted {} on {}", a.mgs, a.mountpoint.display());
         if a.detached {
             silence_stdio();
@@ -196,6 +303,88 @@ pub fn mount(a: MountArgs) -> CliResult {
         tokio::task::spawn_blocking(move || m.join()).await??;
         Ok(())
     })
+}
+
+/// `mount.nacre SOURCE DIR [-sfnv] [-o OPTIONS]`, as mount(8) runs it for `mount -t nacre`
+/// and fstab lines of type `nacre`. SOURCE is `MGS_NID:/FSNAME`
+/// (`10.0.0.1@tcp:9400:/nacre`); OPTIONS are mount(8)'s generic ones (taken as given:
+/// Nacre mounts are read-write, `_netdev` and `nofail` are for the boot's ordering) and
+/// Nacre's: `writeback_cache`, `root_squash`, `attr_timeout=SECONDS`, `timeout=SECONDS`.
+pub fn mount_helper(args: Vec<String>) -> CliResult {
+    const USAGE: &str = "usage: mount.nacre MGS_NID:/FSNAME DIR [-sfnv] [-o OPTIONS]";
+    let (mut positional, mut options, mut fake) = (Vec::new(), Vec::new(), false);
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-o" => options.push(it.next().ok_or("-o without options")?),
+            // mount(8) passes the type with -t for type.subtype; ours is plain `nacre`.
+            "-t" => drop(it.next()),
+            o if o.starts_with("-o") => options.push(o[2..].to_string()),
+            f if f.starts_with('-') && f.len() > 1 => {
+                for c in f[1..].chars() {
+                    match c {
+                        'f' => fake = true,
+                        's' | 'n' | 'v' => {}
+                        _ => return Err(format!("unknown flag -{c}; {USAGE}").into()),
+                    }
+                }
+            }
+            _ => positional.push(a),
+        }
+    }
+    let [source, dir] = <[String; 2]>::try_from(positional).map_err(|_| USAGE.to_string())?;
+    let (mgs, fsname) = parse_source(&source)?;
+    let mut opts = MountOpts { attr_timeout: 1.0, ..MountOpts::default() };
+    let mut timeout = MOUNT_TIMEOUT.as_secs_f64();
+    for o in options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
+        let (key, value) = o.split_once('=').map_or((o, None), |(k, v)| (k, Some(v)));
+        let seconds = |v: Option<&str>| -> Res<f64> {
+            v.and_then(|v| v.parse::<f64>().ok())
+                .filter(|s| (0.0..=3600.0).contains(s))
+                .ok_or_else(|| format!("option {o}: a number of seconds, 0 to 3600").into())
+        };
+        match key {
+            "writeback_cache" => opts.writeback_cache = true,
+            "root_squash" => opts.root_squash = true,
+            "attr_timeout" => opts.attr_timeout = seconds(value)?,
+            "timeout" => timeout = seconds(value)?,
+            "ro" => return Err("option ro: Nacre mounts are read-write".into()),
+            "defaults" | "rw" | "auto" | "noauto" | "user" | "nouser" | "users" | "owner" | "nofail" | "_netdev"
+            | "dev" | "nodev" | "suid" | "nosuid" | "exec" | "noexec" | "atime" | "noatime" | "relatime" | "async"
+            | "loop" => {}
+            k if k.starts_with("x-") || k == "comment" => {}
+            _ => {
+                return Err(format!(
+                    "unknown option {o:?} (Nacre's: writeback_cache, root_squash, attr_timeout=S, timeout=S)"
+                )
+                .into());
+            }
+        }
+    }
+    if fake {
+        return Ok(());
+    }
+    let a = MountArgs {
+        mgs,
+        fsname: Some(fsname),
+        mountpoint: PathBuf::from(dir),
+        opts,
+        timeout,
+        foreground: false,
+        detached: false,
+    };
+    mount(a)
+}
+
+/// `MGS_NID:/FSNAME` (mount(8)'s source for Nacre) as the MGS and the file system's name.
+pub fn parse_source(source: &str) -> Res<(Nid, String)> {
+    let bad = |why: &str| format!("source {source:?}: {why}; expected MGS_NID:/FSNAME, e.g. 10.0.0.1@tcp:9400:/nacre");
+    let (nid, fsname) = source.rsplit_once(":/").ok_or_else(|| bad("no :/ before the file system's name"))?;
+    let mgs: Nid = nid.parse().map_err(|e| bad(&format!("{e}")))?;
+    if let Some(problem) = nacre_proto::mgs::fsname_problem(fsname) {
+        return Err(bad(&problem).into());
+    }
+    Ok((mgs, fsname.to_string()))
 }
 
 /// Point stdout and stderr at /dev/null: the process that read them has gone.
@@ -266,7 +455,13 @@ pub fn setstripe(a: SetstripeArgs) -> CliResult {
     with_fs(&path, async |fs, rel| {
         let c = process_creds();
         match fs.resolve(&c, &rel).await {
-            Ok(a) if mode::is_dir(a.mode) => fs.set_dir_layout(&c, a.fid, layout.as_ref()).await?,
+            Ok(a) if mode::is_dir(a.mode) => {
+                fs.set_dir_layout(&c, a.fid, layout.as_ref()).await?;
+                match &layout {
+                    Some(_) => println!("{}: the default layout of new files in this directory", path.display()),
+                    None => println!("{}: default layout removed (the file system's applies)", path.display()),
+                }
+            }
             Ok(_) => {
                 return Err(format!(
                     "setstripe: {} exists; a file's layout is set when it is made (use a new name)",
@@ -278,6 +473,12 @@ pub fn setstripe(a: SetstripeArgs) -> CliResult {
                 let (dir, name) = fs.parent_of(&c, &rel).await?;
                 let layout = layout.ok_or("setstripe -d: no such directory")?;
                 fs.create(&c, dir.fid, name, 0o644, Some(&layout)).await?;
+                // As `lfs setstripe` on a new name; said, since a directory default may
+                // have been meant.
+                println!(
+                    "{}: made an empty file with this layout (for a directory default, make the directory first)",
+                    path.display()
+                );
             }
             Err(e) => return Err(e.into()),
         }

@@ -12,6 +12,7 @@ use nacre_bench::io500::native::Native;
 use nacre_bench::io500::{self, Io500Options, Io500Report, NacreLayouts, Posix, Storage, WithLayouts};
 use nacre_client::{FileSystem, MountOptions};
 use nacre_net::nid::Nid;
+use nacre_proto::mgs::TargetKind;
 use serde::Deserialize;
 
 use crate::service::CliResult;
@@ -222,8 +223,139 @@ impl Target {
     }
 }
 
-/// Run IO500 on `t` with `o`, printing the header, the `[RESULT]` lines and the score.
-pub fn run_on(t: &Target, o: &Io500Options, what: &str) -> Res<Io500Report> {
+/// Free space where a run writes: on Nacre each target's, else the file system's.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Room {
+    Nacre { osts: Vec<(String, u64)>, mdts: Vec<(String, u64)> },
+    Folder { free: u64 },
+}
+
+/// Shares of the free space a run may plan to fill: ior-easy half of each OST (or of the
+/// folder), ior-hard a quarter of all, mdtest-easy and mdtest-hard a quarter of the MDTs'
+/// each; the rest is slack for allocation grain and metadata.
+const EASY_SHARE: f64 = 0.5;
+const HARD_SHARE: f64 = 0.25;
+const MDTEST_SHARE: f64 = 0.25;
+/// MDT bytes an mdtest file takes, measured through the mount with `nacre df` (3,000 empty
+/// files and 3,000 of 3,901 bytes on DoM took 21.5 MiB), rounded up.
+const MDTEST_EASY_FILE_BYTES: u64 = 4 << 10;
+const MDTEST_HARD_FILE_BYTES: u64 = 8 << 10;
+/// Host bytes of an mdtest-hard file on a local file system (a 4 KiB block and its inode).
+const LOCAL_FILE_BYTES: u64 = 8 << 10;
+
+impl Target {
+    /// The free space the run will meet.
+    pub fn room(&self, dir: &Path) -> Res<Room> {
+        match &self._client {
+            Some(c) => {
+                let s = c.rt.block_on(c.fs.statfs(&nacre_client::process_creds()))?;
+                let of = |k: TargetKind| -> Vec<(String, u64)> {
+                    s.targets.iter().filter(|t| t.kind == k).map(|t| (t.name.clone(), t.bytes_free)).collect()
+                };
+                Ok(Room::Nacre { osts: of(TargetKind::Ost), mdts: of(TargetKind::Mdt) })
+            }
+            None => Ok(Room::Folder { free: crate::fsys::host_free(dir)? }),
+        }
+    }
+}
+
+/// Scale `o`'s sizes down to what `room` holds, saying what changed and why. On Nacre,
+/// ior-easy's files each land on one OST (io500.sh's `-c 1`, unless `[layouts]` changes
+/// it), so each task's share is bounded by the fullest OST and the tasks sharing it.
+pub fn fit(o: &mut Io500Options, room: &Room) -> Vec<String> {
+    let mut notes = Vec::new();
+    let tasks = o.tasks as u64;
+    let (easy_room, hard_room, md_room, where_) = match room {
+        Room::Nacre { osts, mdts } => {
+            let total: u64 = osts.iter().map(|(_, f)| f).sum();
+            let fullest = osts.iter().map(|(_, f)| *f).min().unwrap_or(0);
+            let per_task = if o.layouts.ior_easy.is_none() && !osts.is_empty() {
+                fullest / tasks.div_ceil(osts.len() as u64)
+            } else {
+                total / tasks
+            };
+            let md: u64 = mdts.iter().map(|(_, f)| f).sum();
+            (per_task, total, Some(md), "the OSTs")
+        }
+        Room::Folder { free } => (free / tasks, *free, None, "the folder's file system"),
+    };
+    let easy_cap = ((easy_room as f64 * EASY_SHARE) as u64) / o.ior_easy_transfer as u64 * o.ior_easy_transfer as u64;
+    if o.ior_easy_bytes > easy_cap {
+        notes.push(format!(
+            "ior-easy: at most {} per task instead of {} (--ior-easy-size), to fit {}",
+            crate::up::human(easy_cap),
+            crate::up::human(o.ior_easy_bytes),
+            where_
+        ));
+        o.ior_easy_bytes = easy_cap.max(o.ior_easy_transfer as u64);
+    }
+    let segment = (io500::IOR_HARD_TRANSFER as u64) * tasks;
+    let hard_cap = ((hard_room as f64 * HARD_SHARE) as u64 / segment).max(1);
+    if o.ior_hard_segments > hard_cap {
+        notes.push(format!(
+            "ior-hard: at most {hard_cap} segments instead of {} (--ior-hard-segments), to fit {where_}",
+            o.ior_hard_segments
+        ));
+        o.ior_hard_segments = hard_cap;
+    }
+    let (md_free, easy_bytes, hard_bytes, md_where) = match md_room {
+        Some(md) => (md, MDTEST_EASY_FILE_BYTES, MDTEST_HARD_FILE_BYTES, "the MDTs"),
+        None => (hard_room, LOCAL_FILE_BYTES, LOCAL_FILE_BYTES, where_),
+    };
+    let md_budget = (md_free as f64 * MDTEST_SHARE) as u64 / tasks;
+    for (phase, option, files, each) in [
+        ("mdtest-easy", "--mdtest-easy-files", &mut o.mdtest_easy_files, easy_bytes),
+        ("mdtest-hard", "--mdtest-hard-files", &mut o.mdtest_hard_files, hard_bytes),
+    ] {
+        let cap = (md_budget / each).max(1);
+        if *files > cap {
+            notes.push(format!(
+                "{phase}: at most {cap} files per task instead of {files} ({option}), to fit {md_where}"
+            ));
+            *files = cap;
+        }
+    }
+    notes
+}
+
+/// The option that sizes what `phase` writes.
+fn option_of(phase: &str) -> Option<&'static str> {
+    Some(match phase {
+        "ior-easy-write" => "--ior-easy-size",
+        "ior-hard-write" => "--ior-hard-segments",
+        "mdtest-easy-write" => "--mdtest-easy-files",
+        "mdtest-hard-write" => "--mdtest-hard-files",
+        _ => return None,
+    })
+}
+
+/// An ENOSPC in a phase, with the target that filled and the option to change.
+fn explain_full(e: &std::io::Error, room: Option<Room>) -> String {
+    let text = e.to_string();
+    let phase = text.split(':').next().unwrap_or("");
+    let full = match room {
+        Some(Room::Nacre { osts, mdts }) => {
+            let md = phase.starts_with("mdtest");
+            let list = if md { &mdts } else { &osts };
+            list.iter().min_by_key(|(_, f)| *f).map(|(n, f)| format!("{n} ({} free)", crate::up::human(*f)))
+        }
+        Some(Room::Folder { free }) => Some(format!("the folder's file system ({} free)", crate::up::human(free))),
+        None => None,
+    };
+    format!(
+        "{text}: {} filled{}",
+        full.unwrap_or_else(|| "a target".into()),
+        option_of(phase).map(|o| format!("; a smaller {o} fits")).unwrap_or_default()
+    )
+}
+
+/// Run IO500 on `t` with `o`, scaled to the free space of `dir`, printing the header, the
+/// `[RESULT]` lines and the score.
+pub fn run_on(t: &Target, o: &Io500Options, dir: &Path, what: &str) -> Res<Io500Report> {
+    let mut o = o.clone();
+    for note in fit(&mut o, &t.room(dir)?) {
+        println!("scaled to fit: {note}");
+    }
     let mut out = std::io::stdout();
     writeln!(
         out,
@@ -232,7 +364,14 @@ pub fn run_on(t: &Target, o: &Io500Options, what: &str) -> Res<Io500Report> {
         o.tasks,
         o.stonewall.as_secs_f64()
     )?;
-    let report = io500::run(t.storage.as_ref(), o, &mut out).map_err(|e| format!("io500 on {what}: {e}"))?;
+    let report = io500::run(t.storage.as_ref(), &o, &mut out).map_err(|e| {
+        let e = if e.kind() == std::io::ErrorKind::StorageFull {
+            explain_full(&e, t.room(dir).ok())
+        } else {
+            e.to_string()
+        };
+        format!("io500 on {what}: {e}")
+    })?;
     for (d, l) in &report.layouts {
         writeln!(out, "  layout of {d}: {l}")?;
     }
@@ -242,7 +381,7 @@ pub fn run_on(t: &Target, o: &Io500Options, what: &str) -> Res<Io500Report> {
 pub fn io500(a: Io500Args) -> CliResult {
     let o = a.options()?;
     let t = Target::open(a.api, &a.dir, a.mgs.as_ref())?;
-    let report = run_on(&t, &o, &a.dir.display().to_string())?;
+    let report = run_on(&t, &o, &a.dir, &a.dir.display().to_string())?;
     let mut j = report.json();
     j["dir"] = a.dir.display().to_string().into();
     if let Some(p) = &a.json {
@@ -250,4 +389,78 @@ pub fn io500(a: Io500Args) -> CliResult {
     }
     println!("{}", serde_json::to_string(&j)?);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options() -> Io500Options {
+        let mut o = Io500Options::new(4);
+        o.ior_easy_bytes = 1 << 30;
+        o.ior_hard_segments = 10_000;
+        o.mdtest_easy_files = 1_000;
+        o.mdtest_hard_files = 1_000;
+        o
+    }
+
+    fn nacre(osts: &[u64], mdt: u64) -> Room {
+        Room::Nacre {
+            osts: osts.iter().enumerate().map(|(i, f)| (format!("nacre-OST{i:04x}"), *f)).collect(),
+            mdts: vec![("nacre-MDT0000".into(), mdt)],
+        }
+    }
+
+    #[test]
+    fn what_fits_is_left_alone() {
+        let mut o = options();
+        let before = format!("{o:?}");
+        assert!(fit(&mut o, &nacre(&[8 << 30; 4], 1 << 30)).is_empty());
+        assert_eq!(format!("{o:?}"), before);
+    }
+
+    #[test]
+    fn ior_easy_is_bounded_by_the_fullest_ost_and_the_tasks_sharing_it() {
+        // Four tasks on two OSTs, one nearly full: two tasks may land on it.
+        let mut o = options();
+        let notes = fit(&mut o, &nacre(&[512 << 20, 100 << 20], 1 << 30));
+        // Half of 100 MiB for two tasks, in whole 2 MiB transfers.
+        assert_eq!(o.ior_easy_bytes, 24 << 20, "{notes:?}");
+        assert!(notes[0].starts_with("ior-easy: at most 24 MiB per task instead of 1.0 GiB (--ior-easy-size)"));
+        // ior-hard: a quarter of all the OSTs' space, in segments of four 47,008-byte writes.
+        assert_eq!(o.ior_hard_segments, ((612u64 << 20) / 4) / (47_008 * 4));
+        // Striped ior-easy (a layout of the config): all the OSTs' space counts.
+        let mut o = options();
+        o.layouts.ior_easy = Some("-c -1".into());
+        fit(&mut o, &nacre(&[512 << 20, 100 << 20], 1 << 30));
+        assert_eq!(o.ior_easy_bytes, (612u64 << 20) / 4 / 2 / (2 << 20) * (2 << 20));
+    }
+
+    #[test]
+    fn mdtest_files_are_bounded_by_the_mdts() {
+        let mut o = options();
+        let notes = fit(&mut o, &nacre(&[8 << 30], 16 << 20));
+        // A quarter of 16 MiB over four tasks: 1 MiB each, 256 empty files, 128 with data.
+        assert_eq!((o.mdtest_easy_files, o.mdtest_hard_files), (256, 128), "{notes:?}");
+        assert!(notes.iter().any(|n| n.contains("(--mdtest-hard-files), to fit the MDTs")));
+    }
+
+    #[test]
+    fn a_folder_is_one_space() {
+        let mut o = options();
+        let notes = fit(&mut o, &Room::Folder { free: 1 << 30 });
+        assert_eq!(o.ior_easy_bytes, 128 << 20);
+        assert!(notes.iter().all(|n| n.contains("the folder's file system")), "{notes:?}");
+        assert!(o.check().is_ok());
+    }
+
+    #[test]
+    fn a_full_target_is_named_with_the_option_to_change() {
+        let e = std::io::Error::new(std::io::ErrorKind::StorageFull, "ior-easy-write: No space left on device");
+        let said = explain_full(&e, Some(nacre(&[400 << 20, 3 << 20], 1 << 30)));
+        assert!(said.contains("nacre-OST0001 (3 MiB free) filled; a smaller --ior-easy-size fits"), "{said}");
+        let e = std::io::Error::new(std::io::ErrorKind::StorageFull, "mdtest-hard-write: No space left on device");
+        let said = explain_full(&e, Some(nacre(&[400 << 20], 2 << 20)));
+        assert!(said.contains("nacre-MDT0000 (2 MiB free) filled; a smaller --mdtest-hard-files fits"), "{said}");
+    }
 }

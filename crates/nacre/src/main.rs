@@ -15,10 +15,13 @@ mod service;
 mod size;
 mod up;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+
+/// `nacre --version`: the package version and the commit it was built from.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("NACRE_COMMIT"), ")");
 
 #[derive(Parser)]
-#[command(name = "nacre", version, about = "Nacre: a parallel file system in user space")]
+#[command(name = "nacre", version = VERSION, about = "Nacre: a parallel file system in user space")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -102,6 +105,75 @@ enum Command {
     /// mount, through the client library and on the local file system, side by side,
     /// then `down`; ends with one JSON line.
     Demo(demo::DemoArgs),
+    /// Print the shell completion script of `nacre` (bash: `nacre completions bash >
+    /// /etc/bash_completion.d/nacre`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages: nacre(1) and one per command (nacre-up(1), …) into `--dir`, or
+    /// print nacre(1).
+    Man {
+        /// Folder for the pages (e.g. /usr/local/share/man/man1).
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+    },
+}
+
+/// `nacre completions SHELL`.
+fn completions(shell: clap_complete::Shell) -> Result<(), Box<dyn std::error::Error>> {
+    clap_complete::generate(shell, &mut Cli::command(), "nacre", &mut std::io::stdout());
+    Ok(())
+}
+
+/// `nacre man [--dir DIR]`.
+fn man(dir: Option<&std::path::Path>) -> Result<(), Box<dyn std::error::Error>> {
+    let cmd = Cli::command();
+    match dir {
+        None => clap_mangen::Man::new(cmd).render(&mut std::io::stdout())?,
+        Some(d) => {
+            std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+            clap_mangen::generate_to(cmd, d).map_err(|e| format!("{}: {e}", d.display()))?;
+            let n = std::fs::read_dir(d)?
+                .filter(|e| e.as_ref().is_ok_and(|e| e.path().extension().is_some_and(|x| x == "1")))
+                .count();
+            println!("{n} man pages in {}", d.display());
+        }
+    }
+    Ok(())
+}
+
+/// Whether standard output is a pipe whose reader has gone (`nacre … | head` after head
+/// exits): the kernel flags its write end with POLLERR.
+fn stdout_closed() -> bool {
+    let mut p = libc::pollfd { fd: 1, events: libc::POLLOUT, revents: 0 };
+    // SAFETY: poll of one descriptor of ours, without waiting.
+    unsafe { libc::poll(&mut p, 1, 0) == 1 && p.revents & libc::POLLERR != 0 }
+}
+
+/// End the process as coreutils end when their output is gone: killed by SIGPIPE,
+/// quietly.
+fn end_by_sigpipe() -> ! {
+    // SAFETY: restoring SIGPIPE's default and raising it.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::raise(libc::SIGPIPE);
+    }
+    std::process::exit(128 + libc::SIGPIPE)
+}
+
+/// A closed pipe on standard output (`nacre get-param … | head`) ends the command quietly.
+/// Rust ignores SIGPIPE, so `println!` panics instead; SIGPIPE stays ignored, since the
+/// transport writes to sockets with writev, where a peer that went away must be an error
+/// on that connection, not the death of the process.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if stdout_closed() {
+            end_by_sigpipe();
+        }
+        default(info);
+    }));
 }
 
 /// Where a parameter command goes: `--server`, else every local mount's control endpoint
@@ -177,6 +249,20 @@ fn get_param(server: Option<nacre_net::nid::Nid>, pattern: &str) -> Result<(), B
 }
 
 fn main() {
+    // `mount -t nacre SOURCE DIR` runs /sbin/mount.nacre, a link to this program.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    if std::path::Path::new(&argv0).file_name().is_some_and(|n| n == "mount.nacre") {
+        let code = match fsys::mount_helper(std::env::args().skip(1).collect()) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("mount.nacre: {e}");
+                // mount(8)'s "mount failure".
+                32
+            }
+        };
+        std::process::exit(code);
+    }
+    quiet_on_closed_stdout();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Raid(cmd) => raid::run(cmd),
@@ -201,8 +287,13 @@ fn main() {
         Command::Mgs(cmd) => mgs::run(cmd),
         Command::GetParam { server, pattern } => get_param(server, &pattern),
         Command::SetParam { server, permanent, setting } => set_param(server, permanent, &setting),
+        Command::Completions { shell } => completions(shell),
+        Command::Man { dir } => man(dir.as_deref()),
     };
     if let Err(e) = result {
+        if stdout_closed() {
+            end_by_sigpipe();
+        }
         eprintln!("nacre: {e}");
         std::process::exit(1);
     }

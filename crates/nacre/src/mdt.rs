@@ -10,7 +10,7 @@ use std::sync::Arc;
 use clap::Subcommand;
 use nacre_bench::torture::{MdtModel, MdtOp};
 use nacre_proto::fid::Fid;
-use nacre_raid::{BlockDevice, CreateOptions, FileDrive, Level, Volume, VolumeOptions};
+use nacre_raid::{CreateOptions, Level, Provision, Volume, VolumeOptions};
 use nacre_server::mdt::{Cred, Namespace, NamespaceOptions, RenameMode, SetAttr};
 
 use crate::size::parse_size;
@@ -32,6 +32,8 @@ pub enum MdtCommand {
         /// Drives: 2 make a RAID1, 4 or more (even) a RAID10.
         #[arg(long, default_value_t = 4)]
         drives: usize,
+        #[command(flatten)]
+        alloc: crate::service::ProvisionArg,
     },
     /// Inodes, space and counters of a metadata target.
     Stat {
@@ -101,6 +103,7 @@ pub fn format(
     index: u32,
     size: u64,
     drives: usize,
+    provision: Provision,
 ) -> Result<String, Box<dyn std::error::Error>> {
     let dir = dir.to_path_buf();
     if !(2..=16).contains(&drives) || !drives.is_multiple_of(2) {
@@ -113,15 +116,11 @@ pub fn format(
         return Err(format!("{} is not empty: a target is there already", dir.display()).into());
     }
     std::fs::create_dir_all(&dir)?;
-    let devs: Vec<Arc<dyn BlockDevice>> = (0..drives)
-        .map(|i| {
-            FileDrive::create_file(&dir.join(format!("{name}-{i:02}")), size)
-                .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
-        })
-        .collect::<Result<_, _>>()?;
+    let devs = crate::service::new_drives(&dir, name, drives, size, provision)?;
     let level = if drives == 2 { Level::Raid1 } else { Level::Raid10 };
     let mut o = CreateOptions::new(name, level);
     o.strip_bytes = 256 << 10;
+    o.assume_clean = true;
     let vol = Volume::create(devs, &o, &VolumeOptions::default())?;
     let ns = Namespace::format(Arc::new(vol), index, NamespaceOptions::default())?;
     let s = ns.statfs()?;
@@ -135,8 +134,8 @@ pub fn format(
 
 pub fn run(cmd: MdtCommand) -> CliResult {
     match cmd {
-        MdtCommand::Format { dir, name, index, size, drives } => {
-            println!("{}", format(&dir, &name, index, size, drives)?);
+        MdtCommand::Format { dir, name, index, size, drives, alloc } => {
+            println!("{}", format(&dir, &name, index, size, drives, alloc.provision())?);
             Ok(())
         }
         MdtCommand::Stat { dir, name } => {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::Subcommand;
 use nacre_net::nid::Nid;
 use nacre_proto::mgs::TargetKind;
-use nacre_raid::{BlockDevice, CreateOptions, FileDrive, Level, Volume, VolumeOptions};
+use nacre_raid::{CreateOptions, Level, Provision, Volume, VolumeOptions};
 use nacre_server::mgs::Mgs;
 
 /// How a served target joins its file system: the MGS to register with, and the file
@@ -33,6 +33,8 @@ pub enum MgsCommand {
         /// The file system's name (1 to 16 letters, digits or _).
         #[arg(long, default_value = "nacre")]
         fsname: String,
+        #[command(flatten)]
+        alloc: crate::service::ProvisionArg,
     },
     /// Serve the MGS until stopped.
     Serve {
@@ -50,22 +52,21 @@ pub fn open(dir: &Path) -> Result<Mgs, Box<dyn std::error::Error>> {
     Ok(Mgs::open(crate::service::assemble(dir, "mgs")?)?)
 }
 
+/// Bytes of each of the MGS's two drive files.
+pub const MGS_DRIVE_BYTES: u64 = 64 << 20;
+
 /// Make a new MGS in `dir` for file system `fsname`: two drive files in a RAID1 and an
 /// empty configuration; returns the line that describes it.
-pub fn format(dir: &Path, fsname: &str) -> Result<String, Box<dyn std::error::Error>> {
+pub fn format(dir: &Path, fsname: &str, provision: Provision) -> Result<String, Box<dyn std::error::Error>> {
     let (dir, fsname) = (dir.to_path_buf(), fsname.to_string());
     if dir.exists() && std::fs::read_dir(&dir)?.next().is_some() {
         return Err(format!("{} is not empty: an MGS is there already", dir.display()).into());
     }
     std::fs::create_dir_all(&dir)?;
-    let devs: Vec<Arc<dyn BlockDevice>> = (0..2)
-        .map(|i| {
-            FileDrive::create_file(&dir.join(format!("mgs-{i:02}")), 64 << 20)
-                .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
-        })
-        .collect::<Result<_, _>>()?;
+    let devs = crate::service::new_drives(&dir, "mgs", 2, MGS_DRIVE_BYTES, provision)?;
     let mut o = CreateOptions::new("mgs", Level::Raid1);
     o.strip_bytes = 64 << 10;
+    o.assume_clean = true;
     let vol = Volume::create(devs, &o, &VolumeOptions::default())?;
     Mgs::format(Arc::new(vol), &fsname)?;
     Ok(format!("MGS of file system {fsname} in {}", dir.display()))
@@ -73,8 +74,8 @@ pub fn format(dir: &Path, fsname: &str) -> Result<String, Box<dyn std::error::Er
 
 pub fn run(cmd: MgsCommand) -> CliResult {
     match cmd {
-        MgsCommand::Format { dir, fsname } => {
-            println!("{}", format(&dir, &fsname)?);
+        MgsCommand::Format { dir, fsname, alloc } => {
+            println!("{}", format(&dir, &fsname, alloc.provision())?);
             Ok(())
         }
         MgsCommand::Serve { dir, listen } => {

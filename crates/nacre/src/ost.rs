@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use clap::Subcommand;
 use nacre_osd::{Target, TargetOptions};
-use nacre_raid::{BlockDevice, CreateOptions, FileDrive, Level, Volume, VolumeOptions};
+use nacre_raid::{CreateOptions, Level, Provision, Volume, VolumeOptions};
 
 use crate::size::parse_size;
 
@@ -38,6 +38,8 @@ pub enum OstCommand {
         /// Index drives: 2 make a RAID1, 4 or more (even) a RAID10 (faster small writes).
         #[arg(long, default_value_t = 4)]
         index_drives: usize,
+        #[command(flatten)]
+        alloc: crate::service::ProvisionArg,
     },
     /// Check a target's index against itself and its data (exit status 1 if not clean).
     Check {
@@ -103,12 +105,26 @@ pub struct OstFormat {
     pub strip: u64,
     pub index_size: u64,
     pub index_drives: usize,
+    pub provision: Provision,
+}
+
+impl OstFormat {
+    /// Bytes of each drive of the RAID6 data volume: its share of the data in whole
+    /// strips, plus the superblock area.
+    fn data_drive_bytes(&self) -> u64 {
+        (self.size / (self.data_drives as u64 - 2)).div_ceil(self.strip) * self.strip + (2 << 20)
+    }
+
+    /// Bytes of all the target's drive files.
+    pub fn drive_bytes(&self) -> u64 {
+        self.data_drives as u64 * self.data_drive_bytes() + self.index_drives as u64 * self.index_size
+    }
 }
 
 /// Make a new target in `dir`: drive files, its two volumes and an empty object store;
 /// returns the line that describes it.
 pub fn format(dir: &Path, name: &str, f: &OstFormat) -> Result<String, Box<dyn std::error::Error>> {
-    let OstFormat { size, data_drives, strip, index_size, index_drives } = *f;
+    let OstFormat { data_drives, strip, index_size, index_drives, provision, .. } = *f;
     let dir = dir.to_path_buf();
     if !(4..=64).contains(&data_drives) {
         return Err(format!("--data-drives {data_drives}: RAID6 takes 4 to 64").into());
@@ -124,27 +140,23 @@ pub fn format(dir: &Path, name: &str, f: &OstFormat) -> Result<String, Box<dyn s
         std::fs::create_dir_all(d)?;
     }
     let k = data_drives as u64 - 2;
-    // Each drive: its share of the data, whole strips, plus the superblock area.
-    let drive = (size / k).div_ceil(strip) * strip + (2 << 20);
-    let mk =
-        |dir: &Path, prefix: &str, n: usize, bytes: u64| -> Result<Vec<Arc<dyn BlockDevice>>, nacre_raid::RaidError> {
-            (0..n)
-                .map(|i| {
-                    FileDrive::create_file(&dir.join(format!("{prefix}-{i:02}")), bytes)
-                        .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
-                })
-                .collect()
-        };
+    let mk = crate::service::new_drives;
     let mut d = CreateOptions::new(name, Level::Raid6);
     d.strip_bytes = strip;
-    let data = Volume::create(mk(&data_dir, name, data_drives, drive)?, &d, &VolumeOptions::default())?;
+    d.assume_clean = true;
+    let data = Volume::create(
+        mk(&data_dir, name, data_drives, f.data_drive_bytes(), provision)?,
+        &d,
+        &VolumeOptions::default(),
+    )?;
     // RAID10 takes 47,008-byte journal records faster than RAID1 (see the OST
     // bench); two drives make a RAID1.
     let level = if index_drives == 2 { Level::Raid1 } else { Level::Raid10 };
     let mut m = CreateOptions::new(&format!("{name}-index"), level);
     m.strip_bytes = if index_drives == 2 { 1 << 20 } else { 256 << 10 };
+    m.assume_clean = true;
     let meta = Volume::create(
-        mk(&index_dir, &format!("{name}-index"), index_drives, index_size)?,
+        mk(&index_dir, &format!("{name}-index"), index_drives, index_size, provision)?,
         &m,
         &VolumeOptions::default(),
     )?;
@@ -162,8 +174,9 @@ pub fn format(dir: &Path, name: &str, f: &OstFormat) -> Result<String, Box<dyn s
 
 pub fn run(cmd: OstCommand) -> CliResult {
     match cmd {
-        OstCommand::Format { dir, name, size, data_drives, strip, index_size, index_drives } => {
-            println!("{}", format(&dir, &name, &OstFormat { size, data_drives, strip, index_size, index_drives })?);
+        OstCommand::Format { dir, name, size, data_drives, strip, index_size, index_drives, alloc } => {
+            let f = OstFormat { size, data_drives, strip, index_size, index_drives, provision: alloc.provision() };
+            println!("{}", format(&dir, &name, &f)?);
             Ok(())
         }
         OstCommand::Check { dir, name } => {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use nacre_bench::raid::{VolumeBenchOptions, run_volume_bench};
-use nacre_raid::{BlockDevice, CreateOptions, FileDrive, Level, RaidError, Volume, VolumeOptions};
+use nacre_raid::{BlockDevice, CreateOptions, FileDrive, Level, Provision, RaidError, Volume, VolumeOptions};
 
 use crate::size::parse_size;
 
@@ -264,7 +264,7 @@ fn create(a: CreateArgs) -> CliResult {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create folder {}: {e}", dir.display()))?;
         let mut made = Vec::new();
         for p in &paths {
-            match FileDrive::create_file(p, size) {
+            match FileDrive::create_file(p, size, Provision::Thick) {
                 Ok(d) => made.push(Arc::new(d) as Arc<dyn BlockDevice>),
                 Err(e) => {
                     paths.iter().for_each(|p| {
@@ -313,7 +313,7 @@ fn replace(find: &FindArgs, slot: usize, new: &Path, size: Option<u64>, prio: Op
     }
     let created = size.is_some() && !new.exists();
     let drive = match size {
-        Some(size) if created => Arc::new(FileDrive::create_file(new, size)?) as Arc<dyn BlockDevice>,
+        Some(size) if created => Arc::new(FileDrive::create_file(new, size, Provision::Thick)?) as Arc<dyn BlockDevice>,
         _ => open_drive(new)?,
     };
     if let Err(e) = v.replace_drive(slot, drive) {

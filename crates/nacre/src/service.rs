@@ -10,7 +10,7 @@ use std::sync::Arc;
 use nacre_net::nid::Nid;
 use nacre_net::server::{Handler, Server, ServerConfig, ServerHandle};
 use nacre_net::transport::TcpTransport;
-use nacre_raid::{BlockDevice, FileDrive, Volume, VolumeOptions};
+use nacre_raid::{BlockDevice, FileDrive, Provision, Volume, VolumeOptions};
 
 pub type CliResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -25,6 +25,39 @@ pub fn drives_in(dir: &Path) -> Result<Vec<Arc<dyn BlockDevice>>, Box<dyn std::e
         .iter()
         .map(|p| FileDrive::open(p).map(|d| Arc::new(d) as Arc<dyn BlockDevice>))
         .collect::<Result<_, _>>()?)
+}
+
+/// How new drive files take host space (`--preallocate`).
+#[derive(clap::Args, Clone, Copy, Debug, Default)]
+pub struct ProvisionArg {
+    /// Allocate the drive files' whole size on the host now, instead of thin (sparse)
+    /// files that take host space as data is written.
+    #[arg(long)]
+    pub preallocate: bool,
+}
+
+impl ProvisionArg {
+    pub fn provision(self) -> Provision {
+        if self.preallocate { Provision::Thick } else { Provision::Thin }
+    }
+}
+
+/// `n` new drive files `DIR/PREFIX-00`, `-01`, … of `bytes` each, for a new volume. New
+/// files read as zeros, and zeros have zero parity: the volume is made with
+/// `assume_clean`, so a thin drive takes host space only where data lands.
+pub fn new_drives(
+    dir: &Path,
+    prefix: &str,
+    n: usize,
+    bytes: u64,
+    provision: Provision,
+) -> Result<Vec<Arc<dyn BlockDevice>>, nacre_raid::RaidError> {
+    (0..n)
+        .map(|i| {
+            FileDrive::create_file(&dir.join(format!("{prefix}-{i:02}")), bytes, provision)
+                .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
+        })
+        .collect()
 }
 
 /// The volume `name` assembled from the drive files in `dir`.
@@ -73,6 +106,8 @@ pub fn detach(args: Option<Vec<String>>, ready: &str, log: Option<&Path>) -> Cli
             Ok(())
         });
     }
+    // What the process logs from here on is this start's: shown if it fails.
+    let log_from = log.and_then(|p| std::fs::metadata(p).ok()).map_or(0, |m| m.len());
     let mut child = cmd.spawn()?;
     let out = child.stdout.take().ok_or("no pipe to the new process")?;
     for line in std::io::BufReader::new(out).lines() {
@@ -84,8 +119,31 @@ pub fn detach(args: Option<Vec<String>>, ready: &str, log: Option<&Path>) -> Cli
     }
     let out = child.wait_with_output()?;
     Err(match log {
-        Some(p) => format!("the process stopped before it was ready ({}); see {}", out.status, p.display()),
-        None => String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        Some(p) => {
+            let said = log_tail(p, log_from, LOG_LINES_SHOWN);
+            format!("the process stopped before it was ready ({}); {} says:\n{said}", out.status, p.display())
+        }
+        // Its own `nacre: ` prefix goes: the caller adds the one it is run as.
+        None => {
+            let err = String::from_utf8_lossy(&out.stderr);
+            err.trim().strip_prefix("nacre: ").unwrap_or(err.trim()).to_string()
+        }
     }
     .into())
+}
+
+/// Lines of a failed start's log shown on the terminal: the error and what led to it.
+const LOG_LINES_SHOWN: usize = 20;
+
+/// The last `n` lines of `path` from byte `from` on, indented; or why there are none.
+fn log_tail(path: &Path, from: u64, n: usize) -> String {
+    let text = match std::fs::read(path) {
+        Ok(b) => String::from_utf8_lossy(b.get(from as usize..).unwrap_or_default()).into_owned(),
+        Err(e) => return format!("  (cannot read it: {e})"),
+    };
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    if lines.is_empty() {
+        return "  (nothing: it was killed before it could say)".into();
+    }
+    lines[lines.len().saturating_sub(n)..].iter().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n")
 }

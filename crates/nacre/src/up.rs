@@ -47,9 +47,15 @@ pub struct UpArgs {
     /// Object data each OST holds.
     #[arg(long, default_value = "512M", value_parser = parse_size)]
     pub ost_size: u64,
-    /// Bytes of each drive of an MDT (and of an OST's index volume).
+    /// Bytes of each drive of an MDT.
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     pub mdt_size: u64,
+    /// Bytes of each of an OST's four index drives (its object index and small-write
+    /// journal); default: an eighth of --ost-size, at least 64M.
+    #[arg(long, value_parser = parse_size)]
+    pub ost_index_size: Option<u64>,
+    #[command(flatten)]
+    pub alloc: crate::service::ProvisionArg,
     /// Address the services listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -143,7 +149,8 @@ fn take_lock(data: &Path, tag: &str) -> Result<std::fs::File, Box<dyn std::error
     Ok(f)
 }
 
-/// Make the file system's targets in `data` (first `up`).
+/// Make the file system's targets in `data` (first `up`), once the host is known to hold
+/// them.
 fn format(a: &UpArgs) -> Result<Conf, Box<dyn std::error::Error>> {
     if a.mdts == 0 || a.mdts > 16 {
         return Err(format!("--mdts {}: 1 to 16", a.mdts).into());
@@ -151,21 +158,110 @@ fn format(a: &UpArgs) -> Result<Conf, Box<dyn std::error::Error>> {
     if a.osts > 64 {
         return Err(format!("--osts {}: at most 64", a.osts).into());
     }
+    if let Some(problem) = nacre_proto::mgs::fsname_problem(&a.fsname) {
+        return Err(format!("--fsname: {problem}").into());
+    }
     let conf = Conf { fsname: a.fsname.clone(), mdts: a.mdts, osts: a.osts, host: a.host.clone(), port: a.port };
     conf.mgs()?;
-    let sizes = Sizes { ost: a.ost_size, mdt: a.mdt_size, ost_drives: a.ost_drives };
+    let sizes = Sizes::new(a.ost_size, a.mdt_size, a.ost_index_size, a.ost_drives, a.alloc.provision());
     let (mdts, osts): (Vec<u32>, Vec<u32>) = ((0..a.mdts).collect(), (0..a.osts).collect());
+    sizes.check_host(&a.data, true, &mdts, &osts)?;
     make_targets(&a.data, &a.fsname, true, &mdts, &osts, &sizes, false)?;
     conf.save(&conf_path(&a.data))?;
     Ok(conf)
 }
 
-/// The size of new targets: object data per OST, bytes per drive of an MDT (and of an
-/// OST's index volume), and drives of an OST's RAID6 data volume.
+/// The size of new targets.
 struct Sizes {
+    /// Object data per OST.
     ost: u64,
+    /// Bytes of each of an MDT's four drives.
     mdt: u64,
+    /// Bytes of each of an OST's four index drives.
+    ost_index: u64,
+    /// Drives of an OST's RAID6 data volume.
     ost_drives: usize,
+    provision: nacre_raid::Provision,
+}
+
+/// The smallest index drive of an OST: room for redb's first growth steps and a journal
+/// that holds a few hundred 47,008-byte records.
+const OST_INDEX_DRIVE_MIN: u64 = 64 << 20;
+
+impl Sizes {
+    fn new(ost: u64, mdt: u64, ost_index: Option<u64>, ost_drives: usize, provision: nacre_raid::Provision) -> Sizes {
+        // An eighth of the data per index drive: the RAID10 of four holds a quarter of it,
+        // a sixteenth of the data as journal and the rest for the object index.
+        let ost_index = ost_index.unwrap_or_else(|| (ost / 8).div_ceil(1 << 20).max(OST_INDEX_DRIVE_MIN >> 20) << 20);
+        Sizes { ost, mdt, ost_index, ost_drives, provision }
+    }
+
+    fn ost_format(&self) -> crate::ost::OstFormat {
+        crate::ost::OstFormat {
+            size: self.ost,
+            data_drives: self.ost_drives,
+            strip: 128 << 10,
+            index_size: self.ost_index,
+            index_drives: 4,
+            provision: self.provision,
+        }
+    }
+
+    /// Bytes of the drive files of the targets to make (MDTs are RAID10 of four).
+    fn drive_bytes(&self, mgs: bool, mdts: usize, osts: usize) -> u64 {
+        let mgs = if mgs { 2 * crate::mgs::MGS_DRIVE_BYTES } else { 0 };
+        mgs + mdts as u64 * 4 * self.mdt + osts as u64 * self.ost_format().drive_bytes()
+    }
+
+    /// Refuse, before anything is made, targets whose drive files the host could not hold
+    /// once full (thin files grow as data is written; a host that fills fails them).
+    fn check_host(&self, data: &Path, mgs: bool, mdts: &[u32], osts: &[u32]) -> Result<(), String> {
+        let want = self.drive_bytes(mgs, mdts.len(), osts.len());
+        let free = crate::fsys::host_free(data).map_err(|e| format!("{}: {e}", data.display()))?;
+        if want > free {
+            return Err(format!(
+                "the drive files would take up to {} and the file system holding {} has {} free: \
+                 make room, or ask for less (--osts, --ost-size, --mdt-size)",
+                human(want),
+                data.display(),
+                human(free)
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Bytes as people read them: `512 MiB`, `7.8 GiB`.
+pub fn human(b: u64) -> String {
+    match b {
+        b if b >= 10 << 30 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{} MiB", b >> 20),
+        b => format!("{} KiB", b.div_ceil(1 << 10)),
+    }
+}
+
+/// Say how much host space the drive files in `data` take now and may take when full,
+/// and warn when the host could no longer hold them full.
+fn report_space(data: &Path) {
+    let (size, taken) = crate::fsys::tree_usage(data);
+    let free = crate::fsys::host_free(data).unwrap_or(u64::MAX);
+    println!(
+        "drive files in {}: {} of host space taken now, up to {} as data is written ({} free on the host)",
+        data.display(),
+        human(taken),
+        human(size.max(taken)),
+        human(free)
+    );
+    let growth = size.saturating_sub(taken);
+    if growth > free {
+        println!(
+            "warning: the drive files may still grow by {} but the host has {} free; a host that fills \
+             fails their writes: make room",
+            human(growth),
+            human(free)
+        );
+    }
 }
 
 /// Make targets in `data` (`mgs/`, `mdtN/`, `ostN/`), printing a line for each; with
@@ -181,21 +277,15 @@ fn make_targets(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let new = |dir: &Path| !keep || !dir.exists();
     if mgs && new(&data.join("mgs")) {
-        println!("{}", crate::mgs::format(&data.join("mgs"), fsname)?);
+        println!("{}", crate::mgs::format(&data.join("mgs"), fsname, s.provision)?);
     }
     for &i in mdts {
         let dir = data.join(format!("mdt{i}"));
         if new(&dir) {
-            println!("{}", crate::mdt::format(&dir, &format!("mdt{i}"), i, s.mdt, 4)?);
+            println!("{}", crate::mdt::format(&dir, &format!("mdt{i}"), i, s.mdt, 4, s.provision)?);
         }
     }
-    let f = crate::ost::OstFormat {
-        size: s.ost,
-        data_drives: s.ost_drives,
-        strip: 128 << 10,
-        index_size: s.mdt,
-        index_drives: 4,
-    };
+    let f = s.ost_format();
     for &i in osts {
         let dir = data.join(format!("ost{i}"));
         if new(&dir) {
@@ -208,7 +298,32 @@ fn make_targets(
 /// `nacre up`: serve in this process (`--foreground`), or start a process that does and
 /// return once it serves.
 pub fn up(a: UpArgs) -> CliResult {
-    std::fs::create_dir_all(&a.data).map_err(|e| format!("{}: {e}", a.data.display()))?;
+    if let Some(m) = &a.mount {
+        mount_point(m)?;
+    }
+    if !a.detached {
+        // Made here, so that what goes wrong is said on this terminal, not in the log.
+        if !conf_path(&a.data).exists() {
+            let fresh_dir = !a.data.exists();
+            std::fs::create_dir_all(&a.data).map_err(|e| format!("{}: {e}", a.data.display()))?;
+            let before = entries(&a.data);
+            let made = take_lock(&a.data, "")
+                .and_then(|_lock| if conf_path(&a.data).exists() { Ok(()) } else { format(&a).map(drop) });
+            if let Err(e) = made {
+                // A refusal, or a format cut short, leaves nothing behind.
+                if fresh_dir {
+                    let _ = std::fs::remove_dir_all(&a.data);
+                } else {
+                    for name in entries(&a.data).difference(&before) {
+                        let p = a.data.join(name);
+                        let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
+                    }
+                }
+                return Err(e);
+            }
+        }
+        report_space(&a.data);
+    }
     if a.per_service && !a.foreground {
         return up_per_service(&a);
     }
@@ -238,6 +353,27 @@ pub fn up(a: UpArgs) -> CliResult {
         return serve(&plan);
     }
     detach(&a.data, "", None)
+}
+
+/// The names in a folder.
+fn entries(dir: &Path) -> std::collections::BTreeSet<std::ffi::OsString> {
+    std::fs::read_dir(dir).map(|d| d.filter_map(|e| Some(e.ok()?.file_name())).collect()).unwrap_or_default()
+}
+
+/// Make the mount point `m` if it is missing; refuse one that is not a directory.
+fn mount_point(m: &Path) -> CliResult {
+    match std::fs::metadata(m) {
+        Ok(md) if md.is_dir() => Ok(()),
+        Ok(_) => Err(format!("mount point {} is not a directory", m.display()).into()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(m).map_err(|e| format!("making mount point {}: {e}", m.display()))?;
+            println!("made the mount point {}", m.display());
+            Ok(())
+        }
+        // A dead FUSE mount (its process killed) answers ENOTCONN: `serve` takes it off.
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Ok(()),
+        Err(e) => Err(format!("mount point {}: {e}", m.display()).into()),
+    }
 }
 
 /// Start the process that serves (`args`, or this command again) in the background,
@@ -329,6 +465,7 @@ fn serve(p: &Plan) -> CliResult {
             p.mount.as_ref().map(|m| format!(", mounted on {}", m.display())).unwrap_or_default()
         );
         let _ = std::io::stdout().flush();
+        notify_ready();
         if p.detached {
             // The parent has what it waited for; stdout is gone with it.
             if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
@@ -356,6 +493,23 @@ fn serve(p: &Plan) -> CliResult {
     drop(rt);
     let _ = std::fs::remove_file(proc_file(&p.data, &p.tag, "pid"));
     result
+}
+
+/// Tell systemd the service is ready (`Type=notify` units), when it started us: a
+/// `READY=1` datagram to `$NOTIFY_SOCKET` (sd_notify(3)'s protocol).
+fn notify_ready() {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let Ok(sock) = std::os::unix::net::UnixDatagram::unbound() else { return };
+    let bytes = path.as_encoded_bytes();
+    let sent = match bytes.strip_prefix(b"@") {
+        // An abstract socket: its name follows the '@'.
+        Some(name) => <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(name)
+            .and_then(|addr| sock.send_to_addr(b"READY=1", &addr)),
+        None => sock.send_to(b"READY=1", Path::new(&path)),
+    };
+    if let Err(e) = sent {
+        eprintln!("telling systemd we are ready ({}): {e}", path.to_string_lossy());
+    }
 }
 
 /// A file system spread over machines: which node serves what (`nacre server --config`).
@@ -400,7 +554,11 @@ struct NodeFile {
     osts: Vec<u32>,
     ost_size: Option<String>,
     mdt_size: Option<String>,
+    ost_index_size: Option<String>,
     ost_drives: Option<usize>,
+    /// Allocate the drive files' whole size at the first start (default: thin).
+    #[serde(default)]
+    preallocate: bool,
     mount: Option<PathBuf>,
 }
 
@@ -426,6 +584,9 @@ fn load_cluster(path: &Path) -> Result<ClusterFile, Box<dyn std::error::Error>> 
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let c: ClusterFile = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     let _: Nid = c.mgs.parse().map_err(|e| format!("{}: mgs = {:?}: {e}", path.display(), c.mgs))?;
+    if let Some(problem) = nacre_proto::mgs::fsname_problem(&c.fsname) {
+        return Err(format!("{}: fsname: {problem}", path.display()).into());
+    }
     let count = |f: &dyn Fn(&NodeFile) -> usize| c.node.iter().map(f).sum::<usize>();
     if count(&|n| usize::from(n.mgs)) != 1 {
         return Err(format!("{}: exactly one node serves the MGS (mgs = true)", path.display()).into());
@@ -461,16 +622,32 @@ pub fn server(a: ServerArgs) -> CliResult {
         format!("{}: no node {:?} (nodes: {})", a.config.display(), a.node, names.join(", "))
     })?;
     std::fs::create_dir_all(&n.data).map_err(|e| format!("{}: {e}", n.data.display()))?;
+    if let Some(m) = &n.mount {
+        mount_point(m)?;
+    }
     if !a.foreground {
         return detach(&n.data, &n.name, None);
     }
     let _lock = take_lock(&n.data, &n.name)?;
     let size = |s: &Option<String>, default: &str| parse_size(s.as_deref().unwrap_or(default));
-    let sizes = Sizes {
-        ost: size(&n.ost_size, "512M")?,
-        mdt: size(&n.mdt_size, "256M")?,
-        ost_drives: n.ost_drives.unwrap_or(10),
+    let provision = if n.preallocate { nacre_raid::Provision::Thick } else { nacre_raid::Provision::Thin };
+    let index = n.ost_index_size.as_deref().map(parse_size).transpose()?;
+    let sizes = Sizes::new(
+        size(&n.ost_size, "512M")?,
+        size(&n.mdt_size, "256M")?,
+        index,
+        n.ost_drives.unwrap_or(10),
+        provision,
+    );
+    let missing = |kind: &str, ids: &[u32]| -> Vec<u32> {
+        ids.iter().copied().filter(|i| !n.data.join(format!("{kind}{i}")).exists()).collect()
     };
+    sizes.check_host(
+        &n.data,
+        n.mgs && !n.data.join("mgs").exists(),
+        &missing("mdt", &n.mdts),
+        &missing("ost", &n.osts),
+    )?;
     make_targets(&n.data, &c.fsname, n.mgs, &n.mdts, &n.osts, &sizes, true)?;
     let plan = Plan {
         fsname: c.fsname.clone(),
