@@ -1,0 +1,131 @@
+//! The README's commands, run as written. Every ```sh block of README.md runs in order, as
+//! root, with the `nacre` built for these tests first on the PATH (where `cargo install`
+//! would put the release one). The quick start's `scripts/quickstart` runs with that
+//! binary (`NACRE_BIN`) and a short stonewall; its `scripts/test` is this very suite, so it
+//! is only checked to be there. The paths the blocks use must not exist before (the test
+//! refuses to touch what it did not make) and are removed after, whatever happens.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// What the README's blocks make on this machine, removed at the end.
+const PATHS: [&str; 7] = [
+    "/srv/nacre",
+    "/mnt/nacre",
+    "/tmp/scratch",
+    "/tmp/drives",
+    "/tmp/ost0",
+    "/tmp/nacre-quickstart",
+    "/sbin/mount.nacre",
+];
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// The ```sh blocks of `text`, each as its lines.
+fn sh_blocks(text: &str) -> Vec<Vec<String>> {
+    let mut blocks = Vec::new();
+    let mut current: Option<Vec<String>> = None;
+    for line in text.lines() {
+        match (&mut current, line.trim_end()) {
+            (None, "```sh") => current = Some(Vec::new()),
+            (Some(_), "```") => blocks.extend(current.take()),
+            (Some(b), l) => b.push(l.to_string()),
+            (None, _) => {}
+        }
+    }
+    assert!(current.is_none(), "README.md: a ```sh block is not closed");
+    blocks
+}
+
+/// The command of a README line, without its comment.
+fn command(line: &str) -> &str {
+    line.split("  #").next().unwrap_or("").trim()
+}
+
+/// Removes what the blocks made, however the test ends.
+struct Cleanup {
+    nacre_dir: PathBuf,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let nacre = self.nacre_dir.join("nacre");
+        let _ = Command::new(&nacre).args(["down", "--data", "/srv/nacre"]).output();
+        let _ = Command::new("umount").arg("/mnt/nacre").output();
+        for p in PATHS {
+            let p = Path::new(p);
+            if p.is_symlink() || p.is_file() {
+                let _ = std::fs::remove_file(p);
+            } else if p.exists() {
+                let _ = std::fs::remove_dir_all(p);
+            }
+        }
+    }
+}
+
+fn run(script: &str, cwd: &Path, path_env: &str, extra_env: &[(&str, String)]) {
+    let out = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", script])
+        .current_dir(cwd)
+        .env("PATH", path_env)
+        .envs(extra_env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "README block failed ({}):\n{script}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn every_command_block_of_the_readme_runs_as_written() {
+    // SAFETY: geteuid cannot fail.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "the README's by-hand section runs as root (mounts, /srv, /sbin)");
+    for p in PATHS {
+        assert!(
+            !Path::new(p).exists() && !Path::new(p).is_symlink(),
+            "{p} exists: the README's commands would use it; move it away to run this test"
+        );
+    }
+    let nacre_dir = Path::new(env!("CARGO_BIN_EXE_nacre")).parent().unwrap().to_path_buf();
+    let _cleanup = Cleanup { nacre_dir: nacre_dir.clone() };
+    let path_env = format!("{}:{}", nacre_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let cwd = std::env::temp_dir().join(format!("nacre-readme-{}", std::process::id()));
+    std::fs::create_dir_all(&cwd).unwrap();
+
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let blocks = sh_blocks(&readme);
+    assert!(blocks.len() >= 4, "README.md has {} ```sh blocks", blocks.len());
+
+    // The quick start: exactly the two commands.
+    let quick: Vec<&str> = blocks[0].iter().map(|l| command(l)).filter(|c| !c.is_empty()).collect();
+    assert_eq!(quick, ["scripts/quickstart", "scripts/test"], "the quick start has exactly two commands");
+    assert!(repo().join("scripts/test").is_file() && repo().join(".ci/run").is_file());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    run(
+        "scripts/quickstart",
+        &repo(),
+        &path_env,
+        &[
+            ("NACRE_BIN", format!("{}", nacre_dir.join("nacre").display())),
+            ("QUICKSTART_STONEWALL", "1".into()),
+            ("QUICKSTART_PORT", port.to_string()),
+        ],
+    );
+    assert!(!Path::new("/tmp/nacre-quickstart").exists(), "the quick start removed its folder");
+
+    // Every other block, in order, verbatim.
+    for block in &blocks[1..] {
+        run(&block.join("\n"), &cwd, &path_env, &[]);
+    }
+    assert!(cwd.join("io500.json").is_file(), "the by-hand io500 wrote its --json file");
+    std::fs::remove_dir_all(&cwd).unwrap();
+    // The by-hand section stopped what it started.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(" /mnt/nacre "), "a mount is left on /mnt/nacre");
+}
