@@ -23,19 +23,20 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
 }
 
-/// The ```sh blocks of `text`, each as its lines.
-fn sh_blocks(text: &str) -> Vec<Vec<String>> {
+/// The blocks of `text` fenced as ```KIND, each as its lines.
+fn blocks(text: &str, kind: &str) -> Vec<Vec<String>> {
+    let open = format!("```{kind}");
     let mut blocks = Vec::new();
     let mut current: Option<Vec<String>> = None;
     for line in text.lines() {
         match (&mut current, line.trim_end()) {
-            (None, "```sh") => current = Some(Vec::new()),
+            (None, l) if l == open => current = Some(Vec::new()),
             (Some(_), "```") => blocks.extend(current.take()),
             (Some(b), l) => b.push(l.to_string()),
             (None, _) => {}
         }
     }
-    assert!(current.is_none(), "README.md: a ```sh block is not closed");
+    assert!(current.is_none(), "README.md: a ```{kind} block is not closed");
     blocks
 }
 
@@ -99,11 +100,11 @@ fn every_command_block_of_the_readme_runs_as_written() {
     std::fs::create_dir_all(&cwd).unwrap();
 
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
-    let blocks = sh_blocks(&readme);
-    assert!(blocks.len() >= 4, "README.md has {} ```sh blocks", blocks.len());
+    let sh = blocks(&readme, "sh");
+    assert!(sh.len() >= 4, "README.md has {} ```sh blocks", sh.len());
 
     // The quick start: exactly the two commands.
-    let quick: Vec<&str> = blocks[0].iter().map(|l| command(l)).filter(|c| !c.is_empty()).collect();
+    let quick: Vec<&str> = sh[0].iter().map(|l| command(l)).filter(|c| !c.is_empty()).collect();
     assert_eq!(quick, ["scripts/quickstart", "scripts/test"], "the quick start has exactly two commands");
     assert!(repo().join("scripts/test").is_file() && repo().join(".ci/run").is_file());
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -119,8 +120,29 @@ fn every_command_block_of_the_readme_runs_as_written() {
     );
     assert!(!Path::new("/tmp/nacre-quickstart").exists(), "the quick start removed its folder");
 
+    // The TOML examples are read by what reads them: a cluster file by `nacre server` (which
+    // then names its nodes), an io500 config by `nacre io500` (which then looks for --dir).
+    let tomls = blocks(&readme, "toml");
+    assert_eq!(tomls.len(), 2, "README.md's TOML examples: a cluster file and an io500 config");
+    for (i, t) in tomls.iter().enumerate() {
+        let file = cwd.join(format!("example{i}.toml"));
+        std::fs::write(&file, t.join("\n")).unwrap();
+        let nacre = nacre_dir.join("nacre");
+        let (args, says): (Vec<&str>, &str) = if t.iter().any(|l| l.starts_with("[[node]]")) {
+            (
+                vec!["server", "--config", file.to_str().unwrap(), "--node", "none"],
+                "no node \"none\" (nodes: meta1, oss1)",
+            )
+        } else {
+            (vec!["io500", "--config", file.to_str().unwrap(), "--dir", "/nonexistent/io500"], "/nonexistent/io500")
+        };
+        let out = Command::new(&nacre).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "README TOML example {i}: {err}");
+    }
+
     // Every other block, in order, verbatim.
-    for block in &blocks[1..] {
+    for block in &sh[1..] {
         run(&block.join("\n"), &cwd, &path_env, &[]);
     }
     assert!(cwd.join("io500.json").is_file(), "the by-hand io500 wrote its --json file");
