@@ -40,6 +40,10 @@ use crate::journal::{AppendError, Journal, JournalOptions, lock};
 use crate::locks::Locks;
 use crate::object::{ObjectAttr, SetAttr};
 
+mod small;
+pub use small::BLOCK_BYTES;
+use small::{FRAGS, SLABS};
+
 const OBJECTS: TableDefinition<u64, &[u8]> = TableDefinition::new("objects");
 /// (object, chunk index) → physical chunk.
 const MAP: TableDefinition<(u64, u64), u64> = TableDefinition::new("map");
@@ -137,6 +141,8 @@ struct Counters {
     read_bytes: AtomicU64,
     chunks_allocated: AtomicU64,
     in_place_writes: AtomicU64,
+    fragment_writes: AtomicU64,
+    promoted: AtomicU64,
     journaled: AtomicU64,
     destaged: AtomicU64,
     destage_us: AtomicU64,
@@ -155,6 +161,10 @@ pub struct TargetStats {
     pub chunks_allocated: u64,
     /// Pieces written into chunks already mapped (in place).
     pub in_place_writes: u64,
+    /// Writes that went to small objects' fragments, and fragments moved into chunks of
+    /// their own as their objects grew.
+    pub fragment_writes: u64,
+    pub fragments_promoted: u64,
     /// Small pieces that went through the journal.
     pub journaled: u64,
     /// Chunks the journal's pieces were moved into, and the time it took.
@@ -190,6 +200,8 @@ pub struct Target {
     opts: TargetOptions,
     locks: Locks,
     reserved: Mutex<Reserved>,
+    /// Blocks of small objects' fragments held by running writes (see `small`).
+    small: Mutex<small::SmallState>,
     counters: Counters,
     journal: Journal,
     /// The index database's length (a view of its backend's header) and its room.
@@ -278,6 +290,7 @@ impl Target {
             m.insert("chunks", chunks)?;
             m.insert("next_oid", FIRST_OID)?;
             m.insert("free_chunks", chunks)?;
+            m.insert("free_blocks", 0)?;
             m.insert("objects", 0)?;
             m.insert("journal_id", jid)?;
             m.insert("journal_tail", 0)?;
@@ -289,6 +302,8 @@ impl Target {
             txn.open_table(MAP)?;
             txn.open_table(DESTAGED)?;
             txn.open_table(DESTAGED_BY_SEQ)?;
+            txn.open_table(FRAGS)?;
+            txn.open_table(SLABS)?;
         }
         txn.commit()?;
         Ok(target)
@@ -327,6 +342,9 @@ impl Target {
         {
             let txn = db.begin_write()?;
             txn.open_table(META)?.insert("journal_epoch", epoch)?;
+            // Targets made before small objects had fragments get their (empty) tables.
+            txn.open_table(FRAGS)?;
+            txn.open_table(SLABS)?;
             txn.commit()?;
         }
         if format != FORMAT {
@@ -388,6 +406,7 @@ impl Target {
             opts,
             locks: Locks::default(),
             reserved: Mutex::new(Reserved::default()),
+            small: Mutex::new(small::SmallState::default()),
             counters: Counters::default(),
         })
     }
@@ -532,6 +551,17 @@ impl Target {
         self.committed_attr(oid)?;
         let cb = self.chunk_bytes;
         let end = offset + data.len() as u64;
+        // A small object's bytes go to its fragment (see `small`).
+        if offset < cb {
+            let _c0 = self.locks.chunks(oid, vec![0]);
+            if self.fragment_takes(oid, end)? {
+                self.write_fragment(oid, offset, data)?;
+                self.counters.fragment_writes.fetch_add(1, Ordering::Relaxed);
+                self.counters.writes.fetch_add(1, Ordering::Relaxed);
+                self.counters.write_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+                return Ok(());
+            }
+        }
         // Split by chunk: (start, end, journaled?), then merge neighbours of one kind.
         let mut parts: Vec<(u64, u64, bool)> = Vec::new();
         let mut at = offset;
@@ -573,7 +603,15 @@ impl Target {
     fn journal_write_timed(&self, oid: u64, offset: u64, data: &[u8]) -> Result<()> {
         let cb = self.chunk_bytes;
         let (first, last) = (offset / cb, (offset + data.len() as u64 - 1) / cb);
-        let promised = self.promise(oid, first, last)?;
+        // Chunk 0 of a small object: its fragment moves into a chunk, and the promise is
+        // made, under the chunk-0 lock, so no fragment is made beside journaled pieces.
+        let promised = if first == 0 {
+            let _c0 = self.locks.chunks(oid, vec![0]);
+            self.promote(oid)?;
+            self.promise(oid, first, last)?
+        } else {
+            self.promise(oid, first, last)?
+        };
         let appending = std::time::Instant::now();
         let mut waits = 0;
         let appended = loop {
@@ -807,6 +845,9 @@ impl Target {
                 break locks;
             }
         };
+        if first == 0 {
+            self.promote(oid)?;
+        }
         let attr = self.committed_attr(oid)?;
         let mut map = self.mapping(oid, first, last)?;
         let holes: Vec<u64> = (first..=last).filter(|c| map[(c - first) as usize].is_none()).collect();
@@ -913,6 +954,30 @@ impl Target {
         Ok(())
     }
 
+    /// Flush the data volume when writes must reach the drives before their commit.
+    fn flush_if_drives(&self) -> Result<()> {
+        if self.opts.sync == SyncMode::Drives {
+            self.data.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Chunk 0's bytes from `offset` into `out` when the object's chunk 0 was unmapped: its
+    /// fragment's (under the chunk-0 lock, so its blocks are not given back meanwhile), or
+    /// the chunk it was just promoted to, or zeros.
+    fn read_chunk0_of_small(&self, oid: u64, offset: u64, out: &mut [u8]) -> Result<()> {
+        if self.fragment(oid)?.is_none() {
+            return Ok(());
+        }
+        let _c0 = self.locks.chunks(oid, vec![0]);
+        if let Some(p) = self.mapping(oid, 0, 0)?[0] {
+            self.data.read(p * self.chunk_bytes + offset, out)?;
+        } else if let Some(f) = self.fragment(oid)? {
+            self.read_fragment(f, offset, out)?;
+        }
+        Ok(())
+    }
+
     /// Commit `size = max(size, to)` on its own.
     fn grow(&self, oid: u64, to: u64) -> Result<()> {
         let txn = self.db.begin_write()?;
@@ -986,6 +1051,9 @@ impl Target {
             }
             c += k;
         }
+        if first == 0 && map[0].is_none() {
+            self.read_chunk0_of_small(oid, offset, &mut buf[..(end.min(cb) - offset) as usize])?;
+        }
         let mut oldest = u64::MAX;
         for (c, ps) in pieces {
             for p in ps {
@@ -1024,8 +1092,13 @@ impl Target {
                 }
             }
         }
+        if size < attr.size
+            && let Some(f) = self.fragment(oid)?
+        {
+            self.zero_fragment(f, size, attr.size)?;
+        }
         let keep = size.div_ceil(cb);
-        self.commit_unmap(oid, keep, u64::MAX, |a| {
+        self.commit_unmap(oid, keep, u64::MAX, size, |a| {
             a.size = size;
         })
     }
@@ -1061,10 +1134,18 @@ impl Target {
                 if self.opts.sync == SyncMode::Drives {
                     self.data.flush()?;
                 }
+            } else if c == 0
+                && let Some(f) = self.fragment(oid)?
+            {
+                self.zero_fragment(f, lo, hi)?;
             }
         }
-        if full_lo < full_hi {
-            return self.commit_unmap(oid, full_lo, full_hi, |_| {});
+        // A punch of all a fragment holds (or of all of chunk 0) gives the fragment back.
+        let whole_fragment = start == 0 && self.fragment(oid)?.is_some_and(|f| end >= f.bytes().min(attr.size));
+        if full_lo < full_hi || whole_fragment {
+            let frag_keep = if whole_fragment || full_lo == 0 { 0 } else { u64::MAX };
+            let (from, to) = if full_lo < full_hi { (full_lo, full_hi) } else { (0, 0) };
+            return self.commit_unmap(oid, from, to, frag_keep, |_| {});
         }
         Ok(attr)
     }
@@ -1075,17 +1156,28 @@ impl Target {
         self.getattr(oid)?;
         self.destage_object(oid)?;
         // One transaction: a crash leaves the object whole or gone, never emptied.
-        self.unmap_in(oid, 0, u64::MAX, Unmap::Destroy)?;
+        self.unmap_in(oid, 0, u64::MAX, 0, Unmap::Destroy)?;
         Ok(())
     }
 
     /// One transaction: unmap chunk indexes `[from, to)` of `oid`, give them to the free
-    /// table, and update the attributes with `change`.
-    fn commit_unmap(&self, oid: u64, from: u64, to: u64, change: impl FnOnce(&mut ObjectAttr)) -> Result<ObjectAttr> {
-        self.unmap_in(oid, from, to, Unmap::Keep(Box::new(change)))
+    /// table, keep the first `frag_keep` bytes of its fragment (if it has one), and update
+    /// the attributes with `change`.
+    fn commit_unmap(
+        &self,
+        oid: u64,
+        from: u64,
+        to: u64,
+        frag_keep: u64,
+        change: impl FnOnce(&mut ObjectAttr),
+    ) -> Result<ObjectAttr> {
+        self.unmap_in(oid, from, to, frag_keep, Unmap::Keep(Box::new(change)))
     }
 
-    fn unmap_in(&self, oid: u64, from: u64, to: u64, what: Unmap<'_>) -> Result<ObjectAttr> {
+    fn unmap_in(&self, oid: u64, from: u64, to: u64, frag_keep: u64, what: Unmap<'_>) -> Result<ObjectAttr> {
+        // Slabs change only under the small lock, taken before the transaction as
+        // everywhere.
+        let small = self.lock_small();
         let txn = self.db.begin_write()?;
         let attr;
         {
@@ -1104,6 +1196,7 @@ impl Target {
                 ObjectAttr::decode(oid, v.value())?
             };
             a.space = a.space.saturating_sub(freed.len() as u64 * self.chunk_bytes);
+            a.space = a.space.saturating_sub(self.cut_fragment_in(&txn, &small, oid, frag_keep)?);
             match what {
                 Unmap::Keep(change) => {
                     change(&mut a);
@@ -1122,6 +1215,7 @@ impl Target {
             give_free(&txn, freed)?;
         }
         txn.commit()?;
+        drop(small);
         Ok(attr)
     }
 
@@ -1224,7 +1318,8 @@ impl Target {
         Ok(StatFs {
             chunk_bytes: self.chunk_bytes,
             total_bytes: self.chunks * self.chunk_bytes,
-            free_bytes: get("free_chunks")?.saturating_sub(held) * self.chunk_bytes,
+            free_bytes: get("free_chunks")?.saturating_sub(held) * self.chunk_bytes
+                + self.free_block_bytes(get("free_blocks")?),
             objects: get("objects")?,
             index_bytes: self.index_len.load(Ordering::Acquire),
             index_capacity: self.index_capacity,
@@ -1248,6 +1343,8 @@ impl Target {
             read_bytes: g(&c.read_bytes),
             chunks_allocated: g(&c.chunks_allocated),
             in_place_writes: g(&c.in_place_writes),
+            fragment_writes: g(&c.fragment_writes),
+            fragments_promoted: g(&c.promoted),
             journaled: g(&c.journaled),
             destaged: g(&c.destaged),
             destage_us: g(&c.destage_us),
@@ -1322,6 +1419,12 @@ impl Target {
                 }
             }
         }
+        let frag_bytes = self.check_fragments(&txn, |p| mark(p, &mut used), &mut problem)?;
+        for oid in frag_bytes.keys() {
+            if map.get((*oid, 0))?.is_some() {
+                problem(format!("object {oid:#x} has a fragment and maps chunk 0"));
+            }
+        }
         let leaked = self.chunks - used.iter().map(|w| w.count_ones() as u64).sum::<u64>();
         if leaked > 0 {
             problem(format!("{leaked} chunks are neither mapped nor free (leaked)"));
@@ -1352,8 +1455,12 @@ impl Target {
                     ));
                 }
             }
-            if a.space != chunks * self.chunk_bytes {
-                problem(format!("object {oid:#x} says it holds {} bytes; it maps {chunks} chunks", a.space));
+            let frag = frag_bytes.get(&oid).copied().unwrap_or(0);
+            if a.space != chunks * self.chunk_bytes + frag {
+                problem(format!(
+                    "object {oid:#x} says it holds {} bytes; it maps {chunks} chunks and {frag} bytes of fragment",
+                    a.space
+                ));
             }
         }
         let get = |k: &str| -> Result<u64> { Ok(meta.get(k)?.map(|v| v.value()).unwrap_or(0)) };

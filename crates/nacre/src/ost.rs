@@ -235,8 +235,24 @@ pub fn run(cmd: OstCommand) -> CliResult {
                 for (ti, &oid) in oids.iter().enumerate() {
                     let (t, out) = (&t, &out);
                     s.spawn(move || {
+                        // Every other write grows a small object (its fragment, made and
+                        // moved as it grows) by appending to it; a new one once it passes
+                        // a fragment's size.
+                        let mut small: Option<(u64, u64)> = None;
                         for seq in 0.. {
-                            let (off, len) = nacre_bench::torture::ost_op(seed, ti as u64, seq, chunk);
+                            let (mut oid, (mut off, mut len)) =
+                                (oid, nacre_bench::torture::ost_op(seed, ti as u64, seq, chunk));
+                            if seq % 2 == 1 {
+                                let (o, end) = match small {
+                                    Some((o, end)) if end <= t.fragment_max() => (o, end),
+                                    _ => match t.create(1) {
+                                        Ok(r) => (r.start, 0),
+                                        Err(_) => return,
+                                    },
+                                };
+                                (oid, off, len) = (o, end, 1 + len % 20_000);
+                                small = Some((o, end + len as u64));
+                            }
                             let data = nacre_bench::torture::ost_bytes(seed, oid, off, len);
                             if t.write(oid, off, &data).is_err() {
                                 return;

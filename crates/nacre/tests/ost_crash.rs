@@ -1,5 +1,6 @@
 //! Crash test of a target: a `nacre ost torture` child writes small (journaled) and large
-//! (straight to chunks) pieces into objects on file drives and is killed with SIGKILL
+//! (straight to chunks) pieces into objects on file drives, and grows small objects by
+//! appends (fragments made, copied and moved into chunks), and is killed with SIGKILL
 //! mid-flight, three times. After each kill the target opens again (replaying its journal),
 //! `nacre ost check` finds it clean, and every acknowledged write reads back exactly.
 
