@@ -927,3 +927,41 @@ fn a_small_file_is_made_with_its_data_in_one_change() {
     assert_eq!(errno_of(ns.create_with_data(&c, dom.fid, "small", 0o644, b"y", None)), errno::EEXIST);
     assert_eq!(ns.read_dom(&c, a.fid, 0, 8192).unwrap(), body, "unchanged by the refused create");
 }
+
+/// A nearly full MDT keeps no more new files' first bytes: past the DoM threshold a new
+/// file's layout starts on the OSTs, as Lustre's `dom_threshold_free_mb` does, and the
+/// files already there keep theirs.
+#[test]
+fn a_nearly_full_mdt_gives_new_files_no_dom_component() {
+    let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
+    let devs: Vec<Arc<dyn BlockDevice>> =
+        (0..2).map(|i| MemDrive::new(&format!("s{i}"), 64 << 20) as Arc<dyn BlockDevice>).collect();
+    let mut o = CreateOptions::new("mdt0", Level::Raid1);
+    o.strip_bytes = 64 << 10;
+    o.assume_clean = true;
+    let ns =
+        Namespace::format(Arc::new(Volume::create(devs, &o, &run).unwrap()), 0, NamespaceOptions::default()).unwrap();
+    let c = root();
+    let lfs = |a: &str| Layout::from_lfs_args(&a.split_whitespace().collect::<Vec<_>>()).unwrap();
+    let dom = ns.mkdir(&c, Fid::ROOT, "dom", 0o755, None).unwrap();
+    ns.set_dir_layout(&c, dom.fid, Some(lfs("-E 64K -L mdt -E eof -c 1")), None).unwrap();
+    let first = ns.create(&c, dom.fid, "first", 0o644, None).unwrap();
+    let starts_on_mdt =
+        |fid: Fid| ns.layout(fid).unwrap().unwrap().components[0].kind == nacre_proto::layout::Kind::Mdt;
+    assert!(ns.has_room_for_dom() && starts_on_mdt(first.fid));
+    let body = vec![7u8; 60 << 10];
+    let mut made = 0;
+    while ns.has_room_for_dom() {
+        assert!(made < 1000, "the MDT never filled");
+        ns.create_with_data(&c, dom.fid, &format!("f{made}"), 0o644, &body, None).unwrap();
+        made += 1;
+    }
+    let late = ns.create(&c, dom.fid, "late", 0o644, None).unwrap();
+    let l = ns.layout(late.fid).unwrap().unwrap();
+    assert!(!starts_on_mdt(late.fid), "{l:?}");
+    assert_eq!((l.components.len(), l.components[0].start), (1, 0), "the striped component from byte 0");
+    assert!(starts_on_mdt(first.fid), "files made before keep their DoM component");
+    assert_eq!(ns.read_dom(&c, ns.lookup(&c, dom.fid, "f0").unwrap().fid, 0, 16).unwrap(), vec![7u8; 16]);
+    let e = ns.create_with_data(&c, dom.fid, "more", 0o644, b"x", None).unwrap_err();
+    assert!(e.errno == errno::EINVAL && e.message.contains("no DoM"), "{e:?}");
+}

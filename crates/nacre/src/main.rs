@@ -177,13 +177,13 @@ fn quiet_on_closed_stdout() {
 }
 
 /// Where a parameter command goes: `--server`, else every local mount's control endpoint
-/// (or, for `-P`, their MGSs).
+/// (or, for `-P`, their MGSs); and whether they are the local mounts.
 fn param_targets(
     server: Option<nacre_net::nid::Nid>,
     mgs: bool,
-) -> Result<Vec<nacre_net::nid::Nid>, Box<dyn std::error::Error>> {
+) -> Result<(Vec<nacre_net::nid::Nid>, bool), Box<dyn std::error::Error>> {
     if let Some(s) = server {
-        return Ok(vec![s]);
+        return Ok((vec![s], false));
     }
     let mut out: Vec<nacre_net::nid::Nid> =
         fsys::local_mounts()?.into_iter().filter_map(|(_, m, ctl)| if mgs { Some(m) } else { ctl }).collect();
@@ -191,7 +191,67 @@ fn param_targets(
     if out.is_empty() {
         return Err("no --server given and no Nacre mount on this machine".into());
     }
-    Ok(out)
+    Ok((out, true))
+}
+
+/// How a parameter request failed: the service could not be reached, or it refused.
+enum ParamError {
+    Unreachable(String),
+    Refused(String),
+}
+
+impl From<ParamError> for Box<dyn std::error::Error> {
+    fn from(e: ParamError) -> Self {
+        match e {
+            ParamError::Unreachable(m) | ParamError::Refused(m) => m.into(),
+        }
+    }
+}
+
+/// One parameter request to a service; its reply text.
+fn call_param(server: &nacre_net::nid::Nid, opcode: u16, body: &[u8]) -> Result<String, ParamError> {
+    let unreachable = |e: &dyn std::fmt::Display| ParamError::Unreachable(format!("{server}: {e}"));
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| unreachable(&e))?;
+    rt.block_on(async {
+        let cfg = nacre_net::client::ClientConfig { ping: false, ..Default::default() };
+        let client = nacre_net::client::Client::new(std::sync::Arc::new(nacre_net::transport::TcpTransport), cfg);
+        let import = client.connect(server).await.map_err(|e| unreachable(&e))?;
+        let reply = import.call(opcode, body, &[]).await.map_err(|e| unreachable(&e))?;
+        let text = String::from_utf8_lossy(&reply.body).into_owned();
+        let _ = import.disconnect().await;
+        if reply.header.status != 0 {
+            return Err(ParamError::Refused(format!("{server}: {text}")));
+        }
+        Ok(text)
+    })
+}
+
+/// Send one parameter request to each of `targets`; their reply texts. Among the local
+/// mounts (`local`), one that cannot be reached (being unmounted, its process gone) is
+/// passed over with a warning, as long as another answers.
+fn call_each(
+    (targets, local): (Vec<nacre_net::nid::Nid>, bool),
+    opcode: u16,
+    body: &[u8],
+) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let mut texts = Vec::new();
+    let mut unreachable = Vec::new();
+    for server in targets {
+        match call_param(&server, opcode, body) {
+            Ok(text) => texts.push(text),
+            Err(ParamError::Unreachable(m)) if local => unreachable.push(m),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if texts.is_empty()
+        && let Some(first) = unreachable.first()
+    {
+        return Err(first.clone().into());
+    }
+    for m in unreachable {
+        eprintln!("nacre: passed over a mount that does not answer: {m}");
+    }
+    Ok(texts)
 }
 
 fn set_param(
@@ -203,46 +263,25 @@ fn set_param(
     if name.len() > nacre_proto::param::PATTERN_MAX || value.len() > nacre_proto::param::VALUE_MAX {
         return Err("name or value too long".into());
     }
-    for server in param_targets(server, permanent)? {
-        if permanent {
-            let (op, body) =
-                nacre_proto::mgs::Request::SetParam { name: name.to_string(), value: value.to_string() }.encode();
-            call_param(&server, op, &body)?;
-        } else {
-            call_param(&server, nacre_proto::param::OP_SET_PARAM, &nacre_proto::param::encode_set(name, value))?;
-        }
-    }
+    let (op, body) = if permanent {
+        nacre_proto::mgs::Request::SetParam { name: name.to_string(), value: value.to_string() }.encode()
+    } else {
+        (nacre_proto::param::OP_SET_PARAM, nacre_proto::param::encode_set(name, value))
+    };
+    call_each(param_targets(server, permanent)?, op, &body)?;
     Ok(())
-}
-
-/// One parameter request to a service; its reply text.
-fn call_param(server: &nacre_net::nid::Nid, opcode: u16, body: &[u8]) -> Result<String, Box<dyn std::error::Error>> {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(async {
-        let cfg = nacre_net::client::ClientConfig { ping: false, ..Default::default() };
-        let client = nacre_net::client::Client::new(std::sync::Arc::new(nacre_net::transport::TcpTransport), cfg);
-        let import = client.connect(server).await.map_err(|e| format!("{server}: {e}"))?;
-        let reply = import.call(opcode, body, &[]).await?;
-        let text = String::from_utf8_lossy(&reply.body).into_owned();
-        let _ = import.disconnect().await;
-        if reply.header.status != 0 {
-            return Err(format!("{server}: {text}").into());
-        }
-        Ok::<String, Box<dyn std::error::Error>>(text)
-    })
 }
 
 fn get_param(server: Option<nacre_net::nid::Nid>, pattern: &str) -> Result<(), Box<dyn std::error::Error>> {
     if pattern.len() > nacre_proto::param::PATTERN_MAX {
         return Err(format!("pattern of {} bytes (at most {})", pattern.len(), nacre_proto::param::PATTERN_MAX).into());
     }
-    let mut any = false;
-    for server in param_targets(server, false)? {
-        let text = call_param(&server, nacre_proto::param::OP_GET_PARAM, &nacre_proto::param::encode_get(pattern))?;
-        any |= !text.is_empty();
+    let body = nacre_proto::param::encode_get(pattern);
+    let texts = call_each(param_targets(server, false)?, nacre_proto::param::OP_GET_PARAM, &body)?;
+    for text in &texts {
         print!("{text}");
     }
-    if !any {
+    if texts.iter().all(String::is_empty) {
         return Err(format!("no parameter matches {pattern:?}").into());
     }
     Ok(())

@@ -104,6 +104,7 @@ pub fn format(
     size: u64,
     drives: usize,
     provision: Provision,
+    root_layout: Option<&nacre_proto::layout::Layout>,
 ) -> Result<String, Box<dyn std::error::Error>> {
     let dir = dir.to_path_buf();
     if !(2..=16).contains(&drives) || !drives.is_multiple_of(2) {
@@ -123,6 +124,11 @@ pub fn format(
     o.assume_clean = true;
     let vol = Volume::create(devs, &o, &VolumeOptions::default())?;
     let ns = Namespace::format(Arc::new(vol), index, NamespaceOptions::default())?;
+    if let Some(l) = root_layout {
+        // The file system's default layout: the root's, which new directories pass on.
+        let root = Cred { uid: 0, gid: 0, groups: Vec::new() };
+        ns.set_dir_layout(&root, Fid::ROOT, Some(l.clone()), None)?;
+    }
     let s = ns.statfs()?;
     Ok(format!(
         "metadata target {name} (MDT {index}): {} MiB for the namespace on {}, in {}",
@@ -135,7 +141,7 @@ pub fn format(
 pub fn run(cmd: MdtCommand) -> CliResult {
     match cmd {
         MdtCommand::Format { dir, name, index, size, drives, alloc } => {
-            println!("{}", format(&dir, &name, index, size, drives, alloc.provision())?);
+            println!("{}", format(&dir, &name, index, size, drives, alloc.provision(), None)?);
             Ok(())
         }
         MdtCommand::Stat { dir, name } => {

@@ -56,6 +56,11 @@ pub struct UpArgs {
     pub ost_index_size: Option<u64>,
     #[command(flatten)]
     pub alloc: crate::service::ProvisionArg,
+    /// The file system's default layout, `setstripe` options (first `up` only): by
+    /// default a file's first 64 KiB on the MDT (DoM, as Helma's), the rest in one stripe
+    /// on an OST; "" for one stripe from the start.
+    #[arg(long, default_value = DEFAULT_LAYOUT, allow_hyphen_values = true)]
+    pub default_layout: String,
     /// Address the services listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -163,7 +168,8 @@ fn format(a: &UpArgs) -> Result<Conf, Box<dyn std::error::Error>> {
     }
     let conf = Conf { fsname: a.fsname.clone(), mdts: a.mdts, osts: a.osts, host: a.host.clone(), port: a.port };
     conf.mgs()?;
-    let sizes = Sizes::new(a.ost_size, a.mdt_size, a.ost_index_size, a.ost_drives, a.alloc.provision());
+    let mut sizes = Sizes::new(a.ost_size, a.mdt_size, a.ost_index_size, a.ost_drives, a.alloc.provision());
+    sizes.root_layout = default_layout(&a.default_layout)?;
     let (mdts, osts): (Vec<u32>, Vec<u32>) = ((0..a.mdts).collect(), (0..a.osts).collect());
     sizes.check_host(&a.data, true, &mdts, &osts)?;
     make_targets(&a.data, &a.fsname, true, &mdts, &osts, &sizes, false)?;
@@ -171,7 +177,20 @@ fn format(a: &UpArgs) -> Result<Conf, Box<dyn std::error::Error>> {
     Ok(conf)
 }
 
-/// The size of new targets.
+/// The default layout of a new file system: small files (and the heads of large ones) on
+/// the MDT, as Helma's DoM for the first 64 KiB; an MDT short of room leaves it out.
+pub const DEFAULT_LAYOUT: &str = "-E 64K -L mdt -E -1";
+
+/// The default layout from `setstripe` options ("": none, the built-in one stripe).
+fn default_layout(opts: &str) -> Result<Option<nacre_proto::layout::Layout>, String> {
+    let args: Vec<&str> = opts.split_whitespace().collect();
+    if args.is_empty() {
+        return Ok(None);
+    }
+    nacre_proto::layout::Layout::from_lfs_args(&args).map(Some).map_err(|e| format!("--default-layout {opts:?}: {e}"))
+}
+
+/// What new targets are made with.
 struct Sizes {
     /// Object data per OST.
     ost: u64,
@@ -182,6 +201,8 @@ struct Sizes {
     /// Drives of an OST's RAID6 data volume.
     ost_drives: usize,
     provision: nacre_raid::Provision,
+    /// The root's default layout, set on MDT 0 when it is made.
+    root_layout: Option<nacre_proto::layout::Layout>,
 }
 
 /// The smallest index drive of an OST: room for redb's first growth steps and a journal
@@ -193,7 +214,7 @@ impl Sizes {
         // An eighth of the data per index drive: the RAID10 of four holds a quarter of it,
         // a sixteenth of the data as journal and the rest for the object index.
         let ost_index = ost_index.unwrap_or_else(|| (ost / 8).div_ceil(1 << 20).max(OST_INDEX_DRIVE_MIN >> 20) << 20);
-        Sizes { ost, mdt, ost_index, ost_drives, provision }
+        Sizes { ost, mdt, ost_index, ost_drives, provision, root_layout: None }
     }
 
     fn ost_format(&self) -> crate::ost::OstFormat {
@@ -282,7 +303,8 @@ fn make_targets(
     for &i in mdts {
         let dir = data.join(format!("mdt{i}"));
         if new(&dir) {
-            println!("{}", crate::mdt::format(&dir, &format!("mdt{i}"), i, s.mdt, 4, s.provision)?);
+            let root = if i == 0 { s.root_layout.as_ref() } else { None };
+            println!("{}", crate::mdt::format(&dir, &format!("mdt{i}"), i, s.mdt, 4, s.provision, root)?);
         }
     }
     let f = s.ost_format();
@@ -556,6 +578,9 @@ struct NodeFile {
     mdt_size: Option<String>,
     ost_index_size: Option<String>,
     ost_drives: Option<usize>,
+    /// The file system's default layout (`setstripe` options), on the node that makes
+    /// MDT 0; default as `nacre up`'s.
+    default_layout: Option<String>,
     /// Allocate the drive files' whole size at the first start (default: thin).
     #[serde(default)]
     preallocate: bool,
@@ -632,13 +657,14 @@ pub fn server(a: ServerArgs) -> CliResult {
     let size = |s: &Option<String>, default: &str| parse_size(s.as_deref().unwrap_or(default));
     let provision = if n.preallocate { nacre_raid::Provision::Thick } else { nacre_raid::Provision::Thin };
     let index = n.ost_index_size.as_deref().map(parse_size).transpose()?;
-    let sizes = Sizes::new(
+    let mut sizes = Sizes::new(
         size(&n.ost_size, "512M")?,
         size(&n.mdt_size, "256M")?,
         index,
         n.ost_drives.unwrap_or(10),
         provision,
     );
+    sizes.root_layout = default_layout(n.default_layout.as_deref().unwrap_or(DEFAULT_LAYOUT))?;
     let missing = |kind: &str, ids: &[u32]| -> Vec<u32> {
         ids.iter().copied().filter(|i| !n.data.join(format!("{kind}{i}")).exists()).collect()
     };

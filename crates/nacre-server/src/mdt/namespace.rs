@@ -54,6 +54,11 @@ const DESTROYS: TableDefinition<(u32, u64), u8> = TableDefinition::new("destroys
 /// Data on the MDT (DoM): (file, block) → the block's bytes, [`DOM_BLOCK`] each at most;
 /// a missing block reads as zeros.
 const DOM: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("dom");
+/// The database's length after its next growth from `len` (redb doubles it, and past
+/// 4 GiB adds 8 GiB at a time).
+fn next_growth(len: u64) -> u64 {
+    if len < 4 << 30 { len * 2 } else { len + (8 << 30) }
+}
 const REPLIES: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("replies");
 /// Striped directories: master FID → [`nacre_proto::dne::DirStripe`].
 const DIRSTRIPES: TableDefinition<u128, &[u8]> = TableDefinition::new("dirstripes");
@@ -853,6 +858,12 @@ impl Tx<'_> {
             Some(l) => l.clone(),
             None => Layout::inherited(dir_default.as_ref(), &fs_default),
         };
+        // An MDT short of room puts no more new files' first bytes on itself: their
+        // first striped component starts at 0 instead (as Lustre's dom_threshold_free_mb).
+        if l.components.len() > 1 && l.components[0].kind == Kind::Mdt && !self.ns.has_room_for_dom() {
+            l.components.remove(0);
+            l.components[0].start = 0;
+        }
         l.fill_defaults(&fs_default);
         l.validate().map_err(|e| MdError::new(errno::EINVAL, format!("layout: {e}")))?;
         self.ns.check_pools(&l)?;
@@ -1485,8 +1496,7 @@ impl Namespace {
     /// let through, to free room.
     fn room_to_grow(&self) -> Result<()> {
         let used = self.db_len.load(std::sync::atomic::Ordering::Acquire);
-        let next = if used < 4 << 30 { used * 2 } else { used + (8 << 30) };
-        if next > self.capacity {
+        if next_growth(used) > self.capacity {
             return Err(MdError::new(
                 errno::ENOSPC,
                 format!(
@@ -1735,6 +1745,14 @@ impl Namespace {
     }
 
     /// Inodes in use, and the bytes the database occupies of its volume.
+    /// Whether new files may keep their first bytes here (DoM): while the database can
+    /// grow twice more. The last growth the volume holds is kept for inodes, so an MDT
+    /// that DoM data filled still makes files (with their bytes on OSTs).
+    pub fn has_room_for_dom(&self) -> bool {
+        let used = self.db_len.load(std::sync::atomic::Ordering::Acquire);
+        next_growth(next_growth(used)) <= self.capacity
+    }
+
     pub fn statfs(&self) -> Result<MdtStatFs> {
         let txn = self.db.begin_read()?;
         let t = txn.open_table(INODES)?;
