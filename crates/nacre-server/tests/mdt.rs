@@ -11,10 +11,15 @@ use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, Volume, VolumeOpti
 use nacre_server::mdt::{Cred, MdError, Namespace, NamespaceOptions, RenameMode, ReplyKey, SetAttr, Wait};
 
 fn volume() -> Arc<Volume> {
+    volume_of(4, 64 << 20, Level::Raid10)
+}
+
+/// An MDT volume of `n` memory drives of `bytes` each.
+fn volume_of(n: usize, bytes: u64, level: Level) -> Arc<Volume> {
     let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
     let devs: Vec<Arc<dyn BlockDevice>> =
-        (0..4).map(|i| MemDrive::new(&format!("m{i}"), 64 << 20) as Arc<dyn BlockDevice>).collect();
-    let mut o = CreateOptions::new("mdt0", Level::Raid10);
+        (0..n).map(|i| MemDrive::new(&format!("m{i}"), bytes) as Arc<dyn BlockDevice>).collect();
+    let mut o = CreateOptions::new("mdt0", level);
     o.strip_bytes = 64 << 10;
     o.assume_clean = true;
     Arc::new(Volume::create(devs, &o, &run).unwrap())
@@ -933,14 +938,7 @@ fn a_small_file_is_made_with_its_data_in_one_change() {
 /// files already there keep theirs.
 #[test]
 fn a_nearly_full_mdt_gives_new_files_no_dom_component() {
-    let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
-    let devs: Vec<Arc<dyn BlockDevice>> =
-        (0..2).map(|i| MemDrive::new(&format!("s{i}"), 64 << 20) as Arc<dyn BlockDevice>).collect();
-    let mut o = CreateOptions::new("mdt0", Level::Raid1);
-    o.strip_bytes = 64 << 10;
-    o.assume_clean = true;
-    let ns =
-        Namespace::format(Arc::new(Volume::create(devs, &o, &run).unwrap()), 0, NamespaceOptions::default()).unwrap();
+    let ns = Namespace::format(volume_of(2, 64 << 20, Level::Raid1), 0, NamespaceOptions::default()).unwrap();
     let c = root();
     let lfs = |a: &str| Layout::from_lfs_args(&a.split_whitespace().collect::<Vec<_>>()).unwrap();
     let dom = ns.mkdir(&c, Fid::ROOT, "dom", 0o755, None).unwrap();
