@@ -896,6 +896,15 @@ impl Target {
         }
         txn.commit()?;
         drop(reservation);
+        {
+            // Pieces journaled into these chunks while they were unmapped (a neighbouring
+            // write's head, sent alongside) hold a promise; now mapped, their destage needs
+            // no chunk, and free space should not count one for them.
+            let mut r = self.lock_reserved();
+            for &(c, _) in &fresh {
+                r.promised.remove(&(oid, c));
+            }
+        }
         self.counters.chunks_allocated.fetch_add(fresh.len() as u64, Ordering::Relaxed);
         Ok(())
     }
