@@ -547,8 +547,9 @@ impl File {
         let (Reply::Attr(on_mdt) | Reply::Writing(on_mdt)) = reply else {
             return Err(Error::protocol("getattr", "not attributes"));
         };
-        let a: Attr = self.fs.glimpse(&self.creds, on_mdt).await?;
-        let mut s = SetAttr { mask: set::MTIME_NOW, ..SetAttr::default() };
+        let (a, space) = self.fs.glimpse_space(&self.creds, on_mdt).await?;
+        // The objects' space goes with the size, for st_blocks (Lustre's lazy size on MDT).
+        let mut s = SetAttr { mask: set::MTIME_NOW | set::OST_BLOCKS, ost_blocks: space / 512, ..SetAttr::default() };
         if a.size > on_mdt.size {
             s.mask |= set::SIZE;
             s.size = a.size;

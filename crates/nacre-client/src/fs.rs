@@ -406,7 +406,12 @@ impl FileSystem {
     }
 
     /// `a` with the size and blocks its OST objects give, when they hold more.
-    pub(crate) async fn glimpse(&self, c: &Creds, mut a: Attr) -> Result<Attr> {
+    pub(crate) async fn glimpse(&self, c: &Creds, a: Attr) -> Result<Attr> {
+        Ok(self.glimpse_space(c, a).await?.0)
+    }
+
+    /// As [`FileSystem::glimpse`], with the bytes of space the OST objects hold.
+    pub(crate) async fn glimpse_space(&self, c: &Creds, mut a: Attr) -> Result<(Attr, u64)> {
         let l = self.file_layout(c, a.fid).await?;
         let mut sizes = Vec::with_capacity(l.objects.len());
         let mut space = 0;
@@ -428,7 +433,7 @@ impl FileSystem {
         }
         a.size = a.size.max(l.size_from_objects(&sizes));
         a.blocks = a.blocks.max(space / 512);
-        Ok(a)
+        Ok((a, space))
     }
 
     /// Send an OST request to OST `ost` (target 0 of its server), within its
@@ -817,10 +822,17 @@ impl FileSystem {
         }
         let _still = self.size_guard(fid).await;
         let a = attr_of("setattr", self.md_at(fid, c, &Request::Setattr { fid, set: s }).await?)?;
-        if mode::is_reg(a.mode) {
-            self.truncate_objects(c, fid, s.size).await?;
+        if !mode::is_reg(a.mode) {
+            return Ok(a);
         }
-        Ok(a)
+        self.truncate_objects(c, fid, s.size).await?;
+        if self.file_layout(c, fid).await?.objects.iter().all(Vec::is_empty) {
+            return Ok(a);
+        }
+        // What the objects hold now, for st_blocks (a truncate gives space back).
+        let (_, space) = self.glimpse_space(c, a).await?;
+        let blocks = SetAttr { mask: set::OST_BLOCKS, ost_blocks: space / 512, ..SetAttr::default() };
+        attr_of("setattr", self.md_at(fid, c, &Request::Setattr { fid, set: blocks }).await?)
     }
 
     async fn truncate_objects(&self, c: &Creds, fid: Fid, size: u64) -> Result<()> {

@@ -206,13 +206,14 @@ impl Shared {
     /// `a.fid` before `a` was asked for. A handle closed meanwhile has published its size,
     /// but `a` may predate that: the larger of the two is right.
     fn file_attr_after(&self, ino: u64, a: &Attr, before: u64) -> FileAttr {
-        let size = a.size.max(before).max(self.dirty_size(a.fid));
+        let dirty = self.dirty_size(a.fid);
+        let size = a.size.max(before).max(dirty);
         FileAttr {
             ino: INodeNo(ino),
             size,
-            // The MDT counts only DoM blocks; OST space is not summed per stat, so a file
-            // counts as fully allocated (never taken for sparse).
-            blocks: a.blocks.max(size.div_ceil(512)),
+            // What the MDT counts: the DoM blocks, and the OST objects' blocks as their last
+            // writer published them; bytes still in this mount's write-behind count whole.
+            blocks: a.blocks.max(dirty.div_ceil(512)),
             atime: time(a.atime_ns),
             mtime: time(a.mtime_ns),
             ctime: time(a.ctime_ns),

@@ -217,7 +217,10 @@ pub mod set {
     /// The time is "now" (`UTIME_NOW`): the value is ignored.
     pub const ATIME_NOW: u32 = 64;
     pub const MTIME_NOW: u32 = 128;
-    pub const ALL: u32 = 255;
+    /// The 512-byte blocks the file's OST objects hold, as a client glimpsed them when it
+    /// last wrote (Lustre's lazy size on MDT, for `st_blocks`).
+    pub const OST_BLOCKS: u32 = 256;
+    pub const ALL: u32 = 511;
 }
 
 /// Attributes to change: the fields whose bit is in `mask`.
@@ -230,6 +233,7 @@ pub struct SetAttr {
     pub size: u64,
     pub atime_ns: i64,
     pub mtime_ns: i64,
+    pub ost_blocks: u64,
 }
 
 /// Flags of a setxattr.
@@ -456,6 +460,7 @@ impl Request {
                     .u64(set.size)
                     .i64(set.atime_ns)
                     .i64(set.mtime_ns)
+                    .u64(set.ost_blocks)
                     .done(),
             ),
             Request::Open { fid, read, write, dom_read } => {
@@ -589,6 +594,7 @@ impl Request {
                     size: d.u64("size")?,
                     atime_ns: d.i64("atime")?,
                     mtime_ns: d.i64("mtime")?,
+                    ost_blocks: d.u64("OST blocks")?,
                 };
                 if set.mask & !set::ALL != 0 {
                     return Err(ProtoError::Invalid(format!("setattr mask {:#x} has unknown bits", set.mask)));

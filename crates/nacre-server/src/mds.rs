@@ -145,6 +145,7 @@ fn set_attr(s: &mdt::SetAttr) -> SetAttr {
         size: on(set::SIZE).then_some(s.size),
         atime_ns: time(set::ATIME_NOW, set::ATIME, s.atime_ns),
         mtime_ns: time(set::MTIME_NOW, set::MTIME, s.mtime_ns),
+        ost_blocks: on(set::OST_BLOCKS).then_some(s.ost_blocks),
     }
 }
 

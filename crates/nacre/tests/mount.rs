@@ -825,3 +825,51 @@ fn handles_of_one_file_write_disjoint_and_overlapping_ranges() {
     File::open(&path).unwrap().read_exact_at(&mut got, 0).unwrap();
     assert!(got == want, "the later write wins where they overlap");
 }
+
+/// The OSTs' used space (`nacre df`) is what the files' `st_blocks` add up to, within 1%,
+/// after writes, overwrites, truncates and unlinks of small, middling and large files: small
+/// objects take 4 KiB blocks, and each writer publishes its objects' blocks to the MDT.
+#[test]
+fn df_used_space_is_the_sum_of_st_blocks() {
+    let fs = Up::start("blocks");
+    let m = &fs.mnt;
+    for (dir, opts) in [("one", ["-c", "1"]), ("two", ["-c", "2"])] {
+        fs::create_dir(m.join(dir)).unwrap();
+        run(&["setstripe", opts[0], opts[1]], &m.join(dir));
+    }
+    let mut paths = Vec::new();
+    for (i, size) in [3901usize, 1, 4096, 20_000, 200_000, 700_000, 3 << 20, 9_000_000].into_iter().enumerate() {
+        for dir in ["one", "two"] {
+            let p = m.join(format!("{dir}/f{i}"));
+            fs::write(&p, vec![i as u8 + 1; size]).unwrap();
+            paths.push(p);
+        }
+    }
+    // Overwrites, truncates down and up, appends, unlinks.
+    fs::write(&paths[4], vec![9u8; 10_000]).unwrap();
+    OpenOptions::new().write(true).open(&paths[9]).unwrap().set_len(100).unwrap();
+    OpenOptions::new().write(true).open(&paths[12]).unwrap().set_len(1 << 20).unwrap();
+    OpenOptions::new().write(true).open(&paths[3]).unwrap().set_len(50_000).unwrap();
+    OpenOptions::new().append(true).open(&paths[0]).unwrap().write_all(&[5u8; 30_000]).unwrap();
+    for p in [&paths[14], &paths[7], &paths[1]] {
+        fs::remove_file(p).unwrap();
+    }
+    let blocks = || -> u64 { paths.iter().filter_map(|p| fs::metadata(p).ok()).map(|md| md.blocks() * 512).sum() };
+    let osts_used = || -> u64 {
+        run(&["df"], m)
+            .lines()
+            .filter(|l| l.contains("OST") && l.contains("_UUID"))
+            .map(|l| l.split_whitespace().nth(2).unwrap().parse::<u64>().unwrap() << 10)
+            .sum()
+    };
+    // Objects of unlinked files are destroyed in the background: wait for it.
+    let start = std::time::Instant::now();
+    let (mut used, mut counted) = (osts_used(), blocks());
+    while used.abs_diff(counted) * 100 > counted && start.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        (used, counted) = (osts_used(), blocks());
+    }
+    assert!(counted > 10 << 20, "the files hold {counted} bytes");
+    eprintln!("nacre df: {used} bytes used on the OSTs; st_blocks: {counted}");
+    assert!(used.abs_diff(counted) * 100 <= counted, "nacre df says {used} bytes used, st_blocks add up to {counted}");
+}

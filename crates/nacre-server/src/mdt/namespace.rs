@@ -47,6 +47,9 @@ const ORPHANS: TableDefinition<u128, u8> = TableDefinition::new("orphans");
 const LAYOUTS: TableDefinition<u128, &[u8]> = TableDefinition::new("layouts");
 /// A file's OST objects, per component ([`encode_objects`]).
 const OBJECTS: TableDefinition<u128, &[u8]> = TableDefinition::new("objects");
+/// File → the 512-byte blocks its OST objects held when last published (part of its
+/// `blocks`, with its DoM blocks).
+const OST_BLOCKS: TableDefinition<u128, u64> = TableDefinition::new("ost_blocks");
 /// Each OST's precreated objects not yet given to a file ([`PoolState::encode`]).
 const POOLS: TableDefinition<u32, &[u8]> = TableDefinition::new("pools");
 /// OST objects of removed files, waiting to be destroyed: (OST, object).
@@ -281,6 +284,9 @@ pub struct SetAttr {
     /// A time given explicitly, or `Some(None)` for "now" (`UTIME_NOW`).
     pub atime_ns: Option<Option<i64>>,
     pub mtime_ns: Option<Option<i64>>,
+    /// The blocks the file's OST objects hold, as its writer glimpsed them: `blocks`
+    /// becomes the DoM blocks plus these.
+    pub ost_blocks: Option<u64>,
 }
 
 /// How a namespace runs.
@@ -657,6 +663,7 @@ const T_DOM: u8 = 12;
 const T_DIRSTRIPES: u8 = 13;
 const T_DIRDEFAULTS: u8 = 14;
 const T_INTENTS: u8 = 15;
+const T_OST_BLOCKS: u8 = 16;
 const PUT: u8 = 1;
 const DEL: u8 = 2;
 
@@ -745,6 +752,10 @@ fn apply(txn: &WriteTransaction, rec: &[u8]) -> Result<()> {
             T_INTENTS => {
                 let k = d.u64("intent")?;
                 redo!(INTENTS, k, d.bytes("intent", 1 << 20)?);
+            }
+            T_OST_BLOCKS => {
+                let k = big(&mut d, "OST blocks inode")?;
+                redo!(OST_BLOCKS, k, d.u64("OST blocks")?);
             }
             other => return Err(storage(format!("log record for table {other}"))),
         }
@@ -1226,6 +1237,9 @@ impl Tx<'_> {
                 }
             }
             self.trim_dom(fid, 0)?;
+            if self.txn.open_table(OST_BLOCKS)?.remove(k)?.is_some() {
+                self.record(T_OST_BLOCKS, DEL, |e| big(e, k));
+            }
         }
         let mut names: Vec<String> = Vec::new();
         for e in self.txn.open_table(XATTRS)?.range((k, "")..)? {
@@ -1360,6 +1374,7 @@ impl Namespace {
             txn.open_table(REPLIES)?;
             txn.open_table(LAYOUTS)?;
             txn.open_table(OBJECTS)?;
+            txn.open_table(OST_BLOCKS)?;
             txn.open_table(POOLS)?;
             txn.open_table(DESTROYS)?;
             txn.open_table(DOM)?;
@@ -2713,6 +2728,9 @@ impl Namespace {
             {
                 return Err(MdError::new(errno::EPERM, format!("uid {} may not give {fid} to group {g}", cred.uid)));
             }
+            if s.ost_blocks.is_some() && (!mode::is_reg(a.mode) || !may(&cred, &a, W)) {
+                return Err(denied(&cred, "publish the blocks of", &a));
+            }
             if let Some(size) = s.size {
                 if mode::is_dir(a.mode) {
                     return Err(MdError::new(errno::EISDIR, format!("{fid} is a directory: no truncate")));
@@ -2760,6 +2778,13 @@ impl Namespace {
                     m &= !mode::S_ISGID;
                 }
                 a.mode = (a.mode & mode::S_IFMT) | m;
+            }
+            if let Some(b) = s.ost_blocks {
+                // What the objects held last time is replaced by what they hold now.
+                let k = fid.key();
+                let old = tx.txn.open_table(OST_BLOCKS)?.insert(k, b)?.map(|v| v.value()).unwrap_or(0);
+                tx.record(T_OST_BLOCKS, PUT, |e| big(e, k).u64(b));
+                a.blocks = a.blocks.saturating_sub(old) + b;
             }
             if let Some(size) = s.size {
                 if size < a.size {
