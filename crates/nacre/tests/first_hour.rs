@@ -12,17 +12,10 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use common::nacre;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use common::{free_port, nacre};
 
 fn scratch(name: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!("nacre-first-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&p);
-    fs::create_dir_all(&p).unwrap();
-    p
+    common::scratch("first", name)
 }
 
 fn text(o: &Output) -> String {

@@ -13,18 +13,10 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::nacre;
-
-/// A free TCP port for an MGS.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use common::{free_port, nacre};
 
 fn scratch(name: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!("nacre-mount-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&p);
-    fs::create_dir_all(&p).unwrap();
-    p
+    common::scratch("mount", name)
 }
 
 /// A file system from `nacre up`, mounted; `nacre down` when dropped.

@@ -70,3 +70,16 @@ pub fn bench_figures(out: &std::process::Output, keys: &[&str]) -> serde_json::V
     }
     v
 }
+
+/// A free TCP port for an MGS.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A new empty folder `TMP/nacre-KIND-NAME-PID` (an earlier one of that name removed).
+pub fn scratch(kind: &str, name: &str) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("nacre-{kind}-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
