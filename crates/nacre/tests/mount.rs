@@ -865,3 +865,49 @@ fn df_used_space_is_the_sum_of_st_blocks() {
     eprintln!("nacre df: {used} bytes used on the OSTs; st_blocks: {counted}");
     assert!(used.abs_diff(counted) * 100 <= counted, "nacre df says {used} bytes used, st_blocks add up to {counted}");
 }
+
+/// `st_ino` comes from the FID: the same through two mounts and after the file system is
+/// stopped and started again, shared by hard links, distinct between files; `readdir`'s
+/// `d_ino` agrees with `stat`.
+#[test]
+fn inode_numbers_are_the_same_on_every_mount_and_after_a_restart() {
+    let fs = Up::start("ino");
+    let m = &fs.mnt;
+    fs::write(m.join("a"), b"x").unwrap();
+    fs::hard_link(m.join("a"), m.join("b")).unwrap();
+    fs::create_dir(m.join("d")).unwrap();
+    fs::write(m.join("d/c"), b"y").unwrap();
+    let inos = |root: &Path| -> Vec<u64> {
+        ["a", "b", "d", "d/c"].iter().map(|n| fs::metadata(root.join(n)).unwrap().ino()).collect()
+    };
+    // In another order: numbers handed out by lookup order would differ.
+    let inos_backwards = |root: &Path| -> Vec<u64> {
+        let mut v: Vec<u64> =
+            ["d/c", "d", "b", "a"].iter().map(|n| fs::metadata(root.join(n)).unwrap().ino()).collect();
+        v.reverse();
+        v
+    };
+    let first = inos(m);
+    assert_eq!(first[0], first[1], "hard links share their inode number");
+    assert!(first[0] != first[2] && first[2] != first[3] && first[0] != first[3], "{first:?}");
+    let listed: Vec<u64> = {
+        let mut v: Vec<(String, u64)> = fs::read_dir(m)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .map(|e| (e.file_name().to_string_lossy().into_owned(), std::os::unix::fs::DirEntryExt::ino(&e)))
+            .collect();
+        v.sort();
+        v.into_iter().map(|(_, i)| i).collect()
+    };
+    assert_eq!(listed, first[..3], "d_ino is st_ino");
+    let second = m.parent().unwrap().join("mnt2");
+    fs::create_dir_all(&second).unwrap();
+    let out = nacre().args(["mount", "--mgs", &fs.mgs()]).arg(&second).output().unwrap();
+    assert!(out.status.success(), "nacre mount: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(inos_backwards(&second), first, "another mount");
+    let out = nacre().arg("umount").arg(&second).output().unwrap();
+    assert!(out.status.success());
+    fs.down();
+    fs.up();
+    assert_eq!(inos_backwards(m), first, "after a stop and start");
+}
