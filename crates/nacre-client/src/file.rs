@@ -227,7 +227,8 @@ impl File {
         let size = st.size.max(end);
         self.set_size(&mut st, size);
         st.written = true;
-        let through = || write_range(&self.fs, &self.creds, self.fid, &layout, offset, Bytes::copy_from_slice(data));
+        let through =
+            || write_range(&self.fs, &self.creds, self.handle, self.fid, &layout, offset, Bytes::copy_from_slice(data));
         if self.flags.direct {
             self.flush(&mut st).await?;
             return through().await.map(|_| data.len());
@@ -285,7 +286,9 @@ impl File {
     async fn launch(&self, min_len: u64) {
         let Some(taken) = lock(&self.shared.behind).take(min_len) else { return };
         match self.layout().await {
-            Ok(layout) => send(self.fs.clone(), self.creds.clone(), self.fid, layout, self.shared.clone(), taken),
+            Ok(layout) => {
+                send(self.fs.clone(), self.creds.clone(), self.handle, self.fid, layout, self.shared.clone(), taken)
+            }
             Err(e) => {
                 lock(&self.shared.behind).failed(e);
                 let _ = taken.done.send(true);
@@ -500,12 +503,17 @@ impl File {
         Ok(out)
     }
 
-    /// Truncate or extend the file to `size`.
+    /// Truncate or extend the file to `size` (ftruncate(2): through this handle, so a
+    /// write permission lost since the open does not matter).
     pub async fn set_len(&self, size: u64) -> Result<()> {
         let mut st = self.st.lock().await;
         self.flush(&mut st).await?;
         self.forget_chunks();
-        let s = SetAttr { mask: set::SIZE, size, ..SetAttr::default() };
+        let mut s = SetAttr { mask: set::SIZE, size, ..SetAttr::default() };
+        if self.flags.write {
+            s.mask |= set::BY_HANDLE;
+            s.handle = self.handle;
+        }
         self.fs.setattr(&self.creds, self.fid, s).await?;
         self.set_size(&mut st, size);
         st.written = true;
@@ -549,7 +557,12 @@ impl File {
         };
         let (a, space) = self.fs.glimpse_space(&self.creds, on_mdt).await?;
         // The objects' space goes with the size, for st_blocks (Lustre's lazy size on MDT).
+        // Through this handle: a write permission lost since the open does not matter.
         let mut s = SetAttr { mask: set::MTIME_NOW | set::OST_BLOCKS, ost_blocks: space / 512, ..SetAttr::default() };
+        if self.flags.write {
+            s.mask |= set::BY_HANDLE;
+            s.handle = self.handle;
+        }
         if a.size > on_mdt.size {
             s.mask |= set::SIZE;
             s.size = a.size;
@@ -607,7 +620,7 @@ impl Drop for File {
                     None => fs.file_layout(&creds, fid).await,
                 };
                 match layout {
-                    Ok(layout) => send(fs.clone(), creds.clone(), fid, layout, shared.clone(), taken),
+                    Ok(layout) => send(fs.clone(), creds.clone(), handle, fid, layout, shared.clone(), taken),
                     Err(e) => {
                         lock(&shared.behind).failed(e);
                         let _ = taken.done.send(true);
@@ -634,7 +647,16 @@ pub(crate) fn read_on_open(fs: &FileSystem, flags: OpenFlags) -> u32 {
 
 /// Send a write-back's extents, all in parallel, once the write-backs it follows have
 /// ended; a failure is kept for the file's handles to report.
-fn send(fs: FileSystem, creds: Creds, fid: Fid, layout: Arc<FileLayout>, shared: Arc<cache::Shared>, taken: Taken) {
+/// `handle` is the writing handle on whose behalf they go (for DoM writes' permission).
+fn send(
+    fs: FileSystem,
+    creds: Creds,
+    handle: u64,
+    fid: Fid,
+    layout: Arc<FileLayout>,
+    shared: Arc<cache::Shared>,
+    taken: Taken,
+) {
     tokio::spawn(async move {
         for w in taken.after {
             behind::ended(w).await;
@@ -643,7 +665,7 @@ fn send(fs: FileSystem, creds: Creds, fid: Fid, layout: Arc<FileLayout>, shared:
         for (offset, x) in taken.extents {
             let (fs, creds, layout) = (fs.clone(), creds.clone(), layout.clone());
             set.spawn(async move {
-                let r = write_range(&fs, &creds, fid, &layout, offset, Bytes::from(x.data)).await;
+                let r = write_range(&fs, &creds, handle, fid, &layout, offset, Bytes::from(x.data)).await;
                 drop(x.permit);
                 r
             });
@@ -674,10 +696,11 @@ fn crc32c(b: &[u8]) -> u32 {
     crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, b) as u32
 }
 
-/// Write `data` at `offset` of the file, every piece in parallel.
+/// Write `data` at `offset` of the file through `handle`, every piece in parallel.
 pub(crate) async fn write_range(
     fs: &FileSystem,
     c: &Creds,
+    handle: u64,
     fid: Fid,
     layout: &FileLayout,
     offset: u64,
@@ -697,7 +720,7 @@ pub(crate) async fn write_range(
                     while at < p.len {
                         let n = DOM_RPC_MAX.min(p.len - at);
                         let part = bytes.slice(at as usize..(at + n) as usize);
-                        fs.md(mdt, &c, &Request::DomWrite { fid, offset: p.offset + at }, &part).await?;
+                        fs.md(mdt, &c, &Request::DomWrite { fid, offset: p.offset + at, handle }, &part).await?;
                         at += n;
                     }
                     Ok(())

@@ -831,7 +831,13 @@ impl FileSystem {
         }
         // What the objects hold now, for st_blocks (a truncate gives space back).
         let (_, space) = self.glimpse_space(c, a).await?;
-        let blocks = SetAttr { mask: set::OST_BLOCKS, ost_blocks: space / 512, ..SetAttr::default() };
+        // Through the same handle as the truncate, if it came through one.
+        let blocks = SetAttr {
+            mask: set::OST_BLOCKS | (s.mask & set::BY_HANDLE),
+            ost_blocks: space / 512,
+            handle: s.handle,
+            ..SetAttr::default()
+        };
         attr_of("setattr", self.md_at(fid, c, &Request::Setattr { fid, set: blocks }).await?)
     }
 

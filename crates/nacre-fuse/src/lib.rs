@@ -436,6 +436,16 @@ impl fuser::Filesystem for Nacre {
                     h.resized(size).await;
                 }
             }
+            let mut sa = sa;
+            if size.is_some() && sa.mask == set::MODE {
+                // The kernel sends a truncate by someone without CAP_FSETID with the mode
+                // less setuid and setgid (Linux's killpriv); the MDT's truncate did that
+                // already, and a second change would be a chmod by a non-owner.
+                let now = s.fs.getattr(&c, fid).await.map_err(|e| err(&e))?;
+                if now.mode & mode::PERMS == sa.mode {
+                    sa.mask = 0;
+                }
+            }
             let a = if sa.mask != 0 {
                 s.fs.setattr(&c, fid, sa).await.map_err(|e| err(&e))?
             } else {

@@ -220,7 +220,10 @@ pub mod set {
     /// The 512-byte blocks the file's OST objects hold, as a client glimpsed them when it
     /// last wrote (Lustre's lazy size on MDT, for `st_blocks`).
     pub const OST_BLOCKS: u32 = 256;
-    pub const ALL: u32 = 511;
+    /// Through the handle `handle`, open for writing by this client: a truncate needs no
+    /// write permission now (it was checked at open, as for ftruncate(2)).
+    pub const BY_HANDLE: u32 = 512;
+    pub const ALL: u32 = 1023;
 }
 
 /// Attributes to change: the fields whose bit is in `mask`.
@@ -234,6 +237,7 @@ pub struct SetAttr {
     pub atime_ns: i64,
     pub mtime_ns: i64,
     pub ost_blocks: u64,
+    pub handle: u64,
 }
 
 /// Flags of a setxattr.
@@ -369,10 +373,13 @@ pub enum Request {
         offset: u64,
         len: u32,
     },
-    /// Write the request's bulk at `offset` of a file's DoM component.
+    /// Write the request's bulk at `offset` of a file's DoM component, through `handle`
+    /// (0: none) when the client has the file open for writing: the write permission was
+    /// checked at open, as write(2)'s.
     DomWrite {
         fid: Fid,
         offset: u64,
+        handle: u64,
     },
     /// A directory placed and striped as asked (`lfs mkdir -i MDT -c COUNT`): `mdt` -1
     /// and `count` 0 follow the parent's default; `count` -1 stripes over every MDT.
@@ -461,6 +468,7 @@ impl Request {
                     .i64(set.atime_ns)
                     .i64(set.mtime_ns)
                     .u64(set.ost_blocks)
+                    .u64(set.handle)
                     .done(),
             ),
             Request::Open { fid, read, write, dom_read } => {
@@ -481,7 +489,7 @@ impl Request {
             Request::Getlayout { fid } => (MDS_GETLAYOUT, fid.put(e).done()),
             Request::Setdirlayout { dir, layout } => (MDS_SETDIRLAYOUT, dir.put(e).bytes(layout).done()),
             Request::DomRead { fid, offset, len } => (MDS_DOM_READ, fid.put(e).u64(*offset).u32(*len).done()),
-            Request::DomWrite { fid, offset } => (MDS_DOM_WRITE, fid.put(e).u64(*offset).done()),
+            Request::DomWrite { fid, offset, handle } => (MDS_DOM_WRITE, fid.put(e).u64(*offset).u64(*handle).done()),
             Request::Mkdir { dir, name, mode, mdt, count } => {
                 (MDS_MKDIR, s(dir.put(e), name).u32(*mode).u32(*mdt as u32).u32(*count as u32).done())
             }
@@ -595,6 +603,7 @@ impl Request {
                     atime_ns: d.i64("atime")?,
                     mtime_ns: d.i64("mtime")?,
                     ost_blocks: d.u64("OST blocks")?,
+                    handle: d.u64("handle")?,
                 };
                 if set.mask & !set::ALL != 0 {
                     return Err(ProtoError::Invalid(format!("setattr mask {:#x} has unknown bits", set.mask)));
@@ -635,7 +644,9 @@ impl Request {
             MDS_DOM_READ => {
                 Request::DomRead { fid: Fid::get(&mut d, "fid")?, offset: d.u64("offset")?, len: d.u32("length")? }
             }
-            MDS_DOM_WRITE => Request::DomWrite { fid: Fid::get(&mut d, "fid")?, offset: d.u64("offset")? },
+            MDS_DOM_WRITE => {
+                Request::DomWrite { fid: Fid::get(&mut d, "fid")?, offset: d.u64("offset")?, handle: d.u64("handle")? }
+            }
             MDS_MKDIR => Request::Mkdir {
                 dir: Fid::get(&mut d, "directory")?,
                 name: name_of(&mut d, "name")?,
@@ -896,7 +907,7 @@ mod tests {
             Request::Getlayout { fid: f },
             Request::Setdirlayout { dir: f, layout: vec![3] },
             Request::DomRead { fid: f, offset: 5, len: 3901 },
-            Request::DomWrite { fid: f, offset: 1 << 19 },
+            Request::DomWrite { fid: f, offset: 1 << 19, handle: 7 },
             Request::Mkdir { dir: f, name: "d".into(), mode: 0o755, mdt: 1, count: -1 },
             Request::Getdirstripe { dir: f },
             Request::Setdirdefault { dir: f, default: vec![4] },

@@ -146,7 +146,24 @@ fn set_attr(s: &mdt::SetAttr) -> SetAttr {
         atime_ns: time(set::ATIME_NOW, set::ATIME, s.atime_ns),
         mtime_ns: time(set::MTIME_NOW, set::MTIME, s.mtime_ns),
         ost_blocks: on(set::OST_BLOCKS).then_some(s.ost_blocks),
+        by_writer: false,
     }
+}
+
+/// [`set_attr`], with a change through a handle (`set::BY_HANDLE`) checked: the handle
+/// must be `owner`'s, on `fid`, and open for writing.
+fn set_attr_by(ns: &Namespace, owner: u64, fid: Fid, wire: &mdt::SetAttr) -> Result<SetAttr, MdError> {
+    let mut s = set_attr(wire);
+    if wire.mask & set::BY_HANDLE != 0 {
+        if !ns.writes_through(wire.handle, fid, owner) {
+            return Err(MdError::new(
+                errno::EBADF,
+                format!("handle {:#x} is not open for writing {fid} by this client", wire.handle),
+            ));
+        }
+        s.by_writer = true;
+    }
+    Ok(s)
 }
 
 impl Mds {
@@ -516,10 +533,19 @@ impl Mds {
                 let how = if noreplace { RenameMode::NoReplace } else { RenameMode::Replace };
                 (Namespace::rename_change(&c, src_dir, &src_name, dst_dir, &dst_name, how), 0)
             }
-            Request::Setattr { fid, set } => (Namespace::setattr_change(&c, fid, set_attr(&set)), 0),
+            Request::Setattr { fid, set } => match set_attr_by(&self.ns, req.client, fid, &set) {
+                Ok(s) => (Namespace::setattr_change(&c, fid, s), 0),
+                Err(e) => return Some(fail(e.status(), e.message)),
+            },
             Request::Unlink { dir, name, rmdir } => (Namespace::remove_change(&c, dir, &name, rmdir), 0),
             // Its checks read the layout: quick, from redb's cache.
-            Request::DomWrite { fid, offset } => match self.ns.write_dom_change(&c, fid, offset, &req.bulk) {
+            Request::DomWrite { fid, offset, handle } => match self.ns.write_dom_change(
+                &c,
+                fid,
+                offset,
+                &req.bulk,
+                self.ns.writes_through(handle, fid, req.client),
+            ) {
                 Ok(v) => v,
                 Err(e) => return Some(fail(e.status(), e.message)),
             },
@@ -657,7 +683,10 @@ impl Mds {
                 let how = if noreplace { RenameMode::NoReplace } else { RenameMode::Replace };
                 answer(ns.rename(&c, src_dir, &src_name, dst_dir, &dst_name, how, key), |_| mdt::Reply::Done)
             }
-            Request::Setattr { fid, set } => answer(ns.setattr(&c, fid, set_attr(&set), key), mdt::Reply::Attr),
+            Request::Setattr { fid, set } => answer(
+                set_attr_by(ns, req.client, fid, &set).and_then(|s| ns.setattr(&c, fid, s, key)),
+                mdt::Reply::Attr,
+            ),
             r @ (Request::Open { .. } | Request::OpenAt { .. } | Request::Close { .. }) => self
                 .serve_open(req.client, &c, r, Wait::Yes)
                 .unwrap_or_else(|| fail(-errno::EIO, "the handle table was held after waiting for it".into())),
@@ -686,8 +715,9 @@ impl Mds {
                 Ok(data) => Reply { status: 0, body: mdt::Reply::Done.encode(), bulk: Bytes::from(data) },
                 Err(e) => fail(e.status(), e.message),
             },
-            Request::DomWrite { fid, offset } => {
-                answer(ns.write_dom(&c, fid, offset, &req.bulk, key), mdt::Reply::Attr)
+            Request::DomWrite { fid, offset, handle } => {
+                let by_writer = ns.writes_through(handle, fid, req.client);
+                answer(ns.write_dom(&c, fid, offset, &req.bulk, by_writer, key), mdt::Reply::Attr)
             }
             Request::Getdirstripe { dir } => answer(
                 ns.getattr(dir).and_then(|a| {

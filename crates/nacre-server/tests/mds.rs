@@ -256,14 +256,14 @@ async fn operations_through_the_service() {
         .await
         .unwrap();
     let body: Vec<u8> = (0..3901u32).map(|i| (i % 253) as u8).collect();
-    let (op, req) = Request::DomWrite { fid: small.fid, offset: 0 }.encode(&md.creds);
+    let (op, req) = Request::DomWrite { fid: small.fid, offset: 0, handle: 0 }.encode(&md.creds);
     let f = md.imp.call(op, &req, &body).await.unwrap();
     assert_eq!(f.header.status, 0, "{}", String::from_utf8_lossy(&f.body));
     let (op, req) = Request::DomRead { fid: small.fid, offset: 0, len: 65536 }.encode(&md.creds);
     let f = md.imp.call(op, &req, &[]).await.unwrap();
     assert_eq!(f.header.status, 0);
     assert_eq!(f.bulk.into_vec(), body);
-    let (op, req) = Request::DomWrite { fid: small.fid, offset: 65535 }.encode(&md.creds);
+    let (op, req) = Request::DomWrite { fid: small.fid, offset: 65535, handle: 0 }.encode(&md.creds);
     assert_eq!(md.imp.call(op, &req, b"xy").await.unwrap().header.status, -errno::EFBIG);
     md.call(Request::Unlink { dir: d.fid, name: "dom".into(), rmdir: false }).await.unwrap();
     let Reply::StatFs { inodes, bytes_total, .. } = md.call(Request::Statfs).await.unwrap() else { panic!() };

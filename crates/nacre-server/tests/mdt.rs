@@ -746,7 +746,7 @@ fn open_by_name_brings_a_small_dom_file_with_it() {
     let lfs = |args: &str| Layout::from_lfs_args(&args.split_whitespace().collect::<Vec<_>>()).unwrap();
     let f = ns.create_with_layout(&c, ROOT, "small", 0o644, lfs("-E 64K -L mdt -E eof -c 1"), None).unwrap();
     let body: Vec<u8> = (0..3901u32).map(|i| (i * 13 % 251) as u8).collect();
-    ns.write_dom(&c, f.fid, 0, &body, None).unwrap();
+    ns.write_dom(&c, f.fid, 0, &body, false, None).unwrap();
     let open = |name: &str, read: bool, write: bool, dom_read: u32| match ns
         .open_at(Wait::Yes, 7, &c, ROOT, name, read, write, dom_read)
         .expect("a call that waits answers")
@@ -767,7 +767,7 @@ fn open_by_name_brings_a_small_dom_file_with_it() {
     assert!(open("small", true, true, 3900).unwrap().1.is_empty());
     assert_eq!(open("small", true, true, 3901).unwrap().1, body);
     // Bytes past the DoM component live on an OST: not sent.
-    ns.write_dom(&c, f.fid, (64 << 10) - 4, b"full", None).unwrap();
+    ns.write_dom(&c, f.fid, (64 << 10) - 4, b"full", false, None).unwrap();
     ns.setattr(&c, f.fid, SetAttr { size: Some(70_000), ..Default::default() }, None).unwrap();
     assert!(open("small", true, false, 1 << 20).unwrap().1.is_empty());
     // A file with no DoM, and the errors of a lookup and of an open.
@@ -789,25 +789,25 @@ fn data_on_the_mdt_reads_back_and_follows_truncates_and_crashes() {
     let lfs = |args: &str| Layout::from_lfs_args(&args.split_whitespace().collect::<Vec<_>>()).unwrap();
     let f = ns.create_with_layout(&c, ROOT, "small", 0o644, lfs("-E 1M -L mdt -E eof -c 1"), None).unwrap();
     let body: Vec<u8> = (0..3901u32).map(|i| (i * 7 % 251) as u8).collect();
-    let a = ns.write_dom(&c, f.fid, 0, &body, None).unwrap();
+    let a = ns.write_dom(&c, f.fid, 0, &body, false, None).unwrap();
     assert_eq!(a.size, 3901);
     assert_eq!(ns.read_dom(&c, f.fid, 0, 1 << 20).unwrap(), body, "a read stops at the end of the file");
     // A write into the second block leaves a hole of zeros.
-    ns.write_dom(&c, f.fid, 70_000, b"tail", None).unwrap();
+    ns.write_dom(&c, f.fid, 70_000, b"tail", false, None).unwrap();
     let all = ns.read_dom(&c, f.fid, 0, 1 << 20).unwrap();
     assert_eq!(all.len(), 70_004);
     assert_eq!(&all[..3901], &body[..]);
     assert!(all[3901..70_000].iter().all(|&b| b == 0));
     assert_eq!(&all[70_000..], b"tail");
     // Past the DoM component: EFBIG; a file without DoM: EINVAL; nobody else writes.
-    assert_eq!(errno_of(ns.write_dom(&c, f.fid, (1 << 20) - 2, b"xyz", None)), errno::EFBIG);
+    assert_eq!(errno_of(ns.write_dom(&c, f.fid, (1 << 20) - 2, b"xyz", false, None)), errno::EFBIG);
     let g = ns.create(&c, ROOT, "plain", 0o644, None).unwrap();
-    assert_eq!(errno_of(ns.write_dom(&c, g.fid, 0, b"x", None)), errno::EINVAL);
-    assert_eq!(errno_of(ns.write_dom(&Cred::user(5, 5), f.fid, 0, b"x", None)), errno::EACCES);
+    assert_eq!(errno_of(ns.write_dom(&c, g.fid, 0, b"x", false, None)), errno::EINVAL);
+    assert_eq!(errno_of(ns.write_dom(&Cred::user(5, 5), f.fid, 0, b"x", false, None)), errno::EACCES);
     // A directory with a DoM default keeps no data itself.
     let d = ns.mkdir(&c, ROOT, "domdir", 0o755, None).unwrap();
     ns.set_dir_layout(&c, d.fid, Some(lfs("-E 1M -L mdt -E eof -c 1")), None).unwrap();
-    assert_eq!(errno_of(ns.write_dom(&c, d.fid, 0, b"x", None)), errno::EISDIR);
+    assert_eq!(errno_of(ns.write_dom(&c, d.fid, 0, b"x", false, None)), errno::EISDIR);
     assert_eq!(errno_of(ns.read_dom(&c, d.fid, 0, 1)), errno::EISDIR);
     // Truncate down cuts the data; growing again reads zeros, not the old bytes.
     ns.setattr(&c, f.fid, SetAttr { size: Some(100), ..Default::default() }, None).unwrap();
@@ -876,7 +876,7 @@ fn a_full_mdt_refuses_growth_with_enospc_and_removals_still_work() {
             Err(e) => break e,
         };
         made += 1;
-        if let Err(e) = ns.write_dom(&c, f.fid, 0, &body, None) {
+        if let Err(e) = ns.write_dom(&c, f.fid, 0, &body, false, None) {
             break e;
         }
         assert!(made < 10_000, "never full");

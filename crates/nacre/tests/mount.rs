@@ -183,6 +183,32 @@ fn posix_suite(root: &Path) -> Vec<(String, Outcome)> {
     );
     step("nobody creates in sticky dir", Ok(as_nobody(&format!("echo n > {} || exit 1", q("pub/mine"))).to_string()));
     step("nobody's file owner", o(fs::metadata(p("pub/mine")).map(|m| (m.uid(), m.gid()))));
+    // A write or truncate by someone without CAP_FSETID drops setuid, and setgid where it
+    // means set-group-id (group execute), as Linux's file_remove_privs.
+    let mode_of = |n: &str| o(fs::metadata(p(n)).map(|m| format!("{:o} {}", m.mode() & 0o7777, m.len())));
+    for (name, bits) in [("pub/su", 0o4777), ("pub/sg", 0o2777), ("pub/sgt", 0o2777)] {
+        fs::write(p(name), b"root's").unwrap();
+        fs::set_permissions(p(name), fs::Permissions::from_mode(bits)).unwrap();
+    }
+    step("nobody appends to a setuid file", Ok(as_nobody(&format!("echo x >> {}", q("pub/su"))).to_string()));
+    step("setuid after nobody's append", mode_of("pub/su"));
+    step("nobody appends to a setgid file", Ok(as_nobody(&format!("echo x >> {}", q("pub/sg"))).to_string()));
+    step("setgid after nobody's append", mode_of("pub/sg"));
+    step("nobody truncates a setgid file", Ok(as_nobody(&format!("truncate -s 2 {}", q("pub/sgt"))).to_string()));
+    step("setgid after nobody's truncate", mode_of("pub/sgt"));
+    // Permission is checked at open: through a descriptor opened for writing, ftruncate
+    // and write work after the mode lost its write bits (the bytes on the MDT, and past
+    // its 64 KiB on an OST).
+    for (name, size) in [("pub/small", 10), ("pub/large", 100_000)] {
+        let script = format!(
+            "head -c {size} /dev/zero > {f} && python3 -c \"import os; fd = os.open('{f}', os.O_RDWR); \
+             os.chmod('{f}', 0o444); os.ftruncate(fd, {half}); os.pwrite(fd, b'late', {half}); os.close(fd)\"",
+            f = p(name).display(),
+            half = size / 2
+        );
+        step(&format!("ftruncate and write after chmod 444 ({size} bytes)"), Ok(as_nobody(&script).to_string()));
+        step(&format!("what they left ({size} bytes)"), o(fs::read(p(name)).map(|b| b[b.len() - 6..].to_vec())));
+    }
     // Links.
     step("hard link", o(fs::hard_link(p("t"), p("t2"))));
     step("nlink", o(fs::metadata(p("t")).map(|m| m.nlink())));

@@ -287,6 +287,9 @@ pub struct SetAttr {
     /// The blocks the file's OST objects hold, as its writer glimpsed them: `blocks`
     /// becomes the DoM blocks plus these.
     pub ost_blocks: Option<u64>,
+    /// The caller changes the file through a handle it opened for writing (checked by the
+    /// MDS): a truncate needs no write permission now, as ftruncate(2).
+    pub by_writer: bool,
 }
 
 /// How a namespace runs.
@@ -1760,6 +1763,11 @@ impl Namespace {
     }
 
     /// Inodes in use, and the bytes the database occupies of its volume.
+    /// Whether `handle` is `owner`'s, on `fid`, and open for writing.
+    pub fn writes_through(&self, handle: u64, fid: Fid, owner: u64) -> bool {
+        lock(&self.opens).handles.get(&handle).is_some_and(|&(k, by, write)| k == fid.key() && by == owner && write)
+    }
+
     /// Whether new files may keep their first bytes here (DoM): while the database can
     /// grow twice more. The last growth the volume holds is kept for inodes, so an MDT
     /// that DoM data filled still makes files (with their bytes on OSTs).
@@ -2168,14 +2176,31 @@ impl Namespace {
 
     /// Write `data` at `offset` of a file's DoM component (the bytes its layout keeps on
     /// the MDT). Bytes past the component belong to its OST components: EFBIG here.
-    pub fn write_dom(&self, cred: &Cred, fid: Fid, offset: u64, data: &[u8], key: Option<ReplyKey>) -> Result<Attr> {
-        let (change, weight) = self.write_dom_change(cred, fid, offset, data)?;
+    pub fn write_dom(
+        &self,
+        cred: &Cred,
+        fid: Fid,
+        offset: u64,
+        data: &[u8],
+        by_writer: bool,
+        key: Option<ReplyKey>,
+    ) -> Result<Attr> {
+        let (change, weight) = self.write_dom_change(cred, fid, offset, data, by_writer)?;
         Self::attr_of(self.change_weighted(key, change, weight)?)
     }
 
     /// The change `write_dom` makes and the bytes it logs, for [`Namespace::submit`]; the
     /// checks that need no transaction are made here.
-    pub fn write_dom_change(&self, cred: &Cred, fid: Fid, offset: u64, data: &[u8]) -> Result<(Change, usize)> {
+    /// `by_writer`: through a handle open for writing (checked by the MDS), so the write
+    /// permission is not checked again.
+    pub fn write_dom_change(
+        &self,
+        cred: &Cred,
+        fid: Fid,
+        offset: u64,
+        data: &[u8],
+        by_writer: bool,
+    ) -> Result<(Change, usize)> {
         if data.len() > DOM_IO_MAX {
             return Err(MdError::new(
                 errno::EINVAL,
@@ -2198,7 +2223,7 @@ impl Namespace {
                 if !mode::is_reg(a.mode) {
                     return Err(MdError::new(errno::EISDIR, format!("{fid} is not a regular file: no data")));
                 }
-                if !may(&cred, &a, W) {
+                if !by_writer && !may(&cred, &a, W) {
                     return Err(denied(&cred, "write", &a));
                 }
                 Ok(Answer::Attr(tx.write_dom_at(fid, offset, stop, &data)?))
@@ -2706,8 +2731,17 @@ impl Namespace {
         Box::new(move |tx| {
             let (mut a, p) = tx.get(fid)?;
             let owner = cred.uid == 0 || cred.uid == a.uid;
+            let writer = s.by_writer || may(&cred, &a, W);
             if let Some(m) = s.mode {
-                if !owner {
+                // What the kernel sends for a writer that is not the owner (Linux's
+                // file_remove_privs on write and truncate): the mode less setuid and
+                // setgid, nothing else changed.
+                let privs = mode::S_ISUID | mode::S_ISGID;
+                let drops_privs = m != a.mode & mode::PERMS
+                    && m & !privs == a.mode & mode::PERMS & !privs
+                    && m & privs & !a.mode == 0;
+                let kills_privs = drops_privs && writer && mode::is_reg(a.mode);
+                if !(owner || kills_privs) {
                     return Err(MdError::new(errno::EPERM, format!("uid {} does not own {fid}: no chmod", cred.uid)));
                 }
                 if m & !mode::PERMS != 0 {
@@ -2728,7 +2762,7 @@ impl Namespace {
             {
                 return Err(MdError::new(errno::EPERM, format!("uid {} may not give {fid} to group {g}", cred.uid)));
             }
-            if s.ost_blocks.is_some() && (!mode::is_reg(a.mode) || !may(&cred, &a, W)) {
+            if s.ost_blocks.is_some() && (!mode::is_reg(a.mode) || !writer) {
                 return Err(denied(&cred, "publish the blocks of", &a));
             }
             if let Some(size) = s.size {
@@ -2738,7 +2772,7 @@ impl Namespace {
                 if !mode::is_reg(a.mode) {
                     return Err(MdError::new(errno::EINVAL, format!("{fid} is not a regular file: no truncate")));
                 }
-                if !may(&cred, &a, W) {
+                if !writer {
                     return Err(denied(&cred, "truncate", &a));
                 }
                 if size > i64::MAX as u64 {
@@ -2752,7 +2786,7 @@ impl Namespace {
                     Some(_) if !owner => {
                         return Err(MdError::new(errno::EPERM, format!("uid {} may not set times of {fid}", cred.uid)));
                     }
-                    None if !owner && !may(&cred, &a, W) => return Err(denied(&cred, "touch", &a)),
+                    None if !owner && !writer => return Err(denied(&cred, "touch", &a)),
                     _ => {}
                 }
             }
