@@ -180,6 +180,16 @@ async fn operations_through_the_service() {
         md.call(Request::Lookup { dir: root, name: "g".into() }).await.unwrap(),
         Reply::Writing(a) if a.fid == f.fid
     ));
+    // A truncate through a handle needs it open for writing by this client, on this file:
+    // a read-only or unknown handle is EBADF and changes nothing.
+    let size_before = md.attr(Request::Getattr { fid: f.fid }).await.unwrap().size;
+    let by = |h: u64| mdt::SetAttr { mask: set::SIZE | set::BY_HANDLE, size: 5, handle: h, ..Default::default() };
+    for h in [reader, 0xdead] {
+        let e = md.call(Request::Setattr { fid: f.fid, set: by(h) }).await.unwrap_err();
+        assert!(e.0 == -errno::EBADF && e.1.contains("not open for writing"), "{e:?}");
+    }
+    assert_eq!(md.attr(Request::Getattr { fid: f.fid }).await.unwrap().size, size_before);
+    assert_eq!(md.attr(Request::Setattr { fid: f.fid, set: by(handle) }).await.unwrap().size, 5);
     md.call(Request::Close { handle: reader }).await.unwrap();
     md.call(Request::Unlink { dir: root, name: "g".into(), rmdir: false }).await.unwrap();
     assert_eq!(md.attr(Request::Getattr { fid: f.fid }).await.unwrap().nlink, 0, "open: still there");
