@@ -57,7 +57,9 @@ const DESTAGED: TableDefinition<(u64, u64), u64> = TableDefinition::new("destage
 /// The same entries by sequence, for pruning behind the tail.
 const DESTAGED_BY_SEQ: TableDefinition<(u64, u64, u64), ()> = TableDefinition::new("destaged_by_seq");
 
-const FORMAT: u64 = 1;
+/// The index format: 2 has small objects' fragments (`frags`, `slabs`), which a build of
+/// format 1 would read as holes. A format-1 target is upgraded when opened (it has none).
+const FORMAT: u64 = 2;
 const FIRST_OID: u64 = 1;
 /// Object ids are `group << GROUP_SHIFT | n`: each MDT precreates in a group of its own
 /// (its index), so that one MDT's orphan cleanup never reaches another's objects
@@ -347,13 +349,18 @@ impl Target {
             txn.open_table(SLABS)?;
             txn.commit()?;
         }
-        if format != FORMAT {
-            return Err(OsdError::NotATarget(format!("index format {format}, this build reads {FORMAT}")));
+        if format != FORMAT && format != 1 {
+            return Err(OsdError::NotATarget(format!("index format {format}, this build reads 1 and {FORMAT}")));
         }
         if cb != chunk_bytes || n != chunks {
             return Err(OsdError::NotATarget(format!(
                 "index made for {n} chunks of {cb} bytes; the data volume has {chunks} of {chunk_bytes}"
             )));
+        }
+        if format == 1 {
+            let txn = db.begin_write()?;
+            txn.open_table(META)?.insert("format", FORMAT)?;
+            txn.commit()?;
         }
         let target = Target::open_db(
             data,
@@ -711,6 +718,12 @@ impl Target {
 
     fn destage_chunk(&self, oid: u64, c: u64) -> Result<bool> {
         let _chunk = self.locks.chunks(oid, vec![c]);
+        if c == 0 {
+            // Pieces of chunk 0 never lie beside a fragment (the journal's writers move
+            // it first, under this lock), but should a dropped promise have let one be
+            // made meanwhile, its bytes go into the chunk before the pieces land on it.
+            self.promote(oid)?;
+        }
         let pieces = self.journal.settled_pieces(oid, c);
         let Some(upto) = pieces.iter().map(|p| p.seq).max() else { return Ok(false) };
         let cb = self.chunk_bytes;
@@ -975,9 +988,8 @@ impl Target {
     /// fragment's (under the chunk-0 lock, so its blocks are not given back meanwhile), or
     /// the chunk it was just promoted to, or zeros.
     fn read_chunk0_of_small(&self, oid: u64, offset: u64, out: &mut [u8]) -> Result<()> {
-        if self.fragment(oid)?.is_none() {
-            return Ok(());
-        }
+        // No look before the lock: a promotion that ended since the caller's mapping
+        // would leave it zeros where the chunk now holds the bytes.
         let _c0 = self.locks.chunks(oid, vec![0]);
         if let Some(p) = self.mapping(oid, 0, 0)?[0] {
             self.data.read(p * self.chunk_bytes + offset, out)?;

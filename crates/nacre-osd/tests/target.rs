@@ -477,6 +477,28 @@ fn truncate_punch_and_overwrite_of_a_small_object() {
     assert!(t.check().unwrap().is_clean(), "{:?}", t.check().unwrap().problems);
 }
 
+/// A fragment beside chunks further out (a small write at 0, a far one later): punches of
+/// the far chunks, or from past the fragment's first block, leave its bytes alone.
+#[test]
+fn punches_past_a_fragment_keep_it() {
+    let drives = Drives::new(4 << 20);
+    let t = drives.format();
+    let cb = t.chunk_bytes();
+    let oid = t.create(1).unwrap().start;
+    let head = pattern(oid, 0, 5_000, 4);
+    t.write(oid, 0, &head).unwrap();
+    t.write(oid, 3 * cb, &pattern(oid, 3 * cb, cb as usize, 4)).unwrap();
+    t.punch(oid, cb, 4 * cb).unwrap();
+    let mut got = vec![0u8; 5_000];
+    t.read(oid, 0, &mut got).unwrap();
+    assert!(got == head, "a punch of whole chunks past chunk 0 kept the fragment's bytes");
+    t.punch(oid, 4096, 3 * cb).unwrap();
+    t.read(oid, 0, &mut got).unwrap();
+    assert!(got[..4096] == head[..4096] && got[4096..].iter().all(|&b| b == 0));
+    assert_eq!(t.getattr(oid).unwrap().space, 2 * 4096, "punches inside a fragment give no block back");
+    assert!(t.check().unwrap().is_clean(), "{:?}", t.check().unwrap().problems);
+}
+
 /// Many writers of small objects at once: each gets blocks of its own.
 #[test]
 fn concurrent_small_writers_never_share_blocks() {

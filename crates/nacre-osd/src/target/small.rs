@@ -60,6 +60,8 @@ impl Frag {
 #[derive(Default)]
 pub(super) struct SmallState {
     held: BTreeMap<u64, Vec<(u32, u32)>>,
+    /// Chunks of `held` that are new slabs: their blocks were never counted free.
+    fresh: std::collections::HashSet<u64>,
     /// The slab the last allocation came from: the next one looks there first.
     cursor: u64,
 }
@@ -75,6 +77,9 @@ pub(super) struct BlockHold<'a> {
 impl Drop for BlockHold<'_> {
     fn drop(&mut self) {
         let mut s = lock(&self.target.small);
+        if self.new_slab.is_some() {
+            s.fresh.remove(&self.frag.chunk);
+        }
         if let Some(runs) = s.held.get_mut(&self.frag.chunk) {
             runs.retain(|&r| r != (self.frag.first, self.frag.blocks));
             if runs.is_empty() {
@@ -184,6 +189,9 @@ impl Target {
             }
         };
         s.held.entry(frag.chunk).or_default().push((frag.first, frag.blocks));
+        if new_slab.is_some() {
+            s.fresh.insert(frag.chunk);
+        }
         s.cursor = frag.chunk;
         Ok(BlockHold { target: self, frag, new_slab })
     }
@@ -379,7 +387,8 @@ impl Target {
     ) -> Result<u64> {
         let mut frags = txn.open_table(FRAGS)?;
         let Some((chunk, first, blocks)) = frags.get(oid)?.map(|v| v.value()) else { return Ok(0) };
-        let kept = (keep.div_ceil(BLOCK_BYTES) as u32).min(blocks);
+        // `keep` may be u64::MAX ("all of it"): bound it before it narrows.
+        let kept = keep.div_ceil(BLOCK_BYTES).min(blocks as u64) as u32;
         if kept == blocks {
             return Ok(0);
         }
@@ -396,7 +405,14 @@ impl Target {
     /// Bytes of the `free` blocks of all slabs (the committed count), less those running
     /// writes hold.
     pub(super) fn free_block_bytes(&self, free: u64) -> u64 {
-        let held: u64 = self.lock_small().held.values().flatten().map(|&(_, n)| n as u64).sum();
+        let s = self.lock_small();
+        let held: u64 = s
+            .held
+            .iter()
+            .filter(|(chunk, _)| !s.fresh.contains(chunk))
+            .flat_map(|(_, runs)| runs)
+            .map(|&(_, n)| n as u64)
+            .sum();
         free.saturating_sub(held) * BLOCK_BYTES
     }
 
