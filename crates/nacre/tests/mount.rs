@@ -81,10 +81,20 @@ impl Up {
 }
 
 impl Drop for Up {
+    /// Whatever the test did: the file system stopped, every mount under its folder taken
+    /// off (a second mount a failed assertion left, whose process then ends), the folder
+    /// removed.
     fn drop(&mut self) {
         let _ = nacre().arg("down").arg("--data").arg(&self.data).output();
         let _ = Command::new("umount").arg("-l").arg(&self.mnt).output();
         if let Some(root) = self.data.parent() {
+            let root = fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+            let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+            for point in mounts.lines().filter_map(|l| l.split(' ').nth(4)) {
+                if Path::new(point).starts_with(&root) {
+                    let _ = Command::new("umount").arg("-l").arg(point).output();
+                }
+            }
             let _ = fs::remove_dir_all(root);
         }
     }
