@@ -503,17 +503,23 @@ impl File {
         Ok(out)
     }
 
+    /// `s` sent through this handle when it is open for writing: a write permission lost
+    /// since the open does not matter (the MDS checks the handle).
+    fn through_handle(&self, mut s: SetAttr) -> SetAttr {
+        if self.flags.write {
+            s.mask |= set::BY_HANDLE;
+            s.handle = self.handle;
+        }
+        s
+    }
+
     /// Truncate or extend the file to `size` (ftruncate(2): through this handle, so a
     /// write permission lost since the open does not matter).
     pub async fn set_len(&self, size: u64) -> Result<()> {
         let mut st = self.st.lock().await;
         self.flush(&mut st).await?;
         self.forget_chunks();
-        let mut s = SetAttr { mask: set::SIZE, size, ..SetAttr::default() };
-        if self.flags.write {
-            s.mask |= set::BY_HANDLE;
-            s.handle = self.handle;
-        }
+        let s = self.through_handle(SetAttr { mask: set::SIZE, size, ..SetAttr::default() });
         self.fs.setattr(&self.creds, self.fid, s).await?;
         self.set_size(&mut st, size);
         st.written = true;
@@ -557,12 +563,11 @@ impl File {
         };
         let (a, space) = self.fs.glimpse_space(&self.creds, on_mdt).await?;
         // The objects' space goes with the size, for st_blocks (Lustre's lazy size on MDT).
-        // Through this handle: a write permission lost since the open does not matter.
-        let mut s = SetAttr { mask: set::MTIME_NOW | set::OST_BLOCKS, ost_blocks: space / 512, ..SetAttr::default() };
-        if self.flags.write {
-            s.mask |= set::BY_HANDLE;
-            s.handle = self.handle;
-        }
+        let mut s = self.through_handle(SetAttr {
+            mask: set::MTIME_NOW | set::OST_BLOCKS,
+            ost_blocks: space / 512,
+            ..SetAttr::default()
+        });
         if a.size > on_mdt.size {
             s.mask |= set::SIZE;
             s.size = a.size;

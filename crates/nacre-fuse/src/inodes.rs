@@ -146,7 +146,7 @@ mod tests {
         for mdt in [0, 1, 7, MDT_COUNT_MAX - 1] {
             for k in [0u32, 1, 2, (SEQS_DERIVED - 1) as u32] {
                 for oid in [1, 2, u32::MAX] {
-                    assert!(seen.insert(a.remember(Fid::new(Fid::seq_of(mdt, k,), oid))));
+                    assert!(seen.insert(a.remember(Fid::new(Fid::seq_of(mdt, k), oid))));
                 }
             }
         }

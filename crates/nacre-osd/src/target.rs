@@ -748,9 +748,7 @@ impl Target {
             (None, None) => return Err(OsdError::Corrupt("destage without a chunk".into())),
         };
         self.data.write(target * cb, &image)?;
-        if self.opts.sync == SyncMode::Drives {
-            self.data.flush()?;
-        }
+        self.flush_if_drives()?;
         let _tail = lock(&self.tail_commit);
         let (tail, tail_seq) = self.journal.tail_after(oid, c, upto);
         let txn = self.db.begin_write()?;
@@ -883,9 +881,7 @@ impl Target {
             }
         }
         self.write_chunks(offset, data, first, &map, &fresh)?;
-        if self.opts.sync == SyncMode::Drives {
-            self.data.flush()?;
-        }
+        self.flush_if_drives()?;
         // Commit: map the new chunks, take them from the free table, grow the size.
         let txn = self.db.begin_write()?;
         {
@@ -1108,9 +1104,7 @@ impl Target {
             if let Some(Some(p)) = self.mapping(oid, c, c)?.first().copied() {
                 let stop = attr.size.min((c + 1) * cb);
                 self.data.write(p * cb + (size - c * cb), &vec![0u8; (stop - size) as usize])?;
-                if self.opts.sync == SyncMode::Drives {
-                    self.data.flush()?;
-                }
+                self.flush_if_drives()?;
             }
         }
         if size < attr.size
@@ -1152,9 +1146,7 @@ impl Target {
             let c = lo / cb;
             if let Some(Some(p)) = self.mapping(oid, c, c)?.first().copied() {
                 self.data.write(p * cb + (lo - c * cb), &vec![0u8; (hi - lo) as usize])?;
-                if self.opts.sync == SyncMode::Drives {
-                    self.data.flush()?;
-                }
+                self.flush_if_drives()?;
             } else if c == 0
                 && let Some(f) = self.fragment(oid)?
             {

@@ -190,6 +190,7 @@ pub fn host_free(path: &Path) -> std::io::Result<u64> {
         at = at.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     }
     let c = std::ffi::CString::new(at.as_os_str().as_encoded_bytes())?;
+    // SAFETY: statvfs is plain old data, for which all zeros is a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: statvfs with a valid C string and a struct of ours to fill.
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {

@@ -185,7 +185,9 @@ impl Drop for NacreClient {
 /// Where a run goes: the storage, and the Nacre client behind it if any.
 pub struct Target {
     pub storage: Box<dyn Storage>,
-    pub _client: Option<NacreClient>,
+    /// The Nacre client behind the storage, if any: it keeps the storage's file system
+    /// mounted, and tells each target's free space.
+    pub client: Option<NacreClient>,
 }
 
 impl Target {
@@ -196,12 +198,12 @@ impl Target {
             Api::Posix => {
                 let posix = Posix::new(dir)?;
                 let Some((point, mgs)) = on_nacre else {
-                    return Ok(Target { storage: Box::new(posix), _client: None });
+                    return Ok(Target { storage: Box::new(posix), client: None });
                 };
                 let rel = crate::fsys::inside(dir, &point)?;
                 let client = NacreClient::mount(&mgs)?;
                 let layouts = client.native(&rel)?;
-                Ok(Target { storage: Box::new(WithLayouts { io: posix, layouts }), _client: Some(client) })
+                Ok(Target { storage: Box::new(WithLayouts { io: posix, layouts }), client: Some(client) })
             }
             Api::Native => {
                 let (mgs, rel) = match (mgs, on_nacre) {
@@ -217,7 +219,7 @@ impl Target {
                 };
                 let client = NacreClient::mount(&mgs)?;
                 let native = client.native(&rel)?;
-                Ok(Target { storage: Box::new(native), _client: Some(client) })
+                Ok(Target { storage: Box::new(native), client: Some(client) })
             }
         }
     }
@@ -246,7 +248,7 @@ const LOCAL_FILE_BYTES: u64 = 8 << 10;
 impl Target {
     /// The free space the run will meet.
     pub fn room(&self, dir: &Path) -> Res<Room> {
-        match &self._client {
+        match &self.client {
             Some(c) => {
                 let s = c.rt.block_on(c.fs.statfs(&nacre_client::process_creds()))?;
                 let of = |k: TargetKind| -> Vec<(String, u64)> {

@@ -655,7 +655,7 @@ pub fn server(a: ServerArgs) -> CliResult {
     }
     let _lock = take_lock(&n.data, &n.name)?;
     let size = |s: &Option<String>, default: &str| parse_size(s.as_deref().unwrap_or(default));
-    let provision = if n.preallocate { nacre_raid::Provision::Thick } else { nacre_raid::Provision::Thin };
+    let provision = crate::service::ProvisionArg { preallocate: n.preallocate }.provision();
     let index = n.ost_index_size.as_deref().map(parse_size).transpose()?;
     let mut sizes = Sizes::new(
         size(&n.ost_size, "512M")?,

@@ -57,11 +57,6 @@ const DESTROYS: TableDefinition<(u32, u64), u8> = TableDefinition::new("destroys
 /// Data on the MDT (DoM): (file, block) → the block's bytes, [`DOM_BLOCK`] each at most;
 /// a missing block reads as zeros.
 const DOM: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("dom");
-/// The database's length after its next growth from `len` (redb doubles it, and past
-/// 4 GiB adds 8 GiB at a time).
-fn next_growth(len: u64) -> u64 {
-    if len < 4 << 30 { len * 2 } else { len + (8 << 30) }
-}
 const REPLIES: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("replies");
 /// Striped directories: master FID → [`nacre_proto::dne::DirStripe`].
 const DIRSTRIPES: TableDefinition<u128, &[u8]> = TableDefinition::new("dirstripes");
@@ -579,6 +574,12 @@ fn big(e: Enc, k: u128) -> Enc {
 }
 
 /// Stored inode: the attributes and, for a directory, its parent.
+/// The database's length after its next growth from `len` (redb doubles it, and past
+/// 4 GiB adds 8 GiB at a time).
+fn next_growth(len: u64) -> u64 {
+    if len < 4 << 30 { len * 2 } else { len + (8 << 30) }
+}
+
 fn encode_inode(a: &Attr, parent: Fid) -> Vec<u8> {
     parent.put(a.put(nacre_proto::wire::Enc::new(1))).done()
 }
@@ -1762,7 +1763,6 @@ impl Namespace {
         Ok(out)
     }
 
-    /// Inodes in use, and the bytes the database occupies of its volume.
     /// Whether `handle` is `owner`'s, on `fid`, and open for writing.
     pub fn writes_through(&self, handle: u64, fid: Fid, owner: u64) -> bool {
         lock(&self.opens).handles.get(&handle).is_some_and(|&(k, by, write)| k == fid.key() && by == owner && write)
@@ -1776,6 +1776,7 @@ impl Namespace {
         next_growth(next_growth(used)) <= self.capacity
     }
 
+    /// Inodes in use, and the bytes the database occupies of its volume.
     pub fn statfs(&self) -> Result<MdtStatFs> {
         let txn = self.db.begin_read()?;
         let t = txn.open_table(INODES)?;
