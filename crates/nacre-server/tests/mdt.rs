@@ -293,7 +293,7 @@ fn run_model(seed: u64, ops: usize) {
     // durable; the writes waiting for a sync never reach the volume). Reopened, redb is
     // at its last checkpoint and the redo log brings back everything after it.
     let logged = ns.stats.checkpoints.load(std::sync::atomic::Ordering::Relaxed);
-    std::mem::forget(ns);
+    ns.crash();
     let ns = Namespace::open(v, NamespaceOptions::default()).unwrap();
     compare(&ns, &m, 0, &format!("seed {seed} after a crash ({logged} checkpoints before it)"));
     assert_eq!(ns.statfs().unwrap().inodes, inodes, "inodes leaked or lost in the crash");
@@ -726,7 +726,7 @@ fn layouts_are_inherited_validated_and_survive_a_crash() {
     assert_eq!(ns.layout(h.fid).unwrap().unwrap().components.len(), 1);
     // Through a crash, from the redo log.
     let want = ns.layout(pfl.fid).unwrap();
-    std::mem::forget(ns);
+    ns.crash();
     let ns = Namespace::open(v, NamespaceOptions::default()).unwrap();
     assert_eq!(ns.layout(pfl.fid).unwrap(), want);
     assert!(ns.layout(ROOT).unwrap().is_some());
@@ -817,7 +817,7 @@ fn data_on_the_mdt_reads_back_and_follows_truncates_and_crashes() {
     assert_eq!(&back[..100], &body[..100]);
     assert!(back[100..].iter().all(|&b| b == 0), "truncated bytes came back");
     // Through a crash.
-    std::mem::forget(ns);
+    ns.crash();
     let ns = Namespace::open(v, NamespaceOptions::default()).unwrap();
     assert_eq!(ns.read_dom(&c, f.fid, 0, 1 << 20).unwrap(), back);
     ns.remove(&c, ROOT, "small", false, None).unwrap();

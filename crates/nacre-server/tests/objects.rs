@@ -156,7 +156,7 @@ async fn files_get_objects_by_layout_and_removed_files_lose_them() {
     // A precreate whose answer never reached the MDT: objects on OST 0 nobody recorded.
     let (op, body) = Request::Create { target: 0, count: 10, group: 0 }.encode();
     let (lost, _) = nacre_proto::ost::decode_created(&imp.call(op, &body, &[]).await.unwrap().body).unwrap();
-    std::mem::forget(ns);
+    ns.crash();
     let ns = Arc::new(Namespace::open(mdt, NamespaceOptions::default()).unwrap());
     assert_eq!(ns.pool_levels(), levels, "precreated objects are not lost in a crash");
     assert_eq!(ns.pending_destroys(None, 10).unwrap().len(), 2);

@@ -1,13 +1,13 @@
-//! A metadata target: the namespace of one MDT, stored in redb on a RAID10 volume.
+//! A metadata target: the namespace of one MDT, in memory, with a write-ahead log and
+//! an image on a RAID10 volume.
 //!
 //! [`Namespace`] holds inodes, directory entries, symlink targets and xattrs, and enforces
 //! the POSIX rules (permission bits, sticky directories, `ENOTEMPTY`, name limits, rename
-//! cases). Every change is durable before it returns, and concurrent changes share one
-//! transaction (group commit, see [`namespace`]). A change may carry a reply key (client,
-//! xid): its answer is stored in the same transaction, so a resent request gets the first
-//! answer back instead of running twice.
+//! cases). Every change is on the drives (in the log) before it returns, and concurrent
+//! changes share each log write (see [`namespace`]). A change may carry a reply key
+//! (client, xid): its answer is stored with it, so a resent request gets the first answer
+//! back instead of running twice.
 
-pub mod log;
 pub mod namespace;
 
 pub use namespace::{

@@ -1,24 +1,29 @@
-//! The namespace of one MDT in redb.
+//! The namespace of one MDT, in memory, with a write-ahead log and an image on its
+//! volume.
 //!
-//! Tables:
-//! - `inodes`: FID → attributes (and a directory's parent, for rename's loop check);
-//! - `dirents`: (directory, name hash, name) → (child, type). Entries sort by the FNV-1a
-//!   hash of their name, which is also their readdir cookie, so a listing resumes after
-//!   any entry however the directory changed meanwhile (Lustre's hash-ordered
-//!   directories); the hash will also pick a striped directory's shard;
-//! - `symlinks`, `xattrs`; `orphans` (unlinked files still open); `replies` (the answer of
-//!   each change that carried a reply key, pruned as the client acknowledges them);
-//! - `meta`: the MDT index and the FID allocator.
+//! Tables ([`mem::Mem`]; the same ones in the image):
+//! - inodes: FID → attributes (and a directory's parent, for rename's loop check);
+//! - directory entries: per directory, (name hash, name) → (child, type). Entries sort by
+//!   the FNV-1a hash of their name, which is also their readdir cookie, so a listing
+//!   resumes after any entry however the directory changed meanwhile (Lustre's
+//!   hash-ordered directories); the hash also picks a striped directory's shard;
+//! - symlinks, xattrs, layouts, OST objects, OST blocks, DoM blocks; orphans (unlinked
+//!   files still open); replies (the answer of each change that carried a reply key,
+//!   pruned as the client acknowledges them); object pools and the destroy log; striped
+//!   directories, directory defaults and intents (operations over several MDTs);
+//! - meta: the MDT index, the FID allocator and the log position of the image.
 //!
-//! **Group commit.** Changes queue; the first caller to find no batch running runs
-//! batches (up to `batch_max` changes each, in one write transaction, made durable by one
-//! append to the redo log, see [`super::log`]) until the queue is empty. Each caller waits
-//! on its own channel, woken once its batch is durable. A change checks everything
-//! before it writes anything, so one that fails leaves nothing behind in the shared
-//! transaction; one that fails after writing (a storage error) fails its whole batch.
+//! **A change.** It reserves its room in the log, takes the namespace's lock, checks and
+//! applies itself in memory (each write an [`mem::Op`], whose inverse undoes it if the
+//! change fails after writing), and stages its redo record with the next transno
+//! ([`wal`]). Its caller then waits until the log writer has that transno on the drives:
+//! the log is the only IO on the path, and one log write carries every change staged
+//! meanwhile. Checkpoints copy the log into the image in the background ([`image`]).
+//! A change may carry a reply key (client, xid): its answer is stored with it, so a
+//! resent request gets the first answer back instead of running twice.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use nacre_osd::SyncMode;
@@ -28,45 +33,17 @@ use nacre_proto::layout::{Kind, Layout, Striping};
 use nacre_proto::mdt::{Attr, DirEntry, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX, errno, mode};
 use nacre_proto::wire::Enc;
 
-use super::log::MdLog;
-
 pub mod dne;
-mod writer;
+mod image;
+pub mod mem;
+pub mod wal;
+use mem::{Inode, Mem, Op};
 use nacre_raid::Volume;
-use redb::{
-    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTransaction,
-};
+use redb::Database;
 
-const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-const INODES: TableDefinition<u128, &[u8]> = TableDefinition::new("inodes");
-const DIRENTS: TableDefinition<(u128, u64, &str), (u128, u32)> = TableDefinition::new("dirents");
-const SYMLINKS: TableDefinition<u128, &[u8]> = TableDefinition::new("symlinks");
-const XATTRS: TableDefinition<(u128, &str), &[u8]> = TableDefinition::new("xattrs");
-const ORPHANS: TableDefinition<u128, u8> = TableDefinition::new("orphans");
-/// A file's layout, or a directory's default layout ([`Layout::encode`]).
-const LAYOUTS: TableDefinition<u128, &[u8]> = TableDefinition::new("layouts");
-/// A file's OST objects, per component ([`encode_objects`]).
-const OBJECTS: TableDefinition<u128, &[u8]> = TableDefinition::new("objects");
-/// File → the 512-byte blocks its OST objects held when last published (part of its
-/// `blocks`, with its DoM blocks).
-const OST_BLOCKS: TableDefinition<u128, u64> = TableDefinition::new("ost_blocks");
-/// Each OST's precreated objects not yet given to a file ([`PoolState::encode`]).
-const POOLS: TableDefinition<u32, &[u8]> = TableDefinition::new("pools");
-/// OST objects of removed files, waiting to be destroyed: (OST, object).
-const DESTROYS: TableDefinition<(u32, u64), u8> = TableDefinition::new("destroys");
-/// Data on the MDT (DoM): (file, block) → the block's bytes, [`DOM_BLOCK`] each at most;
-/// a missing block reads as zeros.
-const DOM: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("dom");
-const REPLIES: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("replies");
-/// Striped directories: master FID → [`nacre_proto::dne::DirStripe`].
-const DIRSTRIPES: TableDefinition<u128, &[u8]> = TableDefinition::new("dirstripes");
-/// Directory → the default of its new subdirectories ([`nacre_proto::dne::DirDefault`]).
-const DIRDEFAULTS: TableDefinition<u128, &[u8]> = TableDefinition::new("dirdefaults");
-/// Operations over several MDTs this one coordinates and has not finished
-/// ([`dne::Intent`]).
-const INTENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("intents");
-
-const FORMAT: u64 = 1;
+/// The image's format: 2 since the namespace lives in memory (format 1 was redb with a
+/// redo log of its own, read by older builds).
+const FORMAT: u64 = 2;
 /// Cookies 0 (start), 1 and 2 (`.` and `..` in a FUSE listing) are never an entry's.
 const COOKIE_MIN: u64 = 3;
 /// Not an errno: a change found it needs other MDTs (a remote inode, a striped
@@ -117,10 +94,10 @@ pub enum OpenAnswer {
 }
 
 /// EREMOTE if `dir` is a striped directory: its entries are in its shards.
-fn striped_here(txn: &redb::ReadTransaction, dir: Fid) -> Result<()> {
-    match txn.open_table(DIRSTRIPES)?.get(dir.key())? {
+fn striped_here(m: &Mem, dir: Fid) -> Result<()> {
+    match m.dirstripes.get(&dir.key()) {
         Some(v) => {
-            let s = nacre_proto::dne::DirStripe::decode(v.value())?;
+            let s = nacre_proto::dne::DirStripe::decode(v)?;
             Err(MdError::new(
                 errno::EREMOTE,
                 format!("{dir} is striped over {} MDTs: its entries are in its shards", s.shards.len()),
@@ -133,12 +110,7 @@ fn striped_here(txn: &redb::ReadTransaction, dir: Fid) -> Result<()> {
 pub const LINK_MAX: u32 = 65_000;
 /// Replies kept per client beyond what it has acknowledged.
 pub const REPLIES_PER_CLIENT_MAX: usize = 1024;
-/// A checkpoint (a durable redb commit, then the log starts over) comes after this many
-/// logged batches, after [`CHECKPOINT_INTERVAL`], or when the log is half full: redb slows
-/// down as non-durable commits pile up, since it frees no page until a durable one.
-pub const CHECKPOINT_BATCHES: u64 = 256;
-pub const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
-/// The redo log's share of the volume: an eighth, at most this.
+/// The log's share of the volume: an eighth, at most this.
 pub const LOG_BYTES_MAX: u64 = 256 << 20;
 /// Bytes of xattr names and values one inode may hold (ext4 with large xattrs in inodes
 /// allows about this much in one block).
@@ -291,16 +263,37 @@ pub struct SetAttr {
 #[derive(Debug, Clone, Copy)]
 pub struct NamespaceOptions {
     pub sync: SyncMode,
-    /// redb's page cache.
+    /// redb's page cache, for the image (written by checkpoints, read at start-up).
     pub cache_bytes: usize,
-    /// Changes committed in one transaction at most.
-    pub batch_max: usize,
+    /// Bytes the tables may hold in memory (`mdt.*.memory_max`): past it, new inodes,
+    /// names, xattrs and DoM data get ENOSPC, and removals still go.
+    pub memory_max: u64,
+    /// Checkpoints come at least this often while there are changes (and sooner when
+    /// the log fills).
+    pub checkpoint_interval: std::time::Duration,
 }
 
 impl Default for NamespaceOptions {
     fn default() -> Self {
-        NamespaceOptions { sync: SyncMode::Ordered, cache_bytes: 64 << 20, batch_max: 256 }
+        NamespaceOptions {
+            sync: SyncMode::Ordered,
+            cache_bytes: 16 << 20,
+            memory_max: default_memory_max(),
+            checkpoint_interval: wal::CHECKPOINT_INTERVAL,
+        }
     }
+}
+
+/// A quarter of the machine's memory (at least 256 MiB): what one MDT may hold by
+/// default.
+pub fn default_memory_max() -> u64 {
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb << 10)
+    });
+    (total.unwrap_or(4 << 30) / 4).max(256 << 20)
 }
 
 /// How a rename treats an existing target.
@@ -351,24 +344,8 @@ impl Answer {
     }
 }
 
-/// A queued change: runs against the shared transaction.
+/// A change: checks and applies itself through a [`Tx`].
 pub type Change = Box<dyn FnOnce(&mut Tx<'_>) -> Result<Answer> + Send>;
-
-struct Queued {
-    key: Option<ReplyKey>,
-    change: Change,
-    /// About the bytes the change logs (its data, for DoM writes).
-    weight: usize,
-    /// Where the answer goes once the batch is durable.
-    answer: tokio::sync::oneshot::Sender<Result<Answer>>,
-}
-
-#[derive(Default)]
-struct Commits {
-    queue: Vec<Queued>,
-    /// A caller is running batches (it runs them until the queue is empty).
-    running: bool,
-}
 
 /// One OST's precreated objects not yet given to a file: ranges `[next, end)`, oldest
 /// first.
@@ -499,97 +476,61 @@ pub struct MdtStatFs {
     pub bytes_total: u64,
 }
 
-/// A committed batch: its redo record (none if it changed nothing) and its answers.
-type Staged = (Option<Vec<u8>>, Vec<Result<Answer>>);
-
-/// What the committing thread keeps between batches: batches since the last
-/// checkpoint, and when it was.
-struct Lead {
-    batches: u64,
-    since: std::time::Instant,
-}
-
-fn broken() -> MdError {
-    MdError::new(errno::EIO, "the metadata log failed: restart the MDT")
-}
-
-/// One MDT's namespace. Its methods block (on redb, and on group commit for changes):
-/// call them from blocking threads (`spawn_blocking` under tokio), never from async tasks.
+/// One MDT's namespace. Reads answer from memory; changes wait for their log write, so
+/// their methods block: call them from blocking threads, or use [`Namespace::submit`]
+/// from async code.
 pub struct Namespace {
     index: u32,
-    /// Appends batches' records to the redo log. Declared (so dropped) before `db`: its
-    /// thread finishes every record handed over before redb's last commit at drop makes
-    /// their batches durable.
-    writer: writer::LogWriter,
-    db: Database,
-    /// OST object pools, as the last committed batch left them.
+    /// The log and its threads. Declared (so dropped) first: it writes and checkpoints
+    /// everything staged before the image closes.
+    wal: wal::Wal,
+    mem: RwLock<Mem>,
+    /// OST object pools, decoded, as the last change left them.
     pools: Mutex<Pools>,
-    lead: Mutex<Lead>,
-    /// The database's length on the volume, and the room it has.
+    /// The image's length on the volume, and the room it has.
     db_len: Arc<std::sync::atomic::AtomicU64>,
     capacity: u64,
     opts: NamespaceOptions,
     alloc: Mutex<FidAlloc>,
-    commits: Mutex<Commits>,
     opens: Mutex<Opens>,
     /// OST pools by name, as the MGS last said (`None`: not heard yet).
     ost_pools: Mutex<Option<BTreeMap<String, Vec<u32>>>>,
-    /// Transactions committed, and the changes in them.
-    pub stats: NamespaceStats,
-}
-
-impl Drop for Namespace {
-    /// redb makes everything it committed durable when it closes (after this, as `db` is
-    /// dropped). Every record handed to the log writer is written first, so the log
-    /// replays to that same state. If the log failed, the batches it lacks become durable
-    /// anyway (their callers were told EIO): the log is emptied, as best it can be, so
-    /// that replaying its older records cannot undo them.
-    fn drop(&mut self) {
-        self.writer.drain();
-        if self.writer.broken() {
-            let _ = self.writer.with_log(|l| l.reset());
-        }
-    }
+    /// Log writes, changes, checkpoints.
+    pub stats: Arc<NamespaceStats>,
 }
 
 #[derive(Debug, Default)]
 pub struct NamespaceStats {
+    /// Log writes (each carries every change staged meanwhile).
     pub commits: std::sync::atomic::AtomicU64,
     pub changes: std::sync::atomic::AtomicU64,
+    /// Resent requests answered from their reply record.
     pub replayed: std::sync::atomic::AtomicU64,
     pub checkpoints: std::sync::atomic::AtomicU64,
+    /// Log records replayed at start-up.
+    pub recovered: std::sync::atomic::AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|e| e.into_inner())
+}
+
 fn now_ns() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
 }
 
-/// A FID key in a log record.
-fn big(e: Enc, k: u128) -> Enc {
-    e.u64((k >> 64) as u64).u64(k as u64)
-}
-
-/// Stored inode: the attributes and, for a directory, its parent.
 /// The database's length after its next growth from `len` (redb doubles it, and past
 /// 4 GiB adds 8 GiB at a time).
 fn next_growth(len: u64) -> u64 {
     if len < 4 << 30 { len * 2 } else { len + (8 << 30) }
-}
-
-fn encode_inode(a: &Attr, parent: Fid) -> Vec<u8> {
-    parent.put(a.put(nacre_proto::wire::Enc::new(1))).done()
-}
-
-fn decode_inode(b: &[u8]) -> Result<(Attr, Fid)> {
-    let mut d = nacre_proto::wire::Dec::new(b, "inode", 1)?;
-    let a = Attr::get(&mut d)?;
-    let p = Fid::get(&mut d, "parent")?;
-    d.end()?;
-    Ok((a, p))
 }
 
 /// The cookie (and sort position) of a name.
@@ -634,215 +575,122 @@ fn denied(cred: &Cred, what: &str, a: &Attr) -> MdError {
     MdError::new(errno::EACCES, format!("uid {} may not {what} {} (mode {:o})", cred.uid, a.fid, a.mode & 0o7777))
 }
 
-/// One write transaction shared by a batch of changes. Every write goes through it and is
-/// recorded as a mutation for the redo log ([`super::log`]).
+/// One change under way: its reads and writes of the tables, the redo record of its
+/// writes, and their inverses.
 pub struct Tx<'a> {
-    txn: &'a WriteTransaction,
+    mem: std::cell::RefCell<&'a mut Mem>,
     ns: &'a Namespace,
     alloc: FidAlloc,
     now: i64,
     /// Inodes whose last link went while open: they become orphans.
     opens: &'a HashMap<u128, u32>,
-    /// The batch's mutations so far, encoded (see [`apply`]), and how many.
+    /// The change's writes so far, encoded (see [`mem::Op::encode`]), and how many.
     log: std::cell::RefCell<Vec<u8>>,
     count: std::cell::Cell<u32>,
-    /// The object pools as this batch leaves them, and the OSTs whose pool it changed.
+    /// The inverse of each write, in order.
+    undo: std::cell::RefCell<Vec<Op>>,
+    /// The object pools as this change leaves them, and the OSTs whose pool it changed.
     pools: std::cell::RefCell<Pools>,
     pools_changed: std::cell::RefCell<std::collections::BTreeSet<u32>>,
 }
 
-// Tables and kinds of logged mutations.
-const T_META: u8 = 1;
-const T_INODES: u8 = 2;
-const T_DIRENTS: u8 = 3;
-const T_SYMLINKS: u8 = 4;
-const T_XATTRS: u8 = 5;
-const T_ORPHANS: u8 = 6;
-const T_REPLIES: u8 = 7;
-const T_LAYOUTS: u8 = 8;
-const T_OBJECTS: u8 = 9;
-const T_POOLS: u8 = 10;
-const T_DESTROYS: u8 = 11;
-const T_DOM: u8 = 12;
-const T_DIRSTRIPES: u8 = 13;
-const T_DIRDEFAULTS: u8 = 14;
-const T_INTENTS: u8 = 15;
-const T_OST_BLOCKS: u8 = 16;
-const PUT: u8 = 1;
-const DEL: u8 = 2;
-
-/// Apply a logged batch of mutations (a redo record) to `txn`.
-fn apply(txn: &WriteTransaction, rec: &[u8]) -> Result<()> {
-    use nacre_proto::wire::Dec;
-    let mut d = Dec::new(rec, "metadata log record", 1)?;
-    let n = d.u32("mutation count")?;
-    let big = |d: &mut Dec<'_>, what| -> Result<u128> { Ok(((d.u64(what)? as u128) << 64) | d.u64(what)? as u128) };
-    for _ in 0..n {
-        let (table, op) = (d.u8("table")?, d.u8("operation")?);
-        let put = match op {
-            PUT => true,
-            DEL => false,
-            other => return Err(storage(format!("log record with operation {other}"))),
-        };
-        // Put (reading the value only then) or delete `key` in `table`.
-        macro_rules! redo {
-            ($table:expr, $key:expr, $value:expr) => {{
-                let mut t = txn.open_table($table)?;
-                if put {
-                    t.insert($key, $value)?;
-                } else {
-                    t.remove($key)?;
-                }
-            }};
-        }
-        match table {
-            T_META => {
-                let k = d.str("meta key", 64)?;
-                let v = d.u64("meta value")?;
-                txn.open_table(META)?.insert(k, v)?;
-            }
-            T_INODES => {
-                let k = big(&mut d, "inode")?;
-                redo!(INODES, k, d.bytes("inode", 1 << 16)?);
-            }
-            T_DIRENTS => {
-                let (dir, hash, name) = (big(&mut d, "directory")?, d.u64("hash")?, d.str("name", NAME_MAX)?);
-                redo!(DIRENTS, (dir, hash, name), (big(&mut d, "child")?, d.u32("type")?));
-            }
-            T_SYMLINKS => {
-                let k = big(&mut d, "symlink")?;
-                redo!(SYMLINKS, k, d.bytes("target", SYMLINK_MAX)?);
-            }
-            T_XATTRS => {
-                let (k, name) = (big(&mut d, "xattr inode")?, d.str("xattr name", XATTR_NAME_MAX)?);
-                redo!(XATTRS, (k, name), d.bytes("xattr value", XATTR_SIZE_MAX)?);
-            }
-            T_ORPHANS => {
-                let k = big(&mut d, "orphan")?;
-                redo!(ORPHANS, k, 1);
-            }
-            T_LAYOUTS => {
-                let k = big(&mut d, "layout inode")?;
-                redo!(LAYOUTS, k, d.bytes("layout", 1 << 16)?);
-            }
-            T_OBJECTS => {
-                let k = big(&mut d, "objects inode")?;
-                redo!(OBJECTS, k, d.bytes("objects", 1 << 20)?);
-            }
-            T_POOLS => {
-                let ost = d.u32("pool OST")?;
-                redo!(POOLS, ost, d.bytes("pool", 1 << 16)?);
-            }
-            T_DESTROYS => {
-                let (ost, oid) = (d.u32("destroy OST")?, d.u64("destroy object")?);
-                redo!(DESTROYS, (ost, oid), 1);
-            }
-            T_DOM => {
-                let (k, b) = (big(&mut d, "DoM inode")?, d.u64("DoM block")?);
-                redo!(DOM, (k, b), d.bytes("DoM data", DOM_BLOCK as usize)?);
-            }
-            T_REPLIES => {
-                let (c, x) = (d.u64("client")?, d.u64("xid")?);
-                redo!(REPLIES, (c, x), d.bytes("reply", 1 << 16)?);
-            }
-            T_DIRSTRIPES => {
-                let k = big(&mut d, "striped directory")?;
-                redo!(DIRSTRIPES, k, d.bytes("directory stripe", 1 << 16)?);
-            }
-            T_DIRDEFAULTS => {
-                let k = big(&mut d, "directory default")?;
-                redo!(DIRDEFAULTS, k, d.bytes("directory default", 64)?);
-            }
-            T_INTENTS => {
-                let k = d.u64("intent")?;
-                redo!(INTENTS, k, d.bytes("intent", 1 << 20)?);
-            }
-            T_OST_BLOCKS => {
-                let k = big(&mut d, "OST blocks inode")?;
-                redo!(OST_BLOCKS, k, d.u64("OST blocks")?);
-            }
-            other => return Err(storage(format!("log record for table {other}"))),
+impl<'a> Tx<'a> {
+    fn new(mem: &'a mut Mem, ns: &'a Namespace, opens: &'a HashMap<u128, u32>) -> Tx<'a> {
+        Tx {
+            mem: std::cell::RefCell::new(mem),
+            ns,
+            alloc: *lock(&ns.alloc),
+            now: now_ns(),
+            opens,
+            log: Default::default(),
+            count: Default::default(),
+            undo: Default::default(),
+            pools: std::cell::RefCell::new(lock(&ns.pools).clone()),
+            pools_changed: Default::default(),
         }
     }
-    d.end()?;
-    Ok(())
-}
 
-impl Tx<'_> {
-    fn inodes(&self) -> Result<Table<'_, u128, &'static [u8]>> {
-        Ok(self.txn.open_table(INODES)?)
+    /// The tables, to read.
+    fn m(&self) -> std::cell::Ref<'_, &'a mut Mem> {
+        self.mem.borrow()
+    }
+
+    /// Write: record `op` in the redo record, apply it, keep its inverse.
+    fn apply(&self, op: Op) {
+        let mut l = self.log.borrow_mut();
+        *l = op.encode(Enc(std::mem::take(&mut *l))).0;
+        self.count.set(self.count.get() + 1);
+        let inverse = self.mem.borrow_mut().apply(op);
+        self.undo.borrow_mut().push(inverse);
+    }
+
+    /// Undo every write so far, newest first, and forget them.
+    fn roll_back(&self) {
+        let undo = std::mem::take(&mut *self.undo.borrow_mut());
+        let mut m = self.mem.borrow_mut();
+        for op in undo.into_iter().rev() {
+            m.apply(op);
+        }
+        self.log.borrow_mut().clear();
+        self.count.set(0);
+        *self.pools.borrow_mut() = lock(&self.ns.pools).clone();
+        self.pools_changed.borrow_mut().clear();
     }
 
     fn get(&self, fid: Fid) -> Result<(Attr, Fid)> {
-        let t = self.inodes()?;
-        let v = t.get(fid.key())?.ok_or_else(|| MdError::new(errno::ENOENT, format!("no inode {fid}")))?;
-        decode_inode(v.value())
-    }
-
-    /// Record one mutation: `f` writes its fields after the table and operation.
-    fn record(&self, table: u8, op: u8, f: impl FnOnce(Enc) -> Enc) {
-        let mut l = self.log.borrow_mut();
-        let e = f(Enc(std::mem::take(&mut *l)).u8(table).u8(op));
-        *l = e.0;
-        self.count.set(self.count.get() + 1);
+        let m = self.m();
+        let i = m.inodes.get(&fid.key()).ok_or_else(|| MdError::new(errno::ENOENT, format!("no inode {fid}")))?;
+        Ok((i.attr, i.parent))
     }
 
     fn mutations(&self) -> u32 {
         self.count.get()
     }
 
-    /// The batch's redo record.
+    /// The change's redo record.
     fn seal(&self) -> Vec<u8> {
-        let mut r = Enc::new(1).u32(self.count.get()).done();
-        r.extend_from_slice(&self.log.borrow());
-        r
+        mem::encode_record(&self.log.borrow(), self.count.get())
     }
 
     fn put(&self, a: &Attr, parent: Fid) -> Result<()> {
-        let v = encode_inode(a, parent);
-        self.inodes()?.insert(a.fid.key(), v.as_slice())?;
-        self.record(T_INODES, PUT, |e| big(e, a.fid.key()).bytes(&v));
+        self.apply(Op::Inode(a.fid.key(), Some(Inode { attr: *a, parent })));
         Ok(())
     }
 
     fn put_symlink(&self, fid: Fid, target: &[u8]) -> Result<()> {
-        self.txn.open_table(SYMLINKS)?.insert(fid.key(), target)?;
-        self.record(T_SYMLINKS, PUT, |e| big(e, fid.key()).bytes(target));
+        self.apply(Op::Symlink(fid.key(), Some(target.into())));
         Ok(())
     }
 
     fn put_xattr(&self, fid: Fid, name: &str, value: &[u8]) -> Result<()> {
-        self.txn.open_table(XATTRS)?.insert((fid.key(), name), value)?;
-        self.record(T_XATTRS, PUT, |e| big(e, fid.key()).bytes(name.as_bytes()).bytes(value));
+        self.apply(Op::Xattr(fid.key(), name.into(), Some(value.into())));
         Ok(())
     }
 
     /// Remove an xattr; false if there was none.
     fn del_xattr(&self, fid: Fid, name: &str) -> Result<bool> {
-        let had = self.txn.open_table(XATTRS)?.remove((fid.key(), name))?.is_some();
+        let had = self.m().xattrs.contains_key(&(fid.key(), Box::<str>::from(name)));
         if had {
-            self.record(T_XATTRS, DEL, |e| big(e, fid.key()).bytes(name.as_bytes()));
+            self.apply(Op::Xattr(fid.key(), name.into(), None));
         }
         Ok(had)
     }
 
     fn put_layout(&self, fid: Fid, l: &Layout) -> Result<()> {
-        let v = l.encode();
-        self.txn.open_table(LAYOUTS)?.insert(fid.key(), v.as_slice())?;
-        self.record(T_LAYOUTS, PUT, |e| big(e, fid.key()).bytes(&v));
+        self.apply(Op::Layout(fid.key(), Some(Arc::from(l.encode()))));
         Ok(())
     }
 
     fn del_layout(&self, fid: Fid) -> Result<()> {
-        if self.txn.open_table(LAYOUTS)?.remove(fid.key())?.is_some() {
-            self.record(T_LAYOUTS, DEL, |e| big(e, fid.key()));
+        if self.m().layouts.contains_key(&fid.key()) {
+            self.apply(Op::Layout(fid.key(), None));
         }
         Ok(())
     }
 
     fn layout_of(&self, fid: Fid) -> Result<Option<Layout>> {
-        match self.txn.open_table(LAYOUTS)?.get(fid.key())? {
-            Some(v) => Ok(Some(Layout::decode(v.value())?)),
+        match self.m().layouts.get(&fid.key()) {
+            Some(v) => Ok(Some(Layout::decode(v)?)),
             None => Ok(None),
         }
     }
@@ -981,32 +829,23 @@ impl Tx<'_> {
     }
 
     fn put_objects(&self, fid: Fid, objects: &FileObjects) -> Result<()> {
-        let v = encode_objects(objects);
-        self.txn.open_table(OBJECTS)?.insert(fid.key(), v.as_slice())?;
-        self.record(T_OBJECTS, PUT, |e| big(e, fid.key()).bytes(&v));
+        self.apply(Op::Objects(fid.key(), Some(encode_objects(objects).into())));
         Ok(())
     }
 
     /// The file's DoM blocks `[first, last]` that exist.
     fn dom_blocks(&self, fid: Fid, first: u64, last: u64) -> Result<Vec<(u64, Vec<u8>)>> {
-        let t = self.txn.open_table(DOM)?;
-        let mut out = Vec::new();
-        for e in t.range((fid.key(), first)..=(fid.key(), last))? {
-            let (k, v) = e?;
-            out.push((k.value().1, v.value().to_vec()));
-        }
-        Ok(out)
+        Ok(self.m().dom_of(fid.key(), first, last).map(|(b, v)| (b, v.to_vec())).collect())
     }
 
     fn put_dom(&self, fid: Fid, block: u64, data: &[u8]) -> Result<()> {
-        self.txn.open_table(DOM)?.insert((fid.key(), block), data)?;
-        self.record(T_DOM, PUT, |e| big(e, fid.key()).u64(block).bytes(data));
+        self.apply(Op::Dom(fid.key(), block, Some(data.into())));
         Ok(())
     }
 
     fn del_dom(&self, fid: Fid, block: u64) -> Result<()> {
-        if self.txn.open_table(DOM)?.remove((fid.key(), block))?.is_some() {
-            self.record(T_DOM, DEL, |e| big(e, fid.key()).u64(block));
+        if self.m().dom.contains_key(&(fid.key(), block)) {
+            self.apply(Op::Dom(fid.key(), block, None));
         }
         Ok(())
     }
@@ -1044,18 +883,10 @@ impl Tx<'_> {
     }
 
     /// Cut the file's DoM data at `size`: blocks past it go, the block it ends in is cut.
-    /// Returns the bytes removed. Only the cut block's data is read.
+    /// Returns the bytes removed.
     fn trim_dom(&self, fid: Fid, size: u64) -> Result<u64> {
-        let first = size / DOM_BLOCK;
-        let blocks: Vec<(u64, u64)> = {
-            let t = self.txn.open_table(DOM)?;
-            let mut v = Vec::new();
-            for e in t.range((fid.key(), first)..=(fid.key(), u64::MAX))? {
-                let (k, d) = e?;
-                v.push((k.value().1, d.value().len() as u64));
-            }
-            v
-        };
+        let blocks: Vec<(u64, u64)> =
+            self.m().dom_of(fid.key(), size / DOM_BLOCK, u64::MAX).map(|(b, v)| (b, v.len() as u64)).collect();
         let mut removed = 0;
         for (b, len) in blocks {
             let start = b * DOM_BLOCK;
@@ -1073,27 +904,32 @@ impl Tx<'_> {
     }
 
     fn put_orphan(&self, fid: Fid) -> Result<()> {
-        self.txn.open_table(ORPHANS)?.insert(fid.key(), 1)?;
-        self.record(T_ORPHANS, PUT, |e| big(e, fid.key()));
+        self.apply(Op::Orphan(fid.key(), true));
         Ok(())
     }
 
     fn put_reply(&self, client: u64, xid: u64, v: &[u8]) -> Result<()> {
-        self.txn.open_table(REPLIES)?.insert((client, xid), v)?;
-        self.record(T_REPLIES, PUT, |e| e.u64(client).u64(xid).bytes(v));
+        self.apply(Op::Reply(client, xid, Some(v.into())));
         Ok(())
     }
 
     fn del_reply(&self, client: u64, xid: u64) -> Result<()> {
-        self.txn.open_table(REPLIES)?.remove((client, xid))?;
-        self.record(T_REPLIES, DEL, |e| e.u64(client).u64(xid));
+        self.apply(Op::Reply(client, xid, None));
         Ok(())
     }
 
     fn put_meta(&self, key: &str, v: u64) -> Result<()> {
-        self.txn.open_table(META)?.insert(key, v)?;
-        self.record(T_META, PUT, |e| e.bytes(key.as_bytes()).u64(v));
+        self.apply(Op::Meta(key.into(), Some(v)));
         Ok(())
+    }
+
+    fn meta(&self, key: &str) -> Option<u64> {
+        self.m().meta.get(key).copied()
+    }
+
+    /// Queue OST object `oid` of `ost` for destruction.
+    fn put_destroy(&self, ost: u32, oid: u64) {
+        self.apply(Op::Destroy(ost, oid, true));
     }
 
     /// A directory the caller may change entries of (W and X).
@@ -1113,11 +949,7 @@ impl Tx<'_> {
     }
 
     fn lookup(&self, dir: Fid, name: &str) -> Result<Option<(Fid, u32)>> {
-        let t = self.txn.open_table(DIRENTS)?;
-        Ok(t.get((dir.key(), cookie_of(name), name))?.map(|v| {
-            let (f, k) = v.value();
-            (Fid::from_key(f), k)
-        }))
+        Ok(self.m().entry(dir.key(), cookie_of(name), name).map(|(f, k)| (Fid::from_key(f), k)))
     }
 
     fn new_fid(&mut self) -> Fid {
@@ -1166,24 +998,18 @@ impl Tx<'_> {
     }
 
     fn add_entry(&self, dir: Fid, name: &str, child: Fid, kind: u32) -> Result<()> {
-        let h = cookie_of(name);
-        self.txn.open_table(DIRENTS)?.insert((dir.key(), h, name), (child.key(), kind))?;
-        self.record(T_DIRENTS, PUT, |e| big(big(e, dir.key()).u64(h).bytes(name.as_bytes()), child.key()).u32(kind));
+        let (dir, hash, to) = (dir.key(), cookie_of(name), Some((child.key(), kind)));
+        self.apply(Op::Dirent { dir, hash, name: name.into(), to });
         Ok(())
     }
 
     fn remove_entry(&self, dir: Fid, name: &str) -> Result<()> {
-        let h = cookie_of(name);
-        self.txn.open_table(DIRENTS)?.remove((dir.key(), h, name))?;
-        self.record(T_DIRENTS, DEL, |e| big(e, dir.key()).u64(h).bytes(name.as_bytes()));
+        self.apply(Op::Dirent { dir: dir.key(), hash: cookie_of(name), name: name.into(), to: None });
         Ok(())
     }
 
     fn dir_is_empty(&self, dir: Fid) -> Result<bool> {
-        let t = self.txn.open_table(DIRENTS)?;
-        let k = dir.key();
-        let mut r = t.range((k, 0, "")..(k + 1, 0, ""))?;
-        Ok(r.next().is_none())
+        Ok(!self.m().has_entries(dir.key()))
     }
 
     /// Touch a directory after its entries changed: mtime and ctime now, `nlink` by
@@ -1215,13 +1041,12 @@ impl Tx<'_> {
     /// layout; an orphan its orphan record).
     fn destroy(&self, a: &Attr, orphan: bool) -> Result<()> {
         let (fid, k) = (a.fid, a.fid.key());
-        self.inodes()?.remove(k)?;
-        self.record(T_INODES, DEL, |e| big(e, k));
-        if mode::is_lnk(a.mode) && self.txn.open_table(SYMLINKS)?.remove(k)?.is_some() {
-            self.record(T_SYMLINKS, DEL, |e| big(e, k));
+        self.apply(Op::Inode(k, None));
+        if mode::is_lnk(a.mode) && self.m().symlinks.contains_key(&k) {
+            self.apply(Op::Symlink(k, None));
         }
-        if orphan && self.txn.open_table(ORPHANS)?.remove(k)?.is_some() {
-            self.record(T_ORPHANS, DEL, |e| big(e, k));
+        if orphan && self.m().orphans.contains(&k) {
+            self.apply(Op::Orphan(k, false));
         }
         if mode::is_reg(a.mode) || mode::is_dir(a.mode) {
             self.del_layout(fid)?;
@@ -1232,28 +1057,19 @@ impl Tx<'_> {
         }
         if mode::is_reg(a.mode) {
             // The file's OST objects go to the destroy log, destroyed in the background.
-            let objects = self.txn.open_table(OBJECTS)?.remove(k)?.map(|v| v.value().to_vec());
-            if let Some(b) = objects {
-                self.record(T_OBJECTS, DEL, |e| big(e, k));
-                for (ost, oid) in decode_objects(&b)?.into_iter().flatten() {
-                    self.txn.open_table(DESTROYS)?.insert((ost, oid), 1)?;
-                    self.record(T_DESTROYS, PUT, |e| e.u32(ost).u64(oid));
+            let objects = self.m().objects.get(&k).map(|v| decode_objects(v)).transpose()?;
+            if let Some(objects) = objects {
+                self.apply(Op::Objects(k, None));
+                for (ost, oid) in objects.into_iter().flatten() {
+                    self.put_destroy(ost, oid);
                 }
             }
             self.trim_dom(fid, 0)?;
-            if self.txn.open_table(OST_BLOCKS)?.remove(k)?.is_some() {
-                self.record(T_OST_BLOCKS, DEL, |e| big(e, k));
+            if self.m().ost_blocks.contains_key(&k) {
+                self.apply(Op::OstBlocks(k, None));
             }
         }
-        let mut names: Vec<String> = Vec::new();
-        for e in self.txn.open_table(XATTRS)?.range((k, "")..)? {
-            let (key, _) = e?;
-            let (owner, name) = key.value();
-            if owner != k {
-                break;
-            }
-            names.push(name.to_string());
-        }
+        let names: Vec<String> = self.m().xattrs_of(k).map(|(n, _)| n.to_string()).collect();
         for n in names {
             self.del_xattr(fid, &n)?;
         }
@@ -1282,7 +1098,7 @@ impl Tx<'_> {
             return Err(MdError::new(errno::EEXIST, format!("{name:?} exists in {dir} (as {f})")));
         }
         self.dir_for_change(cred, dir)?;
-        self.ns.room_to_grow()?;
+        self.ns.room_to_grow(&self.m())?;
         let layout = if kind == mode::S_IFREG { Some(self.layout_for_new_file(dir, layout)?) } else { None };
         // The last check (a pool may be short): after it only writes.
         let objects = match &layout {
@@ -1343,183 +1159,183 @@ impl Tx<'_> {
 
 impl Namespace {
     /// Make a new, empty namespace (a root directory owned by root, mode 0755) as MDT
-    /// `index` on `[0, region)` of `volume`.
+    /// `index` on `volume`.
     pub fn format(volume: Arc<Volume>, index: u32, opts: NamespaceOptions) -> Result<Namespace> {
         volume.write(0, &[0u8; 8192]).map_err(storage)?;
-        let (db_bytes, log_bytes) = Self::regions(&volume)?;
-        let log = MdLog::format(volume.clone(), db_bytes, log_bytes, opts.sync == SyncMode::Drives)?;
-        let ns = Namespace::open_db(volume, index, opts, log)?;
-        let txn = ns.db.begin_write()?;
-        {
-            let mut m = txn.open_table(META)?;
-            m.insert("format", FORMAT)?;
-            m.insert("mdt_index", index as u64)?;
-            m.insert("seq_k", 0)?;
-            m.insert("next_oid", 1)?;
-            let now = now_ns();
-            let root = Attr {
-                fid: Fid::ROOT,
-                mode: mode::S_IFDIR | 0o755,
-                nlink: 2,
-                atime_ns: now,
-                mtime_ns: now,
-                ctime_ns: now,
-                ..Attr::default()
-            };
-            // The root lives on MDT 0; every MDT has the table.
-            let mut inodes = txn.open_table(INODES)?;
-            if index == 0 {
-                inodes.insert(Fid::ROOT.key(), encode_inode(&root, Fid::ROOT).as_slice())?;
-            }
-            txn.open_table(DIRENTS)?;
-            txn.open_table(SYMLINKS)?;
-            txn.open_table(XATTRS)?;
-            txn.open_table(ORPHANS)?;
-            txn.open_table(REPLIES)?;
-            txn.open_table(LAYOUTS)?;
-            txn.open_table(OBJECTS)?;
-            txn.open_table(OST_BLOCKS)?;
-            txn.open_table(POOLS)?;
-            txn.open_table(DESTROYS)?;
-            txn.open_table(DOM)?;
-            txn.open_table(DIRSTRIPES)?;
-            txn.open_table(DIRDEFAULTS)?;
-            txn.open_table(INTENTS)?;
+        let (db_bytes, _) = Self::regions(&volume)?;
+        let backend = VolumeBackend::open(volume.clone(), 0, db_bytes, opts.sync)?;
+        let db = Database::builder().set_cache_size(opts.cache_bytes).create_with_backend(backend)?;
+        let mut txn = db.begin_write()?;
+        txn.set_durability(redb::Durability::Immediate).map_err(storage)?;
+        image::create_tables(&txn)?;
+        let now = now_ns();
+        let root = Attr {
+            fid: Fid::ROOT,
+            mode: mode::S_IFDIR | 0o755,
+            nlink: 2,
+            atime_ns: now,
+            mtime_ns: now,
+            ctime_ns: now,
+            ..Attr::default()
+        };
+        let mut ops = vec![
+            Op::Meta("format".into(), Some(FORMAT)),
+            Op::Meta("mdt_index".into(), Some(index as u64)),
+            Op::Meta("seq_k".into(), Some(0)),
+            Op::Meta("next_oid".into(), Some(1)),
+        ];
+        // The root lives on MDT 0.
+        if index == 0 {
+            ops.push(Op::Inode(Fid::ROOT.key(), Some(Inode { attr: root, parent: Fid::ROOT })));
         }
+        for op in &ops {
+            image::apply(&txn, op)?;
+        }
+        wal::Position { generation: wal::fresh_generation(), transno: 1, at: 0 }.store(&txn)?;
         txn.commit()?;
-        *lock(&ns.alloc) = FidAlloc { seq_k: 0, next_oid: 1, reserved: 1 };
-        Ok(ns)
+        drop(db);
+        Namespace::open(volume, opts)
     }
 
-    /// Open an existing namespace. Files that were unlinked while open are removed: their
-    /// handles did not survive.
+    /// Open an existing namespace: load its image, replay the log past it (and write
+    /// what it replayed into the image). Files that were unlinked while open are
+    /// removed: their handles did not survive.
     pub fn open(volume: Arc<Volume>, opts: NamespaceOptions) -> Result<Namespace> {
         let (db_bytes, log_bytes) = Self::regions(&volume)?;
-        let (log, records) = MdLog::open(volume.clone(), db_bytes, log_bytes, opts.sync == SyncMode::Drives)?;
-        let mut ns = Namespace::open_db(volume, 0, opts, log)?;
-        // Redo what the log holds past redb's last checkpoint, then checkpoint.
-        {
-            let txn = ns.db.begin_write()?;
-            for r in &records {
-                apply(&txn, r)?;
+        let backend = VolumeBackend::open(volume.clone(), 0, db_bytes, opts.sync)?;
+        let db_len = backend.len_handle();
+        let db = Arc::new(Database::builder().set_cache_size(opts.cache_bytes).create_with_backend(backend)?);
+        match image::meta(&db, "format")? {
+            Some(FORMAT) => {}
+            Some(f) => {
+                return Err(MdError::new(
+                    errno::EINVAL,
+                    format!(
+                        "metadata target of format {f}; this build reads format {FORMAT} (format 1 is the redb \
+                         MDT of builds before the memory-resident namespace: copy its files off with such a build)"
+                    ),
+                ));
             }
-            // Tables newer than the MDT's format start empty.
-            txn.open_table(DIRSTRIPES)?;
-            txn.open_table(DIRDEFAULTS)?;
-            txn.open_table(INTENTS)?;
-            txn.commit()?;
-            // A generation drawn afresh: records a lost reset left behind never match.
-            ns.writer.with_log(|l| l.renew())?;
+            None => return Err(MdError::new(errno::EINVAL, "not a metadata target: its image has no format")),
         }
-        let txn = ns.db.begin_read()?;
-        let m = txn.open_table(META).map_err(|e| MdError::new(errno::EINVAL, format!("not a metadata target: {e}")))?;
-        let get = |k: &str| -> Result<u64> {
-            m.get(k)?
-                .map(|v| v.value())
-                .ok_or_else(|| MdError::new(errno::EINVAL, format!("metadata target lacks {k}")))
+        let index = image::meta(&db, "mdt_index")?
+            .ok_or_else(|| MdError::new(errno::EINVAL, "metadata target lacks its MDT index"))?
+            as u32;
+        let mut mem = image::load(&db)?;
+        let from = wal::Position::load(&db)?;
+        let region = wal::Region { vol: volume, base: db_bytes, room: log_bytes };
+        let (records, end) = region.replay(from)?;
+        // What the log held goes into the image now, and the log starts over under a
+        // new generation: records a crash left past the cut never pass for new ones.
+        let pos = wal::Position {
+            generation: wal::fresh_generation(),
+            transno: from.transno + records.len() as u64,
+            at: end.next_multiple_of(4096),
         };
-        if get("format")? != FORMAT {
-            return Err(MdError::new(errno::EINVAL, "metadata target of another format"));
-        }
-        ns.index = get("mdt_index")? as u32;
         {
-            let mut p = lock(&ns.pools);
-            for e in txn.open_table(POOLS)?.iter()? {
-                let (k, v) = e?;
-                p.osts.insert(k.value(), PoolState::decode(v.value())?);
+            let mut txn = db.begin_write()?;
+            txn.set_durability(redb::Durability::Immediate).map_err(storage)?;
+            image::create_tables(&txn)?;
+            for (_, r) in &records {
+                for op in mem::decode_record(r)? {
+                    image::apply(&txn, &op)?;
+                    mem.apply(op);
+                }
             }
+            pos.store(&txn)?;
+            txn.commit()?;
         }
-        let (mut seq_k, mut next_oid) = (get("seq_k")? as u32, get("next_oid")? as u32);
+        let mut pools = Pools::default();
+        for (ost, v) in &mem.pools {
+            pools.osts.insert(*ost, PoolState::decode(v)?);
+        }
+        let meta = |k: &str| {
+            mem.meta.get(k).copied().ok_or_else(|| MdError::new(errno::EINVAL, format!("metadata target lacks {k}")))
+        };
+        let (mut seq_k, mut next_oid) = (meta("seq_k")? as u32, meta("next_oid")? as u32);
         if next_oid == u32::MAX {
             // The sequence may be used up to its last id: start the next one.
             (seq_k, next_oid) = (seq_k + 1, 1);
         }
-        *lock(&ns.alloc) = FidAlloc { seq_k, next_oid, reserved: next_oid };
-        drop(m);
-        drop(txn);
-        let orphans: Vec<u128> = {
-            let txn = ns.db.begin_read()?;
-            let t = txn.open_table(ORPHANS)?;
-            t.iter()?.map(|e| e.map(|(k, _)| k.value())).collect::<std::result::Result<_, _>>()?
+        let orphans: Vec<u128> = mem.orphans.iter().copied().collect();
+        let stats = Arc::new(NamespaceStats::default());
+        stats.recovered.store(records.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let ns = Namespace {
+            index,
+            wal: wal::Wal::start(region, &opts, db, pos, stats.clone()),
+            mem: RwLock::new(mem),
+            pools: Mutex::new(pools),
+            db_len,
+            capacity: db_bytes,
+            opts,
+            alloc: Mutex::new(FidAlloc { seq_k, next_oid, reserved: next_oid }),
+            opens: Mutex::new(Opens::default()),
+            ost_pools: Mutex::new(None),
+            stats,
         };
-        if !orphans.is_empty() {
-            let txn = ns.db.begin_write()?;
-            {
-                let opens = HashMap::new();
-                let tx = Tx {
-                    txn: &txn,
-                    ns: &ns,
-                    alloc: *lock(&ns.alloc),
-                    now: now_ns(),
-                    opens: &opens,
-                    log: Default::default(),
-                    count: Default::default(),
-                    pools: Default::default(),
-                    pools_changed: Default::default(),
-                };
-                for k in orphans {
+        for k in orphans {
+            ns.change(
+                None,
+                Box::new(move |tx| {
                     match tx.get(Fid::from_key(k)) {
                         Ok((a, _)) => tx.destroy(&a, true)?,
                         // An orphan record without its inode: only the record goes.
-                        Err(_) => {
-                            txn.open_table(ORPHANS)?.remove(k)?;
-                        }
+                        Err(_) => tx.apply(Op::Orphan(k, false)),
                     }
-                }
-            }
-            txn.commit()?;
+                    Ok(Answer::Done)
+                }),
+            )?;
         }
         Ok(ns)
     }
 
-    /// The volume's split: the database from 0, then the redo log.
+    /// The volume's split: the image from 0, then the log.
     fn regions(volume: &Volume) -> Result<(u64, u64)> {
         let cap = volume.capacity() / 4096 * 4096;
         let log = (cap / 8).min(LOG_BYTES_MAX) / 4096 * 4096;
-        // Half the log holds the largest change (a DoM write of DOM_IO_MAX) with room.
+        // A quarter of the log holds one change: a DoM write of DOM_IO_MAX needs 8 MiB.
         if log < (4 << 20) {
             return Err(MdError::new(errno::ENOSPC, format!("a metadata volume of {cap} bytes is too small")));
         }
         Ok((cap - log, log))
     }
 
-    fn open_db(volume: Arc<Volume>, index: u32, opts: NamespaceOptions, log: MdLog) -> Result<Namespace> {
-        let (size, _) = Self::regions(&volume)?;
-        let backend = VolumeBackend::open(volume, 0, size, opts.sync)?;
-        let db_len = backend.len_handle();
-        let db = Database::builder().set_cache_size(opts.cache_bytes).create_with_backend(backend)?;
-        Ok(Namespace {
-            index,
-            db,
-            writer: writer::LogWriter::start(log),
-            lead: Mutex::new(Lead { batches: 0, since: std::time::Instant::now() }),
-            pools: Mutex::new(Pools::default()),
-            db_len,
-            capacity: size,
-            opts,
-            alloc: Mutex::new(FidAlloc { seq_k: 0, next_oid: 1, reserved: 1 }),
-            commits: Mutex::new(Commits::default()),
-            opens: Mutex::new(Opens::default()),
-            ost_pools: Mutex::new(None),
-            stats: NamespaceStats::default(),
-        })
-    }
-
     pub fn index(&self) -> u32 {
         self.index
     }
 
-    /// ENOSPC for new inodes and DoM data once redb's next growth of its file would not
-    /// fit the region: redb doubles its file below 4 GiB (and adds up to two 4 GiB
-    /// regions beyond), and a growth that fails poisons it until a restart. Removals are
-    /// let through, to free room.
-    fn room_to_grow(&self) -> Result<()> {
+    /// ENOSPC for new inodes, names and DoM data once the tables hold `memory_max`
+    /// bytes (`m`: the tables, as the caller holds them), or once the image's next
+    /// growth would not fit its region: redb doubles its file below 4 GiB (and adds up
+    /// to two 4 GiB regions beyond), and a growth that fails poisons it until a
+    /// restart. Removals are let through, to free room.
+    fn room_to_grow(&self, m: &Mem) -> Result<()> {
+        let held = m.bytes();
+        if held >= self.opts.memory_max {
+            static SAID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let e = MdError::new(
+                errno::ENOSPC,
+                format!(
+                    "MDT {} holds {} MiB of metadata in memory, its limit (mdt.*.memory_max = {} MiB): \
+                     no new files until some go or the limit is raised",
+                    self.index,
+                    held >> 20,
+                    self.opts.memory_max >> 20
+                ),
+            );
+            // Said in the log once a minute at most.
+            let minute = (now_ns() / 60_000_000_000) as u64;
+            if SAID.swap(minute, std::sync::atomic::Ordering::Relaxed) != minute {
+                eprintln!("mdt: {}", e.message);
+            }
+            return Err(e);
+        }
         let used = self.db_len.load(std::sync::atomic::Ordering::Acquire);
         if next_growth(used) > self.capacity {
             return Err(MdError::new(
                 errno::ENOSPC,
                 format!(
-                    "the MDT's database fills {} MiB of {} MiB, and its next growth would not fit",
+                    "the MDT's image fills {} MiB of {} MiB, and its next growth would not fit",
                     used >> 20,
                     self.capacity >> 20
                 ),
@@ -1566,10 +1382,9 @@ impl Namespace {
     // ---- reads ----
 
     fn read_inode(&self, fid: Fid) -> Result<(Attr, Fid)> {
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(INODES)?;
-        let v = t.get(fid.key())?.ok_or_else(|| MdError::new(errno::ENOENT, format!("no inode {fid}")))?;
-        decode_inode(v.value())
+        let m = read(&self.mem);
+        let i = m.inodes.get(&fid.key()).ok_or_else(|| MdError::new(errno::ENOENT, format!("no inode {fid}")))?;
+        Ok((i.attr, i.parent))
     }
 
     pub fn getattr(&self, fid: Fid) -> Result<Attr> {
@@ -1587,11 +1402,10 @@ impl Namespace {
     /// directory's own errors (missing, not a directory, no search permission, striped
     /// here) fail the whole call; a name's own (missing, too long) is its answer alone.
     pub fn lookup_many<S: AsRef<str>>(&self, cred: &Cred, dir: Fid, names: &[S]) -> Result<Vec<Result<Attr>>> {
-        let txn = self.db.begin_read()?;
-        let inodes = txn.open_table(INODES)?;
+        let m = read(&self.mem);
         let get = |f: Fid| -> Result<(Attr, Fid)> {
-            let v = inodes.get(f.key())?.ok_or_else(|| MdError::new(errno::ENOENT, format!("no inode {f}")))?;
-            decode_inode(v.value())
+            let i = m.inodes.get(&f.key()).ok_or_else(|| MdError::new(errno::ENOENT, format!("no inode {f}")))?;
+            Ok((i.attr, i.parent))
         };
         let (d, parent) = get(dir)?;
         if !mode::is_dir(d.mode) {
@@ -1601,19 +1415,17 @@ impl Namespace {
             return Err(denied(cred, "search", &d));
         }
         if names.iter().any(|n| !matches!(n.as_ref(), "." | "..")) {
-            striped_here(&txn, dir)?;
+            striped_here(&m, dir)?;
         }
-        let dirents = txn.open_table(DIRENTS)?;
         let one = |name: &str| -> Result<Attr> {
             name_fits(name)?;
             let (child, kind) = match name {
                 "." => (dir, mode::S_IFDIR),
                 ".." => (parent, mode::S_IFDIR),
                 _ => {
-                    let v = dirents
-                        .get((dir.key(), cookie_of(name), name))?
+                    let (f, k) = m
+                        .entry(dir.key(), cookie_of(name), name)
                         .ok_or_else(|| MdError::new(errno::ENOENT, format!("no {name:?} in {dir}")))?;
-                    let (f, k) = v.value();
                     (Fid::from_key(f), k)
                 }
             };
@@ -1644,27 +1456,20 @@ impl Namespace {
         max: usize,
         max_bytes: usize,
     ) -> Result<(Vec<(DirEntry, Attr)>, bool)> {
-        let txn = self.db.begin_read()?;
-        let inodes = txn.open_table(INODES)?;
-        let d = decode_inode(
-            inodes.get(dir.key())?.ok_or_else(|| MdError::new(errno::ENOENT, format!("no inode {dir}")))?.value(),
-        )?
-        .0;
+        let m = read(&self.mem);
+        let d = m.inodes.get(&dir.key()).ok_or_else(|| MdError::new(errno::ENOENT, format!("no inode {dir}")))?.attr;
         if !mode::is_dir(d.mode) {
             return Err(MdError::new(errno::ENOTDIR, format!("{dir} is not a directory")));
         }
         if !may(cred, &d, R) {
             return Err(denied(cred, "list", &d));
         }
-        striped_here(&txn, dir)?;
-        let t = txn.open_table(DIRENTS)?;
-        let k = dir.key();
+        striped_here(&m, dir)?;
         let mut out = Vec::new();
         let mut last = None;
         let mut bytes = 0usize;
-        for e in t.range((k, cookie.saturating_add(1), "")..(k + 1, 0, ""))? {
-            let (key, v) = e?;
-            let (_, hash, name) = key.value();
+        for (hash, e) in m.entries_after(dir.key(), cookie) {
+            let name = &*e.name;
             bytes += READDIR_ENTRY_BYTES + name.len();
             if out.len() >= max.max(1) || (!out.is_empty() && bytes > max_bytes) {
                 // Never split a group of equal hashes (the cookie could not resume inside
@@ -1678,10 +1483,9 @@ impl Namespace {
                     return Ok((out, false));
                 }
             }
-            let (child, kind) = v.value();
-            let child = Fid::from_key(child);
-            let a = match inodes.get(child.key())? {
-                Some(v) => decode_inode(v.value())?.0,
+            let (child, kind) = (Fid::from_key(e.child), e.kind);
+            let a = match m.inodes.get(&e.child) {
+                Some(i) => i.attr,
                 None if child.mdt() != Some(self.index) => remote_attr(child, kind),
                 None => continue,
             };
@@ -1693,10 +1497,8 @@ impl Namespace {
 
     pub fn readlink(&self, fid: Fid) -> Result<Vec<u8>> {
         self.getattr(fid)?;
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(SYMLINKS)?;
-        match t.get(fid.key())? {
-            Some(v) => Ok(v.value().to_vec()),
+        match read(&self.mem).symlinks.get(&fid.key()) {
+            Some(v) => Ok(v.to_vec()),
             None => Err(MdError::new(errno::EINVAL, format!("{fid} is not a symlink"))),
         }
     }
@@ -1738,10 +1540,8 @@ impl Namespace {
             };
         }
         self.xattr_access(cred, &a, name, R)?;
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(XATTRS)?;
-        match t.get((fid.key(), name))? {
-            Some(v) => Ok(v.value().to_vec()),
+        match read(&self.mem).xattrs.get(&(fid.key(), Box::<str>::from(name))) {
+            Some(v) => Ok(v.to_vec()),
             None => Err(MdError::new(errno::ENODATA, format!("{fid} has no xattr {name}"))),
         }
     }
@@ -1749,18 +1549,11 @@ impl Namespace {
     /// Names of the xattrs the caller may see.
     pub fn listxattr(&self, cred: &Cred, fid: Fid) -> Result<Vec<String>> {
         self.getattr(fid)?;
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(XATTRS)?;
-        let k = fid.key();
-        let mut out = Vec::new();
-        for e in t.range((k, "")..(k + 1, ""))? {
-            let (key, _) = e?;
-            let n = key.value().1;
-            if !n.starts_with("trusted.") || cred.uid == 0 {
-                out.push(n.to_string());
-            }
-        }
-        Ok(out)
+        let m = read(&self.mem);
+        Ok(m.xattrs_of(fid.key())
+            .filter(|(n, _)| !n.starts_with("trusted.") || cred.uid == 0)
+            .map(|(n, _)| n.to_string())
+            .collect())
     }
 
     /// Whether `handle` is `owner`'s, on `fid`, and open for writing.
@@ -1776,12 +1569,10 @@ impl Namespace {
         next_growth(next_growth(used)) <= self.capacity
     }
 
-    /// Inodes in use, and the bytes the database occupies of its volume.
+    /// Inodes in use, and the bytes the image occupies of its volume.
     pub fn statfs(&self) -> Result<MdtStatFs> {
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(INODES)?;
         Ok(MdtStatFs {
-            inodes: t.len()?,
+            inodes: read(&self.mem).inodes.len() as u64,
             bytes_used: self.db_len.load(std::sync::atomic::Ordering::Acquire),
             bytes_total: self.capacity,
         })
@@ -1789,47 +1580,93 @@ impl Namespace {
 
     // ---- changes ----
 
-    /// Queue a change; true if the caller must run the batches (nobody else is).
-    fn enqueue(
-        &self,
-        key: Option<ReplyKey>,
-        change: Change,
-        weight: usize,
-    ) -> (tokio::sync::oneshot::Receiver<Result<Answer>>, bool) {
-        let (answer, rx) = tokio::sync::oneshot::channel();
-        let mut c = lock(&self.commits);
-        c.queue.push(Queued { key, change, answer, weight: weight + CHANGE_BYTES });
-        let lead = !c.running;
-        c.running = true;
-        (rx, lead)
+    /// Log bytes a change may take: its names and attributes, and its data with the
+    /// DoM blocks it rewrites at both ends.
+    fn reservation(weight: usize) -> u64 {
+        (CHANGE_BYTES + weight) as u64 + if weight > 0 { 2 * DOM_BLOCK } else { 0 }
     }
 
-    /// Run batches until the queue is empty, answering each change as its batch becomes
-    /// durable; then stand down.
-    fn run_batches(&self) {
-        loop {
-            let batch: Vec<Queued> = {
-                let mut c = lock(&self.commits);
-                if c.queue.is_empty() {
-                    c.running = false;
-                    return;
-                }
-                // At most `batch_max` changes and a quarter of the log's room, so that a
-                // batch always fits what a checkpoint leaves free (at least half).
-                let room = self.writer.room() as usize / 4;
-                let (mut n, mut bytes) = (0, 0);
-                while n < c.queue.len().min(self.opts.batch_max.max(1)) && (n == 0 || bytes + c.queue[n].weight <= room)
-                {
-                    bytes += c.queue[n].weight;
-                    n += 1;
-                }
-                c.queue.drain(..n).collect()
-            };
-            self.commit(batch);
+    /// Run one change in memory (its room in the log reserved by the caller) and stage
+    /// its record; returns its answer and the transno to wait for before answering (its
+    /// own, or for a change that wrote nothing the last one staged, whose state it may
+    /// have read). With a reply key, a change already run answers as it did then.
+    fn run_change(&self, key: Option<ReplyKey>, change: Change, reserved: u64) -> Result<(Result<Answer>, u64)> {
+        let r = self.run_reserved(key, change, reserved);
+        if r.is_err() {
+            self.wal.unreserve(reserved);
         }
+        r
     }
 
-    /// Run one change through group commit and wait for it; with a reply key, a change
+    /// [`Namespace::run_change`]; an error gives the reservation back to the caller.
+    fn run_reserved(&self, key: Option<ReplyKey>, change: Change, reserved: u64) -> Result<(Result<Answer>, u64)> {
+        // Held to the end of the change: an open cannot slip in between the check that a
+        // file is not open and its removal.
+        let opens = lock(&self.opens);
+        let mut mem = write(&self.mem);
+        let mut tx = Tx::new(&mut mem, self, &opens.counts);
+        let stored = key.and_then(|k| tx.m().replies.get(&(k.client, k.xid)).map(|v| (k, Stored::decode(v))));
+        let mut answer = None;
+        if let Some((k, stored)) = stored {
+            match stored? {
+                Stored { digest, answer: a } if digest == k.digest => {
+                    self.stats.replayed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    answer = Some(a);
+                }
+                // An xid reused by a later incarnation of the client: the old record goes
+                // and the request runs.
+                _ => tx.del_reply(k.client, k.xid)?,
+            }
+        }
+        let r = match answer {
+            Some(a) => a,
+            None => {
+                // A panic inside a change must not leave half of it applied.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| change(&mut tx)))
+                    .unwrap_or_else(|_| Err(MdError::new(errno::EIO, "the metadata change failed inside the server")));
+                if r.is_err() && tx.mutations() > 0 {
+                    // It failed after writing: nothing of it stays.
+                    tx.roll_back();
+                }
+                if let Some(k) = key
+                    && !r.as_ref().is_err_and(|e| e.errno == NEEDS_COORDINATION)
+                {
+                    tx.put_reply(k.client, k.xid, &Stored { digest: k.digest, answer: r.clone() }.encode())?;
+                    self.prune_replies(&tx, k)?;
+                }
+                r
+            }
+        };
+        let changed: Vec<u32> = tx.pools_changed.borrow().iter().copied().collect();
+        for ost in changed {
+            let v = tx.pools.borrow().osts.get(&ost).map(PoolState::encode).unwrap_or_default();
+            tx.apply(Op::Pool(ost, Some(v.into())));
+        }
+        if tx.mutations() == 0 {
+            self.wal.unreserve(reserved);
+            return Ok((r, self.wal.last_transno()));
+        }
+        let mut alloc = tx.alloc;
+        if alloc.seq_k != lock(&self.alloc).seq_k || alloc.next_oid > alloc.reserved {
+            // Reserve the next stretch of FIDs: the log says where a restart resumes.
+            alloc.reserved = alloc.next_oid.saturating_add(FID_RESERVE);
+            tx.put_meta("seq_k", alloc.seq_k as u64)?;
+            tx.put_meta("next_oid", alloc.reserved as u64)?;
+        }
+        let record = tx.seal();
+        let pools = tx.pools.take();
+        drop(tx);
+        let transno = self.wal.stage(record, reserved)?;
+        // Under the namespace's lock still: the next change starts from these.
+        *lock(&self.alloc) = alloc;
+        *lock(&self.pools) = pools;
+        drop(mem);
+        drop(opens);
+        self.stats.changes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok((r, transno))
+    }
+
+    /// Run one change and wait until it is on the drives; with a reply key, a change
     /// already run returns its stored answer.
     fn change(&self, key: Option<ReplyKey>, f: Change) -> Result<Answer> {
         self.change_weighted(key, f, 0)
@@ -1837,210 +1674,50 @@ impl Namespace {
 
     /// As `change`, for a change that logs about `weight` bytes of data.
     fn change_weighted(&self, key: Option<ReplyKey>, f: Change, weight: usize) -> Result<Answer> {
-        let (rx, lead) = self.enqueue(key, f, weight);
-        if lead {
-            self.run_batches();
-        }
-        rx.blocking_recv().unwrap_or_else(|_| Err(MdError::new(errno::EIO, "the metadata change was dropped")))
+        let reserved = Self::reservation(weight);
+        self.wal.reserve(reserved, true)?;
+        let (r, transno) = self.run_change(key, f, reserved)?;
+        self.wal.wait_committed(transno)?;
+        r
     }
 
-    /// Commit a batch of changes in one transaction and hand its record to the log
-    /// writer, which answers each change once the record is on the drives (at once, for
-    /// a batch that changed nothing or failed).
-    fn commit(&self, batch: Vec<Queued>) {
-        let n = batch.len();
-        let (work, answers): (Vec<_>, Vec<_>) = batch.into_iter().map(|q| ((q.key, q.change), q.answer)).unzip();
-        // A panic inside a change must not leave `running` set and everyone waiting: it
-        // fails the batch instead.
-        let staged = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.commit_inner(work)))
-            .unwrap_or_else(|_| Err(MdError::new(errno::EIO, "the metadata change failed inside the server")));
-        match staged {
-            Ok((record, out)) => {
-                self.stats.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                self.stats.changes.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-                match record {
-                    Some(record) => {
-                        self.writer.submit(writer::Job { record, answers: answers.into_iter().zip(out).collect() })
-                    }
-                    // Nothing to log, but its answers may rest on batches whose records
-                    // are still being written (a replayed reply, an EEXIST): they wait
-                    // their turn behind them.
-                    None if !self.writer.idle() => self
-                        .writer
-                        .submit(writer::Job { record: Vec::new(), answers: answers.into_iter().zip(out).collect() }),
-                    None => {
-                        for (tx, r) in answers.into_iter().zip(out) {
-                            let _ = tx.send(r);
-                        }
-                    }
-                }
-            }
-            Err(e) => {
-                for tx in answers {
-                    let _ = tx.send(Err(e.clone()));
-                }
-            }
-        }
+    /// Wait until every change answered so far is on the drives (`fsync`, `sync`).
+    pub fn commit(&self) -> Result<()> {
+        self.wal.wait_committed(self.wal.last_transno())
     }
 
-    /// Make redb durable and start the log over, if it is time (see [`CHECKPOINT_BATCHES`]).
-    fn checkpoint_if_due(&self, lead: &mut Lead) -> Result<()> {
-        let due = self.writer.used() > self.writer.room() / 2
-            || lead.batches >= CHECKPOINT_BATCHES
-            || (lead.batches > 0 && lead.since.elapsed() >= CHECKPOINT_INTERVAL);
-        if due {
-            self.checkpoint(lead)?;
-        }
-        Ok(())
+    /// Wait until every change answered so far is in the image, so that the log holds
+    /// none of it (for tests and for a clean stop).
+    pub fn checkpoint(&self) -> Result<()> {
+        self.wal.checkpoint()
     }
 
-    /// Make redb durable and start the log over, once every record handed to the log
-    /// writer is written.
-    fn checkpoint(&self, lead: &mut Lead) -> Result<()> {
-        self.writer.drain();
-        if self.writer.broken() {
-            return Err(broken());
-        }
-        let mut txn = self.db.begin_write()?;
-        txn.set_durability(redb::Durability::Immediate).map_err(storage)?;
-        txn.commit()?;
-        if let Err(e) = self.writer.with_log(|l| l.reset()) {
-            // The new header may be on the drives while the old generation goes on here:
-            // records appended now would be ignored at replay.
-            self.writer.set_broken();
-            return Err(e.into());
-        }
-        lead.batches = 0;
-        lead.since = std::time::Instant::now();
-        self.stats.checkpoints.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
+    /// Stop as a crash of the server would, for tests: changes staged and not yet
+    /// written are lost, nothing is checkpointed, the image is never closed, and every
+    /// change from now on fails.
+    pub fn crash(&self) {
+        self.wal.halt();
     }
 
-    /// Run a batch in one redb transaction and commit it (without durability); returns
-    /// its redo record (none if nothing changed) and the answers, which may go out once
-    /// the record is written.
-    fn commit_inner(&self, batch: Vec<(Option<ReplyKey>, Change)>) -> Result<Staged> {
-        if self.writer.broken() {
-            return Err(broken());
-        }
-        let mut lead = lock(&self.lead);
-        self.checkpoint_if_due(&mut lead)?;
-        let mut txn = self.db.begin_write()?;
-        txn.set_durability(redb::Durability::None).map_err(storage)?;
-        // Held to the end of the batch: an open cannot slip in between the check that a
-        // file is not open and its removal.
-        let opens = lock(&self.opens);
-        let mut tx = Tx {
-            txn: &txn,
-            ns: self,
-            alloc: *lock(&self.alloc),
-            now: now_ns(),
-            opens: &opens.counts,
-            log: Default::default(),
-            count: Default::default(),
-            pools: std::cell::RefCell::new(lock(&self.pools).clone()),
-            pools_changed: Default::default(),
-        };
-        let mut out = Vec::with_capacity(batch.len());
-        for (key, change) in batch {
-            if let Some(k) = key {
-                let stored = txn.open_table(REPLIES)?.get((k.client, k.xid))?.map(|v| v.value().to_vec());
-                if let Some(b) = stored {
-                    match Stored::decode(&b)? {
-                        Stored { digest, answer } if digest == k.digest => {
-                            self.stats.replayed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            out.push(answer);
-                            continue;
-                        }
-                        // An xid reused by a later incarnation of the client: the old
-                        // record goes and the request runs.
-                        _ => tx.del_reply(k.client, k.xid)?,
-                    }
-                }
-            }
-            let before = tx.mutations();
-            let r = change(&mut tx);
-            if let Err(e) = &r
-                && (tx.mutations() != before || e.errno == errno::EIO)
-            {
-                // It failed after writing, or in storage (where a write may have gone
-                // half way): nothing of the batch may be kept.
-                return Err(e.clone());
-            }
-            if let Some(k) = key
-                && !r.as_ref().is_err_and(|e| e.errno == NEEDS_COORDINATION)
-            {
-                tx.put_reply(k.client, k.xid, &Stored { digest: k.digest, answer: r.clone() }.encode())?;
-                self.prune_replies(&tx, k)?;
-            }
-            out.push(r);
-        }
-        let alloc = tx.alloc;
-        let changed: Vec<u32> = tx.pools_changed.borrow().iter().copied().collect();
-        for ost in changed {
-            let v = tx.pools.borrow().osts.get(&ost).map(PoolState::encode).unwrap_or_default();
-            tx.txn.open_table(POOLS)?.insert(ost, v.as_slice())?;
-            tx.record(T_POOLS, PUT, |e| e.u32(ost).bytes(&v));
-        }
-        let pools = tx.pools.borrow().clone();
-        if tx.mutations() == 0 {
-            // Nothing changed (every change failed its checks or was a replay).
-            return Ok((None, out));
-        }
-        let mut alloc = alloc;
-        if alloc.seq_k != lock(&self.alloc).seq_k || alloc.next_oid > alloc.reserved {
-            // Reserve the next stretch of FIDs: the database says where a restart resumes.
-            alloc.reserved = alloc.next_oid.saturating_add(FID_RESERVE);
-            tx.put_meta("seq_k", alloc.seq_k as u64)?;
-            tx.put_meta("next_oid", alloc.reserved as u64)?;
-        }
-        let record = tx.seal();
-        drop(tx);
-        if !self.writer.fits(record.len()) {
-            // Batches are sized to fit (see `run_batches`); should one not, it is refused
-            // whole, and the log is emptied for what comes next. (Committing it durably
-            // instead would let a crash replay older records over it.)
-            drop(txn);
-            drop(opens);
-            self.checkpoint(&mut lead)?;
-            return Err(MdError::new(
-                errno::ENOSPC,
-                format!("a batch of {} bytes does not fit the metadata log: send it again", record.len()),
-            ));
-        }
-        // Committed before its record is written: the record goes to the log writer, and
-        // nobody hears of the batch until it is written (see [`writer`]).
-        txn.commit()?;
-        lead.batches += 1;
-        drop(opens);
-        *lock(&self.alloc) = alloc;
-        *lock(&self.pools) = pools;
-        Ok((Some(record), out))
+    /// The highest transno given, and the highest on the drives (`last_committed`).
+    pub fn transnos(&self) -> (u64, u64) {
+        (self.wal.last_transno(), self.wal.last_committed())
     }
 
     /// Drop the records a client has acknowledged, and its oldest beyond the bound.
     fn prune_replies(&self, tx: &Tx<'_>, k: ReplyKey) -> Result<()> {
-        let mut old: Vec<u64> = Vec::new();
-        let mut kept = 0usize;
-        {
-            let t = tx.txn.open_table(REPLIES)?;
-            for e in t.range((k.client, 0)..=(k.client, u64::MAX))? {
-                let (key, _) = e?;
-                let xid = key.value().1;
-                if xid < k.acked_below {
-                    old.push(xid);
-                } else {
-                    kept += 1;
-                }
-            }
-            // Another MDT's steps are kept until it says their intents ended: dropping
-            // one early could run it again after a restart.
-            if kept > REPLIES_PER_CLIENT_MAX && !crate::dne::is_coordinator_client(k.client) {
-                for e in t.range((k.client, k.acked_below)..=(k.client, u64::MAX))?.take(kept - REPLIES_PER_CLIENT_MAX)
-                {
-                    old.push(e?.0.value().1);
-                }
-            }
+        let (mut old, kept): (Vec<u64>, usize) = {
+            let m = tx.m();
+            let old = m.replies.range((k.client, 0)..(k.client, k.acked_below)).map(|(key, _)| key.1).collect();
+            (old, m.replies.range((k.client, k.acked_below)..=(k.client, u64::MAX)).count())
+        };
+        // Another MDT's steps are kept until it says their intents ended: dropping one
+        // early could run it again after a restart.
+        if kept > REPLIES_PER_CLIENT_MAX && !crate::dne::is_coordinator_client(k.client) {
+            let m = tx.m();
+            let extra =
+                m.replies.range((k.client, k.acked_below)..=(k.client, u64::MAX)).take(kept - REPLIES_PER_CLIENT_MAX);
+            old.extend(extra.map(|(key, _)| key.1));
         }
         for x in old {
             tx.del_reply(k.client, x)?;
@@ -2075,43 +1752,24 @@ impl Namespace {
         Box::new(move |tx| Ok(Answer::Attr(tx.make(&cred, dir, &name, perms, mode::S_IFREG, None)?.0)))
     }
 
-    /// Run a change through group commit from async code, without blocking the task: the
-    /// first to find no batch running starts the batches on a blocking thread, everyone
-    /// awaits their own answer.
+    /// Run a change from async code: in memory on the calling task (a few microseconds
+    /// under the namespace's lock), then await its log write. Only a change that must
+    /// wait for log room (a checkpoint behind) goes to a blocking thread.
     pub async fn submit(self: &Arc<Self>, key: Option<ReplyKey>, change: Change, weight: usize) -> Result<Answer> {
-        /// Runs the batches on its blocking thread; dropped without running (the runtime
-        /// is shutting down), it stands the leader down and fails what waits, so nobody
-        /// waits forever on batches nobody runs.
-        struct Runner(Option<Arc<Namespace>>);
-        impl Drop for Runner {
-            fn drop(&mut self) {
-                if let Some(ns) = self.0.take() {
-                    ns.abandon_batches();
-                }
-            }
-        }
-        let (rx, lead) = self.enqueue(key, change, weight);
-        if lead {
-            let mut runner = Runner(Some(self.clone()));
+        let reserved = Self::reservation(weight);
+        let (r, transno) = if self.wal.reserve(reserved, false)? {
+            self.run_change(key, change, reserved)?
+        } else {
+            let ns = self.clone();
             tokio::task::spawn_blocking(move || {
-                if let Some(ns) = runner.0.take() {
-                    ns.run_batches();
-                }
-            });
-        }
-        rx.await.unwrap_or_else(|_| Err(MdError::new(errno::EIO, "the metadata change was dropped")))
-    }
-
-    /// Stand the leader down and fail every queued change (nobody will run them).
-    fn abandon_batches(&self) {
-        let queued: Vec<Queued> = {
-            let mut c = lock(&self.commits);
-            c.running = false;
-            c.queue.drain(..).collect()
+                ns.wal.reserve(reserved, true)?;
+                ns.run_change(key, change, reserved)
+            })
+            .await
+            .map_err(|_| MdError::new(errno::EIO, "the metadata change was dropped"))??
         };
-        for q in queued {
-            let _ = q.answer.send(Err(MdError::new(errno::EIO, "the MDT is shutting down")));
-        }
+        self.wal.committed(transno).await?;
+        r
     }
 
     /// Make a regular file with the layout `layout` (`lfs setstripe` on a new file); it
@@ -2210,7 +1868,7 @@ impl Namespace {
         }
         let end =
             self.dom_end(fid)?.ok_or_else(|| MdError::new(errno::EINVAL, format!("{fid} keeps no data on the MDT")))?;
-        self.room_to_grow()?;
+        self.room_to_grow(&read(&self.mem))?;
         let stop = offset.checked_add(data.len() as u64).filter(|&s| s <= end).ok_or_else(|| {
             MdError::new(
                 errno::EFBIG,
@@ -2264,7 +1922,7 @@ impl Namespace {
                 format!("data of {} bytes with a create (at most {DOM_IO_MAX})", data.len()),
             ));
         }
-        self.room_to_grow()?;
+        self.room_to_grow(&read(&self.mem))?;
         let (cred, name, data, weight) = (cred.clone(), name.to_string(), data.to_vec(), data.len());
         Ok((
             Box::new(move |tx| {
@@ -2312,12 +1970,9 @@ impl Namespace {
             return Ok(Vec::new());
         }
         let mut out = vec![0u8; (stop - offset) as usize];
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(DOM)?;
-        for e in t.range((fid.key(), offset / DOM_BLOCK)..=(fid.key(), (stop - 1) / DOM_BLOCK))? {
-            let (k, v) = e?;
-            let start = k.value().1 * DOM_BLOCK;
-            let v = v.value();
+        let m = read(&self.mem);
+        for (b, v) in m.dom_of(fid.key(), offset / DOM_BLOCK, (stop - 1) / DOM_BLOCK) {
+            let start = b * DOM_BLOCK;
             let (lo, hi) = (offset.max(start), stop.min(start + v.len() as u64));
             if lo < hi {
                 out[(lo - offset) as usize..(hi - offset) as usize]
@@ -2359,10 +2014,8 @@ impl Namespace {
         self.change(
             None,
             Box::new(move |tx| {
-                let mut t = tx.txn.open_table(DESTROYS)?;
                 for oid in first..first + count {
-                    t.insert((ost, oid), 1)?;
-                    tx.record(T_DESTROYS, PUT, |e| e.u32(ost).u64(oid));
+                    tx.put_destroy(ost, oid);
                 }
                 Ok(Answer::Done)
             }),
@@ -2388,10 +2041,8 @@ impl Namespace {
                     return Ok(Answer::Done);
                 }
                 let upto = next.min(p.high.saturating_add(4096));
-                let mut t = tx.txn.open_table(DESTROYS)?;
                 for oid in p.high..upto {
-                    t.insert((ost, oid), 1)?;
-                    tx.record(T_DESTROYS, PUT, |e| e.u32(ost).u64(oid));
+                    tx.put_destroy(ost, oid);
                 }
                 p.high = upto;
                 tx.pools_changed.borrow_mut().insert(ost);
@@ -2449,22 +2100,19 @@ impl Namespace {
     /// A file's OST objects (empty when it has none).
     pub fn objects(&self, fid: Fid) -> Result<FileObjects> {
         self.getattr(fid)?;
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(OBJECTS)?;
-        match t.get(fid.key())? {
-            Some(v) => decode_objects(v.value()),
+        match read(&self.mem).objects.get(&fid.key()) {
+            Some(v) => decode_objects(v),
             None => Ok(Vec::new()),
         }
     }
 
     /// Up to `max` objects of removed files still to destroy, on OST `ost` or on any.
     pub fn pending_destroys(&self, ost: Option<u32>, max: usize) -> Result<Vec<(u32, u64)>> {
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(DESTROYS)?;
-        match ost {
-            Some(o) => t.range((o, 0)..=(o, u64::MAX))?.take(max).map(|e| Ok(e?.0.value())).collect(),
-            None => t.iter()?.take(max).map(|e| Ok(e?.0.value())).collect(),
-        }
+        let m = read(&self.mem);
+        Ok(match ost {
+            Some(o) => m.destroys.range((o, 0)..=(o, u64::MAX)).take(max).copied().collect(),
+            None => m.destroys.iter().take(max).copied().collect(),
+        })
     }
 
     /// These objects are destroyed on their OSTs: forget them.
@@ -2475,10 +2123,9 @@ impl Namespace {
         self.change(
             None,
             Box::new(move |tx| {
-                let mut t = tx.txn.open_table(DESTROYS)?;
                 for (ost, oid) in done {
-                    if t.remove((ost, oid))?.is_some() {
-                        tx.record(T_DESTROYS, DEL, |e| e.u32(ost).u64(oid));
+                    if tx.m().destroys.contains(&(ost, oid)) {
+                        tx.apply(Op::Destroy(ost, oid, false));
                     }
                 }
                 Ok(Answer::Done)
@@ -2491,10 +2138,8 @@ impl Namespace {
     /// and its files inherit the file system's).
     pub fn layout(&self, fid: Fid) -> Result<Option<Layout>> {
         self.getattr(fid)?;
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(LAYOUTS)?;
-        match t.get(fid.key())? {
-            Some(v) => Ok(Some(Layout::decode(v.value())?)),
+        match read(&self.mem).layouts.get(&fid.key()) {
+            Some(v) => Ok(Some(Layout::decode(v)?)),
             None => Ok(None),
         }
     }
@@ -2817,8 +2462,8 @@ impl Namespace {
             if let Some(b) = s.ost_blocks {
                 // What the objects held last time is replaced by what they hold now.
                 let k = fid.key();
-                let old = tx.txn.open_table(OST_BLOCKS)?.insert(k, b)?.map(|v| v.value()).unwrap_or(0);
-                tx.record(T_OST_BLOCKS, PUT, |e| big(e, k).u64(b));
+                let old = tx.m().ost_blocks.get(&k).copied().unwrap_or(0);
+                tx.apply(Op::OstBlocks(k, Some(b)));
                 a.blocks = a.blocks.saturating_sub(old) + b;
             }
             if let Some(size) = s.size {
@@ -2890,16 +2535,11 @@ impl Namespace {
             let (mut a, p) = tx.get(fid)?;
             let mut used = 0usize;
             let mut old = None;
-            for e in tx.txn.open_table(XATTRS)?.range((fid.key(), "")..)? {
-                let (k, v) = e?;
-                let (owner, n) = k.value();
-                if owner != fid.key() {
-                    break;
-                }
+            for (n, v) in tx.m().xattrs_of(fid.key()) {
                 if n == name {
-                    old = Some(n.len() + v.value().len());
+                    old = Some(n.len() + v.len());
                 } else {
-                    used += n.len() + v.value().len();
+                    used += n.len() + v.len();
                 }
             }
             if create && old.is_some() {
@@ -3104,14 +2744,7 @@ impl Namespace {
         self.change(
             None,
             Box::new(move |tx| {
-                let xids: Vec<u64> = {
-                    let t = tx.txn.open_table(REPLIES)?;
-                    let mut v = Vec::new();
-                    for e in t.range((client, 0)..=(client, u64::MAX))? {
-                        v.push(e?.0.value().1);
-                    }
-                    v
-                };
+                let xids: Vec<u64> = tx.m().replies.range((client, 0)..=(client, u64::MAX)).map(|(k, _)| k.1).collect();
                 for x in xids {
                     tx.del_reply(client, x)?;
                 }
@@ -3123,14 +2756,7 @@ impl Namespace {
 
     /// Reply records kept for `client`.
     pub fn reply_records(&self, client: u64) -> Result<usize> {
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(REPLIES)?;
-        let mut n = 0;
-        for e in t.range((client, 0)..=(client, u64::MAX))? {
-            e?;
-            n += 1;
-        }
-        Ok(n)
+        Ok(read(&self.mem).replies.range((client, 0)..=(client, u64::MAX)).count())
     }
 
     /// Close a handle of client `owner`; the last close of a file unlinked meanwhile
@@ -3144,7 +2770,7 @@ impl Namespace {
         self.change(
             None,
             Box::new(move |tx| {
-                let orphan = tx.txn.open_table(ORPHANS)?.get(key)?.is_some();
+                let orphan = tx.m().orphans.contains(&key);
                 if orphan && tx.opens.get(&key).is_none_or(|&n| n == 0) {
                     let (a, _) = tx.get(Fid::from_key(key))?;
                     tx.destroy(&a, true)?;

@@ -18,11 +18,11 @@ use nacre_proto::dne::{DirDefault, DirStripe, Update};
 use nacre_proto::fid::Fid;
 use nacre_proto::mdt::{errno, mode};
 use nacre_proto::wire::{Dec, Enc};
-use redb::{ReadableDatabase, ReadableTable};
 
+use super::mem::Op;
 use super::{
-    Answer, Change, Cred, DIRDEFAULTS, DIRENTS, DIRSTRIPES, INTENTS, LINK_MAX, MdError, Namespace, PUT, ReplyKey,
-    Result, Stored, T_DIRDEFAULTS, T_DIRSTRIPES, T_INTENTS, Tx, big, check_name, coordinate, may, storage,
+    Answer, Change, Cred, LINK_MAX, MdError, Namespace, ReplyKey, Result, Stored, Tx, check_name, coordinate, may,
+    read, storage,
 };
 
 /// The first sequence (of the 2^32 of each MDT) handed to other MDTs: MDT `c` makes the
@@ -114,8 +114,8 @@ impl Tx<'_> {
     }
 
     pub(super) fn dir_stripe(&self, dir: Fid) -> Result<Option<DirStripe>> {
-        match self.txn.open_table(DIRSTRIPES)?.get(dir.key())? {
-            Some(v) => Ok(Some(DirStripe::decode(v.value())?)),
+        match self.m().dirstripes.get(&dir.key()) {
+            Some(v) => Ok(Some(DirStripe::decode(v)?)),
             None => Ok(None),
         }
     }
@@ -132,21 +132,20 @@ impl Tx<'_> {
     }
 
     fn put_dir_stripe(&self, dir: Fid, v: &[u8]) -> Result<()> {
-        self.txn.open_table(DIRSTRIPES)?.insert(dir.key(), v)?;
-        self.record(T_DIRSTRIPES, PUT, |e| big(e, dir.key()).bytes(v));
+        self.apply(Op::DirStripe(dir.key(), Some(v.into())));
         Ok(())
     }
 
     pub(super) fn del_dir_stripe(&self, dir: Fid) -> Result<()> {
-        if self.txn.open_table(DIRSTRIPES)?.remove(dir.key())?.is_some() {
-            self.record(T_DIRSTRIPES, super::DEL, |e| big(e, dir.key()));
+        if self.m().dirstripes.contains_key(&dir.key()) {
+            self.apply(Op::DirStripe(dir.key(), None));
         }
         Ok(())
     }
 
     pub(super) fn dir_default_of(&self, dir: Fid) -> Result<Option<DirDefault>> {
-        match self.txn.open_table(DIRDEFAULTS)?.get(dir.key())? {
-            Some(v) => Ok(Some(DirDefault::decode(v.value())?)),
+        match self.m().dirdefaults.get(&dir.key()) {
+            Some(v) => Ok(Some(DirDefault::decode(v)?)),
             None => Ok(None),
         }
     }
@@ -154,14 +153,10 @@ impl Tx<'_> {
     /// Set (or with `None` remove) the default of `dir`'s new subdirectories.
     pub(super) fn set_dir_default(&self, dir: Fid, d: Option<DirDefault>) -> Result<()> {
         match d {
-            Some(d) => {
-                let v = d.encode();
-                self.txn.open_table(DIRDEFAULTS)?.insert(dir.key(), v.as_slice())?;
-                self.record(T_DIRDEFAULTS, PUT, |e| big(e, dir.key()).bytes(&v));
-            }
+            Some(d) => self.apply(Op::DirDefault(dir.key(), Some(d.encode().into()))),
             None => {
-                if self.txn.open_table(DIRDEFAULTS)?.remove(dir.key())?.is_some() {
-                    self.record(T_DIRDEFAULTS, super::DEL, |e| big(e, dir.key()));
+                if self.m().dirdefaults.contains_key(&dir.key()) {
+                    self.apply(Op::DirDefault(dir.key(), None));
                 }
             }
         }
@@ -175,7 +170,7 @@ impl Tx<'_> {
             return Ok(self.new_fid());
         }
         let key = format!("peer_fid.{mdt}");
-        let at = self.txn.open_table(super::META)?.get(key.as_str())?.map_or(1, |v| v.value());
+        let at = self.meta(&key).unwrap_or(1);
         let (j, oid) = ((at >> 32) as u32, at as u32);
         if j >= 1 << 15 {
             return Err(MdError::new(errno::ENOSPC, format!("FIDs this MDT may make on MDT {mdt} are used up")));
@@ -213,7 +208,7 @@ impl Tx<'_> {
         match u {
             Update::MakeInode { attr, parent, stripe, default } => {
                 self.local(attr.fid)?;
-                if self.inodes()?.get(attr.fid.key())?.is_some() {
+                if self.m().inodes.contains_key(&attr.fid.key()) {
                     return Err(MdError::new(errno::EEXIST, format!("inode {} exists", attr.fid)));
                 }
                 let stripe = if stripe.is_empty() { None } else { Some(DirStripe::decode(stripe)?) };
@@ -303,7 +298,7 @@ impl Tx<'_> {
             }
             Update::Link { fid, delta } => {
                 self.local(*fid)?;
-                if *delta < 0 && self.inodes()?.get(fid.key())?.is_none() {
+                if *delta < 0 && !self.m().inodes.contains_key(&fid.key()) {
                     // Its last name went, and so did it: nothing to drop.
                     return Ok(Answer::Done);
                 }
@@ -410,11 +405,10 @@ impl Namespace {
             if steps.len() > STEPS_MAX {
                 return Err(MdError::new(errno::EINVAL, format!("an operation of {} steps", steps.len())));
             }
-            let id = tx.txn.open_table(super::META)?.get("intent_next")?.map_or(1, |v| v.value());
+            let id = tx.meta("intent_next").unwrap_or(1);
             tx.put_meta("intent_next", id + 1)?;
             let v = Intent { id, client, steps, reply }.encode();
-            tx.txn.open_table(INTENTS)?.insert(id, v.as_slice())?;
-            tx.record(T_INTENTS, PUT, |e| e.u64(id).bytes(&v));
+            tx.apply(Op::Intent(id, Some(v.into())));
             Ok(Answer::Intent(id))
         })
     }
@@ -423,8 +417,8 @@ impl Namespace {
     /// it without a reply key.
     pub fn end_intent_change(id: u64, client: Option<ReplyKey>, answer: Result<Answer>) -> Change {
         Box::new(move |tx| {
-            if tx.txn.open_table(INTENTS)?.remove(id)?.is_some() {
-                tx.record(T_INTENTS, super::DEL, |e| e.u64(id));
+            if tx.m().intents.contains_key(&id) {
+                tx.apply(Op::Intent(id, None));
             }
             if let Some(k) = client {
                 tx.put_reply(k.client, k.xid, &Stored { digest: k.digest, answer }.encode())?;
@@ -435,35 +429,26 @@ impl Namespace {
 
     /// The intents not yet ended, oldest first.
     pub fn intents(&self) -> Result<Vec<Intent>> {
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(INTENTS)?;
-        let mut out = Vec::new();
-        for e in t.iter()? {
-            out.push(Intent::decode(e?.1.value())?);
-        }
-        Ok(out)
+        read(&self.mem).intents.values().map(|v| Intent::decode(v)).collect()
     }
 
     /// Is intent `id` still open?
     pub fn intent_open(&self, id: u64) -> Result<bool> {
-        let txn = self.db.begin_read()?;
-        Ok(txn.open_table(INTENTS)?.get(id)?.is_some())
+        Ok(read(&self.mem).intents.contains_key(&id))
     }
 
     /// The stripes of directory `dir`, if it is striped.
     pub fn dir_stripe(&self, dir: Fid) -> Result<Option<DirStripe>> {
-        let txn = self.db.begin_read()?;
-        match txn.open_table(DIRSTRIPES)?.get(dir.key())? {
-            Some(v) => Ok(Some(DirStripe::decode(v.value())?)),
+        match read(&self.mem).dirstripes.get(&dir.key()) {
+            Some(v) => Ok(Some(DirStripe::decode(v)?)),
             None => Ok(None),
         }
     }
 
     /// The default of `dir`'s new subdirectories.
     pub fn dir_default(&self, dir: Fid) -> Result<Option<DirDefault>> {
-        let txn = self.db.begin_read()?;
-        match txn.open_table(DIRDEFAULTS)?.get(dir.key())? {
-            Some(v) => Ok(Some(DirDefault::decode(v.value())?)),
+        match read(&self.mem).dirdefaults.get(&dir.key()) {
+            Some(v) => Ok(Some(DirDefault::decode(v)?)),
             None => Ok(None),
         }
     }
@@ -507,11 +492,7 @@ impl Namespace {
 
     /// Is `dir` a directory with entries (or shards)?
     pub fn dir_has_entries(&self, dir: Fid) -> Result<bool> {
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(DIRENTS)?;
-        let k = dir.key();
-        let mut r = t.range((k, 0, "")..(k + 1, 0, ""))?;
-        Ok(r.next().is_some())
+        Ok(read(&self.mem).has_entries(dir.key()))
     }
 
     /// Read access check for the coordinator's planning: may `cred` do `want` (4 read,

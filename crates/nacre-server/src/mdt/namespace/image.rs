@@ -1,0 +1,135 @@
+//! The MDT's image: every table in redb on the metadata volume, written only by
+//! checkpoints (the log's records applied in one large transaction, made durable with
+//! the log position they reach) and read whole at start-up.
+//!
+//! redb keeps its own copy-on-write pages and commits atomically, so a crash during a
+//! checkpoint leaves the previous image and the log position that goes with it: start-up
+//! replays from there. It costs about 120 µs per commit, which the change path no longer
+//! pays: a checkpoint of thousands of changes pays it once.
+
+use std::sync::Arc;
+
+use nacre_proto::mdt::errno;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+
+use super::mem::{Mem, Op, decode_inode, encode_inode};
+use super::{MdError, Result};
+
+pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const INODES: TableDefinition<u128, &[u8]> = TableDefinition::new("inodes");
+const DIRENTS: TableDefinition<(u128, u64, &str), (u128, u32)> = TableDefinition::new("dirents");
+const SYMLINKS: TableDefinition<u128, &[u8]> = TableDefinition::new("symlinks");
+const XATTRS: TableDefinition<(u128, &str), &[u8]> = TableDefinition::new("xattrs");
+const ORPHANS: TableDefinition<u128, u8> = TableDefinition::new("orphans");
+const LAYOUTS: TableDefinition<u128, &[u8]> = TableDefinition::new("layouts");
+const OBJECTS: TableDefinition<u128, &[u8]> = TableDefinition::new("objects");
+const OST_BLOCKS: TableDefinition<u128, u64> = TableDefinition::new("ost_blocks");
+const POOLS: TableDefinition<u32, &[u8]> = TableDefinition::new("pools");
+const DESTROYS: TableDefinition<(u32, u64), u8> = TableDefinition::new("destroys");
+const DOM: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("dom");
+const REPLIES: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("replies");
+const DIRSTRIPES: TableDefinition<u128, &[u8]> = TableDefinition::new("dirstripes");
+const DIRDEFAULTS: TableDefinition<u128, &[u8]> = TableDefinition::new("dirdefaults");
+const INTENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("intents");
+
+/// Make every table, so that a read of the image finds them all.
+pub fn create_tables(txn: &WriteTransaction) -> Result<()> {
+    txn.open_table(META)?;
+    txn.open_table(INODES)?;
+    txn.open_table(DIRENTS)?;
+    txn.open_table(SYMLINKS)?;
+    txn.open_table(XATTRS)?;
+    txn.open_table(ORPHANS)?;
+    txn.open_table(REPLIES)?;
+    txn.open_table(LAYOUTS)?;
+    txn.open_table(OBJECTS)?;
+    txn.open_table(OST_BLOCKS)?;
+    txn.open_table(POOLS)?;
+    txn.open_table(DESTROYS)?;
+    txn.open_table(DOM)?;
+    txn.open_table(DIRSTRIPES)?;
+    txn.open_table(DIRDEFAULTS)?;
+    txn.open_table(INTENTS)?;
+    Ok(())
+}
+
+/// Write `op` into the image.
+pub fn apply(txn: &WriteTransaction, op: &Op) -> Result<()> {
+    macro_rules! put_or_del {
+        ($table:expr, $key:expr, $value:expr) => {{
+            let mut t = txn.open_table($table)?;
+            match $value {
+                Some(v) => {
+                    t.insert($key, v)?;
+                }
+                None => {
+                    t.remove($key)?;
+                }
+            }
+        }};
+    }
+    match op {
+        Op::Meta(k, v) => put_or_del!(META, &**k, *v),
+        Op::Inode(k, v) => put_or_del!(INODES, *k, v.as_ref().map(encode_inode).as_deref()),
+        Op::Dirent { dir, hash, name, to } => put_or_del!(DIRENTS, (*dir, *hash, &**name), *to),
+        Op::Symlink(k, v) => put_or_del!(SYMLINKS, *k, v.as_deref()),
+        Op::Xattr(k, name, v) => put_or_del!(XATTRS, (*k, &**name), v.as_deref()),
+        Op::Orphan(k, put) => put_or_del!(ORPHANS, *k, put.then_some(1u8)),
+        Op::Reply(c, x, v) => put_or_del!(REPLIES, (*c, *x), v.as_deref()),
+        Op::Layout(k, v) => put_or_del!(LAYOUTS, *k, v.as_deref()),
+        Op::Objects(k, v) => put_or_del!(OBJECTS, *k, v.as_deref()),
+        Op::Pool(ost, v) => put_or_del!(POOLS, *ost, v.as_deref()),
+        Op::Destroy(ost, oid, put) => put_or_del!(DESTROYS, (*ost, *oid), put.then_some(1u8)),
+        Op::Dom(k, b, v) => put_or_del!(DOM, (*k, *b), v.as_deref()),
+        Op::DirStripe(k, v) => put_or_del!(DIRSTRIPES, *k, v.as_deref()),
+        Op::DirDefault(k, v) => put_or_del!(DIRDEFAULTS, *k, v.as_deref()),
+        Op::Intent(k, v) => put_or_del!(INTENTS, *k, v.as_deref()),
+        Op::OstBlocks(k, v) => put_or_del!(OST_BLOCKS, *k, *v),
+    }
+    Ok(())
+}
+
+/// The image's META value `k`.
+pub fn meta(db: &Database, k: &str) -> Result<Option<u64>> {
+    let txn = db.begin_read()?;
+    let t = txn
+        .open_table(META)
+        .map_err(|e| MdError::new(errno::EINVAL, format!("not a metadata target (no meta table: {e})")))?;
+    Ok(t.get(k)?.map(|v| v.value()))
+}
+
+/// Read the whole image into memory.
+pub fn load(db: &Arc<Database>) -> Result<Mem> {
+    let txn = db.begin_read()?;
+    let mut m = Mem::default();
+    // Each table's rows become the ops that would have written them.
+    macro_rules! each {
+        ($table:expr, |$k:ident, $v:ident| $op:expr) => {
+            for row in txn.open_table($table)?.iter()? {
+                let (k, v) = row?;
+                let ($k, $v) = (k.value(), v.value());
+                m.apply($op);
+            }
+        };
+    }
+    each!(META, |k, v| Op::Meta(k.into(), Some(v)));
+    for row in txn.open_table(INODES)?.iter()? {
+        let (k, v) = row?;
+        m.inodes.insert(k.value(), decode_inode(v.value())?);
+    }
+    each!(DIRENTS, |k, v| Op::Dirent { dir: k.0, hash: k.1, name: k.2.into(), to: Some(v) });
+    each!(SYMLINKS, |k, v| Op::Symlink(k, Some(v.into())));
+    each!(XATTRS, |k, v| Op::Xattr(k.0, k.1.into(), Some(v.into())));
+    each!(ORPHANS, |k, _v| Op::Orphan(k, true));
+    each!(REPLIES, |k, v| Op::Reply(k.0, k.1, Some(v.into())));
+    each!(LAYOUTS, |k, v| Op::Layout(k, Some(Arc::from(v))));
+    each!(OBJECTS, |k, v| Op::Objects(k, Some(v.into())));
+    each!(OST_BLOCKS, |k, v| Op::OstBlocks(k, Some(v)));
+    each!(POOLS, |k, v| Op::Pool(k, Some(v.into())));
+    each!(DESTROYS, |k, _v| Op::Destroy(k.0, k.1, true));
+    each!(DOM, |k, v| Op::Dom(k.0, k.1, Some(v.into())));
+    each!(DIRSTRIPES, |k, v| Op::DirStripe(k, Some(v.into())));
+    each!(DIRDEFAULTS, |k, v| Op::DirDefault(k, Some(v.into())));
+    each!(INTENTS, |k, v| Op::Intent(k, Some(v.into())));
+    Ok(m)
+}

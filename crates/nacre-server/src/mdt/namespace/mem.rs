@@ -1,0 +1,607 @@
+//! The namespace's working state, in memory, and the one kind of mutation that changes
+//! it.
+//!
+//! [`Mem`] holds every table of the MDT in structures made for its use: inodes in a hash
+//! map, each directory's entries in a B-tree by name hash (the readdir cookie), layouts
+//! shared between the files that have the same one. A change never writes a table
+//! directly: it makes [`Op`]s (put or delete one key of one table), and each op is
+//! encoded into the change's redo record, applied here, and answered with its inverse
+//! (the same key with the value it replaced), which undoes it should the change fail
+//! after writing. The same ops, decoded from the log, replay a crashed MDT's tail at
+//! start-up and are written to the image ([`super::image`]) by checkpoints.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use nacre_proto::fid::Fid;
+use nacre_proto::mdt::{Attr, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX};
+use nacre_proto::wire::{Dec, Enc};
+
+use super::{DOM_BLOCK, MdError, Result, storage};
+
+/// An inode: its attributes and, for a directory, its parent (rename's loop check and
+/// `..`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Inode {
+    pub attr: Attr,
+    pub parent: Fid,
+}
+
+/// One directory entry. Entries whose names share a hash are chained (rare: 63 bits).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub name: Box<str>,
+    pub child: u128,
+    pub kind: u32,
+    next: Option<Box<Entry>>,
+}
+
+/// A directory's entries by name hash, which is also each one's readdir cookie.
+pub type Dir = BTreeMap<u64, Entry>;
+
+/// Find `name` among the entries chained at one hash.
+fn find<'e>(mut e: Option<&'e Entry>, name: &str) -> Option<&'e Entry> {
+    while let Some(x) = e {
+        if &*x.name == name {
+            return Some(x);
+        }
+        e = x.next.as_deref();
+    }
+    None
+}
+
+/// Every table of one MDT.
+#[derive(Default)]
+pub struct Mem {
+    pub meta: BTreeMap<Box<str>, u64>,
+    pub inodes: HashMap<u128, Inode>,
+    /// Directories with entries (an empty directory has none here).
+    pub dirs: HashMap<u128, Dir>,
+    pub symlinks: HashMap<u128, Box<[u8]>>,
+    pub xattrs: BTreeMap<(u128, Box<str>), Box<[u8]>>,
+    pub orphans: BTreeSet<u128>,
+    pub replies: BTreeMap<(u64, u64), Box<[u8]>>,
+    /// A file's layout or a directory's default ([`nacre_proto::layout::Layout::encode`]),
+    /// shared through [`Mem::shared_layouts`].
+    pub layouts: HashMap<u128, Arc<[u8]>>,
+    shared_layouts: HashSet<Arc<[u8]>>,
+    pub objects: HashMap<u128, Box<[u8]>>,
+    pub ost_blocks: HashMap<u128, u64>,
+    pub pools: BTreeMap<u32, Box<[u8]>>,
+    pub destroys: BTreeSet<(u32, u64)>,
+    pub dom: BTreeMap<(u128, u64), Box<[u8]>>,
+    pub dirstripes: HashMap<u128, Box<[u8]>>,
+    pub dirdefaults: HashMap<u128, Box<[u8]>>,
+    pub intents: BTreeMap<u64, Box<[u8]>>,
+    /// Bytes of names, values and data held (the variable part of [`Mem::bytes`]).
+    held: u64,
+    /// Directory entries.
+    entries: u64,
+    /// Bytes of DoM data held.
+    pub dom_bytes: u64,
+}
+
+/// Bytes an entry of each kind costs besides its variable part, about: what the maps
+/// take per key, measured with `nacre bench mdt`.
+pub const INODE_BYTES: u64 = 128;
+pub const ENTRY_BYTES: u64 = 96;
+pub const VALUE_BYTES: u64 = 64;
+
+/// One mutation: put (`Some`) or delete (`None`) one key of one table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    Meta(Box<str>, Option<u64>),
+    Inode(u128, Option<Inode>),
+    Dirent { dir: u128, hash: u64, name: Box<str>, to: Option<(u128, u32)> },
+    Symlink(u128, Option<Box<[u8]>>),
+    Xattr(u128, Box<str>, Option<Box<[u8]>>),
+    Orphan(u128, bool),
+    Reply(u64, u64, Option<Box<[u8]>>),
+    Layout(u128, Option<Arc<[u8]>>),
+    Objects(u128, Option<Box<[u8]>>),
+    Pool(u32, Option<Box<[u8]>>),
+    Destroy(u32, u64, bool),
+    Dom(u128, u64, Option<Box<[u8]>>),
+    DirStripe(u128, Option<Box<[u8]>>),
+    DirDefault(u128, Option<Box<[u8]>>),
+    Intent(u64, Option<Box<[u8]>>),
+    OstBlocks(u128, Option<u64>),
+}
+
+// Tables and kinds of logged mutations.
+const T_META: u8 = 1;
+const T_INODES: u8 = 2;
+const T_DIRENTS: u8 = 3;
+const T_SYMLINKS: u8 = 4;
+const T_XATTRS: u8 = 5;
+const T_ORPHANS: u8 = 6;
+const T_REPLIES: u8 = 7;
+const T_LAYOUTS: u8 = 8;
+const T_OBJECTS: u8 = 9;
+const T_POOLS: u8 = 10;
+const T_DESTROYS: u8 = 11;
+const T_DOM: u8 = 12;
+const T_DIRSTRIPES: u8 = 13;
+const T_DIRDEFAULTS: u8 = 14;
+const T_INTENTS: u8 = 15;
+const T_OST_BLOCKS: u8 = 16;
+const PUT: u8 = 1;
+const DEL: u8 = 2;
+
+/// A FID key in a log record.
+fn big(e: Enc, k: u128) -> Enc {
+    e.u64((k >> 64) as u64).u64(k as u64)
+}
+
+fn get_big(d: &mut Dec<'_>, what: &'static str) -> Result<u128> {
+    Ok(((d.u64(what)? as u128) << 64) | d.u64(what)? as u128)
+}
+
+pub fn encode_inode(i: &Inode) -> Vec<u8> {
+    i.parent.put(i.attr.put(Enc::new(1))).done()
+}
+
+pub fn decode_inode(b: &[u8]) -> Result<Inode> {
+    let mut d = Dec::new(b, "inode", 1)?;
+    let attr = Attr::get(&mut d)?;
+    let parent = Fid::get(&mut d, "parent")?;
+    d.end()?;
+    Ok(Inode { attr, parent })
+}
+
+impl Op {
+    /// Append this op to a redo record.
+    pub fn encode(&self, e: Enc) -> Enc {
+        fn put_or_del<T>(e: Enc, table: u8, v: &Option<T>) -> Enc {
+            e.u8(table).u8(if v.is_some() { PUT } else { DEL })
+        }
+        fn opt(e: Enc, v: &Option<impl AsRef<[u8]>>) -> Enc {
+            match v {
+                Some(v) => e.bytes(v.as_ref()),
+                None => e,
+            }
+        }
+        match self {
+            Op::Meta(k, v) => {
+                let e = put_or_del(e, T_META, v).bytes(k.as_bytes());
+                match v {
+                    Some(v) => e.u64(*v),
+                    None => e,
+                }
+            }
+            Op::Inode(k, v) => opt(big(put_or_del(e, T_INODES, v), *k), &v.as_ref().map(encode_inode)),
+            Op::Dirent { dir, hash, name, to } => {
+                let e = big(put_or_del(e, T_DIRENTS, to), *dir).u64(*hash).bytes(name.as_bytes());
+                match to {
+                    Some((child, kind)) => big(e, *child).u32(*kind),
+                    None => e,
+                }
+            }
+            Op::Symlink(k, v) => opt(big(put_or_del(e, T_SYMLINKS, v), *k), v),
+            Op::Xattr(k, name, v) => opt(big(put_or_del(e, T_XATTRS, v), *k).bytes(name.as_bytes()), v),
+            Op::Orphan(k, put) => big(put_or_del(e, T_ORPHANS, &put.then_some(())), *k),
+            Op::Reply(c, x, v) => opt(put_or_del(e, T_REPLIES, v).u64(*c).u64(*x), v),
+            Op::Layout(k, v) => opt(big(put_or_del(e, T_LAYOUTS, v), *k), v),
+            Op::Objects(k, v) => opt(big(put_or_del(e, T_OBJECTS, v), *k), v),
+            Op::Pool(ost, v) => opt(put_or_del(e, T_POOLS, v).u32(*ost), v),
+            Op::Destroy(ost, oid, put) => put_or_del(e, T_DESTROYS, &put.then_some(())).u32(*ost).u64(*oid),
+            Op::Dom(k, b, v) => opt(big(put_or_del(e, T_DOM, v), *k).u64(*b), v),
+            Op::DirStripe(k, v) => opt(big(put_or_del(e, T_DIRSTRIPES, v), *k), v),
+            Op::DirDefault(k, v) => opt(big(put_or_del(e, T_DIRDEFAULTS, v), *k), v),
+            Op::Intent(k, v) => opt(put_or_del(e, T_INTENTS, v).u64(*k), v),
+            Op::OstBlocks(k, v) => {
+                let e = big(put_or_del(e, T_OST_BLOCKS, v), *k);
+                match v {
+                    Some(v) => e.u64(*v),
+                    None => e,
+                }
+            }
+        }
+    }
+
+    /// Read one op of a redo record.
+    pub fn decode(d: &mut Dec<'_>) -> Result<Op> {
+        let (table, op) = (d.u8("table")?, d.u8("operation")?);
+        let put = match op {
+            PUT => true,
+            DEL => false,
+            other => return Err(storage(format!("log record with operation {other}"))),
+        };
+        // The value, read only for a put.
+        macro_rules! val {
+            ($e:expr) => {
+                if put { Some($e) } else { None }
+            };
+        }
+        let boxed = |d: &mut Dec<'_>, what, max| -> Result<Option<Box<[u8]>>> {
+            Ok(if put { Some(d.bytes(what, max)?.into()) } else { None })
+        };
+        Ok(match table {
+            T_META => {
+                let k = d.str("meta key", 64)?.into();
+                Op::Meta(k, val!(d.u64("meta value")?))
+            }
+            T_INODES => {
+                let k = get_big(d, "inode")?;
+                Op::Inode(k, val!(decode_inode(d.bytes("inode", 1 << 16)?)?))
+            }
+            T_DIRENTS => {
+                let (dir, hash, name) = (get_big(d, "directory")?, d.u64("hash")?, d.str("name", NAME_MAX)?.into());
+                Op::Dirent { dir, hash, name, to: val!((get_big(d, "child")?, d.u32("type")?)) }
+            }
+            T_SYMLINKS => {
+                let k = get_big(d, "symlink")?;
+                Op::Symlink(k, boxed(d, "target", SYMLINK_MAX)?)
+            }
+            T_XATTRS => {
+                let (k, name) = (get_big(d, "xattr inode")?, d.str("xattr name", XATTR_NAME_MAX)?.into());
+                Op::Xattr(k, name, boxed(d, "xattr value", XATTR_SIZE_MAX)?)
+            }
+            T_ORPHANS => Op::Orphan(get_big(d, "orphan")?, put),
+            T_REPLIES => {
+                let (c, x) = (d.u64("client")?, d.u64("xid")?);
+                Op::Reply(c, x, boxed(d, "reply", 1 << 16)?)
+            }
+            T_LAYOUTS => {
+                let k = get_big(d, "layout inode")?;
+                Op::Layout(k, val!(Arc::from(d.bytes("layout", 1 << 16)?)))
+            }
+            T_OBJECTS => {
+                let k = get_big(d, "objects inode")?;
+                Op::Objects(k, boxed(d, "objects", 1 << 20)?)
+            }
+            T_POOLS => {
+                let ost = d.u32("pool OST")?;
+                Op::Pool(ost, boxed(d, "pool", 1 << 16)?)
+            }
+            T_DESTROYS => Op::Destroy(d.u32("destroy OST")?, d.u64("destroy object")?, put),
+            T_DOM => {
+                let (k, b) = (get_big(d, "DoM inode")?, d.u64("DoM block")?);
+                Op::Dom(k, b, boxed(d, "DoM data", DOM_BLOCK as usize)?)
+            }
+            T_DIRSTRIPES => {
+                let k = get_big(d, "striped directory")?;
+                Op::DirStripe(k, boxed(d, "directory stripe", 1 << 16)?)
+            }
+            T_DIRDEFAULTS => {
+                let k = get_big(d, "directory default")?;
+                Op::DirDefault(k, boxed(d, "directory default", 64)?)
+            }
+            T_INTENTS => {
+                let k = d.u64("intent")?;
+                Op::Intent(k, boxed(d, "intent", 1 << 20)?)
+            }
+            T_OST_BLOCKS => {
+                let k = get_big(d, "OST blocks inode")?;
+                Op::OstBlocks(k, val!(d.u64("OST blocks")?))
+            }
+            other => return Err(storage(format!("log record for table {other}"))),
+        })
+    }
+}
+
+/// A redo record: its ops, in order.
+pub fn encode_record(ops: &[u8], count: u32) -> Vec<u8> {
+    let mut r = Enc::new(1).u32(count).done();
+    r.extend_from_slice(ops);
+    r
+}
+
+/// The ops of a redo record.
+pub fn decode_record(rec: &[u8]) -> Result<Vec<Op>> {
+    let mut d = Dec::new(rec, "metadata log record", 1)?;
+    let n = d.u32("mutation count")?;
+    let mut ops = Vec::with_capacity((n as usize).min(1 << 16));
+    for _ in 0..n {
+        ops.push(Op::decode(&mut d)?);
+    }
+    d.end()?;
+    Ok(ops)
+}
+
+fn len_of(v: &Option<impl AsRef<[u8]>>) -> u64 {
+    v.as_ref().map_or(0, |v| v.as_ref().len() as u64)
+}
+
+impl Mem {
+    /// Apply `op`; returns its inverse (the same key with what it held before).
+    pub fn apply(&mut self, op: Op) -> Op {
+        macro_rules! swap {
+            ($map:expr, $k:expr, $v:expr) => {
+                match $v {
+                    Some(v) => $map.insert($k, v),
+                    None => $map.remove(&$k),
+                }
+            };
+        }
+        // Variable bytes held: `+new - old` for values that have them.
+        let (add, sub);
+        let inverse = match op {
+            Op::Meta(k, v) => {
+                let old = swap!(self.meta, k.clone(), v);
+                (add, sub) = (0, 0);
+                Op::Meta(k, old)
+            }
+            Op::Inode(k, v) => {
+                let old = swap!(self.inodes, k, v);
+                (add, sub) = (0, 0);
+                Op::Inode(k, old)
+            }
+            Op::Dirent { dir, hash, name, to } => {
+                let old = self.put_entry(dir, hash, &name, to);
+                add = if to.is_some() { name.len() as u64 } else { 0 };
+                sub = if old.is_some() { name.len() as u64 } else { 0 };
+                Op::Dirent { dir, hash, name, to: old }
+            }
+            Op::Symlink(k, v) => {
+                add = len_of(&v);
+                let old = swap!(self.symlinks, k, v);
+                sub = len_of(&old);
+                Op::Symlink(k, old)
+            }
+            Op::Xattr(k, name, v) => {
+                add = len_of(&v) + if v.is_some() { name.len() as u64 } else { 0 };
+                let old = swap!(self.xattrs, (k, name.clone()), v);
+                sub = len_of(&old) + if old.is_some() { name.len() as u64 } else { 0 };
+                Op::Xattr(k, name, old)
+            }
+            Op::Orphan(k, put) => {
+                let had = if put { !self.orphans.insert(k) } else { self.orphans.remove(&k) };
+                (add, sub) = (0, 0);
+                Op::Orphan(k, had)
+            }
+            Op::Reply(c, x, v) => {
+                add = len_of(&v);
+                let old = swap!(self.replies, (c, x), v);
+                sub = len_of(&old);
+                Op::Reply(c, x, old)
+            }
+            Op::Layout(k, v) => {
+                let v = v.map(|l| self.share_layout(l));
+                let old = swap!(self.layouts, k, v);
+                (add, sub) = (0, 0);
+                Op::Layout(k, old)
+            }
+            Op::Objects(k, v) => {
+                add = len_of(&v);
+                let old = swap!(self.objects, k, v);
+                sub = len_of(&old);
+                Op::Objects(k, old)
+            }
+            Op::Pool(ost, v) => {
+                let old = swap!(self.pools, ost, v);
+                (add, sub) = (0, 0);
+                Op::Pool(ost, old)
+            }
+            Op::Destroy(ost, oid, put) => {
+                let had = if put { !self.destroys.insert((ost, oid)) } else { self.destroys.remove(&(ost, oid)) };
+                (add, sub) = (0, 0);
+                Op::Destroy(ost, oid, had)
+            }
+            Op::Dom(k, b, v) => {
+                add = len_of(&v);
+                let old = swap!(self.dom, (k, b), v);
+                sub = len_of(&old);
+                self.dom_bytes = (self.dom_bytes + add).saturating_sub(sub);
+                Op::Dom(k, b, old)
+            }
+            Op::DirStripe(k, v) => {
+                add = len_of(&v);
+                let old = swap!(self.dirstripes, k, v);
+                sub = len_of(&old);
+                Op::DirStripe(k, old)
+            }
+            Op::DirDefault(k, v) => {
+                add = len_of(&v);
+                let old = swap!(self.dirdefaults, k, v);
+                sub = len_of(&old);
+                Op::DirDefault(k, old)
+            }
+            Op::Intent(k, v) => {
+                add = len_of(&v);
+                let old = swap!(self.intents, k, v);
+                sub = len_of(&old);
+                Op::Intent(k, old)
+            }
+            Op::OstBlocks(k, v) => {
+                let old = swap!(self.ost_blocks, k, v);
+                (add, sub) = (0, 0);
+                Op::OstBlocks(k, old)
+            }
+        };
+        self.held = (self.held + add).saturating_sub(sub);
+        inverse
+    }
+
+    /// Put (or with `None` remove) entry `name` of `dir` at `hash`; what it named before.
+    fn put_entry(&mut self, dir: u128, hash: u64, name: &str, to: Option<(u128, u32)>) -> Option<(u128, u32)> {
+        use std::collections::btree_map::Entry as Slot;
+        let d = self.dirs.entry(dir).or_default();
+        let old = match (d.entry(hash), to) {
+            (Slot::Vacant(v), Some((child, kind))) => {
+                v.insert(Entry { name: name.into(), child, kind, next: None });
+                None
+            }
+            (Slot::Vacant(_), None) => None,
+            (Slot::Occupied(mut o), to) => {
+                // Walk the chain to `name`'s link (or its end).
+                let mut link: &mut Entry = o.get_mut();
+                let old = loop {
+                    if &*link.name == name {
+                        break Some((link.child, link.kind));
+                    }
+                    match link.next {
+                        Some(ref mut n) => link = n,
+                        None => break None,
+                    }
+                };
+                match (old, to) {
+                    (Some(_), Some((child, kind))) => {
+                        (link.child, link.kind) = (child, kind);
+                    }
+                    (None, Some((child, kind))) => {
+                        link.next = Some(Box::new(Entry { name: name.into(), child, kind, next: None }));
+                    }
+                    (Some(_), None) => {
+                        if &*o.get().name == name {
+                            // The head goes: the next in the chain (if any) takes its place.
+                            let head = o.get_mut();
+                            match head.next.take() {
+                                Some(next) => *head = *next,
+                                None => {
+                                    o.remove();
+                                }
+                            }
+                        } else {
+                            let mut link: &mut Entry = o.get_mut();
+                            while link.next.as_deref().is_some_and(|n| &*n.name != name) {
+                                link = link.next.as_deref_mut().expect("checked just above");
+                            }
+                            if let Some(gone) = link.next.take() {
+                                link.next = gone.next;
+                            }
+                        }
+                    }
+                    (None, None) => {}
+                }
+                old
+            }
+        };
+        if self.dirs.get(&dir).is_some_and(|d| d.is_empty()) {
+            self.dirs.remove(&dir);
+        }
+        match (old.is_some(), to.is_some()) {
+            (false, true) => self.entries += 1,
+            (true, false) => self.entries -= 1,
+            _ => {}
+        }
+        old
+    }
+
+    /// The one shared copy of a layout.
+    fn share_layout(&mut self, l: Arc<[u8]>) -> Arc<[u8]> {
+        if let Some(s) = self.shared_layouts.get(&*l) {
+            return s.clone();
+        }
+        if self.shared_layouts.len() >= 64 && self.shared_layouts.len().is_power_of_two() {
+            // Forget the layouts no file has any more.
+            self.shared_layouts.retain(|s| Arc::strong_count(s) > 1);
+        }
+        self.shared_layouts.insert(l.clone());
+        l
+    }
+
+    /// The entry `name` of `dir`: its child and type.
+    pub fn entry(&self, dir: u128, hash: u64, name: &str) -> Option<(u128, u32)> {
+        find(self.dirs.get(&dir)?.get(&hash), name).map(|e| (e.child, e.kind))
+    }
+
+    /// The entries of `dir` after cookie `after`, in cookie order: (cookie, entry).
+    pub fn entries_after(&self, dir: u128, after: u64) -> impl Iterator<Item = (u64, &Entry)> {
+        self.dirs.get(&dir).into_iter().flat_map(move |d| {
+            d.range(after.saturating_add(1)..)
+                .flat_map(|(h, e)| std::iter::successors(Some(e), |e| e.next.as_deref()).map(move |e| (*h, e)))
+        })
+    }
+
+    pub fn has_entries(&self, dir: u128) -> bool {
+        self.dirs.get(&dir).is_some_and(|d| !d.is_empty())
+    }
+
+    /// The xattrs of inode `k`: (name, value).
+    pub fn xattrs_of(&self, k: u128) -> impl Iterator<Item = (&str, &[u8])> {
+        self.xattrs
+            .range((k, Box::<str>::from(""))..)
+            .take_while(move |((o, _), _)| *o == k)
+            .map(|((_, n), v)| (&**n, &**v))
+    }
+
+    /// The DoM blocks of inode `k` in `[first, last]`.
+    pub fn dom_of(&self, k: u128, first: u64, last: u64) -> impl Iterator<Item = (u64, &[u8])> {
+        self.dom.range((k, first)..=(k, last)).map(|((_, b), v)| (*b, &**v))
+    }
+
+    /// About the bytes the tables hold: a fixed cost per inode and per entry of every
+    /// other table, plus the names, values and data.
+    pub fn bytes(&self) -> u64 {
+        self.inodes.len() as u64 * INODE_BYTES
+            + self.entries * ENTRY_BYTES
+            + (self.symlinks.len()
+                + self.xattrs.len()
+                + self.replies.len()
+                + self.layouts.len()
+                + self.objects.len()
+                + self.dom.len()
+                + self.ost_blocks.len()) as u64
+                * VALUE_BYTES
+            + self.held
+    }
+}
+
+/// The error of an op that cannot be: used where an image holds what no op could write.
+pub fn corrupt(what: impl std::fmt::Display) -> MdError {
+    storage(format!("metadata image: {what}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ent(dir: u128, hash: u64, name: &str, to: Option<(u128, u32)>) -> Op {
+        Op::Dirent { dir, hash, name: name.into(), to }
+    }
+
+    #[test]
+    fn ops_round_trip_and_undo() {
+        let ops = vec![
+            Op::Meta("next_oid".into(), Some(7)),
+            Op::Inode(5, Some(Inode { attr: Attr { mode: 0o100644, ..Attr::default() }, parent: Fid::ROOT })),
+            ent(1, 9, "a", Some((5, 0o100000))),
+            Op::Xattr(5, "user.x".into(), Some(b"v".to_vec().into())),
+            Op::Orphan(5, true),
+            Op::Layout(5, Some(Arc::from(&b"lay"[..]))),
+            Op::Destroy(1, 2, true),
+            Op::Dom(5, 0, Some(vec![1u8; 10].into())),
+            Op::OstBlocks(5, Some(8)),
+            Op::Reply(1, 2, None),
+        ];
+        let mut e = Enc(Vec::new());
+        for op in &ops {
+            e = op.encode(e);
+        }
+        let rec = encode_record(&e.0, ops.len() as u32);
+        assert_eq!(decode_record(&rec).unwrap(), ops);
+
+        let mut m = Mem::default();
+        let undo: Vec<Op> = ops.iter().cloned().map(|o| m.apply(o)).collect();
+        assert_eq!(m.entry(1, 9, "a"), Some((5, 0o100000)));
+        assert_eq!(m.dom_bytes, 10);
+        assert!(m.bytes() > 0);
+        for u in undo.into_iter().rev() {
+            m.apply(u);
+        }
+        assert!(m.inodes.is_empty() && m.dirs.is_empty() && m.xattrs.is_empty() && m.orphans.is_empty());
+        assert!(m.layouts.is_empty() && m.destroys.is_empty() && m.dom.is_empty() && m.ost_blocks.is_empty());
+        assert_eq!((m.dom_bytes, m.held), (0, 0));
+    }
+
+    #[test]
+    fn names_sharing_a_hash_chain() {
+        let mut m = Mem::default();
+        for (n, c) in [("a", 1), ("b", 2), ("c", 3)] {
+            assert_eq!(m.apply(ent(1, 7, n, Some((c, 0)))), ent(1, 7, n, None));
+        }
+        m.apply(ent(1, 8, "d", Some((4, 0))));
+        let listed: Vec<(u64, String)> = m.entries_after(1, 0).map(|(h, e)| (h, e.name.to_string())).collect();
+        assert_eq!(listed, [(7, "a".into()), (7, "b".into()), (7, "c".into()), (8, "d".into())]);
+        assert_eq!(m.entries_after(1, 7).count(), 1);
+        // Removing the middle, then the head, keeps the rest.
+        assert_eq!(m.apply(ent(1, 7, "b", None)), ent(1, 7, "b", Some((2, 0))));
+        assert_eq!(m.apply(ent(1, 7, "a", None)), ent(1, 7, "a", Some((1, 0))));
+        assert_eq!(m.entry(1, 7, "c"), Some((3, 0)));
+        assert_eq!(m.entry(1, 7, "a"), None);
+        m.apply(ent(1, 7, "c", None));
+        m.apply(ent(1, 8, "d", None));
+        assert!(!m.has_entries(1) && m.dirs.is_empty());
+    }
+}

@@ -1,0 +1,574 @@
+//! The MDT's write-ahead log: every change's redo record, numbered by its transaction
+//! number (transno), written in groups to a ring on the metadata volume; and the
+//! checkpoints that copy what it holds into the image and free its room.
+//!
+//! **Path of a change.** A change applied in memory is *staged* here with the next
+//! transno (under the namespace's lock, so transno order is the order changes were
+//! applied). The log writer thread takes everything staged at once and writes it as one
+//! group: records back to back, padded to 4 KiB, one write and (under
+//! [`SyncMode::Drives`]) one flush. Then every transno of the group is *committed*:
+//! `last_committed` (the highest durable transno) moves, and whoever waits for it wakes.
+//! A change reserves its log room before it runs ([`Wal::reserve`]), so a change applied
+//! in memory always has room to be logged.
+//!
+//! **Checkpoints.** The checkpoint thread takes the committed records not yet in the
+//! image, applies them to redb in one transaction, and commits it durably together with
+//! the log position replay must start from (generation, transno, offset). Only then does
+//! the log's tail move past them and their room come free. It runs every
+//! `checkpoint_interval` ([`CHECKPOINT_INTERVAL`] by default), and sooner when the
+//! records waiting fill a quarter of the log.
+//!
+//! **The ring.** Positions are logical byte offsets that only grow; the region holds
+//! offset `p` at `p % room`. A group never wraps: one that would not fit before the end
+//! starts the next lap instead. Each record is a 32-byte header (magic, generation,
+//! transno, length, CRC-32C of header and payload) and its payload, 8-byte aligned. Replay
+//! starts where the image says and follows the writer's rules: the next record comes
+//! right after the last, or at the next 4 KiB boundary (a new group), or at the next lap;
+//! it stops at the first place where none of the three holds the expected transno of the
+//! current generation, intact. A torn group is cut there: its changes were never
+//! acknowledged. Every start-up picks a new generation, so records a crash left beyond
+//! the cut can never be read as the new ones.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use nacre_osd::SyncMode;
+use nacre_proto::mdt::errno;
+use nacre_raid::Volume;
+use redb::Database;
+
+use super::mem::decode_record;
+use super::{MdError, NamespaceOptions, NamespaceStats, Result, image, lock, storage};
+
+const MAGIC: u32 = u32::from_le_bytes(*b"NMLR");
+const HEADER: usize = 32;
+const BLOCK: u64 = 4096;
+/// Checkpoints come at least this often while there are changes, by default.
+pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(500);
+
+/// The CRC-32C of a record: its header (with the CRC field zero) and its payload.
+fn record_crc(header: &[u8; HEADER], payload: &[u8]) -> u32 {
+    let mut h = *header;
+    h[28..32].fill(0);
+    let mut d = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    d.update(&h);
+    d.update(payload);
+    d.finalize() as u32
+}
+
+/// Bytes a record of `len` payload bytes takes in a group.
+pub fn framed(len: usize) -> u64 {
+    ((HEADER + len) as u64).next_multiple_of(8)
+}
+
+/// Where replay starts: the generation of the log, the first transno not in the image,
+/// and its logical offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    pub generation: u64,
+    pub transno: u64,
+    pub at: u64,
+}
+
+impl Position {
+    pub fn store(&self, txn: &redb::WriteTransaction) -> Result<()> {
+        let mut m = txn.open_table(image::META)?;
+        m.insert("log_generation", self.generation)?;
+        m.insert("log_transno", self.transno)?;
+        m.insert("log_at", self.at)?;
+        Ok(())
+    }
+
+    pub fn load(db: &Database) -> Result<Position> {
+        let get = |k: &str| -> Result<u64> {
+            image::meta(db, k)?
+                .ok_or_else(|| MdError::new(errno::EINVAL, format!("metadata image lacks {k} (not a Nacre MDT?)")))
+        };
+        Ok(Position { generation: get("log_generation")?, transno: get("log_transno")?, at: get("log_at")? })
+    }
+}
+
+/// A generation unlike any before on this volume, most likely.
+pub fn fresh_generation() -> u64 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+    (nanos ^ ((std::process::id() as u64) << 40)).rotate_left(13) | 1
+}
+
+/// Records as the log holds them: (transno, payload).
+pub type Records = Vec<(u64, Vec<u8>)>;
+
+/// The log's place on the volume.
+#[derive(Clone)]
+pub struct Region {
+    pub vol: Arc<Volume>,
+    pub base: u64,
+    pub room: u64,
+}
+
+fn io(e: nacre_raid::RaidError) -> MdError {
+    storage(format!("metadata log: {e}"))
+}
+
+impl Region {
+    /// Read back the records from `from` on: (transno, payload) in order, and the
+    /// logical offset after the last.
+    pub fn replay(&self, from: Position) -> Result<(Records, u64)> {
+        let room = self.room;
+        let mut ring = vec![0u8; room as usize];
+        const CHUNK: usize = 8 << 20;
+        for (i, c) in ring.chunks_mut(CHUNK).enumerate() {
+            self.vol.read(self.base + (i * CHUNK) as u64, c).map_err(io)?;
+        }
+        let (mut at, mut transno) = (from.at, from.transno);
+        let mut out = Vec::new();
+        let record_at = |p: u64, want: u64| -> Option<Vec<u8>> {
+            let off = (p % room) as usize;
+            let h = ring.get(off..off + HEADER)?;
+            let w = |i: usize| u64::from_le_bytes(h[i..i + 8].try_into().unwrap_or([0; 8]));
+            let len = u32::from_le_bytes([h[24], h[25], h[26], h[27]]) as usize;
+            if u32::from_le_bytes([h[0], h[1], h[2], h[3]]) != MAGIC || w(8) != from.generation || w(16) != want {
+                return None;
+            }
+            let body = ring.get(off + HEADER..off + HEADER + len)?;
+            let hdr: &[u8; HEADER] = h.try_into().ok()?;
+            let want_crc = u32::from_le_bytes([hdr[28], hdr[29], hdr[30], hdr[31]]);
+            (record_crc(hdr, body) == want_crc).then(|| body.to_vec())
+        };
+        loop {
+            // Right after the last record, at the next group, or at the next lap.
+            let candidates = [at, at.next_multiple_of(BLOCK), (at / room + 1) * room];
+            let found = candidates.iter().find_map(|&p| record_at(p, transno).map(|r| (p, r)));
+            let Some((p, rec)) = found else { break };
+            at = p + framed(rec.len());
+            out.push((transno, rec));
+            transno += 1;
+        }
+        Ok((out, at))
+    }
+}
+
+/// Frame records into one group, padded to whole blocks.
+fn frame(generation: u64, records: &[(u64, Vec<u8>)]) -> (Vec<u8>, Vec<u64>) {
+    let total: u64 = records.iter().map(|(_, r)| framed(r.len())).sum();
+    let mut buf = vec![0u8; total.next_multiple_of(BLOCK) as usize];
+    let mut ends = Vec::with_capacity(records.len());
+    let mut at = 0usize;
+    for (transno, payload) in records {
+        let mut h = [0u8; HEADER];
+        h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        h[8..16].copy_from_slice(&generation.to_le_bytes());
+        h[16..24].copy_from_slice(&transno.to_le_bytes());
+        h[24..28].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        let crc = record_crc(&h, payload);
+        h[28..32].copy_from_slice(&crc.to_le_bytes());
+        buf[at..at + HEADER].copy_from_slice(&h);
+        buf[at + HEADER..at + HEADER + payload.len()].copy_from_slice(payload);
+        at += framed(payload.len()) as usize;
+        ends.push(at as u64);
+    }
+    (buf, ends)
+}
+
+struct State {
+    /// The next transno to give.
+    next: u64,
+    /// Records staged and not yet being written.
+    staged: Vec<(u64, Vec<u8>)>,
+    staged_bytes: u64,
+    /// Log bytes reserved by changes under way.
+    reserved: u64,
+    /// Where the next group goes, and where the oldest record not in the image is.
+    head: u64,
+    tail: u64,
+    /// Every transno below this is on the drives.
+    committed: u64,
+    /// Committed records not in the image yet: (transno, payload, logical offset after).
+    unimaged: VecDeque<(u64, Vec<u8>, u64)>,
+    unimaged_bytes: u64,
+    /// Every transno below this is in the image.
+    imaged: u64,
+    /// Someone waits for a checkpoint.
+    checkpoint_asked: bool,
+    /// The writer has a group in flight.
+    writing: bool,
+    broken: Option<String>,
+    stop: bool,
+}
+
+struct Shared {
+    region: Region,
+    flush: bool,
+    interval: Duration,
+    generation: u64,
+    db: Arc<Database>,
+    st: Mutex<State>,
+    /// The writer waits for staged records.
+    work: Condvar,
+    /// Changes wait for their commit, for room, or for a checkpoint.
+    done: Condvar,
+    /// The checkpoint thread waits for work.
+    ckpt: Condvar,
+    /// `committed`, and whether the log broke, for async waiters.
+    committed: tokio::sync::watch::Sender<(u64, bool)>,
+    stats: Arc<NamespaceStats>,
+}
+
+/// The log of one MDT, with its writer and checkpoint threads.
+pub struct Wal {
+    shared: Arc<Shared>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Wal {
+    /// Everything staged is written and checkpointed, then the threads stop.
+    fn drop(&mut self) {
+        {
+            let mut st = lock(&self.shared.st);
+            st.stop = true;
+        }
+        self.shared.work.notify_all();
+        self.shared.ckpt.notify_all();
+        for t in lock(&self.threads).drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Mark the log broken: nothing more is written or checkpointed, and everyone waiting
+/// hears of it.
+fn break_log(s: &Shared, st: &mut State, why: String) {
+    if st.broken.is_none() {
+        eprintln!("mdt: the metadata log failed: {why}");
+        st.broken = Some(why);
+    }
+    s.committed.send_modify(|c| c.1 = true);
+    s.done.notify_all();
+}
+
+fn broken_error(why: &str) -> MdError {
+    MdError::new(errno::EIO, format!("the metadata log failed ({why}): restart the MDT"))
+}
+
+impl Wal {
+    /// Start the log at `at` (nothing staged, everything before in the image) with the
+    /// next transno `next`.
+    pub fn start(
+        region: Region,
+        opts: &NamespaceOptions,
+        db: Arc<Database>,
+        pos: Position,
+        stats: Arc<NamespaceStats>,
+    ) -> Wal {
+        let st = State {
+            next: pos.transno,
+            staged: Vec::new(),
+            staged_bytes: 0,
+            reserved: 0,
+            head: pos.at,
+            tail: pos.at,
+            committed: pos.transno,
+            unimaged: VecDeque::new(),
+            unimaged_bytes: 0,
+            imaged: pos.transno,
+            checkpoint_asked: false,
+            writing: false,
+            broken: None,
+            stop: false,
+        };
+        let shared = Arc::new(Shared {
+            region,
+            flush: opts.sync == SyncMode::Drives,
+            interval: opts.checkpoint_interval,
+            generation: pos.generation,
+            db,
+            st: Mutex::new(st),
+            work: Condvar::new(),
+            done: Condvar::new(),
+            ckpt: Condvar::new(),
+            committed: tokio::sync::watch::channel((pos.transno, false)).0,
+            stats,
+        });
+        let mut threads = Vec::new();
+        for (name, body) in [("mdt-log", write_loop as fn(&Shared)), ("mdt-checkpoint", checkpoint_loop)] {
+            let s = shared.clone();
+            match std::thread::Builder::new().name(name.into()).spawn(move || body(&s)) {
+                Ok(t) => threads.push(t),
+                Err(e) => break_log(&shared, &mut lock(&shared.st), format!("its {name} thread did not start: {e}")),
+            }
+        }
+        Wal { shared, threads: Mutex::new(threads) }
+    }
+
+    /// The most bytes one change may log: a quarter of the ring.
+    pub fn change_max(&self) -> u64 {
+        self.shared.region.room / 4
+    }
+
+    /// Reserve room for a change that logs at most `bytes`, waiting for a checkpoint to
+    /// free it if need be (`wait` false: answer false instead of waiting).
+    pub fn reserve(&self, bytes: u64, wait: bool) -> Result<bool> {
+        if bytes > self.change_max() {
+            return Err(MdError::new(
+                errno::EFBIG,
+                format!("a change of {bytes} bytes is larger than the metadata log takes ({})", self.change_max()),
+            ));
+        }
+        let room = self.shared.region.room;
+        let mut st = lock(&self.shared.st);
+        loop {
+            if let Some(why) = &st.broken {
+                return Err(broken_error(why));
+            }
+            // A group may waste up to its own size at the end of a lap: count it twice.
+            let pending = 2 * (st.staged_bytes + st.reserved + bytes).next_multiple_of(BLOCK);
+            if st.head - st.tail + pending <= room {
+                st.reserved += bytes;
+                return Ok(true);
+            }
+            if !wait {
+                return Ok(false);
+            }
+            st.checkpoint_asked = true;
+            self.shared.ckpt.notify_one();
+            st = self.shared.done.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Give back a reservation that logged nothing.
+    pub fn unreserve(&self, bytes: u64) {
+        let mut st = lock(&self.shared.st);
+        st.reserved = st.reserved.saturating_sub(bytes);
+    }
+
+    /// Stage a change's record in place of its reservation; returns its transno. Call it
+    /// under the namespace's lock, so transnos follow the order changes were applied. A
+    /// record larger than its reservation (a removal of many xattrs, say) waits for the
+    /// room it lacks: the writer and checkpoints need no namespace lock to make it.
+    pub fn stage(&self, record: Vec<u8>, reserved: u64) -> Result<u64> {
+        let need = framed(record.len());
+        if need > reserved {
+            self.reserve(need - reserved, true)?;
+        }
+        let mut st = lock(&self.shared.st);
+        st.reserved = st.reserved.saturating_sub(reserved.max(need));
+        let transno = st.next;
+        st.next += 1;
+        st.staged_bytes += framed(record.len());
+        st.staged.push((transno, record));
+        self.shared.work.notify_one();
+        Ok(transno)
+    }
+
+    /// The last transno given (0 for none).
+    pub fn last_transno(&self) -> u64 {
+        lock(&self.shared.st).next - 1
+    }
+
+    /// The highest transno on the drives (Lustre's `last_committed`).
+    pub fn last_committed(&self) -> u64 {
+        self.shared.committed.borrow().0 - 1
+    }
+
+    /// Wait until transno `t` is on the drives.
+    pub fn wait_committed(&self, t: u64) -> Result<()> {
+        let mut st = lock(&self.shared.st);
+        loop {
+            if st.committed > t {
+                return Ok(());
+            }
+            if let Some(why) = &st.broken {
+                return Err(broken_error(why));
+            }
+            st = self.shared.done.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// As [`Wal::wait_committed`], from async code.
+    pub async fn committed(&self, t: u64) -> Result<()> {
+        let mut rx = self.shared.committed.subscribe();
+        let committed = rx.wait_for(|&(c, broken)| c > t || broken).await.map(|v| v.0 > t);
+        match committed {
+            Ok(true) => Ok(()),
+            _ => self.wait_committed(t),
+        }
+    }
+
+    /// Wait until every change staged so far is in the image (and the log holds none of
+    /// it any more).
+    pub fn checkpoint(&self) -> Result<()> {
+        let mut st = lock(&self.shared.st);
+        let want = st.next;
+        loop {
+            if st.imaged >= want {
+                return Ok(());
+            }
+            if let Some(why) = &st.broken {
+                return Err(broken_error(why));
+            }
+            st.checkpoint_asked = true;
+            self.shared.ckpt.notify_one();
+            st = self.shared.done.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Log bytes in use (written and not in the image, and staged), and the ring's size.
+    pub fn usage(&self) -> (u64, u64) {
+        let st = lock(&self.shared.st);
+        (st.head - st.tail + st.staged_bytes, self.shared.region.room)
+    }
+
+    /// Stop as a crash would: nothing staged is written, no checkpoint is made, the
+    /// threads end (a group being written may land, as in a crash).
+    pub fn halt(&self) {
+        {
+            let mut st = lock(&self.shared.st);
+            st.broken = Some("halted".into());
+            st.stop = true;
+        }
+        self.shared.work.notify_all();
+        self.shared.ckpt.notify_all();
+        self.shared.done.notify_all();
+        for t in lock(&self.threads).drain(..) {
+            let _ = t.join();
+        }
+        // The image is never closed, however the rest is dropped.
+        std::mem::forget(self.shared.clone());
+    }
+
+    pub fn broken(&self) -> bool {
+        lock(&self.shared.st).broken.is_some()
+    }
+}
+
+/// The log writer: one group per turn, everything staged meanwhile.
+fn write_loop(s: &Shared) {
+    loop {
+        let (records, head) = {
+            let mut st = lock(&s.st);
+            while st.staged.is_empty() && !st.stop {
+                st = s.work.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+            if st.staged.is_empty() {
+                return;
+            }
+            if st.broken.is_some() {
+                // Nothing more is written; everyone waiting has been told.
+                st.staged.clear();
+                st.staged_bytes = 0;
+                continue;
+            }
+            st.staged_bytes = 0;
+            st.writing = true;
+            (std::mem::take(&mut st.staged), st.head)
+        };
+        let (buf, ends) = frame(s.generation, &records);
+        let room = s.region.room;
+        let g = buf.len() as u64;
+        let at = if head % room + g > room { (head / room + 1) * room } else { head };
+        let written = s
+            .region
+            .vol
+            .write(s.region.base + at % room, &buf)
+            .and_then(|()| if s.flush { s.region.vol.flush() } else { Ok(()) });
+        let mut st = lock(&s.st);
+        st.writing = false;
+        match written {
+            Ok(()) => {
+                st.head = at + g;
+                let last = records.last().map_or(st.committed, |r| r.0 + 1);
+                st.committed = last;
+                for ((transno, payload), end) in records.into_iter().zip(ends) {
+                    st.unimaged_bytes += framed(payload.len());
+                    st.unimaged.push_back((transno, payload, at + end));
+                }
+                if st.unimaged_bytes > room / 4 {
+                    s.ckpt.notify_one();
+                }
+                s.stats.commits.fetch_add(1, Ordering::Relaxed);
+                s.committed.send_replace((last, false));
+            }
+            Err(e) => break_log(s, &mut st, format!("a write failed: {e}")),
+        }
+        s.done.notify_all();
+    }
+}
+
+/// The checkpoint thread: committed records into the image, then the tail moves.
+fn checkpoint_loop(s: &Shared) {
+    let mut since = Instant::now();
+    loop {
+        let batch: Vec<(u64, Vec<u8>, u64)> = {
+            let mut st = lock(&s.st);
+            loop {
+                let due = st.checkpoint_asked
+                    || st.unimaged_bytes > s.region.room / 4
+                    || since.elapsed() >= s.interval
+                    || st.stop;
+                let idle = st.unimaged.is_empty() && st.staged.is_empty() && !st.writing;
+                if st.broken.is_some() || (st.stop && idle) {
+                    s.done.notify_all();
+                    return;
+                }
+                if due && !st.unimaged.is_empty() {
+                    break;
+                }
+                if due && st.checkpoint_asked && idle {
+                    // Asked with nothing to do: everything is in the image already.
+                    st.checkpoint_asked = false;
+                    s.done.notify_all();
+                }
+                let wait = s.interval.saturating_sub(since.elapsed()).max(Duration::from_millis(1));
+                st = s.ckpt.wait_timeout(st, wait).unwrap_or_else(|e| e.into_inner()).0;
+                if since.elapsed() >= s.interval && st.unimaged.is_empty() {
+                    since = Instant::now();
+                }
+            }
+            st.checkpoint_asked = false;
+            st.unimaged_bytes = 0;
+            st.unimaged.drain(..).collect()
+        };
+        let Some(&(last, _, end)) = batch.last() else { continue };
+        let r = write_image(s, &batch, Position { generation: s.generation, transno: last + 1, at: end });
+        let mut st = lock(&s.st);
+        match r {
+            Ok(()) => {
+                st.tail = end;
+                st.imaged = last + 1;
+                s.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => break_log(s, &mut st, format!("a checkpoint failed: {e}")),
+        }
+        since = Instant::now();
+        s.done.notify_all();
+    }
+}
+
+/// Apply records to the image and commit it, durably, with the position after them.
+fn write_image(s: &Shared, batch: &[(u64, Vec<u8>, u64)], pos: Position) -> Result<()> {
+    let mut txn = s.db.begin_write()?;
+    txn.set_durability(redb::Durability::Immediate).map_err(storage)?;
+    for (_, payload, _) in batch {
+        for op in decode_record(payload)? {
+            image::apply(&txn, &op)?;
+        }
+    }
+    pos.store(&txn)?;
+    txn.commit()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_carry_their_records() {
+        let recs = vec![(5u64, vec![1u8; 10]), (6, vec![2u8; 5000]), (7, Vec::new())];
+        let (buf, ends) = frame(9, &recs);
+        assert_eq!(buf.len() as u64 % BLOCK, 0);
+        assert_eq!(ends, [framed(10), framed(10) + framed(5000), framed(10) + framed(5000) + framed(0)]);
+        assert_eq!(u32::from_le_bytes(buf[0..4].try_into().unwrap()), MAGIC);
+    }
+}

@@ -1,0 +1,199 @@
+//! The MDT's write-ahead log and image: transnos, a torn log tail, checkpoints across
+//! restarts, a bad image, and the memory limit.
+
+use std::sync::Arc;
+
+use nacre_proto::fid::Fid;
+use nacre_proto::mdt::errno;
+use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, Volume, VolumeOptions};
+use nacre_server::mdt::{Cred, Namespace, NamespaceOptions};
+
+fn volume() -> Arc<Volume> {
+    let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
+    let devs: Vec<Arc<dyn BlockDevice>> =
+        (0..4).map(|i| MemDrive::new(&format!("m{i}"), 64 << 20) as Arc<dyn BlockDevice>).collect();
+    let mut o = CreateOptions::new("mdt0", Level::Raid10);
+    o.strip_bytes = 64 << 10;
+    o.assume_clean = true;
+    Arc::new(Volume::create(devs, &o, &run).unwrap())
+}
+
+/// The log's region on the volume (as the namespace splits it: the last eighth).
+fn log_region(v: &Volume) -> (u64, u64) {
+    let cap = v.capacity() / 4096 * 4096;
+    let log = (cap / 8).min(256 << 20) / 4096 * 4096;
+    (cap - log, log)
+}
+
+/// Where the record of `transno` starts in the log region, if it is there.
+fn find_record(v: &Volume, transno: u64) -> Option<u64> {
+    let (base, room) = log_region(v);
+    let mut ring = vec![0u8; room as usize];
+    v.read(base, &mut ring).unwrap();
+    (0..ring.len() - 32)
+        .step_by(8)
+        .find(|&at| {
+            ring[at..at + 4] == *b"NMLR" && u64::from_le_bytes(ring[at + 16..at + 24].try_into().unwrap()) == transno
+        })
+        .map(|at| base + at as u64)
+}
+
+const ROOT: Fid = Fid::ROOT;
+
+/// Checkpoints only when asked (or when the log fills): what a crash finds is known.
+fn asked_only() -> NamespaceOptions {
+    NamespaceOptions { checkpoint_interval: std::time::Duration::from_secs(3600), ..NamespaceOptions::default() }
+}
+
+#[test]
+fn transnos_grow_and_commit_across_restarts() {
+    let v = volume();
+    let ns = Namespace::format(v.clone(), 0, NamespaceOptions::default()).unwrap();
+    let c = Cred::root();
+    let (t0, _) = ns.transnos();
+    ns.create(&c, ROOT, "a", 0o644, None).unwrap();
+    ns.mkdir(&c, ROOT, "d", 0o755, None).unwrap();
+    let (t1, committed) = ns.transnos();
+    assert_eq!(t1, t0 + 2, "one transno per change");
+    assert!(committed >= t1, "a change returns once it is on the drives: {committed} < {t1}");
+    // A failed change takes no transno.
+    assert!(ns.create(&c, ROOT, "a", 0o644, None).is_err());
+    assert_eq!(ns.transnos().0, t1);
+    drop(ns);
+    let ns = Namespace::open(v, NamespaceOptions::default()).unwrap();
+    let (t2, committed) = ns.transnos();
+    assert_eq!((t2, committed), (t1, t1), "a restart goes on from the last transno");
+    assert_eq!(ns.stats.recovered.load(std::sync::atomic::Ordering::Relaxed), 0, "a clean stop left no log");
+    ns.create(&c, ROOT, "b", 0o644, None).unwrap();
+    assert_eq!(ns.transnos().0, t1 + 1);
+}
+
+#[test]
+fn a_crash_replays_the_log_and_a_torn_tail_is_cut() {
+    let v = volume();
+    let ns = Namespace::format(v.clone(), 0, asked_only()).unwrap();
+    let c = Cred::root();
+    ns.checkpoint().unwrap();
+    for i in 0..20 {
+        ns.create(&c, ROOT, &format!("f{i}"), 0o644, None).unwrap();
+    }
+    let (last, _) = ns.transnos();
+    // Crashed with everything logged and nothing checkpointed since: all of it replays.
+    ns.crash();
+    std::mem::forget(ns);
+    let at = find_record(&v, last).expect("the last change is in the log");
+    let ns = Namespace::open(v.clone(), asked_only()).unwrap();
+    assert_eq!(ns.stats.recovered.load(std::sync::atomic::Ordering::Relaxed), 20, "the log's records replayed");
+    for i in 0..20 {
+        ns.lookup(&c, ROOT, &format!("f{i}")).unwrap();
+    }
+    // Again, and this time the last record is torn (a byte of it never landed).
+    ns.checkpoint().unwrap();
+    for i in 20..30 {
+        ns.create(&c, ROOT, &format!("f{i}"), 0o644, None).unwrap();
+    }
+    let (last, _) = ns.transnos();
+    ns.crash();
+    std::mem::forget(ns);
+    let at2 = find_record(&v, last).expect("the last change is in the log");
+    assert_ne!(at, at2);
+    let mut b = [0u8; 8];
+    v.read(at2 + 40, &mut b).unwrap();
+    b[0] ^= 0xff;
+    v.write(at2 + 40, &b).unwrap();
+    let ns = Namespace::open(v.clone(), asked_only()).unwrap();
+    for i in 0..29 {
+        ns.lookup(&c, ROOT, &format!("f{i}")).unwrap();
+    }
+    assert_eq!(ns.lookup(&c, ROOT, "f29").unwrap_err().errno, errno::ENOENT, "the torn change came back");
+    assert_eq!(ns.transnos().0, last - 1, "its transno is given again");
+    // The cut log goes on: new changes, a clean stop, a restart.
+    ns.create(&c, ROOT, "f29", 0o644, None).unwrap();
+    drop(ns);
+    let ns = Namespace::open(v, NamespaceOptions::default()).unwrap();
+    assert_eq!(ns.statfs().unwrap().inodes, 31);
+}
+
+#[test]
+fn an_image_of_another_format_is_refused_by_name() {
+    let v = volume();
+    drop(Namespace::format(v.clone(), 0, NamespaceOptions::default()).unwrap());
+    // Not an MDT at all: zeros where the image is.
+    let blank = volume();
+    let e = Namespace::open(blank, NamespaceOptions::default()).err().expect("a blank volume opened");
+    assert_eq!(e.errno, errno::EINVAL, "{e}");
+    // A volume whose image was torn to pieces.
+    v.write(0, &vec![0x5au8; 64 << 10]).unwrap();
+    let e = Namespace::open(v, NamespaceOptions::default()).err().expect("a broken image opened");
+    assert!(e.message.contains("metadata") || e.message.contains("redb"), "{e}");
+}
+
+#[test]
+fn the_memory_limit_refuses_new_files_and_lets_removals_through() {
+    let v = volume();
+    let opts = NamespaceOptions { memory_max: 64 << 10, ..NamespaceOptions::default() };
+    let ns = Namespace::format(v, 0, opts).unwrap();
+    let c = Cred::root();
+    let mut made = 0;
+    let e = loop {
+        match ns.create(&c, ROOT, &format!("file-{made}"), 0o644, None) {
+            Ok(_) => made += 1,
+            Err(e) => break e,
+        }
+        assert!(made < 10_000, "the limit never held");
+    };
+    assert!(made > 10, "only {made} files fit in 64 KiB");
+    assert_eq!(e.errno, errno::ENOSPC);
+    assert!(e.message.contains("memory_max"), "{e}");
+    assert_eq!(ns.mkdir(&c, ROOT, "d", 0o755, None).unwrap_err().errno, errno::ENOSPC);
+    // Removals go, and make room.
+    for i in 0..made / 2 {
+        ns.remove(&c, ROOT, &format!("file-{i}"), false, None).unwrap();
+    }
+    ns.create(&c, ROOT, "again", 0o644, None).unwrap();
+}
+
+#[test]
+fn concurrent_changes_get_distinct_fids_and_transnos() {
+    let v = volume();
+    let ns = Namespace::format(v.clone(), 0, NamespaceOptions::default()).unwrap();
+    let c = Cred::root();
+    let (threads, per) = (4usize, 300usize);
+    let (t0, _) = ns.transnos();
+    let fids: Vec<Vec<Fid>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (ns, c) = (&ns, c.clone());
+                s.spawn(move || {
+                    let d = ns.mkdir(&c, ROOT, &format!("t{t}"), 0o755, None).unwrap();
+                    let mut out = vec![d.fid];
+                    for i in 0..per {
+                        out.push(ns.create(&c, d.fid, &format!("f{i}"), 0o644, None).unwrap().fid);
+                        if i % 3 == 0 {
+                            ns.remove(&c, d.fid, &format!("f{i}"), false, None).unwrap();
+                            out.pop();
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let all: std::collections::BTreeSet<Fid> = fids.iter().flatten().copied().collect();
+    let kept = threads * (1 + per - per.div_ceil(3));
+    assert_eq!(all.len(), kept, "a FID was given twice");
+    assert_eq!(ns.statfs().unwrap().inodes, kept as u64 + 1);
+    assert_eq!(ns.transnos().0, t0 + (threads * (1 + per + per.div_ceil(3))) as u64, "one transno per change");
+    for f in &all {
+        ns.getattr(*f).unwrap();
+    }
+    // And the same after a crash, from the log.
+    ns.crash();
+    std::mem::forget(ns);
+    let ns = Namespace::open(v, NamespaceOptions::default()).unwrap();
+    assert_eq!(ns.statfs().unwrap().inodes, kept as u64 + 1);
+    for f in &all {
+        ns.getattr(*f).unwrap();
+    }
+}
