@@ -61,7 +61,7 @@ impl MdsBenchOptions {
     }
 }
 
-fn bad<E: std::fmt::Display>(e: E) -> BenchError {
+pub(crate) fn bad<E: std::fmt::Display>(e: E) -> BenchError {
     BenchError::Bad(e.to_string())
 }
 
@@ -71,15 +71,23 @@ struct Served {
     volume: Arc<Volume>,
 }
 
-/// Bytes of each of the MDT's four drives: room for every round's files (about 4 KiB of
-/// database and log per file and round, mirrored over two pairs), at least 64 MiB. The
-/// database's file doubles as it grows, so the room is rounded up to a power of two and a
-/// quarter more (the log's region and the volume's own): a database of 2^k bytes must
-/// still fit its next growth. The drives are written whole when the volume is made:
+/// Room a file takes on an MDT's drives through one round of a bench (made, used,
+/// removed): about 4 KiB of database and log, mirrored over two pairs.
+pub(crate) const ROUND_BYTES_PER_FILE: u64 = 8 << 10;
+
+/// Bytes of each of the MDT's four drives for `room` bytes of files (at least 64 MiB).
+/// The database's file doubles as it grows, so the room is rounded up to a power of two
+/// and a quarter more (the log's region and the volume's own): a database of 2^k bytes
+/// must still fit its next growth. The drives are written whole when the volume is made:
 /// under /dev/shm they take memory.
-fn drive_bytes(o: &MdsBenchOptions) -> u64 {
-    let room = ((o.files * o.rounds.max(1) as u64 * 8) << 10).next_power_of_two();
-    (room / 4 * 5).clamp(64 << 20, 4 << 30).div_ceil(1 << 20) << 20
+pub(crate) fn drive_bytes(room: u64) -> u64 {
+    (room.next_power_of_two() / 4 * 5).clamp(64 << 20, 4 << 30).div_ceil(1 << 20) << 20
+}
+
+/// An MDT's volume: RAID10 over four new drive files of `drive` bytes in `dir`.
+pub(crate) fn mdt_volume(dir: &Path, drive: u64) -> Result<Arc<Volume>, BenchError> {
+    std::fs::create_dir_all(dir)?;
+    Ok(Arc::new(create(&make_drives(dir, 4, drive)?, Level::Raid10, 256 << 10)?))
 }
 
 async fn serve(dir: &Path, sync: SyncMode, drive: u64) -> Result<Served, BenchError> {
@@ -88,8 +96,7 @@ async fn serve(dir: &Path, sync: SyncMode, drive: u64) -> Result<Served, BenchEr
 
 /// MDT `index` served over loopback TCP.
 async fn serve_mdt(dir: &Path, sync: SyncMode, drive: u64, index: u32) -> Result<(Served, Arc<Mds>), BenchError> {
-    std::fs::create_dir_all(dir)?;
-    let volume = Arc::new(create(&make_drives(dir, 4, drive)?, Level::Raid10, 256 << 10)?);
+    let volume = mdt_volume(dir, drive)?;
     let opts = NamespaceOptions { sync, ..NamespaceOptions::default() };
     let ns = tokio::task::block_in_place(|| Namespace::format(volume.clone(), index, opts)).map_err(bad)?;
     let mds = Mds::new(&format!("mdt{index}"), Arc::new(ns));
@@ -692,7 +699,8 @@ async fn run_in(
         o.clients,
         o.local_dir.display()
     );
-    let served = serve(work, SyncMode::Ordered, drive_bytes(o)).await?;
+    let drive = drive_bytes(o.files * o.rounds.max(1) as u64 * ROUND_BYTES_PER_FILE);
+    let served = serve(work, SyncMode::Ordered, drive).await?;
     let mut f: [Vec<f64>; 11] = Default::default();
     let mut local_dirs = Vec::new();
     for round in 0..o.rounds.max(1) {
@@ -728,7 +736,7 @@ async fn run_in(
     }
     // DNE: one directory shared by every client, striped over two MDTs, against the
     // same on one MDT, rounds interleaved.
-    let two = serve_mdts(&work.join("dne"), drive_bytes(o), 2).await?;
+    let two = serve_mdts(&work.join("dne"), drive, 2).await?;
     let mut dne: [Vec<f64>; 10] = Default::default();
     for round in 0..o.rounds.max(1) {
         let one = shared_dir_round(std::slice::from_ref(&served), o, round).await?;
@@ -769,7 +777,7 @@ async fn run_in(
     let (create_ratio, unlink_ratio, stat_vs_ping) = (ratio(b[0], b[4]), ratio(b[2], b[6]), ratio(b[1], b[3]));
     let mut durable = (0.0, 0.0);
     if let (Some(dir), Some(dd)) = (durable_work, o.durable_dir.as_ref()) {
-        let served = serve(dir, SyncMode::Drives, drive_bytes(o)).await?;
+        let served = serve(dir, SyncMode::Drives, drive).await?;
         let (mut nb, mut lb) = (Vec::new(), Vec::new());
         let mut durable_dirs = Vec::new();
         for round in 0..o.rounds.max(1) {

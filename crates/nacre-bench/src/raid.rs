@@ -13,7 +13,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nacre_raid::align::AlignedBuf;
 use nacre_raid::{BlockDevice, CreateOptions, FileDrive, Level, RaidError, Volume, VolumeOptions};
@@ -109,38 +109,40 @@ pub(crate) fn check(buf: &[u8], off: u64, salt: u64) -> Result<(), BenchError> {
     Ok(())
 }
 
-/// Run `jobs` threads between two barriers: each first builds its state with `setup`
-/// (buffers, outside the clock), then runs `job`. Returns the seconds between the barriers.
+/// Run `jobs` threads: each first builds its state with `setup` (buffers, outside the
+/// clock), waits for the others at a barrier, then runs `job`. Returns the seconds from
+/// the first job's start to the last one's end. Each job reads the clock itself: a clock
+/// read by this thread after the barrier missed whatever the jobs did before it was
+/// scheduled again, which on 2 cores could be a whole short phase.
 pub(crate) fn timed<S, F, G>(jobs: usize, setup: G, job: F) -> Result<f64, BenchError>
 where
     G: Fn(usize) -> S + Sync,
     F: Fn(usize, &mut S) -> Result<(), BenchError> + Sync,
 {
-    let barrier = Barrier::new(jobs + 1);
-    let mut elapsed = Duration::ZERO;
-    let results: Vec<Result<(), BenchError>> = std::thread::scope(|s| {
+    let barrier = Barrier::new(jobs);
+    let spans: Vec<Result<(Instant, Instant), BenchError>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..jobs)
             .map(|j| {
                 let (barrier, setup, job) = (&barrier, &setup, &job);
                 s.spawn(move || {
                     let mut state = setup(j);
                     barrier.wait();
-                    let r = job(j, &mut state);
-                    barrier.wait();
-                    r
+                    let start = Instant::now();
+                    job(j, &mut state)?;
+                    Ok((start, Instant::now()))
                 })
             })
             .collect();
-        barrier.wait();
-        let t = Instant::now();
-        barrier.wait();
-        elapsed = t.elapsed();
         handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(BenchError::Bad("job panicked".into())))).collect()
     });
-    for r in results {
-        r?;
+    let mut first_start: Option<Instant> = None;
+    let mut last_end: Option<Instant> = None;
+    for span in spans {
+        let (start, end) = span?;
+        first_start = Some(first_start.map_or(start, |t| t.min(start)));
+        last_end = Some(last_end.map_or(end, |t| t.max(end)));
     }
-    Ok(elapsed.as_secs_f64())
+    Ok(first_start.zip(last_end).map_or(0.0, |(start, end)| (end - start).as_secs_f64()))
 }
 
 /// Run `jobs` threads over `[base, base + size)`, each streaming its own slice in IOs of

@@ -5,6 +5,7 @@
 mod bench;
 mod demo;
 mod fsys;
+mod heap;
 mod io500;
 mod mdt;
 mod mgs;
@@ -16,6 +17,10 @@ mod size;
 mod up;
 
 use clap::{CommandFactory, Parser, Subcommand};
+
+/// The system's allocator, counting the heap's growth when `nacre bench mdt` asks.
+#[global_allocator]
+static ALLOCATOR: heap::Counting = heap::Counting;
 
 /// `nacre --version`: the package version and the commit it was built from.
 const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("NACRE_COMMIT"), ")");
@@ -66,7 +71,8 @@ enum Command {
         /// NAME=VALUE
         setting: String,
     },
-    /// Benchmarks of the services' layers (`ost`: the object store, `mds`: metadata).
+    /// Benchmarks of the services' layers (`ost`: the object store, `mds`: metadata served,
+    /// `mdt`: the metadata engine alone).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Start a whole file system on this machine (MGS, MDTs, OSTs over drive files in

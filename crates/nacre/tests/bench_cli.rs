@@ -82,6 +82,52 @@ fn bench_mds_prints_every_figure() {
     );
 }
 
+/// The MDT engine bench at a small size: every figure of its JSON line is there and
+/// positive (memory from the binary's counting allocator), and it leaves nothing behind
+/// in the drives' folder or the reference's.
+#[test]
+fn bench_mdt_prints_every_figure_and_leaves_nothing() {
+    let dir = scratch("bench-mdt", "drives");
+    let local = scratch("bench-mdt", "local");
+    let out = nacre()
+        .args(["bench", "mdt", "--files", "200", "--threads", "2", "--rounds", "2", "--startup-files", "2000"])
+        .arg("--dir")
+        .arg(&dir)
+        .arg("--local-dir")
+        .arg(&local)
+        .output()
+        .unwrap();
+    let left = |d: &std::path::Path| std::fs::read_dir(d).unwrap().count();
+    let (left_dir, left_local) = (left(&dir), left(&local));
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&local);
+    let v = bench_figures(
+        &out,
+        &[
+            "create_per_s",
+            "stat_per_s",
+            "rename_per_s",
+            "unlink_per_s",
+            "local_create_per_s",
+            "local_stat_per_s",
+            "local_rename_per_s",
+            "local_unlink_per_s",
+            "create_ratio",
+            "stat_ratio",
+            "rename_ratio",
+            "unlink_ratio",
+            "bytes_per_file",
+            "name_bytes_avg",
+            "startup_s",
+            "startup_s_per_million_files",
+            "startup_fill_per_s",
+            "cores",
+        ],
+    );
+    assert_eq!(v["memory_gauge"], "heap");
+    assert_eq!((left_dir, left_local), (0, 0), "the bench left files behind");
+}
+
 /// The client library bench at a small size: every figure of its JSON line is there and
 /// positive (its IO phases read back and check what they wrote).
 #[test]
