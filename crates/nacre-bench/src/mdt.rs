@@ -8,6 +8,10 @@
 //! - rename: each renames each of its files within its directory;
 //! - unlink: each removes them.
 //!
+//! Each thread is a client: its changes carry reply keys as the MDS's do. By default
+//! they answer once applied in memory and staged in the log (replies before commit, the
+//! MDT's design); `sync_on_reply` makes each wait for its log write instead.
+//!
 //! Rounds interleave Nacre and the reference and keep the best of each, because these
 //! machines are shared and noisy. Each round of the reference works in a fresh folder,
 //! and its unlinks are timed only after every round: a journal-less ext4 crawls on
@@ -16,9 +20,10 @@
 //! rounds of 20,000 files).
 //!
 //! Then an MDT holding many files (`startup_files`, the million by default): the
-//! memory it holds per file (the heap's growth while the files are made, read from a
-//! counting allocator the program installed, as the `nacre` binary does; else the
-//! resident set's growth), and the seconds [`Namespace::open`] takes to start it again.
+//! memory it holds per file (the heap's growth while the files are made, once a
+//! checkpoint took the log's records that waited for it; read from a counting allocator
+//! the program installed, as the `nacre` binary does, else the resident set's growth),
+//! and the seconds [`Namespace::open`] takes to start it again.
 //!
 //! The drive files and the reference's folders are removed at the end, on error too.
 
@@ -28,7 +33,7 @@ use std::time::Instant;
 
 use nacre_proto::fid::Fid;
 use nacre_proto::mdt::mode;
-use nacre_server::mdt::{Cred, Namespace, NamespaceOptions, RenameMode};
+use nacre_server::mdt::{Cred, Namespace, NamespaceOptions, RenameMode, ReplyKey};
 use serde_json::{Value, json};
 
 use crate::mds::{ROUND_BYTES_PER_FILE, bad, drive_bytes, mdt_volume};
@@ -57,6 +62,9 @@ pub struct MdtBenchOptions {
     pub rounds: usize,
     /// Files of the MDT whose memory and start-up are measured.
     pub startup_files: u64,
+    /// Changes answer once on the drives (`mdt.*.sync_on_reply=1`) rather than once
+    /// applied and staged in the log.
+    pub sync_on_reply: bool,
     /// The program's counting allocator; without one, memory is the resident set's
     /// growth (coarser: pages, and memory the allocator keeps after frees).
     pub heap: Option<HeapCounter>,
@@ -71,13 +79,14 @@ impl MdtBenchOptions {
             threads: 8,
             rounds: 3,
             startup_files: 1_000_000,
+            sync_on_reply: false,
             heap: None,
         }
     }
 }
 
-/// Threads that fill the start-up MDT: enough concurrent changes that group commit makes
-/// large batches (up to `batch_max` changes share a transaction).
+/// Threads that fill the start-up MDT: enough concurrent changes that each log write
+/// carries many.
 const FILL_THREADS: usize = 64;
 
 /// Room a file takes in the start-up MDT's database (its inode and entry in redb's
@@ -113,8 +122,15 @@ fn nacre_round(ns: &Namespace, o: &MdtBenchOptions, round: usize) -> Result<Rate
         .map(|i| ns.mkdir(&cred, Fid::ROOT, &dir_name(i), 0o755, None).map(|a| a.fid))
         .collect::<Result<Vec<Fid>, _>>()
         .map_err(bad)?;
-    let create =
-        phase(o.threads, per, |i, j| ns.create(&cred, dirs[i], &format!("f{j}"), 0o644, None).map(drop).map_err(bad))?;
+    // Each thread is a client, and each change carries its reply key as the MDS's do
+    // (its answer is stored, the one before it acknowledged and dropped).
+    let key = |i: usize, phase: u64, j: u64| {
+        let xid = ((round as u64 * 4 + phase) * per + j) + 1;
+        Some(ReplyKey { client: 1000 + i as u64, xid, acked_below: xid, digest: phase as u32 })
+    };
+    let create = phase(o.threads, per, |i, j| {
+        ns.create(&cred, dirs[i], &format!("f{j}"), 0o644, key(i, 0, j)).map(drop).map_err(bad)
+    })?;
     let stat = phase(o.threads, per, |i, j| {
         let a = ns.lookup(&cred, dirs[i], &format!("f{j}")).map_err(bad)?;
         if a.mode & mode::S_IFMT != mode::S_IFREG {
@@ -123,9 +139,11 @@ fn nacre_round(ns: &Namespace, o: &MdtBenchOptions, round: usize) -> Result<Rate
         Ok(())
     })?;
     let rename = phase(o.threads, per, |i, j| {
-        ns.rename(&cred, dirs[i], &format!("f{j}"), dirs[i], &format!("g{j}"), RenameMode::Replace, None).map_err(bad)
+        let (from, to) = (format!("f{j}"), format!("g{j}"));
+        ns.rename(&cred, dirs[i], &from, dirs[i], &to, RenameMode::Replace, key(i, 1, j)).map_err(bad)
     })?;
-    let unlink = phase(o.threads, per, |i, j| ns.remove(&cred, dirs[i], &format!("g{j}"), false, None).map_err(bad))?;
+    let unlink =
+        phase(o.threads, per, |i, j| ns.remove(&cred, dirs[i], &format!("g{j}"), false, key(i, 2, j)).map_err(bad))?;
     for i in 0..o.threads {
         ns.remove(&cred, Fid::ROOT, &dir_name(i), true, None).map_err(bad)?;
     }
@@ -237,6 +255,9 @@ fn startup(dir: &Path, o: &MdtBenchOptions) -> Result<Startup, BenchError> {
             Ok(())
         },
     );
+    // What the namespace holds, without the log's records waiting for their checkpoint
+    // (they are bounded by the log's size, not by the files).
+    ns.checkpoint().map_err(bad)?;
     let heap_bytes = o.heap.zip(heap_before).map(|(h, before)| {
         let grown = (h.net_bytes)() - before;
         (h.counting)(false);
@@ -293,11 +314,12 @@ fn run_in(o: &MdtBenchOptions, work: &Path, local: &Path, out: &mut dyn std::io:
     let per = o.files / o.threads as u64;
     let _ = writeln!(
         out,
-        "nacre bench mdt: one MDT on RAID10 (4 drives in {}) called in process, {} threads, {} files per phase, {} rounds; reference: {} threads on {}",
+        "nacre bench mdt: one MDT on RAID10 (4 drives in {}) called in process, {} threads, {} files per phase, {} rounds, sync_on_reply={}; reference: {} threads on {}",
         o.dir.display(),
         o.threads,
         per * o.threads as u64,
         o.rounds,
+        o.sync_on_reply as u8,
         o.threads,
         o.local_dir.display()
     );
@@ -305,7 +327,8 @@ fn run_in(o: &MdtBenchOptions, work: &Path, local: &Path, out: &mut dyn std::io:
     let (mut nacre, mut reference) = (Vec::new(), Vec::new());
     {
         let volume = mdt_volume(&work.join("rounds"), drive_bytes(o.files * rounds as u64 * ROUND_BYTES_PER_FILE))?;
-        let ns = Namespace::format(volume, 0, NamespaceOptions::default()).map_err(bad)?;
+        let opts = NamespaceOptions { sync_on_reply: o.sync_on_reply, ..NamespaceOptions::default() };
+        let ns = Namespace::format(volume, 0, opts).map_err(bad)?;
         for round in 0..rounds {
             let n = nacre_round(&ns, o, round)?;
             let l = local_round(&local.join(format!("r{round}")), o)?;
@@ -351,6 +374,7 @@ fn run_in(o: &MdtBenchOptions, work: &Path, local: &Path, out: &mut dyn std::io:
         "files": per * o.threads as u64,
         "threads": o.threads,
         "rounds": rounds,
+        "sync_on_reply": o.sync_on_reply,
         "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
     });
     for (k, (name, target)) in PHASES.into_iter().enumerate() {

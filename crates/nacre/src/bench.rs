@@ -82,6 +82,10 @@ pub enum BenchCommand {
         /// start-up time is also given per million files).
         #[arg(long, default_value_t = 1_000_000)]
         startup_files: u64,
+        /// Changes answer once on the drives (`mdt.*.sync_on_reply=1`), not once applied
+        /// in memory and staged in the log.
+        #[arg(long)]
+        sync_on_reply: bool,
     },
     /// The client library with no kernel in between: a whole file system served from this
     /// process over loopback, creates, stats, unlinks and sequential IO through
@@ -142,7 +146,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
             println!("{}", serde_json::to_string(&figures)?);
             Ok(())
         }
-        BenchCommand::Mdt { dir, local_dir, files, threads, rounds, startup_files } => {
+        BenchCommand::Mdt { dir, local_dir, files, threads, rounds, startup_files, sync_on_reply } => {
             if !(1..=256).contains(&threads) || !(1..=100).contains(&rounds) {
                 return Err("--threads must be 1 to 256 and --rounds 1 to 100".into());
             }
@@ -158,6 +162,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
                 threads,
                 rounds,
                 startup_files,
+                sync_on_reply,
                 heap: Some(HeapCounter { counting: crate::heap::counting, net_bytes: crate::heap::net_bytes }),
                 ..MdtBenchOptions::new(dir)
             };

@@ -271,6 +271,11 @@ pub struct NamespaceOptions {
     /// Checkpoints come at least this often while there are changes (and sooner when
     /// the log fills).
     pub checkpoint_interval: std::time::Duration,
+    /// A change that carries a reply key (a client's request) returns once it is on the
+    /// drives (`mdt.*.sync_on_reply=1`); off, it returns once applied and staged, and
+    /// its client keeps it until `last_committed` covers its transno (Lustre's way).
+    /// Changes without a key (the MDT's own) always wait.
+    pub sync_on_reply: bool,
 }
 
 impl Default for NamespaceOptions {
@@ -280,6 +285,7 @@ impl Default for NamespaceOptions {
             cache_bytes: 16 << 20,
             memory_max: default_memory_max(),
             checkpoint_interval: wal::CHECKPOINT_INTERVAL,
+            sync_on_reply: true,
         }
     }
 }
@@ -491,6 +497,8 @@ pub struct Namespace {
     db_len: Arc<std::sync::atomic::AtomicU64>,
     capacity: u64,
     opts: NamespaceOptions,
+    /// `mdt.*.sync_on_reply`, as set now.
+    sync_on_reply: std::sync::atomic::AtomicBool,
     alloc: Mutex<FidAlloc>,
     opens: Mutex<Opens>,
     /// OST pools by name, as the MGS last said (`None`: not heard yet).
@@ -639,7 +647,7 @@ impl<'a> Tx<'a> {
 
     fn get(&self, fid: Fid) -> Result<(Attr, Fid)> {
         let m = self.m();
-        let i = m.inodes.get(&fid.key()).ok_or_else(|| MdError::new(errno::ENOENT, format!("no inode {fid}")))?;
+        let i = m.inode(fid.key()).ok_or_else(|| MdError::new(errno::ENOENT, format!("no inode {fid}")))?;
         Ok((i.attr, i.parent))
     }
 
@@ -682,14 +690,14 @@ impl<'a> Tx<'a> {
     }
 
     fn del_layout(&self, fid: Fid) -> Result<()> {
-        if self.m().layouts.contains_key(&fid.key()) {
+        if self.m().layout(fid.key()).is_some() {
             self.apply(Op::Layout(fid.key(), None));
         }
         Ok(())
     }
 
     fn layout_of(&self, fid: Fid) -> Result<Option<Layout>> {
-        match self.m().layouts.get(&fid.key()) {
+        match self.m().layout(fid.key()) {
             Some(v) => Ok(Some(Layout::decode(v)?)),
             None => Ok(None),
         }
@@ -1267,6 +1275,7 @@ impl Namespace {
             pools: Mutex::new(pools),
             db_len,
             capacity: db_bytes,
+            sync_on_reply: std::sync::atomic::AtomicBool::new(opts.sync_on_reply),
             opts,
             alloc: Mutex::new(FidAlloc { seq_k, next_oid, reserved: next_oid }),
             opens: Mutex::new(Opens::default()),
@@ -1383,7 +1392,7 @@ impl Namespace {
 
     fn read_inode(&self, fid: Fid) -> Result<(Attr, Fid)> {
         let m = read(&self.mem);
-        let i = m.inodes.get(&fid.key()).ok_or_else(|| MdError::new(errno::ENOENT, format!("no inode {fid}")))?;
+        let i = m.inode(fid.key()).ok_or_else(|| MdError::new(errno::ENOENT, format!("no inode {fid}")))?;
         Ok((i.attr, i.parent))
     }
 
@@ -1404,7 +1413,7 @@ impl Namespace {
     pub fn lookup_many<S: AsRef<str>>(&self, cred: &Cred, dir: Fid, names: &[S]) -> Result<Vec<Result<Attr>>> {
         let m = read(&self.mem);
         let get = |f: Fid| -> Result<(Attr, Fid)> {
-            let i = m.inodes.get(&f.key()).ok_or_else(|| MdError::new(errno::ENOENT, format!("no inode {f}")))?;
+            let i = m.inode(f.key()).ok_or_else(|| MdError::new(errno::ENOENT, format!("no inode {f}")))?;
             Ok((i.attr, i.parent))
         };
         let (d, parent) = get(dir)?;
@@ -1457,7 +1466,7 @@ impl Namespace {
         max_bytes: usize,
     ) -> Result<(Vec<(DirEntry, Attr)>, bool)> {
         let m = read(&self.mem);
-        let d = m.inodes.get(&dir.key()).ok_or_else(|| MdError::new(errno::ENOENT, format!("no inode {dir}")))?.attr;
+        let d = m.inode(dir.key()).ok_or_else(|| MdError::new(errno::ENOENT, format!("no inode {dir}")))?.attr;
         if !mode::is_dir(d.mode) {
             return Err(MdError::new(errno::ENOTDIR, format!("{dir} is not a directory")));
         }
@@ -1484,7 +1493,7 @@ impl Namespace {
                 }
             }
             let (child, kind) = (Fid::from_key(e.child), e.kind);
-            let a = match m.inodes.get(&e.child) {
+            let a = match m.inode(e.child) {
                 Some(i) => i.attr,
                 None if child.mdt() != Some(self.index) => remote_attr(child, kind),
                 None => continue,
@@ -1572,7 +1581,7 @@ impl Namespace {
     /// Inodes in use, and the bytes the image occupies of its volume.
     pub fn statfs(&self) -> Result<MdtStatFs> {
         Ok(MdtStatFs {
-            inodes: read(&self.mem).inodes.len() as u64,
+            inodes: read(&self.mem).inode_count(),
             bytes_used: self.db_len.load(std::sync::atomic::Ordering::Acquire),
             bytes_total: self.capacity,
         })
@@ -1677,8 +1686,24 @@ impl Namespace {
         let reserved = Self::reservation(weight);
         self.wal.reserve(reserved, true)?;
         let (r, transno) = self.run_change(key, f, reserved)?;
-        self.wal.wait_committed(transno)?;
+        if self.waits_for_commit(key) {
+            self.wal.wait_committed(transno)?;
+        }
         r
+    }
+
+    /// Does a change with this key answer only once it is on the drives?
+    fn waits_for_commit(&self, key: Option<ReplyKey>) -> bool {
+        key.is_none() || self.sync_on_reply.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `mdt.*.sync_on_reply`: see [`NamespaceOptions::sync_on_reply`].
+    pub fn set_sync_on_reply(&self, on: bool) {
+        self.sync_on_reply.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn sync_on_reply(&self) -> bool {
+        self.sync_on_reply.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Wait until every change answered so far is on the drives (`fsync`, `sync`).
@@ -1768,7 +1793,9 @@ impl Namespace {
             .await
             .map_err(|_| MdError::new(errno::EIO, "the metadata change was dropped"))??
         };
-        self.wal.committed(transno).await?;
+        if self.waits_for_commit(key) {
+            self.wal.committed(transno).await?;
+        }
         r
     }
 
@@ -2138,7 +2165,7 @@ impl Namespace {
     /// and its files inherit the file system's).
     pub fn layout(&self, fid: Fid) -> Result<Option<Layout>> {
         self.getattr(fid)?;
-        match read(&self.mem).layouts.get(&fid.key()) {
+        match read(&self.mem).layout(fid.key()) {
             Some(v) => Ok(Some(Layout::decode(v)?)),
             None => Ok(None),
         }

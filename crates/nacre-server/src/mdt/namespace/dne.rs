@@ -208,7 +208,7 @@ impl Tx<'_> {
         match u {
             Update::MakeInode { attr, parent, stripe, default } => {
                 self.local(attr.fid)?;
-                if self.m().inodes.contains_key(&attr.fid.key()) {
+                if self.m().has_inode(attr.fid.key()) {
                     return Err(MdError::new(errno::EEXIST, format!("inode {} exists", attr.fid)));
                 }
                 let stripe = if stripe.is_empty() { None } else { Some(DirStripe::decode(stripe)?) };
@@ -298,7 +298,7 @@ impl Tx<'_> {
             }
             Update::Link { fid, delta } => {
                 self.local(*fid)?;
-                if *delta < 0 && !self.m().inodes.contains_key(&fid.key()) {
+                if *delta < 0 && !self.m().has_inode(fid.key()) {
                     // Its last name went, and so did it: nothing to drop.
                     return Ok(Answer::Done);
                 }

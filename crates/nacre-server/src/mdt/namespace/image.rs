@@ -115,7 +115,7 @@ pub fn load(db: &Arc<Database>) -> Result<Mem> {
     each!(META, |k, v| Op::Meta(k.into(), Some(v)));
     for row in txn.open_table(INODES)?.iter()? {
         let (k, v) = row?;
-        m.inodes.insert(k.value(), decode_inode(v.value())?);
+        m.apply(Op::Inode(k.value(), Some(decode_inode(v.value())?)));
     }
     each!(DIRENTS, |k, v| Op::Dirent { dir: k.0, hash: k.1, name: k.2.into(), to: Some(v) });
     each!(SYMLINKS, |k, v| Op::Symlink(k, Some(v.into())));

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use nacre_proto::fid::Fid;
-use nacre_proto::mdt::{Attr, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX};
+use nacre_proto::mdt::{Attr, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX, mode};
 use nacre_proto::wire::{Dec, Enc};
 
 use super::{DOM_BLOCK, MdError, Result, storage};
@@ -25,6 +25,109 @@ use super::{DOM_BLOCK, MdError, Result, storage};
 pub struct Inode {
     pub attr: Attr,
     pub parent: Fid,
+}
+
+/// An inode as memory keeps it: its attributes without the FID (its place in the
+/// table), and its layout. 72 bytes where an [`Inode`] and a separate layout map took
+/// 136. `mode` holds [`IN_USE`] besides the mode: a slot without it is free.
+#[derive(Debug, Clone, Default)]
+struct Node {
+    mode: u32,
+    nlink: u32,
+    uid: u32,
+    gid: u32,
+    size: u64,
+    blocks: u64,
+    atime_ns: i64,
+    mtime_ns: i64,
+    ctime_ns: i64,
+    layout: Option<Arc<[u8]>>,
+}
+
+impl Node {
+    fn attr(&self, fid: u128) -> Attr {
+        Attr {
+            fid: Fid::from_key(fid),
+            mode: self.mode & !IN_USE,
+            nlink: self.nlink,
+            uid: self.uid,
+            gid: self.gid,
+            size: self.size,
+            blocks: self.blocks,
+            atime_ns: self.atime_ns,
+            mtime_ns: self.mtime_ns,
+            ctime_ns: self.ctime_ns,
+        }
+    }
+
+    fn set(&mut self, a: &Attr) {
+        (self.mode, self.nlink, self.uid, self.gid) = (a.mode | IN_USE, a.nlink, a.uid, a.gid);
+        (self.size, self.blocks) = (a.size, a.blocks);
+        (self.atime_ns, self.mtime_ns, self.ctime_ns) = (a.atime_ns, a.mtime_ns, a.ctime_ns);
+    }
+}
+
+/// A bit of [`Node::mode`] no mode has (they fit 16 bits).
+const IN_USE: u32 = 1 << 31;
+
+/// Slots per page of the inode table.
+const PAGE: usize = 256;
+
+/// Inodes by FID, in pages of [`PAGE`] consecutive object ids: FIDs are handed out in
+/// order, so pages fill, and an inode costs its [`Node`] and little more (a hash map
+/// doubles its buckets as it grows, and spent up to twice that).
+#[derive(Default)]
+struct InodeTable {
+    pages: HashMap<u128, Box<[Node; PAGE]>>,
+    /// Inodes in each page, to free it when it empties.
+    used: HashMap<u128, u16>,
+    count: u64,
+}
+
+/// A FID key's page and slot: the object id's low bits pick the slot.
+fn page_of(k: u128) -> (u128, usize) {
+    let slot = ((k >> 32) as usize) % PAGE;
+    (k & !(((PAGE - 1) as u128) << 32), slot)
+}
+
+impl InodeTable {
+    fn get(&self, k: u128) -> Option<&Node> {
+        let (page, slot) = page_of(k);
+        self.pages.get(&page).map(|p| &p[slot]).filter(|n| n.mode & IN_USE != 0)
+    }
+
+    fn get_mut(&mut self, k: u128) -> Option<&mut Node> {
+        let (page, slot) = page_of(k);
+        self.pages.get_mut(&page).map(|p| &mut p[slot]).filter(|n| n.mode & IN_USE != 0)
+    }
+
+    /// The slot of `k`, made free if it was not there.
+    fn slot(&mut self, k: u128) -> &mut Node {
+        let (page, slot) = page_of(k);
+        let p = self.pages.entry(page).or_insert_with(|| Box::new(std::array::from_fn(|_| Node::default())));
+        if p[slot].mode & IN_USE == 0 {
+            *self.used.entry(page).or_default() += 1;
+            self.count += 1;
+        }
+        &mut p[slot]
+    }
+
+    fn remove(&mut self, k: u128) -> Option<Node> {
+        let (page, slot) = page_of(k);
+        let p = self.pages.get_mut(&page)?;
+        if p[slot].mode & IN_USE == 0 {
+            return None;
+        }
+        let n = std::mem::take(&mut p[slot]);
+        self.count -= 1;
+        let used = self.used.entry(page).or_default();
+        *used -= 1;
+        if *used == 0 {
+            self.used.remove(&page);
+            self.pages.remove(&page);
+        }
+        Some(n)
+    }
 }
 
 /// One directory entry. Entries whose names share a hash are chained (rare: 63 bits).
@@ -54,16 +157,21 @@ fn find<'e>(mut e: Option<&'e Entry>, name: &str) -> Option<&'e Entry> {
 #[derive(Default)]
 pub struct Mem {
     pub meta: BTreeMap<Box<str>, u64>,
-    pub inodes: HashMap<u128, Inode>,
+    inodes: InodeTable,
+    /// Each directory's parent (other inodes record none).
+    parents: HashMap<u128, Fid>,
+    /// Layouts whose inode is not here (none, but for a moment within a change that
+    /// removes or makes one): they keep the ops' inverses exact in any order.
+    loose_layouts: HashMap<u128, Arc<[u8]>>,
+    layout_count: u64,
     /// Directories with entries (an empty directory has none here).
     pub dirs: HashMap<u128, Dir>,
     pub symlinks: HashMap<u128, Box<[u8]>>,
     pub xattrs: BTreeMap<(u128, Box<str>), Box<[u8]>>,
     pub orphans: BTreeSet<u128>,
     pub replies: BTreeMap<(u64, u64), Box<[u8]>>,
-    /// A file's layout or a directory's default ([`nacre_proto::layout::Layout::encode`]),
-    /// shared through [`Mem::shared_layouts`].
-    pub layouts: HashMap<u128, Arc<[u8]>>,
+    /// Layouts ([`nacre_proto::layout::Layout::encode`]), each kept once however many
+    /// files have it.
     shared_layouts: HashSet<Arc<[u8]>>,
     pub objects: HashMap<u128, Box<[u8]>>,
     pub ost_blocks: HashMap<u128, u64>,
@@ -323,9 +431,8 @@ impl Mem {
                 Op::Meta(k, old)
             }
             Op::Inode(k, v) => {
-                let old = swap!(self.inodes, k, v);
                 (add, sub) = (0, 0);
-                Op::Inode(k, old)
+                Op::Inode(k, self.put_inode(k, v))
             }
             Op::Dirent { dir, hash, name, to } => {
                 let old = self.put_entry(dir, hash, &name, to);
@@ -358,9 +465,8 @@ impl Mem {
             }
             Op::Layout(k, v) => {
                 let v = v.map(|l| self.share_layout(l));
-                let old = swap!(self.layouts, k, v);
                 (add, sub) = (0, 0);
-                Op::Layout(k, old)
+                Op::Layout(k, self.put_layout(k, v))
             }
             Op::Objects(k, v) => {
                 add = len_of(&v);
@@ -411,6 +517,75 @@ impl Mem {
         };
         self.held = (self.held + add).saturating_sub(sub);
         inverse
+    }
+
+    /// Put (or with `None` remove) inode `k`; what it was before. Its layout stays as
+    /// it was (with the inode, or loose while there is none).
+    fn put_inode(&mut self, k: u128, v: Option<Inode>) -> Option<Inode> {
+        let old = self.inode(k);
+        match v {
+            Some(i) => {
+                let layout = self.loose_layouts.remove(&k);
+                let n = self.inodes.slot(k);
+                if n.mode & IN_USE == 0 {
+                    n.layout = layout;
+                }
+                n.set(&i.attr);
+                if mode::is_dir(i.attr.mode) {
+                    self.parents.insert(k, i.parent);
+                } else {
+                    self.parents.remove(&k);
+                }
+            }
+            None => {
+                if let Some(n) = self.inodes.remove(k)
+                    && let Some(l) = n.layout
+                {
+                    self.loose_layouts.insert(k, l);
+                }
+                self.parents.remove(&k);
+            }
+        }
+        old
+    }
+
+    /// Put (or with `None` remove) the layout of `k`; what it was before.
+    fn put_layout(&mut self, k: u128, v: Option<Arc<[u8]>>) -> Option<Arc<[u8]>> {
+        let old = match self.inodes.get_mut(k) {
+            Some(n) => std::mem::replace(&mut n.layout, v),
+            None => match v {
+                Some(l) => self.loose_layouts.insert(k, l),
+                None => self.loose_layouts.remove(&k),
+            },
+        };
+        match (&old, self.layout(k)) {
+            (None, Some(_)) => self.layout_count += 1,
+            (Some(_), None) => self.layout_count -= 1,
+            _ => {}
+        }
+        old
+    }
+
+    /// Inode `k`, if it is here.
+    pub fn inode(&self, k: u128) -> Option<Inode> {
+        let n = self.inodes.get(k)?;
+        Some(Inode { attr: n.attr(k), parent: self.parents.get(&k).copied().unwrap_or_default() })
+    }
+
+    pub fn has_inode(&self, k: u128) -> bool {
+        self.inodes.get(k).is_some()
+    }
+
+    pub fn inode_count(&self) -> u64 {
+        self.inodes.count
+    }
+
+    /// The layout of `k` (a file's, or a directory's default).
+    pub fn layout(&self, k: u128) -> Option<&Arc<[u8]>> {
+        match self.inodes.get(k) {
+            Some(n) => n.layout.as_ref(),
+            None => self.loose_layouts.get(&k),
+        }
     }
 
     /// Put (or with `None` remove) entry `name` of `dir` at `hash`; what it named before.
@@ -524,12 +699,12 @@ impl Mem {
     /// About the bytes the tables hold: a fixed cost per inode and per entry of every
     /// other table, plus the names, values and data.
     pub fn bytes(&self) -> u64 {
-        self.inodes.len() as u64 * INODE_BYTES
+        self.inodes.count * INODE_BYTES
             + self.entries * ENTRY_BYTES
             + (self.symlinks.len()
                 + self.xattrs.len()
                 + self.replies.len()
-                + self.layouts.len()
+                + self.parents.len()
                 + self.objects.len()
                 + self.dom.len()
                 + self.ost_blocks.len()) as u64
@@ -580,9 +755,42 @@ mod tests {
         for u in undo.into_iter().rev() {
             m.apply(u);
         }
-        assert!(m.inodes.is_empty() && m.dirs.is_empty() && m.xattrs.is_empty() && m.orphans.is_empty());
-        assert!(m.layouts.is_empty() && m.destroys.is_empty() && m.dom.is_empty() && m.ost_blocks.is_empty());
+        assert!(
+            m.inodes.pages.is_empty()
+                && m.inodes.count == 0
+                && m.dirs.is_empty()
+                && m.xattrs.is_empty()
+                && m.orphans.is_empty()
+        );
+        assert!(m.loose_layouts.is_empty() && m.destroys.is_empty() && m.dom.is_empty() && m.ost_blocks.is_empty());
+        assert_eq!(m.layout_count, 0);
         assert_eq!((m.dom_bytes, m.held), (0, 0));
+    }
+
+    #[test]
+    fn inodes_fill_pages_and_free_them() {
+        let mut m = Mem::default();
+        let fid = |oid: u32| Fid::new(0x2_0000_0400, oid).key();
+        let file = |oid: u32| Inode {
+            attr: Attr { fid: Fid::from_key(fid(oid)), mode: 0, nlink: 1, ..Attr::default() },
+            parent: Fid::ROOT,
+        };
+        for oid in 1..=600 {
+            assert_eq!(m.apply(Op::Inode(fid(oid), Some(file(oid)))), Op::Inode(fid(oid), None));
+        }
+        assert_eq!((m.inode_count(), m.inodes.pages.len()), (600, 3));
+        // Mode 0 is an inode too, and a file records no parent.
+        assert_eq!(m.inode(fid(300)).unwrap(), Inode { parent: Fid::default(), ..file(300) });
+        assert!(m.inode(fid(601)).is_none() && m.inode(fid(0)).is_none());
+        m.apply(Op::Layout(fid(7), Some(Arc::from(&b"L"[..]))));
+        for oid in 1..=600 {
+            m.apply(Op::Inode(fid(oid), None));
+        }
+        assert_eq!((m.inode_count(), m.inodes.pages.len(), m.inodes.used.len()), (0, 0, 0));
+        // The layout of a removed inode waits, loose, for its own removal.
+        assert_eq!(m.layout(fid(7)).map(|l| &l[..]), Some(&b"L"[..]));
+        m.apply(Op::Layout(fid(7), None));
+        assert!(m.loose_layouts.is_empty() && m.layout_count == 0);
     }
 
     #[test]
