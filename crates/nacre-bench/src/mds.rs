@@ -46,6 +46,10 @@ pub struct MdsBenchOptions {
     pub rounds: usize,
     /// Drives on disk for the durable create phase.
     pub durable_dir: Option<PathBuf>,
+    /// The MDT answers a change once it is on the drives (the MDS's default until
+    /// clients replay); off, once applied and staged in its log (durable creates always
+    /// wait).
+    pub sync_on_reply: bool,
 }
 
 impl MdsBenchOptions {
@@ -57,6 +61,7 @@ impl MdsBenchOptions {
             clients: 8,
             rounds: 3,
             durable_dir: None,
+            sync_on_reply: true,
         }
     }
 }
@@ -90,14 +95,20 @@ pub(crate) fn mdt_volume(dir: &Path, drive: u64) -> Result<Arc<Volume>, BenchErr
     Ok(Arc::new(create(&make_drives(dir, 4, drive)?, Level::Raid10, 256 << 10)?))
 }
 
-async fn serve(dir: &Path, sync: SyncMode, drive: u64) -> Result<Served, BenchError> {
-    Ok(serve_mdt(dir, sync, drive, 0).await?.0)
+async fn serve(dir: &Path, sync: SyncMode, drive: u64, sync_on_reply: bool) -> Result<Served, BenchError> {
+    Ok(serve_mdt(dir, sync, drive, 0, sync_on_reply).await?.0)
 }
 
 /// MDT `index` served over loopback TCP.
-async fn serve_mdt(dir: &Path, sync: SyncMode, drive: u64, index: u32) -> Result<(Served, Arc<Mds>), BenchError> {
+async fn serve_mdt(
+    dir: &Path,
+    sync: SyncMode,
+    drive: u64,
+    index: u32,
+    sync_on_reply: bool,
+) -> Result<(Served, Arc<Mds>), BenchError> {
     let volume = mdt_volume(dir, drive)?;
-    let opts = NamespaceOptions { sync, ..NamespaceOptions::default() };
+    let opts = NamespaceOptions { sync, sync_on_reply, ..NamespaceOptions::default() };
     let ns = tokio::task::block_in_place(|| Namespace::format(volume.clone(), index, opts)).map_err(bad)?;
     let mds = Mds::new(&format!("mdt{index}"), Arc::new(ns));
     let nid: Nid = "127.0.0.1@tcp:0".parse().map_err(bad)?;
@@ -111,7 +122,7 @@ async fn serve_mdts(dir: &Path, drive: u64, n: u32) -> Result<Vec<Served>, Bench
     let mut out = Vec::new();
     let mut mds = Vec::new();
     for i in 0..n {
-        let (s, m) = serve_mdt(&dir.join(format!("mdt{i}")), SyncMode::Ordered, drive, i).await?;
+        let (s, m) = serve_mdt(&dir.join(format!("mdt{i}")), SyncMode::Ordered, drive, i, true).await?;
         out.push(s);
         mds.push(m);
     }
@@ -700,7 +711,7 @@ async fn run_in(
         o.local_dir.display()
     );
     let drive = drive_bytes(o.files * o.rounds.max(1) as u64 * ROUND_BYTES_PER_FILE);
-    let served = serve(work, SyncMode::Ordered, drive).await?;
+    let served = serve(work, SyncMode::Ordered, drive, o.sync_on_reply).await?;
     let mut f: [Vec<f64>; 11] = Default::default();
     let mut local_dirs = Vec::new();
     for round in 0..o.rounds.max(1) {
@@ -777,7 +788,7 @@ async fn run_in(
     let (create_ratio, unlink_ratio, stat_vs_ping) = (ratio(b[0], b[4]), ratio(b[2], b[6]), ratio(b[1], b[3]));
     let mut durable = (0.0, 0.0);
     if let (Some(dir), Some(dd)) = (durable_work, o.durable_dir.as_ref()) {
-        let served = serve(dir, SyncMode::Drives, drive).await?;
+        let served = serve(dir, SyncMode::Drives, drive, true).await?;
         let (mut nb, mut lb) = (Vec::new(), Vec::new());
         let mut durable_dirs = Vec::new();
         for round in 0..o.rounds.max(1) {
@@ -870,6 +881,11 @@ async fn run_in(
         "unlink_ratio": unlink_ratio,
         "stat_vs_ping_ratio": stat_vs_ping,
     });
+    // Every change against the ping RPC of the same run (the json! macro is at its depth).
+    v["create_vs_ping_ratio"] = json!(ratio(b[0], b[3]));
+    v["unlink_vs_ping_ratio"] = json!(ratio(b[2], b[3]));
+    v["dom_files_vs_ping_ratio"] = json!(ratio(b[9], b[3]));
+    v["sync_on_reply"] = json!(o.sync_on_reply);
     if o.durable_dir.is_some() {
         v["durable_create_per_s"] = json!(durable.0);
         v["local_durable_create_per_s"] = json!(durable.1);

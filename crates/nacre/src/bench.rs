@@ -56,6 +56,10 @@ pub enum BenchCommand {
         /// local creates that fsync their directory.
         #[arg(long)]
         durable_dir: Option<PathBuf>,
+        /// `mdt.*.sync_on_reply`: 1 (the MDS's default) answers a change once it is on the
+        /// drives, 0 once applied and staged in the log (durable creates always wait).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+        sync_on_reply: u8,
     },
     /// The MDT's engine in process, no transport: N threads creating, stating, renaming
     /// and unlinking, against the local file system with N threads in the same run; the
@@ -129,7 +133,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
             println!("{}", serde_json::to_string(&figures)?);
             Ok(())
         }
-        BenchCommand::Mds { dir, local_dir, files, clients, rounds, durable_dir } => {
+        BenchCommand::Mds { dir, local_dir, files, clients, rounds, durable_dir, sync_on_reply } => {
             if !(1..=1024).contains(&clients) || !(1..=100).contains(&rounds) {
                 return Err("--clients must be 1 to 1024 and --rounds 1 to 100".into());
             }
@@ -142,6 +146,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
             o.clients = clients;
             o.rounds = rounds;
             o.durable_dir = durable_dir;
+            o.sync_on_reply = sync_on_reply == 1;
             let figures = run_mds_bench(&o, &mut std::io::stdout())?;
             println!("{}", serde_json::to_string(&figures)?);
             Ok(())

@@ -271,6 +271,9 @@ pub struct NamespaceOptions {
     /// Checkpoints come at least this often while there are changes (and sooner when
     /// the log fills).
     pub checkpoint_interval: std::time::Duration,
+    /// Changes answered before their commit are written within this (`mdt.*.commit_interval_ms`);
+    /// a change someone waits for is written at once.
+    pub commit_interval: std::time::Duration,
     /// A change that carries a reply key (a client's request) returns once it is on the
     /// drives (`mdt.*.sync_on_reply=1`); off, it returns once applied and staged, and
     /// its client keeps it until `last_committed` covers its transno (Lustre's way).
@@ -285,6 +288,7 @@ impl Default for NamespaceOptions {
             cache_bytes: 16 << 20,
             memory_max: default_memory_max(),
             checkpoint_interval: wal::CHECKPOINT_INTERVAL,
+            commit_interval: wal::COMMIT_INTERVAL,
             sync_on_reply: true,
         }
     }
@@ -1175,7 +1179,6 @@ impl Namespace {
         let db = Database::builder().set_cache_size(opts.cache_bytes).create_with_backend(backend)?;
         let mut txn = db.begin_write()?;
         txn.set_durability(redb::Durability::Immediate).map_err(storage)?;
-        image::create_tables(&txn)?;
         let now = now_ns();
         let root = Attr {
             fid: Fid::ROOT,
@@ -1196,8 +1199,11 @@ impl Namespace {
         if index == 0 {
             ops.push(Op::Inode(Fid::ROOT.key(), Some(Inode { attr: root, parent: Fid::ROOT })));
         }
-        for op in &ops {
-            image::apply(&txn, op)?;
+        {
+            let mut w = image::Writer::open(&txn)?;
+            for op in &ops {
+                w.apply(op)?;
+            }
         }
         wal::Position { generation: wal::fresh_generation(), transno: 1, at: 0 }.store(&txn)?;
         txn.commit()?;
@@ -1243,11 +1249,13 @@ impl Namespace {
         {
             let mut txn = db.begin_write()?;
             txn.set_durability(redb::Durability::Immediate).map_err(storage)?;
-            image::create_tables(&txn)?;
-            for (_, r) in &records {
-                for op in mem::decode_record(r)? {
-                    image::apply(&txn, &op)?;
-                    mem.apply(op);
+            {
+                let mut w = image::Writer::open(&txn)?;
+                for (_, r) in &records {
+                    for op in mem::decode_record(r)? {
+                        w.apply(&op)?;
+                        mem.apply(op);
+                    }
                 }
             }
             pos.store(&txn)?;

@@ -32,61 +32,83 @@ const DIRSTRIPES: TableDefinition<u128, &[u8]> = TableDefinition::new("dirstripe
 const DIRDEFAULTS: TableDefinition<u128, &[u8]> = TableDefinition::new("dirdefaults");
 const INTENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("intents");
 
-/// Make every table, so that a read of the image finds them all.
-pub fn create_tables(txn: &WriteTransaction) -> Result<()> {
-    txn.open_table(META)?;
-    txn.open_table(INODES)?;
-    txn.open_table(DIRENTS)?;
-    txn.open_table(SYMLINKS)?;
-    txn.open_table(XATTRS)?;
-    txn.open_table(ORPHANS)?;
-    txn.open_table(REPLIES)?;
-    txn.open_table(LAYOUTS)?;
-    txn.open_table(OBJECTS)?;
-    txn.open_table(OST_BLOCKS)?;
-    txn.open_table(POOLS)?;
-    txn.open_table(DESTROYS)?;
-    txn.open_table(DOM)?;
-    txn.open_table(DIRSTRIPES)?;
-    txn.open_table(DIRDEFAULTS)?;
-    txn.open_table(INTENTS)?;
-    Ok(())
+/// Every table of the image, open in one write transaction: a checkpoint opens them
+/// once and writes thousands of ops (opening a table per op cost more than the op).
+pub struct Writer<'t> {
+    meta: redb::Table<'t, &'static str, u64>,
+    inodes: redb::Table<'t, u128, &'static [u8]>,
+    dirents: redb::Table<'t, (u128, u64, &'static str), (u128, u32)>,
+    symlinks: redb::Table<'t, u128, &'static [u8]>,
+    xattrs: redb::Table<'t, (u128, &'static str), &'static [u8]>,
+    orphans: redb::Table<'t, u128, u8>,
+    replies: redb::Table<'t, (u64, u64), &'static [u8]>,
+    layouts: redb::Table<'t, u128, &'static [u8]>,
+    objects: redb::Table<'t, u128, &'static [u8]>,
+    ost_blocks: redb::Table<'t, u128, u64>,
+    pools: redb::Table<'t, u32, &'static [u8]>,
+    destroys: redb::Table<'t, (u32, u64), u8>,
+    dom: redb::Table<'t, (u128, u64), &'static [u8]>,
+    dirstripes: redb::Table<'t, u128, &'static [u8]>,
+    dirdefaults: redb::Table<'t, u128, &'static [u8]>,
+    intents: redb::Table<'t, u64, &'static [u8]>,
 }
 
-/// Write `op` into the image.
-pub fn apply(txn: &WriteTransaction, op: &Op) -> Result<()> {
-    macro_rules! put_or_del {
-        ($table:expr, $key:expr, $value:expr) => {{
-            let mut t = txn.open_table($table)?;
-            match $value {
-                Some(v) => {
-                    t.insert($key, v)?;
-                }
-                None => {
-                    t.remove($key)?;
-                }
-            }
-        }};
+impl<'t> Writer<'t> {
+    pub fn open(txn: &'t WriteTransaction) -> Result<Writer<'t>> {
+        Ok(Writer {
+            meta: txn.open_table(META)?,
+            inodes: txn.open_table(INODES)?,
+            dirents: txn.open_table(DIRENTS)?,
+            symlinks: txn.open_table(SYMLINKS)?,
+            xattrs: txn.open_table(XATTRS)?,
+            orphans: txn.open_table(ORPHANS)?,
+            replies: txn.open_table(REPLIES)?,
+            layouts: txn.open_table(LAYOUTS)?,
+            objects: txn.open_table(OBJECTS)?,
+            ost_blocks: txn.open_table(OST_BLOCKS)?,
+            pools: txn.open_table(POOLS)?,
+            destroys: txn.open_table(DESTROYS)?,
+            dom: txn.open_table(DOM)?,
+            dirstripes: txn.open_table(DIRSTRIPES)?,
+            dirdefaults: txn.open_table(DIRDEFAULTS)?,
+            intents: txn.open_table(INTENTS)?,
+        })
     }
-    match op {
-        Op::Meta(k, v) => put_or_del!(META, &**k, *v),
-        Op::Inode(k, v) => put_or_del!(INODES, *k, v.as_ref().map(encode_inode).as_deref()),
-        Op::Dirent { dir, hash, name, to } => put_or_del!(DIRENTS, (*dir, *hash, &**name), *to),
-        Op::Symlink(k, v) => put_or_del!(SYMLINKS, *k, v.as_deref()),
-        Op::Xattr(k, name, v) => put_or_del!(XATTRS, (*k, &**name), v.as_deref()),
-        Op::Orphan(k, put) => put_or_del!(ORPHANS, *k, put.then_some(1u8)),
-        Op::Reply(c, x, v) => put_or_del!(REPLIES, (*c, *x), v.as_deref()),
-        Op::Layout(k, v) => put_or_del!(LAYOUTS, *k, v.as_deref()),
-        Op::Objects(k, v) => put_or_del!(OBJECTS, *k, v.as_deref()),
-        Op::Pool(ost, v) => put_or_del!(POOLS, *ost, v.as_deref()),
-        Op::Destroy(ost, oid, put) => put_or_del!(DESTROYS, (*ost, *oid), put.then_some(1u8)),
-        Op::Dom(k, b, v) => put_or_del!(DOM, (*k, *b), v.as_deref()),
-        Op::DirStripe(k, v) => put_or_del!(DIRSTRIPES, *k, v.as_deref()),
-        Op::DirDefault(k, v) => put_or_del!(DIRDEFAULTS, *k, v.as_deref()),
-        Op::Intent(k, v) => put_or_del!(INTENTS, *k, v.as_deref()),
-        Op::OstBlocks(k, v) => put_or_del!(OST_BLOCKS, *k, *v),
+
+    /// Write `op` into the image.
+    pub fn apply(&mut self, op: &Op) -> Result<()> {
+        macro_rules! put_or_del {
+            ($t:expr, $key:expr, $value:expr) => {{
+                match $value {
+                    Some(v) => {
+                        $t.insert($key, v)?;
+                    }
+                    None => {
+                        $t.remove($key)?;
+                    }
+                }
+            }};
+        }
+        match op {
+            Op::Meta(k, v) => put_or_del!(self.meta, &**k, *v),
+            Op::Inode(k, v) => put_or_del!(self.inodes, *k, v.as_ref().map(encode_inode).as_deref()),
+            Op::Dirent { dir, hash, name, to } => put_or_del!(self.dirents, (*dir, *hash, &**name), *to),
+            Op::Symlink(k, v) => put_or_del!(self.symlinks, *k, v.as_deref()),
+            Op::Xattr(k, name, v) => put_or_del!(self.xattrs, (*k, &**name), v.as_deref()),
+            Op::Orphan(k, put) => put_or_del!(self.orphans, *k, put.then_some(1u8)),
+            Op::Reply(c, x, v) => put_or_del!(self.replies, (*c, *x), v.as_deref()),
+            Op::Layout(k, v) => put_or_del!(self.layouts, *k, v.as_deref()),
+            Op::Objects(k, v) => put_or_del!(self.objects, *k, v.as_deref()),
+            Op::Pool(ost, v) => put_or_del!(self.pools, *ost, v.as_deref()),
+            Op::Destroy(ost, oid, put) => put_or_del!(self.destroys, (*ost, *oid), put.then_some(1u8)),
+            Op::Dom(k, b, v) => put_or_del!(self.dom, (*k, *b), v.as_deref()),
+            Op::DirStripe(k, v) => put_or_del!(self.dirstripes, *k, v.as_deref()),
+            Op::DirDefault(k, v) => put_or_del!(self.dirdefaults, *k, v.as_deref()),
+            Op::Intent(k, v) => put_or_del!(self.intents, *k, v.as_deref()),
+            Op::OstBlocks(k, v) => put_or_del!(self.ost_blocks, *k, *v),
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// The image's META value `k`.

@@ -216,6 +216,53 @@ pub enum Op {
     OstBlocks(u128, Option<u64>),
 }
 
+/// The key an [`Op`] writes: ops of one key replace each other, so a checkpoint need
+/// only write the last of each (a directory's inode changed by every create in it, a
+/// reply record put and then pruned, a file made and removed between checkpoints).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Slot {
+    Meta(Box<str>),
+    Inode(u128),
+    Dirent(u128, u64, Box<str>),
+    Symlink(u128),
+    Xattr(u128, Box<str>),
+    Orphan(u128),
+    Reply(u64, u64),
+    Layout(u128),
+    Objects(u128),
+    Pool(u32),
+    Destroy(u32, u64),
+    Dom(u128, u64),
+    DirStripe(u128),
+    DirDefault(u128),
+    Intent(u64),
+    OstBlocks(u128),
+}
+
+impl Op {
+    /// The key this op writes.
+    pub fn slot(&self) -> Slot {
+        match self {
+            Op::Meta(k, _) => Slot::Meta(k.clone()),
+            Op::Inode(k, _) => Slot::Inode(*k),
+            Op::Dirent { dir, hash, name, .. } => Slot::Dirent(*dir, *hash, name.clone()),
+            Op::Symlink(k, _) => Slot::Symlink(*k),
+            Op::Xattr(k, n, _) => Slot::Xattr(*k, n.clone()),
+            Op::Orphan(k, _) => Slot::Orphan(*k),
+            Op::Reply(c, x, _) => Slot::Reply(*c, *x),
+            Op::Layout(k, _) => Slot::Layout(*k),
+            Op::Objects(k, _) => Slot::Objects(*k),
+            Op::Pool(o, _) => Slot::Pool(*o),
+            Op::Destroy(o, x, _) => Slot::Destroy(*o, *x),
+            Op::Dom(k, b, _) => Slot::Dom(*k, *b),
+            Op::DirStripe(k, _) => Slot::DirStripe(*k),
+            Op::DirDefault(k, _) => Slot::DirDefault(*k),
+            Op::Intent(k, _) => Slot::Intent(*k),
+            Op::OstBlocks(k, _) => Slot::OstBlocks(*k),
+        }
+    }
+}
+
 // Tables and kinds of logged mutations.
 const T_META: u8 = 1;
 const T_INODES: u8 = 2;

@@ -12,9 +12,11 @@
 //! in memory always has room to be logged.
 //!
 //! **Checkpoints.** The checkpoint thread takes the committed records not yet in the
-//! image, applies them to redb in one transaction, and commits it durably together with
-//! the log position replay must start from (generation, transno, offset). Only then does
-//! the log's tail move past them and their room come free. It runs every
+//! image, applies the last op of each key they write to redb in one transaction (a
+//! directory's inode rewritten by every create in it is written once), and commits it
+//! durably together with the log position replay must start from (generation, transno,
+//! offset). Only then does the log's tail move past them and their room come free. It
+//! runs every
 //! `checkpoint_interval` ([`CHECKPOINT_INTERVAL`] by default), and sooner when the
 //! records waiting fill a quarter of the log.
 //!
@@ -45,6 +47,10 @@ use super::{MdError, NamespaceOptions, NamespaceStats, Result, image, lock, stor
 const MAGIC: u32 = u32::from_le_bytes(*b"NMLR");
 const HEADER: usize = 32;
 const BLOCK: u64 = 4096;
+/// Staged records that make a group worth writing at once.
+const GROUP_BYTES: u64 = 1 << 20;
+/// Staged records wait at most this long for others to join them, by default.
+pub const COMMIT_INTERVAL: Duration = Duration::from_millis(5);
 /// Checkpoints come at least this often while there are changes, by default.
 pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -193,6 +199,9 @@ struct State {
     checkpoint_asked: bool,
     /// The writer has a group in flight.
     writing: bool,
+    /// Someone waits for a commit: the writer writes what is staged without waiting for
+    /// more.
+    urgent: bool,
     broken: Option<String>,
     stop: bool,
 }
@@ -201,6 +210,8 @@ struct Shared {
     region: Region,
     flush: bool,
     interval: Duration,
+    /// How long staged records may wait for company when nobody waits for them.
+    commit_interval: Duration,
     generation: u64,
     db: Arc<Database>,
     st: Mutex<State>,
@@ -274,6 +285,7 @@ impl Wal {
             imaged: pos.transno,
             checkpoint_asked: false,
             writing: false,
+            urgent: false,
             broken: None,
             stop: false,
         };
@@ -281,6 +293,7 @@ impl Wal {
             region,
             flush: opts.sync == SyncMode::Drives,
             interval: opts.checkpoint_interval,
+            commit_interval: opts.commit_interval,
             generation: pos.generation,
             db,
             st: Mutex::new(st),
@@ -357,7 +370,11 @@ impl Wal {
         st.next += 1;
         st.staged_bytes += framed(record.len());
         st.staged.push((transno, record));
-        self.shared.work.notify_one();
+        // The writer wakes for the first record, and again when a group's worth waits
+        // or someone waits for a commit; records in between join the group.
+        if st.staged.len() == 1 || st.urgent || st.staged_bytes >= GROUP_BYTES {
+            self.shared.work.notify_one();
+        }
         Ok(transno)
     }
 
@@ -381,13 +398,29 @@ impl Wal {
             if let Some(why) = &st.broken {
                 return Err(broken_error(why));
             }
+            self.hurry(&mut st);
             st = self.shared.done.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Someone waits for a commit: the writer should not wait for more records.
+    fn hurry(&self, st: &mut State) {
+        if !st.urgent {
+            st.urgent = true;
+            self.shared.work.notify_one();
         }
     }
 
     /// As [`Wal::wait_committed`], from async code.
     pub async fn committed(&self, t: u64) -> Result<()> {
         let mut rx = self.shared.committed.subscribe();
+        {
+            let mut st = lock(&self.shared.st);
+            if st.committed > t {
+                return Ok(());
+            }
+            self.hurry(&mut st);
+        }
         let committed = rx.wait_for(|&(c, broken)| c > t || broken).await.map(|v| v.0 > t);
         match committed {
             Ok(true) => Ok(()),
@@ -453,6 +486,17 @@ fn write_loop(s: &Shared) {
             if st.staged.is_empty() {
                 return;
             }
+            // Nobody waits for these yet: let more join them, for a commit interval at
+            // most (replies went out already; their clients keep them until committed).
+            let since = Instant::now();
+            while !st.urgent && !st.stop && st.staged_bytes < GROUP_BYTES && st.broken.is_none() {
+                let left = s.commit_interval.saturating_sub(since.elapsed());
+                if left.is_zero() {
+                    break;
+                }
+                st = s.work.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
+            }
+            st.urgent = false;
             if st.broken.is_some() {
                 // Nothing more is written; everyone waiting has been told.
                 st.staged.clear();
@@ -549,9 +593,17 @@ fn checkpoint_loop(s: &Shared) {
 fn write_image(s: &Shared, batch: &[(u64, Vec<u8>, u64)], pos: Position) -> Result<()> {
     let mut txn = s.db.begin_write()?;
     txn.set_durability(redb::Durability::Immediate).map_err(storage)?;
+    // The last op of each key is what the image needs, written in key order.
+    let mut last = std::collections::BTreeMap::new();
     for (_, payload, _) in batch {
         for op in decode_record(payload)? {
-            image::apply(&txn, &op)?;
+            last.insert(op.slot(), op);
+        }
+    }
+    {
+        let mut w = image::Writer::open(&txn)?;
+        for op in last.values() {
+            w.apply(op)?;
         }
     }
     pos.store(&txn)?;
