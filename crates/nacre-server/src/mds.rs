@@ -302,8 +302,10 @@ impl Mds {
     }
 
     /// Parameters whose names match `pattern`: `mdt.NAME.md_stats` (operations served),
-    /// `mdt.NAME.commits` (transactions and the changes they carried), `inodes`,
-    /// `kbytestotal` and `kbytesfree` (the database's room on its volume).
+    /// `mdt.NAME.commits` (log writes, the changes they carried, checkpoints, transnos),
+    /// `memory` (bytes held, per inode), `memory_max`, `sync_on_reply`, `log` (bytes in
+    /// use of the log), `inodes`, `kbytestotal` and `kbytesfree` (the image's room on its
+    /// volume).
     pub fn get_param(&self, pattern: &str) -> Vec<(String, String)> {
         let mut out = Vec::new();
         let mut add = |leaf: &str, value: &dyn Fn() -> String| {
@@ -322,12 +324,25 @@ impl Mds {
         });
         add("commits", &|| {
             let s = &self.ns.stats;
+            let (last, committed) = self.ns.transnos();
             format!(
-                "commits {}\nchanges {}\nreplayed {}",
+                "commits {}\nchanges {}\nreplayed {}\ncheckpoints {}\nrecovered {}\nlast_transno {last}\nlast_committed {committed}",
                 s.commits.load(Ordering::Relaxed),
                 s.changes.load(Ordering::Relaxed),
-                s.replayed.load(Ordering::Relaxed)
+                s.replayed.load(Ordering::Relaxed),
+                s.checkpoints.load(Ordering::Relaxed),
+                s.recovered.load(Ordering::Relaxed),
             )
+        });
+        add("memory", &|| {
+            let (bytes, inodes) = self.ns.memory_used();
+            format!("bytes {bytes}\ninodes {inodes}\nbytes_per_inode {}", bytes / inodes.max(1))
+        });
+        add("memory_max", &|| self.ns.memory_max().to_string());
+        add("sync_on_reply", &|| u8::from(self.ns.sync_on_reply()).to_string());
+        add("log", &|| {
+            let (used, size) = self.ns.log_usage();
+            format!("bytes_used {used}\nbytes_total {size}")
         });
         let statfs = std::cell::OnceCell::new();
         let statfs = || statfs.get_or_init(|| self.ns.statfs().ok()).as_ref();
@@ -337,6 +352,35 @@ impl Mds {
             statfs().map_or("-".into(), |s| ((s.bytes_total - s.bytes_used.min(s.bytes_total)) >> 10).to_string())
         });
         out
+    }
+
+    /// Set a parameter while running (`mdt.NAME.sync_on_reply`, `mdt.NAME.memory_max`);
+    /// an error names what is wrong and changes nothing.
+    pub fn set_param(&self, name: &str, value: &str) -> Result<(), String> {
+        let value = value.trim();
+        let leaf = name
+            .strip_prefix("mdt.")
+            .and_then(|r| r.strip_prefix(self.name.as_str()))
+            .and_then(|r| r.strip_prefix('.'))
+            .ok_or_else(|| format!("no settable parameter {name:?} on mdt.{}", self.name))?;
+        match leaf {
+            "sync_on_reply" => match value {
+                "0" | "1" => {
+                    self.ns.set_sync_on_reply(value == "1");
+                    Ok(())
+                }
+                _ => Err(format!("sync_on_reply {value:?}: 0 or 1")),
+            },
+            "memory_max" => {
+                let v: u64 = value.parse().map_err(|_| format!("memory_max {value:?} is not a number of bytes"))?;
+                if v < 1 << 20 {
+                    return Err(format!("memory_max {v}: at least 1 MiB"));
+                }
+                self.ns.set_memory_max(v);
+                Ok(())
+            }
+            _ => Err(format!("no settable parameter {name:?} (mdt.{}: sync_on_reply, memory_max)", self.name)),
+        }
     }
 
     /// Decode a request, count it, and make its reply key if it is a change.
@@ -620,6 +664,15 @@ impl Mds {
             return match param::decode_get(&req.body) {
                 Ok(p) => Reply { status: 0, body: param::render(&self.get_param(&p)).into_bytes(), bulk: Bytes::new() },
                 Err(e) => fail(-EPROTO, format!("bad get-param request: {e}")),
+            };
+        }
+        if req.header.opcode == param::OP_SET_PARAM {
+            return match param::decode_set(&req.body) {
+                Ok((name, value)) => match self.set_param(&name, &value) {
+                    Ok(()) => Reply::default(),
+                    Err(why) => fail(-errno::EINVAL, why),
+                },
+                Err(e) => fail(-EPROTO, format!("bad set-param request: {e}")),
             };
         }
         let (c, r, key) = match self.prepare(&req) {

@@ -288,6 +288,70 @@ async fn operations_through_the_service() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mdt_knobs_are_read_and_set_over_the_wire() {
+    let (_server, mds, _n, md) = setup().await;
+    let get = |leaf: &str| mds.get_param(&format!("mdt.mdt0.{leaf}"))[0].1.clone();
+    assert_eq!(get("sync_on_reply"), "1");
+    md.call(Request::Create {
+        dir: Fid::ROOT,
+        name: "f".into(),
+        mode: mode::S_IFREG | 0o644,
+        target: vec![],
+        layout: vec![],
+    })
+    .await
+    .unwrap();
+    let commits = get("commits");
+    let last =
+        |what: &str| -> u64 { commits.lines().find_map(|l| l.strip_prefix(what)).unwrap().trim().parse().unwrap() };
+    assert!(last("last_transno") >= 1 && last("last_committed") == last("last_transno"), "{commits}");
+    assert!(get("memory").contains("inodes 2"), "{}", get("memory"));
+    // Set through the transport, as `nacre set-param` does.
+    let set = |name: &str, value: &str| {
+        let body = nacre_proto::param::encode_set(name, value);
+        let imp = md.imp.clone();
+        async move {
+            let f = imp.call(nacre_proto::param::OP_SET_PARAM, &body, &[]).await.unwrap();
+            (f.header.status, String::from_utf8_lossy(&f.body).into_owned())
+        }
+    };
+    assert_eq!(set("mdt.mdt0.sync_on_reply", "0").await.0, 0);
+    assert_eq!(get("sync_on_reply"), "0");
+    md.call(Request::Create {
+        dir: Fid::ROOT,
+        name: "g".into(),
+        mode: mode::S_IFREG | 0o644,
+        target: vec![],
+        layout: vec![],
+    })
+    .await
+    .unwrap();
+    // Bad values are refused by name and change nothing.
+    let (status, why) = set("mdt.mdt0.sync_on_reply", "maybe").await;
+    assert!(status == -errno::EINVAL && why.contains("0 or 1"), "{status} {why}");
+    assert_eq!(get("sync_on_reply"), "0");
+    let (status, why) = set("mdt.mdt0.memory_max", "12").await;
+    assert!(status == -errno::EINVAL && why.contains("at least"), "{why}");
+    let (status, why) = set("mdt.mdt0.nonsense", "1").await;
+    assert!(status == -errno::EINVAL && why.contains("nonsense"), "{why}");
+    // A limit below what the MDT holds stops new files, with ENOSPC naming it.
+    assert_eq!(set("mdt.mdt0.memory_max", "1048576").await.0, 0);
+    assert_eq!(get("memory_max"), "1048576");
+    mds.namespace().set_memory_max(100);
+    let e = md
+        .call(Request::Create {
+            dir: Fid::ROOT,
+            name: "h".into(),
+            mode: mode::S_IFREG | 0o644,
+            target: vec![],
+            layout: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert!(e.0 == -errno::ENOSPC && e.1.contains("memory_max"), "{e:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_reply_creates_once() {
     let (server, _mds, _n, md) = setup().await;
     server.faults().add(&format!("drop opcode={} count=1", mdt::MDS_CREATE)).unwrap();

@@ -500,9 +500,9 @@ pub struct Namespace {
     /// The image's length on the volume, and the room it has.
     db_len: Arc<std::sync::atomic::AtomicU64>,
     capacity: u64,
-    opts: NamespaceOptions,
-    /// `mdt.*.sync_on_reply`, as set now.
+    /// `mdt.*.sync_on_reply` and `mdt.*.memory_max`, as set now.
     sync_on_reply: std::sync::atomic::AtomicBool,
+    memory_max: std::sync::atomic::AtomicU64,
     alloc: Mutex<FidAlloc>,
     opens: Mutex<Opens>,
     /// OST pools by name, as the MGS last said (`None`: not heard yet).
@@ -1284,7 +1284,7 @@ impl Namespace {
             db_len,
             capacity: db_bytes,
             sync_on_reply: std::sync::atomic::AtomicBool::new(opts.sync_on_reply),
-            opts,
+            memory_max: std::sync::atomic::AtomicU64::new(opts.memory_max),
             alloc: Mutex::new(FidAlloc { seq_k, next_oid, reserved: next_oid }),
             opens: Mutex::new(Opens::default()),
             ost_pools: Mutex::new(None),
@@ -1327,8 +1327,8 @@ impl Namespace {
     /// to two 4 GiB regions beyond), and a growth that fails poisons it until a
     /// restart. Removals are let through, to free room.
     fn room_to_grow(&self, m: &Mem) -> Result<()> {
-        let held = m.bytes();
-        if held >= self.opts.memory_max {
+        let (held, max) = (m.bytes(), self.memory_max());
+        if held >= max {
             static SAID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
             let e = MdError::new(
                 errno::ENOSPC,
@@ -1337,7 +1337,7 @@ impl Namespace {
                      no new files until some go or the limit is raised",
                     self.index,
                     held >> 20,
-                    self.opts.memory_max >> 20
+                    max >> 20
                 ),
             );
             // Said in the log once a minute at most.
@@ -1712,6 +1712,27 @@ impl Namespace {
 
     pub fn sync_on_reply(&self) -> bool {
         self.sync_on_reply.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `mdt.*.memory_max`: see [`NamespaceOptions::memory_max`].
+    pub fn set_memory_max(&self, bytes: u64) {
+        self.memory_max.store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn memory_max(&self) -> u64 {
+        self.memory_max.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// About the bytes the tables hold in memory (what `memory_max` bounds), and the
+    /// inodes.
+    pub fn memory_used(&self) -> (u64, u64) {
+        let m = read(&self.mem);
+        (m.bytes(), m.inode_count())
+    }
+
+    /// The log's bytes in use and its size.
+    pub fn log_usage(&self) -> (u64, u64) {
+        self.wal.usage()
     }
 
     /// Wait until every change answered so far is on the drives (`fsync`, `sync`).
