@@ -32,15 +32,7 @@ use crate::mdt::{Cred, MdError, Namespace, ReplyKey, SetAttr};
 
 type Result<T> = std::result::Result<T, MdError>;
 
-/// The reply-key client of the steps MDT `c` coordinates, on every MDT.
-pub fn coordinator_client(c: u32) -> u64 {
-    0xC00D_0000_0000_0000 | c as u64
-}
-
-/// Is `client` the reply-key client of some MDT's steps?
-pub fn is_coordinator_client(client: u64) -> bool {
-    client >> 32 == 0xC00D_0000
-}
+pub use crate::mdt::namespace::dne::{coordinator_client, is_coordinator_client};
 
 /// Intents one MDT runs at once.
 pub const INTENTS_IN_FLIGHT: usize = 64;

@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use nacre_mdt::{Cred, MdError, Namespace, NamespaceOptions, RenameMode, ReplyKey, SetAttr, Wait};
 use nacre_proto::fid::Fid;
 use nacre_proto::layout::Layout;
 use nacre_proto::mdt::{Attr, errno, mode};
 use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, Volume, VolumeOptions};
-use nacre_server::mdt::{Cred, MdError, Namespace, NamespaceOptions, RenameMode, ReplyKey, SetAttr, Wait};
 
 fn volume() -> Arc<Volume> {
     volume_of(4, 64 << 20, Level::Raid10)
@@ -739,8 +739,8 @@ fn layouts_are_inherited_validated_and_survive_a_crash() {
 /// whose bytes are all on the MDT comes with them (DoM read-on-open), and no other does.
 #[test]
 fn open_by_name_brings_a_small_dom_file_with_it() {
+    use nacre_mdt::OpenAnswer;
     use nacre_proto::layout::Layout;
-    use nacre_server::mdt::OpenAnswer;
     let (ns, _v) = ns();
     let c = root();
     let lfs = |args: &str| Layout::from_lfs_args(&args.split_whitespace().collect::<Vec<_>>()).unwrap();

@@ -1767,7 +1767,7 @@ impl Namespace {
         };
         // Another MDT's steps are kept until it says their intents ended: dropping one
         // early could run it again after a restart.
-        if kept > REPLIES_PER_CLIENT_MAX && !crate::dne::is_coordinator_client(k.client) {
+        if kept > REPLIES_PER_CLIENT_MAX && !dne::is_coordinator_client(k.client) {
             let m = tx.m();
             let extra =
                 m.replies.range((k.client, k.acked_below)..=(k.client, u64::MAX)).take(kept - REPLIES_PER_CLIENT_MAX);

@@ -103,6 +103,17 @@ impl Intent {
     }
 }
 
+/// The reply-key client of the steps MDT `c` coordinates, on every MDT.
+pub fn coordinator_client(c: u32) -> u64 {
+    0xC00D_0000_0000_0000 | c as u64
+}
+
+/// Is `client` the reply-key client of some MDT's steps? Their reply records are kept
+/// until the coordinator says their intents ended.
+pub fn is_coordinator_client(client: u64) -> bool {
+    client >> 32 == 0xC00D_0000
+}
+
 impl Tx<'_> {
     /// `NEEDS_COORDINATION` unless `fid` lives on this MDT.
     pub(super) fn local(&self, fid: Fid) -> Result<()> {

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
+use nacre_mdt::{Cred, Namespace, NamespaceOptions};
 use nacre_proto::fid::Fid;
 use nacre_proto::mdt::errno;
 use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, Volume, VolumeOptions};
-use nacre_server::mdt::{Cred, Namespace, NamespaceOptions};
 
 fn volume() -> Arc<Volume> {
     let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
