@@ -1,0 +1,267 @@
+//! Open handles, in memory: they do not survive a restart (clients reopen, and files
+//! unlinked while open are then removed).
+
+use super::*;
+
+/// The open handles: by number, and counted per inode, per writer and per client.
+#[derive(Default)]
+pub(super) struct Opens {
+    pub(super) next: u64,
+    /// Handle → (inode, owning client, open for writing).
+    pub(super) handles: HashMap<u64, (u128, u64, bool)>,
+    pub(super) counts: HashMap<u128, u32>,
+    /// Handles open for writing, per inode.
+    pub(super) writers: HashMap<u128, u32>,
+    pub(super) per_owner: HashMap<u64, usize>,
+}
+
+/// Drop handle `handle` of client `owner`; the file's key if that was its last handle.
+fn release(o: &mut Opens, owner: u64, handle: u64) -> Result<Option<u128>> {
+    let Some(&(k, by, write)) = o.handles.get(&handle).filter(|(_, by, _)| *by == owner) else {
+        return Err(MdError::new(errno::EBADF, format!("client {owner:#x} has no open handle {handle}")));
+    };
+    o.handles.remove(&handle);
+    if write && let Some(w) = o.writers.get_mut(&k) {
+        *w -= 1;
+        if *w == 0 {
+            o.writers.remove(&k);
+        }
+    }
+    if let Some(n) = o.per_owner.get_mut(&by) {
+        *n -= 1;
+        if *n == 0 {
+            o.per_owner.remove(&by);
+        }
+    }
+    let n = o.counts.entry(k).or_default();
+    *n -= 1;
+    if *n > 0 {
+        return Ok(None);
+    }
+    o.counts.remove(&k);
+    Ok(Some(k))
+}
+
+impl Namespace {
+    /// Whether `handle` is `owner`'s, on `fid`, and open for writing.
+    pub fn writes_through(&self, handle: u64, fid: Fid, owner: u64) -> bool {
+        lock(&self.opens).handles.get(&handle).is_some_and(|&(k, by, write)| k == fid.key() && by == owner && write)
+    }
+
+    /// Open `fid` for reading and/or writing on behalf of client `owner`; returns a
+    /// handle for `close_file`.
+    pub fn open_file(&self, owner: u64, cred: &Cred, fid: Fid, read: bool, write: bool) -> Result<(u64, Attr)> {
+        self.open_as(owner, Some(cred), fid, read, write)
+    }
+
+    /// [`Namespace::open_file`], with the whole file's bytes when it is opened for reading,
+    /// its layout keeps all of them here and they are at most `dom_read` (DoM
+    /// read-on-open: a small file is opened and read in one request); none otherwise.
+    /// `None` only with [`Wait::No`], while a commit holds the handle table.
+    #[allow(clippy::too_many_arguments)]
+    pub fn open_reading(
+        &self,
+        wait: Wait,
+        owner: u64,
+        cred: &Cred,
+        fid: Fid,
+        read: bool,
+        write: bool,
+        dom_read: u32,
+    ) -> Option<Result<(u64, Attr, Vec<u8>)>> {
+        let o = self.opens(wait)?;
+        Some(self.open_locked(o, owner, Some(cred), fid, read, write).map(|(handle, attr)| {
+            let data = self.read_on_open(cred, &attr, read, dom_read);
+            (handle, attr, data)
+        }))
+    }
+
+    /// The whole of a file just opened, if it was opened for reading and its bytes are
+    /// all here and at most `dom_read` (none otherwise). They are a bonus: if they cannot
+    /// be read now, the open stands without them and the reader's own read meets the
+    /// error.
+    pub(super) fn read_on_open(&self, cred: &Cred, attr: &Attr, read: bool, dom_read: u32) -> Vec<u8> {
+        let whole = read
+            && mode::is_reg(attr.mode)
+            && attr.size > 0
+            && attr.size <= u64::from(dom_read).min(DOM_IO_MAX as u64)
+            && self.dom_end(attr.fid).ok().flatten().is_some_and(|end| attr.size <= end);
+        if whole { self.read_dom(cred, attr.fid, 0, attr.size as usize).unwrap_or_default() } else { Vec::new() }
+    }
+
+    /// Open `name` in `dir` as [`Namespace::open_reading`] (the lookup and the open in one
+    /// call), unless the entry's inode is on another MDT. `None` only with [`Wait::No`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn open_at(
+        &self,
+        wait: Wait,
+        owner: u64,
+        cred: &Cred,
+        dir: Fid,
+        name: &str,
+        read: bool,
+        write: bool,
+        dom_read: u32,
+    ) -> Option<Result<OpenAnswer>> {
+        let a = match self.lookup(cred, dir, name) {
+            Ok(a) => a,
+            Err(e) => return Some(Err(e)),
+        };
+        if a.fid.mdt() != Some(self.index) {
+            return Some(Ok(OpenAnswer::Elsewhere(a)));
+        }
+        Some(self.open_reading(wait, owner, cred, a.fid, read, write, dom_read)?.map(OpenAnswer::Here))
+    }
+
+    /// Open a regular file the caller has just made (create-open): as open(2) with
+    /// O_CREAT, the creator may open it whatever its mode says.
+    pub fn open_created(&self, owner: u64, fid: Fid, read: bool, write: bool) -> Result<(u64, Attr)> {
+        self.open_as(owner, None, fid, read, write)
+    }
+
+    /// Open `fid`, checking `cred`'s permission if given.
+    pub(super) fn open_as(
+        &self,
+        owner: u64,
+        cred: Option<&Cred>,
+        fid: Fid,
+        read: bool,
+        write: bool,
+    ) -> Result<(u64, Attr)> {
+        self.open_locked(lock(&self.opens), owner, cred, fid, read, write)
+    }
+
+    /// The open-handle table; with `Wait::No`, only if no commit holds it now (a commit
+    /// holds it for its whole batch).
+    pub(super) fn opens(&self, wait: Wait) -> Option<MutexGuard<'_, Opens>> {
+        match wait {
+            Wait::Yes => Some(lock(&self.opens)),
+            Wait::No => match self.opens.try_lock() {
+                Ok(g) => Some(g),
+                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            },
+        }
+    }
+
+    /// `open_as` with the handle table held.
+    pub(super) fn open_locked(
+        &self,
+        mut o: MutexGuard<'_, Opens>,
+        owner: u64,
+        cred: Option<&Cred>,
+        fid: Fid,
+        read: bool,
+        write: bool,
+    ) -> Result<(u64, Attr)> {
+        // Under the lock a commit holds for its whole batch: the inode read here is not
+        // being removed meanwhile.
+        let a = self.getattr(fid)?;
+        if a.nlink == 0 {
+            return Err(MdError::new(errno::ENOENT, format!("{fid} was unlinked")));
+        }
+        if write && mode::is_dir(a.mode) {
+            return Err(MdError::new(errno::EISDIR, format!("{fid} is a directory: not for writing")));
+        }
+        let want = if read { R } else { 0 } | if write { W } else { 0 };
+        if let Some(cred) = cred
+            && !may(cred, &a, want)
+        {
+            return Err(denied(cred, "open", &a));
+        }
+        let held = o.per_owner.entry(owner).or_default();
+        if *held >= OPEN_HANDLES_PER_CLIENT_MAX {
+            return Err(MdError::new(
+                errno::EMFILE,
+                format!("client {owner:#x} holds {OPEN_HANDLES_PER_CLIENT_MAX} open handles"),
+            ));
+        }
+        *held += 1;
+        o.next += 1;
+        let h = o.next;
+        o.handles.insert(h, (fid.key(), owner, write));
+        *o.counts.entry(fid.key()).or_default() += 1;
+        if write {
+            *o.writers.entry(fid.key()).or_default() += 1;
+        }
+        Ok((h, a))
+    }
+
+    /// Whether some client has `fid` open for writing.
+    pub fn is_open_for_write(&self, fid: Fid) -> bool {
+        lock(&self.opens).writers.contains_key(&fid.key())
+    }
+
+    /// Those of `fids` some client has open for writing (as
+    /// [`Namespace::is_open_for_write`]), under one look at the table.
+    pub fn open_for_write(&self, fids: impl IntoIterator<Item = Fid>) -> std::collections::HashSet<Fid> {
+        let o = lock(&self.opens);
+        fids.into_iter().filter(|f| o.writers.contains_key(&f.key())).collect()
+    }
+
+    /// Drop every handle of a client that is gone (evicted): its unlinked files go.
+    pub fn release_client(&self, owner: u64) -> Result<()> {
+        let handles: Vec<u64> =
+            lock(&self.opens).handles.iter().filter(|(_, (_, o, _))| *o == owner).map(|(h, _)| *h).collect();
+        for h in handles {
+            self.close_file(owner, h)?;
+        }
+        Ok(())
+    }
+
+    /// Let go of client `client` (the transport evicted it, or it left): its open files
+    /// are closed and its reply records deleted.
+    pub fn forget_client(&self, client: u64) -> Result<()> {
+        self.release_client(client)?;
+        self.change(
+            None,
+            Box::new(move |tx| {
+                let xids: Vec<u64> = tx.m().replies.range((client, 0)..=(client, u64::MAX)).map(|(k, _)| k.1).collect();
+                for x in xids {
+                    tx.del_reply(client, x)?;
+                }
+                Ok(Answer::Done)
+            }),
+        )?;
+        Ok(())
+    }
+
+    /// Close a handle of client `owner`; the last close of a file unlinked meanwhile
+    /// removes it.
+    pub fn close_file(&self, owner: u64, handle: u64) -> Result<()> {
+        let Some(key) = release(&mut lock(&self.opens), owner, handle)? else { return Ok(()) };
+        // Only an unlinked file needs a change.
+        if self.read_inode(Fid::from_key(key)).is_ok_and(|(a, _)| a.nlink > 0) {
+            return Ok(());
+        }
+        self.change(
+            None,
+            Box::new(move |tx| {
+                let orphan = tx.m().orphans.contains(&key);
+                if orphan && tx.opens.get(&key).is_none_or(|&n| n == 0) {
+                    let (a, _) = tx.get(Fid::from_key(key))?;
+                    tx.destroy(&a, true)?;
+                }
+                Ok(Answer::Done)
+            }),
+        )?;
+        Ok(())
+    }
+
+    /// [`Namespace::close_file`] if it need not wait: `None` (and nothing done) while a
+    /// commit holds the handle table, or when this close must remove a file unlinked
+    /// meanwhile (a change, which waits for its commit).
+    pub fn try_close_file(&self, owner: u64, handle: u64) -> Option<Result<()>> {
+        let mut o = self.opens(Wait::No)?;
+        if let Some(&(k, by, _)) = o.handles.get(&handle)
+            && by == owner
+            && o.counts.get(&k) == Some(&1)
+            && !self.read_inode(Fid::from_key(k)).is_ok_and(|(a, _)| a.nlink > 0)
+        {
+            return None;
+        }
+        // The last close of a linked file, or not the last close: nothing to change (an
+        // unlink decides under this same lock whether the file is open).
+        Some(release(&mut o, owner, handle).map(|_| ()))
+    }
+}
