@@ -213,55 +213,58 @@ impl Mds {
         &self.ns
     }
 
-    /// The transport handler of this MDS. Lookups, getattrs and listings run where they
-    /// arrive: they read redb's cache and a hop to another thread would cost more than
-    /// they do (≈ 25 µs to wake a thread here). Changes await group commit on the
-    /// transport's task (see `serve_change`). Opens and closes run where they arrive too
-    /// when they need not wait (see `try_open`); otherwise, and for everything else, on
-    /// blocking threads.
+    /// The transport handler of this MDS: [`Mds::serve`].
     pub fn handler(self: &Arc<Self>) -> Handler {
         let mds = self.clone();
         Arc::new(move |req: Incoming| {
             let mds = mds.clone();
-            Box::pin(async move {
-                let inline = matches!(
-                    req.header.opcode,
-                    mdt::MDS_GETATTR
-                        | mdt::MDS_LOOKUP
-                        | mdt::MDS_LOOKUP_MANY
-                        | mdt::MDS_READDIR
-                        | mdt::MDS_READLINK
-                        | mdt::MDS_GETXATTR
-                        | mdt::MDS_LISTXATTR
-                        | mdt::MDS_STATFS
-                        | mdt::MDS_GETLAYOUT
-                        | mdt::MDS_DOM_READ
-                        | mdt::MDS_GETDIRSTRIPE
-                        | param::OP_GET_PARAM
-                );
-                if inline {
-                    return mds.handle(req);
-                }
-                if let Some(reply) = mds.try_open(&req) {
-                    return reply;
-                }
-                let (header, client) = (req.header, req.client);
-                let (reply, body) = match mds.serve_change(&req).await {
-                    Some(reply) => (reply, req.body),
-                    None => {
-                        let (m, body) = (mds.clone(), req.body.clone());
-                        match tokio::task::spawn_blocking(move || m.handle(req)).await {
-                            Ok(r) => (r, body),
-                            Err(e) => (fail(-errno::EIO, format!("the request failed inside the server: {e}")), body),
-                        }
-                    }
-                };
-                if reply.status == -NEEDS_COORDINATION {
-                    return mds.coordinate(header, client, &body).await;
-                }
-                reply
-            })
+            Box::pin(async move { mds.serve(req).await })
         })
+    }
+
+    /// Serve one request: the one dispatch of this MDS. Lookups, getattrs and listings
+    /// run where they arrive: they read memory, and a hop to another thread would cost
+    /// more than they do (≈ 25 µs to wake a thread here). Changes run in memory on the
+    /// transport's task and await their log write there (see `serve_change`). Opens and
+    /// closes run where they arrive too when they need not wait (see `try_open`);
+    /// otherwise, and for everything else, on blocking threads.
+    pub async fn serve(self: &Arc<Self>, req: Incoming) -> Reply {
+        let inline = matches!(
+            req.header.opcode,
+            mdt::MDS_GETATTR
+                | mdt::MDS_LOOKUP
+                | mdt::MDS_LOOKUP_MANY
+                | mdt::MDS_READDIR
+                | mdt::MDS_READLINK
+                | mdt::MDS_GETXATTR
+                | mdt::MDS_LISTXATTR
+                | mdt::MDS_STATFS
+                | mdt::MDS_GETLAYOUT
+                | mdt::MDS_DOM_READ
+                | mdt::MDS_GETDIRSTRIPE
+                | param::OP_GET_PARAM
+        );
+        if inline {
+            return self.handle(req);
+        }
+        if let Some(reply) = self.try_open(&req) {
+            return reply;
+        }
+        let (header, client) = (req.header, req.client);
+        let (reply, body) = match self.serve_change(&req).await {
+            Some(reply) => (reply, req.body),
+            None => {
+                let (m, body) = (self.clone(), req.body.clone());
+                match tokio::task::spawn_blocking(move || m.handle(req)).await {
+                    Ok(r) => (r, body),
+                    Err(e) => (fail(-errno::EIO, format!("the request failed inside the server: {e}")), body),
+                }
+            }
+        };
+        if reply.status == -NEEDS_COORDINATION {
+            return self.coordinate(header, client, &body).await;
+        }
+        reply
     }
 
     /// An open, open-by-name or close served on the transport's task, when it need not
@@ -675,7 +678,7 @@ impl Mds {
                 Err(e) => fail(-EPROTO, format!("bad set-param request: {e}")),
             };
         }
-        let (c, r, key) = match self.prepare(&req) {
+        let (c, r, _) = match self.prepare(&req) {
             Ok(v) => v,
             Err(reply) => return reply,
         };
@@ -705,73 +708,22 @@ impl Mds {
                     mdt::Reply::Entries { entries, eof }
                 })
             }
-            Request::Create { dir, name, mode: m, target, layout } => {
-                let perms = m & mode::PERMS;
-                let made = match m & mode::S_IFMT {
-                    mode::S_IFREG | 0 if !layout.is_empty() => match Layout::decode(&layout) {
-                        Ok(l) => ns.create_with_layout(&c, dir, &name, perms, l, key),
-                        Err(e) => Err(MdError::new(errno::EINVAL, format!("layout: {e}"))),
-                    },
-                    mode::S_IFREG | 0 => ns.create(&c, dir, &name, perms, key),
-                    mode::S_IFDIR => ns.mkdir(&c, dir, &name, perms, key),
-                    mode::S_IFLNK => ns.symlink(&c, dir, &name, &target, key),
-                    other => Err(MdError::new(errno::EINVAL, format!("file type {other:o} is not supported"))),
-                };
-                answer(made, mdt::Reply::Attr)
-            }
-            Request::CreateOpen { dir, name, perms, layout, read, write } => {
-                let made = if layout.is_empty() {
-                    ns.create(&c, dir, &name, perms & mode::PERMS, key)
-                } else {
-                    Layout::decode(&layout)
-                        .map_err(|e| MdError::new(errno::EINVAL, format!("layout: {e}")))
-                        .and_then(|l| ns.create_with_layout(&c, dir, &name, perms & mode::PERMS, l, key))
-                };
-                let opened = made.and_then(|a| ns.open_created(req.client, a.fid, read, write));
-                answer(opened, |(handle, attr)| mdt::Reply::Opened { handle, attr })
-            }
-            Request::Link { fid, dir, name } => answer(ns.link(&c, fid, dir, &name, key), mdt::Reply::Attr),
-            Request::Unlink { dir, name, rmdir } => answer(ns.remove(&c, dir, &name, rmdir, key), |_| mdt::Reply::Done),
-            Request::Rename { src_dir, src_name, dst_dir, dst_name, noreplace } => {
-                let how = if noreplace { RenameMode::NoReplace } else { RenameMode::Replace };
-                answer(ns.rename(&c, src_dir, &src_name, dst_dir, &dst_name, how, key), |_| mdt::Reply::Done)
-            }
-            Request::Setattr { fid, set } => answer(
-                set_attr_by(ns, req.client, fid, &set).and_then(|s| ns.setattr(&c, fid, s, key)),
-                mdt::Reply::Attr,
-            ),
             r @ (Request::Open { .. } | Request::OpenAt { .. } | Request::Close { .. }) => self
                 .serve_open(req.client, &c, r, Wait::Yes)
                 .unwrap_or_else(|| fail(-errno::EIO, "the handle table was held after waiting for it".into())),
             Request::Readlink { fid } => answer(ns.readlink(fid), mdt::Reply::Bytes),
             Request::Getxattr { fid, name } => answer(ns.getxattr(&c, fid, &name), mdt::Reply::Bytes),
-            Request::Setxattr { fid, name, value, flags } => answer(
-                ns.setxattr(&c, fid, &name, &value, flags & xattr::CREATE != 0, flags & xattr::REPLACE != 0, key),
-                |_| mdt::Reply::Done,
-            ),
             Request::Listxattr { fid } => answer(ns.listxattr(&c, fid), mdt::Reply::Names),
-            Request::Removexattr { fid, name } => answer(ns.removexattr(&c, fid, &name, key), |_| mdt::Reply::Done),
             Request::Getlayout { fid } => {
                 answer(ns.layout(fid).and_then(|l| Ok((l, ns.objects(fid)?))), |(l, objects)| mdt::Reply::Layout {
                     layout: l.map(|l| l.encode()).unwrap_or_default(),
                     objects,
                 })
             }
-            Request::Setdirlayout { dir, layout } => {
-                let l = if layout.is_empty() { Ok(None) } else { Layout::decode(&layout).map(Some) };
-                match l {
-                    Ok(l) => answer(ns.set_dir_layout(&c, dir, l, key), |_| mdt::Reply::Done),
-                    Err(e) => fail(-errno::EINVAL, format!("layout: {e}")),
-                }
-            }
             Request::DomRead { fid, offset, len } => match ns.read_dom(&c, fid, offset, len as usize) {
                 Ok(data) => Reply { status: 0, body: mdt::Reply::Done.encode(), bulk: Bytes::from(data) },
                 Err(e) => fail(e.status(), e.message),
             },
-            Request::DomWrite { fid, offset, handle } => {
-                let by_writer = ns.writes_through(handle, fid, req.client);
-                answer(ns.write_dom(&c, fid, offset, &req.bulk, by_writer, key), mdt::Reply::Attr)
-            }
             Request::Getdirstripe { dir } => answer(
                 ns.getattr(dir).and_then(|a| {
                     if !mode::is_dir(a.mode) {
@@ -784,10 +736,20 @@ impl Mds {
                     default: d.map(|d| d.encode()).unwrap_or_default(),
                 },
             ),
-            // Served on the async path (`serve_change`), which takes every well-formed one.
-            Request::Mkdir { .. } | Request::Setdirdefault { .. } | Request::Update { .. } => {
-                fail(-errno::EIO, "mkdir, setdirdefault and update are served on the async path".into())
-            }
+            // Changes: `serve_change` takes every well-formed one (this is not reached).
+            Request::Create { .. }
+            | Request::CreateOpen { .. }
+            | Request::Link { .. }
+            | Request::Unlink { .. }
+            | Request::Rename { .. }
+            | Request::Setattr { .. }
+            | Request::Setxattr { .. }
+            | Request::Removexattr { .. }
+            | Request::Setdirlayout { .. }
+            | Request::DomWrite { .. }
+            | Request::Mkdir { .. }
+            | Request::Setdirdefault { .. }
+            | Request::Update { .. } => fail(-errno::EIO, "changes are served by Mds::serve".into()),
             Request::Statfs => answer(ns.statfs(), |s| mdt::Reply::StatFs {
                 inodes: s.inodes,
                 bytes_used: s.bytes_used,

@@ -380,8 +380,8 @@ fn incoming(client: u64, xid: u64, acked: u64, r: &Request) -> Incoming {
     }
 }
 
-#[test]
-fn a_change_resent_after_a_restart_gets_its_stored_answer() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_resent_after_a_restart_gets_its_stored_answer() {
     let v = volume();
     let ns = Arc::new(Namespace::format(v.clone(), 0, NamespaceOptions::default()).unwrap());
     let mds = Mds::new("mdt0", ns);
@@ -392,7 +392,7 @@ fn a_change_resent_after_a_restart_gets_its_stored_answer() {
         target: vec![],
         layout: vec![],
     };
-    let first = mds.handle(incoming(42, 5, 5, &create));
+    let first = mds.serve(incoming(42, 5, 5, &create)).await;
     assert_eq!(first.status, 0);
     let rename = Request::Rename {
         src_dir: Fid::ROOT,
@@ -402,18 +402,18 @@ fn a_change_resent_after_a_restart_gets_its_stored_answer() {
         noreplace: false,
     };
     // Sent while the first reply was still missing: xid 5 is not acknowledged.
-    assert_eq!(mds.handle(incoming(42, 6, 5, &rename)).status, 0);
+    assert_eq!(mds.serve(incoming(42, 6, 5, &rename)).await.status, 0);
     drop(mds);
     // The MDS restarts on the same volume; the client never saw the two replies.
     let ns = Arc::new(Namespace::open(v, NamespaceOptions::default()).unwrap());
     let mds = Mds::new("mdt0", ns);
-    let again = mds.handle(incoming(42, 5, 5, &create));
+    let again = mds.serve(incoming(42, 5, 5, &create)).await;
     assert_eq!((again.status, again.body), (0, first.body));
-    assert_eq!(mds.handle(incoming(42, 6, 5, &rename)).status, 0, "the rename is not run again (no ENOENT)");
+    assert_eq!(mds.serve(incoming(42, 6, 5, &rename)).await.status, 0, "the rename is not run again (no ENOENT)");
     // Another client's identical request is a new request.
-    let other = mds.handle(incoming(43, 5, 5, &create));
+    let other = mds.serve(incoming(43, 5, 5, &create)).await;
     assert_eq!(other.status, 0, "f is free again after the rename");
-    let e = mds.handle(incoming(43, 6, 6, &create));
+    let e = mds.serve(incoming(43, 6, 6, &create)).await;
     assert_eq!(e.status, -errno::EEXIST);
 }
 
