@@ -69,6 +69,10 @@ pub enum MdtCommand {
         /// Each thread works in its directory `PREFIX-tN` under the root.
         #[arg(long)]
         prefix: String,
+        /// Checkpoint at least this often (milliseconds): short, a kill often lands
+        /// inside one.
+        #[arg(long, default_value_t = 500)]
+        checkpoint_ms: u64,
     },
 }
 
@@ -76,7 +80,11 @@ type CliResult = Result<(), Box<dyn std::error::Error>>;
 
 /// Assemble a metadata target's volume and open its namespace.
 pub fn open(dir: &Path, name: &str) -> Result<Namespace, Box<dyn std::error::Error>> {
-    Ok(Namespace::open(crate::service::assemble(dir, name)?, NamespaceOptions::default())?)
+    open_with(dir, name, NamespaceOptions::default())
+}
+
+fn open_with(dir: &Path, name: &str, opts: NamespaceOptions) -> Result<Namespace, Box<dyn std::error::Error>> {
+    Ok(Namespace::open(crate::service::assemble(dir, name)?, opts)?)
 }
 
 /// Run one torture operation on the namespace.
@@ -181,8 +189,9 @@ pub fn run(cmd: MdtCommand) -> CliResult {
                 Ok(())
             })
         }
-        MdtCommand::Torture { dir, name, seed, threads, prefix } => {
-            let ns = open(&dir, &name)?;
+        MdtCommand::Torture { dir, name, seed, threads, prefix, checkpoint_ms } => {
+            let interval = std::time::Duration::from_millis(checkpoint_ms.max(1));
+            let ns = open_with(&dir, &name, NamespaceOptions { checkpoint_interval: interval, ..Default::default() })?;
             let c = Cred::root();
             let dirs: Vec<Fid> = (0..threads)
                 .map(|t| ns.mkdir(&c, Fid::ROOT, &format!("{prefix}-t{t}"), 0o755, None).map(|a| a.fid))

@@ -71,9 +71,19 @@ pub fn bench_figures(out: &std::process::Output, keys: &[&str]) -> serde_json::V
     v
 }
 
-/// A free TCP port for an MGS.
+/// A free TCP port for an MGS, below the kernel's ephemeral range (32768 and up): a port
+/// the kernel handed out could be handed out again, to a service's listener or a
+/// connection, between this check and the MGS's bind ("Address already in use").
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(37) % 12_000;
+    loop {
+        let port = (20_000 + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// A new empty folder `TMP/nacre-KIND-NAME-PID` (an earlier one of that name removed).
