@@ -7,7 +7,10 @@
 //!   (mdtest-easy's pattern); the local reference creates them with as many threads;
 //! - stat: each client asks the attributes of each of its files, one RPC each (nothing is
 //!   cached on the client), against the transport's own ping RPC at the same concurrency;
+//! - setattr: each client changes the mode of each of its files (chmod);
+//! - rename: each client renames each of its files within its directory;
 //! - unlink: each client removes its files;
+//! - mkdir and rmdir: each client makes as many directories, then removes them;
 //! - durable create (with `--durable-dir`): drives on that disk and every commit flushed
 //!   to the drives, against the local file system creating each file and fsyncing its
 //!   directory.
@@ -26,7 +29,7 @@ use nacre_net::transport::TcpTransport;
 use nacre_osd::SyncMode;
 use nacre_proto::fid::Fid;
 use nacre_proto::layout::Layout;
-use nacre_proto::mdt::{Creds, Reply, Request, mode};
+use nacre_proto::mdt::{self, Creds, Reply, Request, mode};
 use nacre_raid::{Level, Volume};
 use nacre_server::mds::Mds;
 use nacre_server::mdt::{Namespace, NamespaceOptions};
@@ -79,6 +82,10 @@ struct Served {
 /// Room a file takes on an MDT's drives through one round of a bench (made, used,
 /// removed): about 4 KiB of database and log, mirrored over two pairs.
 pub(crate) const ROUND_BYTES_PER_FILE: u64 = 8 << 10;
+
+/// The changes measured, with their column among the figures of a round.
+const CHANGES: [(&str, usize); 7] =
+    [("create", 0), ("unlink", 2), ("mkdir", 13), ("rmdir", 14), ("rename", 12), ("setattr", 11), ("dom_files", 9)];
 
 /// Bytes of each of the MDT's four drives for `room` bytes of files (at least 64 MiB).
 /// The database's file doubles as it grows, so the room is rounded up to a power of two
@@ -356,6 +363,12 @@ struct NacreRates {
     readdir: f64,
     /// 3,901-byte files made per second: one create carrying its data each.
     dom: f64,
+    /// A chmod of each file, a rename of each within its directory, and a mkdir and
+    /// rmdir of as many directories.
+    setattr: f64,
+    rename: f64,
+    mkdir: f64,
+    rmdir: f64,
 }
 
 /// The small file of the DoM phase: 3,901 bytes, as the IO500's mdtest-hard writes.
@@ -443,6 +456,10 @@ async fn nacre_round(
             ping: 0.0,
             readdir: 0.0,
             dom: 0.0,
+            setattr: 0.0,
+            rename: 0.0,
+            mkdir: 0.0,
+            rmdir: 0.0,
         });
     }
     let stat_secs = {
@@ -468,6 +485,39 @@ async fn nacre_round(
         Ok(())
     })
     .await?;
+    let setattr_secs = {
+        let fids = fids.clone();
+        all(&imports, move |i, imp| {
+            let mine = fids.lock().unwrap_or_else(|e| e.into_inner())[i].clone();
+            async move {
+                for fid in mine {
+                    let set = mdt::SetAttr { mask: mdt::set::MODE, mode: 0o600, ..mdt::SetAttr::default() };
+                    match call(&imp, &Request::Setattr { fid, set }).await? {
+                        Reply::Attr(a) if a.mode & 0o7777 == 0o600 => {}
+                        other => return Err(BenchError::Bad(format!("chmod of {fid} answered {other:?}"))),
+                    }
+                }
+                Ok(())
+            }
+        })
+        .await?
+    };
+    let rename_secs = {
+        let dirs = dirs.clone();
+        all(&imports, move |i, imp| {
+            let dirs = dirs.clone();
+            async move {
+                for j in 0..per {
+                    let (src_name, dst_name) = (format!("f{j}"), format!("g{j}"));
+                    let r =
+                        Request::Rename { src_dir: dirs[i], src_name, dst_dir: dirs[i], dst_name, noreplace: false };
+                    call(&imp, &r).await?;
+                }
+                Ok(())
+            }
+        })
+        .await?
+    };
     let readdir_secs = {
         let dirs = dirs.clone();
         all(&imports, move |i, imp| {
@@ -499,7 +549,40 @@ async fn nacre_round(
             let dirs = dirs.clone();
             async move {
                 for j in 0..per {
-                    call(&imp, &Request::Unlink { dir: dirs[i], name: format!("f{j}"), rmdir: false }).await?;
+                    call(&imp, &Request::Unlink { dir: dirs[i], name: format!("g{j}"), rmdir: false }).await?;
+                }
+                Ok(())
+            }
+        })
+        .await?
+    };
+    let mkdir_secs = {
+        let dirs = dirs.clone();
+        all(&imports, move |i, imp| {
+            let dirs = dirs.clone();
+            async move {
+                for j in 0..per {
+                    let r = Request::Create {
+                        dir: dirs[i],
+                        name: format!("d{j}"),
+                        mode: mode::S_IFDIR | 0o755,
+                        target: vec![],
+                        layout: vec![],
+                    };
+                    call(&imp, &r).await?;
+                }
+                Ok(())
+            }
+        })
+        .await?
+    };
+    let rmdir_secs = {
+        let dirs = dirs.clone();
+        all(&imports, move |i, imp| {
+            let dirs = dirs.clone();
+            async move {
+                for j in 0..per {
+                    call(&imp, &Request::Unlink { dir: dirs[i], name: format!("d{j}"), rmdir: true }).await?;
                 }
                 Ok(())
             }
@@ -566,6 +649,10 @@ async fn nacre_round(
         ping: total / ping_secs,
         readdir: total / readdir_secs,
         dom: total / dom_secs,
+        setattr: total / setattr_secs,
+        rename: total / rename_secs,
+        mkdir: total / mkdir_secs,
+        rmdir: total / rmdir_secs,
     })
 }
 
@@ -712,7 +799,7 @@ async fn run_in(
     );
     let drive = drive_bytes(o.files * o.rounds.max(1) as u64 * ROUND_BYTES_PER_FILE);
     let served = serve(work, SyncMode::Ordered, drive, o.sync_on_reply).await?;
-    let mut f: [Vec<f64>; 11] = Default::default();
+    let mut f: [Vec<f64>; 15] = Default::default();
     let mut local_dirs = Vec::new();
     for round in 0..o.rounds.max(1) {
         let n = nacre_round(&served, o, round, false).await?;
@@ -733,7 +820,19 @@ async fn run_in(
             l.readdir,
             l.small
         );
-        let row = [n.create, n.stat, n.unlink, n.ping, l.create, l.stat, 0.0, n.readdir, l.readdir, n.dom, l.small];
+        let _ = writeln!(
+            out,
+            "round {}: nacre setattr {:.0}/s rename {:.0}/s mkdir {:.0}/s rmdir {:.0}/s",
+            round + 1,
+            n.setattr,
+            n.rename,
+            n.mkdir,
+            n.rmdir
+        );
+        let row = [
+            n.create, n.stat, n.unlink, n.ping, l.create, l.stat, 0.0, n.readdir, l.readdir, n.dom, l.small, n.setattr,
+            n.rename, n.mkdir, n.rmdir,
+        ];
         for (i, v) in row.into_iter().enumerate() {
             f[i].push(v);
         }
@@ -825,6 +924,14 @@ async fn run_in(
     let _ =
         writeln!(out, "| 3,901-byte files (DoM) | {:.0} | {:.0} (local) | {:.3} | |", b[9], b[10], ratio(b[9], b[10]));
     let _ = writeln!(out, "| local stat | | {:.0} | | |", b[5]);
+    let _ = writeln!(
+        out,
+        "\n| change, against the ping RPC ({:.0}/s) | Nacre /s | of ping | target |\n|---|---:|---:|---:|",
+        b[3]
+    );
+    for (name, k) in CHANGES {
+        let _ = writeln!(out, "| {name} | {:.0} | {:.3} | ≥ 0.5 |", b[k], ratio(b[k], b[3]));
+    }
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let _ = writeln!(
         out,
@@ -882,9 +989,12 @@ async fn run_in(
         "stat_vs_ping_ratio": stat_vs_ping,
     });
     // Every change against the ping RPC of the same run (the json! macro is at its depth).
-    v["create_vs_ping_ratio"] = json!(ratio(b[0], b[3]));
-    v["unlink_vs_ping_ratio"] = json!(ratio(b[2], b[3]));
-    v["dom_files_vs_ping_ratio"] = json!(ratio(b[9], b[3]));
+    for (name, k) in CHANGES {
+        if !matches!(name, "create" | "unlink" | "dom_files") {
+            v[format!("{name}_per_s")] = json!(b[k]);
+        }
+        v[format!("{name}_vs_ping_ratio")] = json!(ratio(b[k], b[3]));
+    }
     v["sync_on_reply"] = json!(o.sync_on_reply);
     if o.durable_dir.is_some() {
         v["durable_create_per_s"] = json!(durable.0);
