@@ -398,7 +398,11 @@ pub struct Namespace {
     /// The log and its threads. Declared (so dropped) first: it writes and checkpoints
     /// everything staged before the image closes.
     wal: wal::Wal,
-    mem: RwLock<Mem>,
+    /// The tables. The checkpoint thread shares them: it takes DoM bytes it wrote to
+    /// the image out of memory.
+    mem: Arc<RwLock<Mem>>,
+    /// The image, where DoM blocks out of memory are read.
+    db: Arc<Database>,
     /// OST object pools, decoded, as the last change left them.
     pools: Mutex<Pools>,
     /// The image's length on the volume, and the room it has.
@@ -503,8 +507,8 @@ pub struct Tx<'a> {
     /// The change's writes so far, encoded (see [`mem::Op::encode`]), and how many.
     log: std::cell::RefCell<Vec<u8>>,
     count: std::cell::Cell<u32>,
-    /// The inverse of each write, in order.
-    undo: std::cell::RefCell<Vec<Op>>,
+    /// What undoes each write, in order.
+    undo: std::cell::RefCell<Vec<mem::Undo>>,
     /// The object pools as this change leaves them, and the OSTs whose pool it changed.
     pools: std::cell::RefCell<Pools>,
     pools_changed: std::cell::RefCell<std::collections::BTreeSet<u32>>,
@@ -544,8 +548,8 @@ impl<'a> Tx<'a> {
     fn roll_back(&self) {
         let undo = std::mem::take(&mut *self.undo.borrow_mut());
         let mut m = self.mem.borrow_mut();
-        for op in undo.into_iter().rev() {
-            m.apply(op);
+        for u in undo.into_iter().rev() {
+            m.undo(u);
         }
         self.log.borrow_mut().clear();
         self.count.set(0);
@@ -727,6 +731,14 @@ impl Namespace {
             }
             pos.store(&txn)?;
             txn.commit()?;
+            // The replayed DoM bytes are in the image now: memory keeps their index.
+            for (_, r) in &records {
+                for op in mem::decode_record(r)? {
+                    if let Op::Dom(k, b, Some(data)) = op {
+                        mem.imaged(k, b, &data);
+                    }
+                }
+            }
         }
         let mut pools = Pools::default();
         for (ost, v) in &mem.pools {
@@ -741,12 +753,14 @@ impl Namespace {
             (seq_k, next_oid) = (seq_k + 1, 1);
         }
         let orphans: Vec<u128> = mem.orphans.iter().copied().collect();
+        let mem = Arc::new(RwLock::new(mem));
         let stats = Arc::new(NamespaceStats::default());
         stats.recovered.store(records.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let ns = Namespace {
             index,
-            wal: wal::Wal::start(region, &opts, db, pos, stats.clone()),
-            mem: RwLock::new(mem),
+            wal: wal::Wal::start(region, &opts, db.clone(), pos, stats.clone(), mem.clone()),
+            mem,
+            db,
             pools: Mutex::new(pools),
             db_len,
             capacity: db_bytes,
@@ -961,6 +975,11 @@ impl Namespace {
     pub fn memory_used(&self) -> (u64, u64) {
         let m = read(&self.mem);
         (m.bytes(), m.inode_count())
+    }
+
+    /// Bytes of DoM data held in memory (written since their last checkpoint).
+    pub fn dom_bytes_in_memory(&self) -> u64 {
+        read(&self.mem).dom_bytes
     }
 
     /// The log's bytes in use and its size.

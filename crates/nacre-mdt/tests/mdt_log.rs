@@ -197,3 +197,43 @@ fn concurrent_changes_get_distinct_fids_and_transnos() {
         ns.getattr(*f).unwrap();
     }
 }
+
+#[test]
+fn dom_bytes_leave_memory_at_checkpoints_and_are_read_from_the_image() {
+    use nacre_proto::layout::Layout;
+    let v = volume();
+    let ns = Namespace::format(v.clone(), 0, asked_only()).unwrap();
+    let c = Cred::root();
+    let lfs = |a: &str| Layout::from_lfs_args(&a.split_whitespace().collect::<Vec<_>>()).unwrap();
+    let d = ns.mkdir(&c, ROOT, "dom", 0o755, None).unwrap();
+    ns.set_dir_layout(&c, d.fid, Some(lfs("-E 256K -L mdt -E eof -c 1")), None).unwrap();
+    let body: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let f = ns.create(&c, d.fid, "f", 0o644, None).unwrap();
+    ns.write_dom(&c, f.fid, 0, &body, false, None).unwrap();
+    assert_eq!(ns.dom_bytes_in_memory(), body.len() as u64);
+    ns.checkpoint().unwrap();
+    assert_eq!(ns.dom_bytes_in_memory(), 0, "a checkpoint left the bytes in memory");
+    assert_eq!(ns.read_dom(&c, f.fid, 0, 1 << 20).unwrap(), body, "read back from the image");
+    // A write into an imaged block reads the rest of it from the image.
+    let mut want = body.clone();
+    want[70_000..70_010].copy_from_slice(b"0123456789");
+    ns.write_dom(&c, f.fid, 70_000, b"0123456789", false, None).unwrap();
+    assert_eq!(ns.dom_bytes_in_memory(), 64 << 10, "one block back in memory");
+    assert_eq!(ns.read_dom(&c, f.fid, 0, 1 << 20).unwrap(), want);
+    // A truncate into an imaged block, then a crash: the log replays over the image.
+    ns.checkpoint().unwrap();
+    ns.setattr(&c, f.fid, nacre_mdt::SetAttr { size: Some(150_000), ..Default::default() }, None).unwrap();
+    want.truncate(150_000);
+    assert_eq!(ns.read_dom(&c, f.fid, 0, 1 << 20).unwrap(), want);
+    ns.crash();
+    std::mem::forget(ns);
+    let ns = Namespace::open(v.clone(), asked_only()).unwrap();
+    assert_eq!(ns.dom_bytes_in_memory(), 0, "start-up loads the index, not the bytes");
+    assert_eq!(ns.read_dom(&c, f.fid, 0, 1 << 20).unwrap(), want);
+    // Removed: its blocks go from the index and the image.
+    ns.remove(&c, d.fid, "f", false, None).unwrap();
+    drop(ns);
+    let ns = Namespace::open(v, asked_only()).unwrap();
+    assert_eq!(ns.lookup(&c, d.fid, "f").unwrap_err().errno, errno::ENOENT);
+    assert_eq!(ns.statfs().unwrap().inodes, 2);
+}

@@ -2,11 +2,40 @@
 //! through the namespace, logged like any change.
 
 use super::*;
+use mem::DomBlock;
+
+/// The DoM blocks `[first, last]` of inode `k` that exist, with their bytes: from
+/// memory, or from the image for a block a checkpoint took out of memory. Called under
+/// the namespace's lock (read or write), which keeps memory and the image's last commit
+/// in step: a block is marked imaged only once its bytes are committed there, and a
+/// block written since is in memory again.
+fn dom_bytes(m: &Mem, db: &redb::Database, k: u128, first: u64, last: u64) -> Result<Vec<(u64, Vec<u8>)>> {
+    let mut out = Vec::new();
+    let mut imaged = Vec::new();
+    for (b, v) in m.dom_of(k, first, last) {
+        match v {
+            DomBlock::Here(d) => out.push((b, d.to_vec())),
+            DomBlock::Imaged(len) => imaged.push((b, *len)),
+        }
+    }
+    if !imaged.is_empty() {
+        for ((b, len), data) in imaged.iter().zip(image::read_dom(db, k, imaged.iter().map(|x| x.0))?) {
+            let data = data.filter(|d| d.len() == *len as usize).ok_or_else(|| {
+                storage(format!("DoM block {b} of {} is not in the image as the index says", Fid::from_key(k)))
+            })?;
+            out.push((*b, data));
+        }
+        out.sort_unstable_by_key(|x| x.0);
+    }
+    Ok(out)
+}
 
 impl Tx<'_> {
-    /// The file's DoM blocks `[first, last]` that exist.
+    /// The file's DoM blocks `[first, last]` that exist, with their bytes (read from the
+    /// image for those a checkpoint took out of memory).
     pub(super) fn dom_blocks(&self, fid: Fid, first: u64, last: u64) -> Result<Vec<(u64, Vec<u8>)>> {
-        Ok(self.m().dom_of(fid.key(), first, last).map(|(b, v)| (b, v.to_vec())).collect())
+        let m = self.m();
+        dom_bytes(&m, &self.ns.db, fid.key(), first, last)
     }
 
     pub(super) fn put_dom(&self, fid: Fid, block: u64, data: &[u8]) -> Result<()> {
@@ -15,7 +44,7 @@ impl Tx<'_> {
     }
 
     pub(super) fn del_dom(&self, fid: Fid, block: u64) -> Result<()> {
-        if self.m().dom.contains_key(&(fid.key(), block)) {
+        if self.m().dom_of(fid.key(), block, block).next().is_some() {
             self.apply(Op::Dom(fid.key(), block, None));
         }
         Ok(())
@@ -57,7 +86,7 @@ impl Tx<'_> {
     /// Returns the bytes removed.
     pub(super) fn trim_dom(&self, fid: Fid, size: u64) -> Result<u64> {
         let blocks: Vec<(u64, u64)> =
-            self.m().dom_of(fid.key(), size / DOM_BLOCK, u64::MAX).map(|(b, v)| (b, v.len() as u64)).collect();
+            self.m().dom_of(fid.key(), size / DOM_BLOCK, u64::MAX).map(|(b, v)| (b, v.bytes())).collect();
         let mut removed = 0;
         for (b, len) in blocks {
             let start = b * DOM_BLOCK;
@@ -227,7 +256,7 @@ impl Namespace {
         }
         let mut out = vec![0u8; (stop - offset) as usize];
         let m = read(&self.mem);
-        for (b, v) in m.dom_of(fid.key(), offset / DOM_BLOCK, (stop - 1) / DOM_BLOCK) {
+        for (b, v) in dom_bytes(&m, &self.db, fid.key(), offset / DOM_BLOCK, (stop - 1) / DOM_BLOCK)? {
             let start = b * DOM_BLOCK;
             let (lo, hi) = (offset.max(start), stop.min(start + v.len() as u64));
             if lo < hi {

@@ -120,7 +120,14 @@ pub fn meta(db: &Database, k: &str) -> Result<Option<u64>> {
     Ok(t.get(k)?.map(|v| v.value()))
 }
 
-/// Read the whole image into memory.
+/// DoM blocks `blocks` of inode `k`, from the image's last commit.
+pub fn read_dom(db: &Database, k: u128, blocks: impl Iterator<Item = u64>) -> Result<Vec<Option<Vec<u8>>>> {
+    let txn = db.begin_read()?;
+    let t = txn.open_table(DOM)?;
+    blocks.map(|b| Ok(t.get((k, b))?.map(|v| v.value().to_vec()))).collect()
+}
+
+/// Read the whole image into memory (but DoM blocks, whose index only is kept).
 pub fn load(db: &Arc<Database>) -> Result<Mem> {
     let txn = db.begin_read()?;
     let mut m = Mem::default();
@@ -149,7 +156,12 @@ pub fn load(db: &Arc<Database>) -> Result<Mem> {
     each!(OST_BLOCKS, |k, v| Op::OstBlocks(k, Some(v)));
     each!(POOLS, |k, v| Op::Pool(k, Some(v.into())));
     each!(DESTROYS, |k, _v| Op::Destroy(k.0, k.1, true));
-    each!(DOM, |k, v| Op::Dom(k.0, k.1, Some(v.into())));
+    // DoM blocks stay in the image: memory keeps their index.
+    for row in txn.open_table(DOM)?.iter()? {
+        let (k, v) = row?;
+        let ((f, b), len) = (k.value(), v.value().len());
+        m.index_dom(f, b, len as u32);
+    }
     each!(DIRSTRIPES, |k, v| Op::DirStripe(k, Some(v.into())));
     each!(DIRDEFAULTS, |k, v| Op::DirDefault(k, Some(v.into())));
     each!(INTENTS, |k, v| Op::Intent(k, Some(v.into())));

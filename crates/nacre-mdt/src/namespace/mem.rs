@@ -177,7 +177,9 @@ pub struct Mem {
     pub ost_blocks: HashMap<u128, u64>,
     pub pools: BTreeMap<u32, Box<[u8]>>,
     pub destroys: BTreeSet<(u32, u64)>,
-    pub dom: BTreeMap<(u128, u64), Box<[u8]>>,
+    /// DoM blocks: their bytes until a checkpoint wrote them to the image, then only
+    /// their length (the block index; the bytes are read from the image).
+    dom: BTreeMap<(u128, u64), DomBlock>,
     pub dirstripes: HashMap<u128, Box<[u8]>>,
     pub dirdefaults: HashMap<u128, Box<[u8]>>,
     pub intents: BTreeMap<u64, Box<[u8]>>,
@@ -187,6 +189,41 @@ pub struct Mem {
     entries: u64,
     /// Bytes of DoM data held.
     pub dom_bytes: u64,
+}
+
+/// A DoM block as memory keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DomBlock {
+    /// Its bytes: written since the last checkpoint that covered it.
+    Here(Box<[u8]>),
+    /// In the image, of this many bytes.
+    Imaged(u32),
+}
+
+impl DomBlock {
+    /// The block's length.
+    pub fn bytes(&self) -> u64 {
+        match self {
+            DomBlock::Here(d) => d.len() as u64,
+            DomBlock::Imaged(n) => *n as u64,
+        }
+    }
+
+    /// Bytes held in memory.
+    fn held(&self) -> u64 {
+        match self {
+            DomBlock::Here(d) => d.len() as u64,
+            DomBlock::Imaged(_) => 0,
+        }
+    }
+}
+
+/// What undoes an op: another op, or (for a DoM block whose bytes are in the image, not
+/// here) putting its index entry back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Undo {
+    Op(Op),
+    DomImaged(u128, u64, u32),
 }
 
 /// Bytes an entry of each kind costs besides its variable part, about: what the maps
@@ -459,8 +496,39 @@ fn len_of(v: &Option<impl AsRef<[u8]>>) -> u64 {
 }
 
 impl Mem {
-    /// Apply `op`; returns its inverse (the same key with what it held before).
-    pub fn apply(&mut self, op: Op) -> Op {
+    /// Undo an op (see [`Mem::apply`]).
+    pub fn undo(&mut self, u: Undo) {
+        match u {
+            Undo::Op(op) => {
+                self.apply(op);
+            }
+            Undo::DomImaged(k, b, len) => self.index_dom(k, b, len),
+        }
+    }
+
+    /// Record that DoM block `b` of `k` is in the image, of `len` bytes (start-up).
+    pub fn index_dom(&mut self, k: u128, b: u64, len: u32) {
+        let old = self.dom.insert((k, b), DomBlock::Imaged(len));
+        let gone = old.as_ref().map_or(0, DomBlock::held);
+        self.dom_bytes -= gone;
+        self.held -= gone;
+    }
+
+    /// A checkpoint wrote `data` as DoM block `b` of `k`: if memory still holds those
+    /// bytes, it keeps only their length.
+    pub fn imaged(&mut self, k: u128, b: u64, data: &[u8]) {
+        if let Some(block) = self.dom.get_mut(&(k, b))
+            && matches!(block, DomBlock::Here(d) if **d == *data)
+        {
+            *block = DomBlock::Imaged(data.len() as u32);
+            self.dom_bytes -= data.len() as u64;
+            self.held -= data.len() as u64;
+        }
+    }
+
+    /// Apply `op`; returns what undoes it (mostly the same key with what it held
+    /// before).
+    pub fn apply(&mut self, op: Op) -> Undo {
         macro_rules! swap {
             ($map:expr, $k:expr, $v:expr) => {
                 match $v {
@@ -533,10 +601,17 @@ impl Mem {
             }
             Op::Dom(k, b, v) => {
                 add = len_of(&v);
-                let old = swap!(self.dom, (k, b), v);
-                sub = len_of(&old);
+                let old = swap!(self.dom, (k, b), v.map(DomBlock::Here));
+                sub = old.as_ref().map_or(0, DomBlock::held);
                 self.dom_bytes = (self.dom_bytes + add).saturating_sub(sub);
-                Op::Dom(k, b, old)
+                match old {
+                    Some(DomBlock::Imaged(len)) => {
+                        self.held = (self.held + add).saturating_sub(sub);
+                        return Undo::DomImaged(k, b, len);
+                    }
+                    Some(DomBlock::Here(d)) => Op::Dom(k, b, Some(d)),
+                    None => Op::Dom(k, b, None),
+                }
             }
             Op::DirStripe(k, v) => {
                 add = len_of(&v);
@@ -563,7 +638,7 @@ impl Mem {
             }
         };
         self.held = (self.held + add).saturating_sub(sub);
-        inverse
+        Undo::Op(inverse)
     }
 
     /// Put (or with `None` remove) inode `k`; what it was before. Its layout stays as
@@ -739,8 +814,8 @@ impl Mem {
     }
 
     /// The DoM blocks of inode `k` in `[first, last]`.
-    pub fn dom_of(&self, k: u128, first: u64, last: u64) -> impl Iterator<Item = (u64, &[u8])> {
-        self.dom.range((k, first)..=(k, last)).map(|((_, b), v)| (*b, &**v))
+    pub fn dom_of(&self, k: u128, first: u64, last: u64) -> impl Iterator<Item = (u64, &DomBlock)> {
+        self.dom.range((k, first)..=(k, last)).map(|((_, b), v)| (*b, v))
     }
 
     /// About the bytes the tables hold: a fixed cost per inode and per entry of every
@@ -795,12 +870,12 @@ mod tests {
         assert_eq!(decode_record(&rec).unwrap(), ops);
 
         let mut m = Mem::default();
-        let undo: Vec<Op> = ops.iter().cloned().map(|o| m.apply(o)).collect();
+        let undo: Vec<Undo> = ops.iter().cloned().map(|o| m.apply(o)).collect();
         assert_eq!(m.entry(1, 9, "a"), Some((5, 0o100000)));
         assert_eq!(m.dom_bytes, 10);
         assert!(m.bytes() > 0);
         for u in undo.into_iter().rev() {
-            m.apply(u);
+            m.undo(u);
         }
         assert!(
             m.inodes.pages.is_empty()
@@ -823,7 +898,7 @@ mod tests {
             parent: Fid::ROOT,
         };
         for oid in 1..=600 {
-            assert_eq!(m.apply(Op::Inode(fid(oid), Some(file(oid)))), Op::Inode(fid(oid), None));
+            assert_eq!(m.apply(Op::Inode(fid(oid), Some(file(oid)))), Undo::Op(Op::Inode(fid(oid), None)));
         }
         assert_eq!((m.inode_count(), m.inodes.pages.len()), (600, 3));
         // Mode 0 is an inode too, and a file records no parent.
@@ -844,15 +919,15 @@ mod tests {
     fn names_sharing_a_hash_chain() {
         let mut m = Mem::default();
         for (n, c) in [("a", 1), ("b", 2), ("c", 3)] {
-            assert_eq!(m.apply(ent(1, 7, n, Some((c, 0)))), ent(1, 7, n, None));
+            assert_eq!(m.apply(ent(1, 7, n, Some((c, 0)))), Undo::Op(ent(1, 7, n, None)));
         }
         m.apply(ent(1, 8, "d", Some((4, 0))));
         let listed: Vec<(u64, String)> = m.entries_after(1, 0).map(|(h, e)| (h, e.name.to_string())).collect();
         assert_eq!(listed, [(7, "a".into()), (7, "b".into()), (7, "c".into()), (8, "d".into())]);
         assert_eq!(m.entries_after(1, 7).count(), 1);
         // Removing the middle, then the head, keeps the rest.
-        assert_eq!(m.apply(ent(1, 7, "b", None)), ent(1, 7, "b", Some((2, 0))));
-        assert_eq!(m.apply(ent(1, 7, "a", None)), ent(1, 7, "a", Some((1, 0))));
+        assert_eq!(m.apply(ent(1, 7, "b", None)), Undo::Op(ent(1, 7, "b", Some((2, 0)))));
+        assert_eq!(m.apply(ent(1, 7, "a", None)), Undo::Op(ent(1, 7, "a", Some((1, 0)))));
         assert_eq!(m.entry(1, 7, "c"), Some((3, 0)));
         assert_eq!(m.entry(1, 7, "a"), None);
         m.apply(ent(1, 7, "c", None));

@@ -41,8 +41,8 @@ use nacre_proto::mdt::errno;
 use nacre_raid::Volume;
 use redb::Database;
 
-use super::mem::decode_record;
-use super::{MdError, NamespaceOptions, NamespaceStats, Result, image, lock, storage};
+use super::mem::{Mem, Op, decode_record};
+use super::{MdError, NamespaceOptions, NamespaceStats, Result, image, lock, storage, write};
 
 const MAGIC: u32 = u32::from_le_bytes(*b"NMLR");
 const HEADER: usize = 32;
@@ -224,6 +224,8 @@ struct Shared {
     /// `committed`, and whether the log broke, for async waiters.
     committed: tokio::sync::watch::Sender<(u64, bool)>,
     stats: Arc<NamespaceStats>,
+    /// The namespace's tables: DoM bytes a checkpoint wrote leave memory.
+    mem: Arc<std::sync::RwLock<Mem>>,
 }
 
 /// The log of one MDT, with its writer and checkpoint threads.
@@ -271,6 +273,7 @@ impl Wal {
         db: Arc<Database>,
         pos: Position,
         stats: Arc<NamespaceStats>,
+        mem: Arc<std::sync::RwLock<Mem>>,
     ) -> Wal {
         let st = State {
             next: pos.transno,
@@ -302,6 +305,7 @@ impl Wal {
             ckpt: Condvar::new(),
             committed: tokio::sync::watch::channel((pos.transno, false)).0,
             stats,
+            mem,
         });
         let mut threads = Vec::new();
         for (name, body) in [("mdt-log", write_loop as fn(&Shared)), ("mdt-checkpoint", checkpoint_loop)] {
@@ -608,6 +612,13 @@ fn write_image(s: &Shared, batch: &[(u64, Vec<u8>, u64)], pos: Position) -> Resu
     }
     pos.store(&txn)?;
     txn.commit()?;
+    // DoM bytes now in the image leave memory, unless written again meanwhile.
+    let mut m = write(&s.mem);
+    for op in last.values() {
+        if let Op::Dom(k, b, Some(data)) = op {
+            m.imaged(*k, *b, data);
+        }
+    }
     Ok(())
 }
 
