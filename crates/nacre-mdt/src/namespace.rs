@@ -706,7 +706,7 @@ impl Namespace {
         let index = image::meta(&db, "mdt_index")?
             .ok_or_else(|| MdError::new(errno::EINVAL, "metadata target lacks its MDT index"))?
             as u32;
-        let mut mem = image::load(&db)?;
+        let mut mem = image::load_copy(volume.clone(), db_bytes, opts.sync)?;
         let from = wal::Position::load(&db)?;
         let region = wal::Region { vol: volume, base: db_bytes, room: log_bytes };
         let (records, end) = region.replay(from)?;
