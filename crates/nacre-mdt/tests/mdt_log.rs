@@ -237,3 +237,24 @@ fn dom_bytes_leave_memory_at_checkpoints_and_are_read_from_the_image() {
     assert_eq!(ns.lookup(&c, d.fid, "f").unwrap_err().errno, errno::ENOENT);
     assert_eq!(ns.statfs().unwrap().inodes, 2);
 }
+
+#[test]
+fn a_change_larger_than_its_reservation_is_logged_whole() {
+    let v = volume();
+    let ns = Namespace::format(v.clone(), 0, asked_only()).unwrap();
+    let c = Cred::root();
+    let f = ns.create(&c, ROOT, "many-xattrs", 0o644, None).unwrap();
+    // 400 xattrs: removing the file logs a delete of each, some 16 KiB of record where a
+    // change reserves 4 KiB.
+    for i in 0..400 {
+        ns.setxattr(&c, f.fid, &format!("user.attribute-number-{i:04}"), b"v", false, false, None).unwrap();
+    }
+    let (before, _) = ns.transnos();
+    ns.remove(&c, ROOT, "many-xattrs", false, None).unwrap();
+    assert_eq!(ns.transnos().0, before + 1);
+    ns.crash();
+    std::mem::forget(ns);
+    let ns = Namespace::open(v, asked_only()).unwrap();
+    assert_eq!(ns.lookup(&c, ROOT, "many-xattrs").unwrap_err().errno, errno::ENOENT);
+    assert_eq!(ns.statfs().unwrap().inodes, 1);
+}

@@ -579,22 +579,41 @@ fn checkpoint_loop(s: &Shared) {
         };
         let Some(&(last, _, end)) = batch.last() else { continue };
         let r = write_image(s, &batch, Position { generation: s.generation, transno: last + 1, at: end });
-        let mut st = lock(&s.st);
-        match r {
-            Ok(()) => {
-                st.tail = end;
-                st.imaged = last + 1;
-                s.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+        let imaged_dom = {
+            let mut st = lock(&s.st);
+            let r = match r {
+                Ok(dom) => {
+                    st.tail = end;
+                    st.imaged = last + 1;
+                    s.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+                    dom
+                }
+                Err(e) => {
+                    break_log(s, &mut st, format!("a checkpoint failed: {e}"));
+                    Vec::new()
+                }
+            };
+            since = Instant::now();
+            s.done.notify_all();
+            r
+        };
+        // DoM bytes now in the image leave memory, unless written again meanwhile. Only
+        // after the log's room came free: a change that holds the namespace's lock may be
+        // waiting for that room.
+        if !imaged_dom.is_empty() {
+            let mut m = write(&s.mem);
+            for op in &imaged_dom {
+                if let Op::Dom(k, b, Some(data)) = op {
+                    m.imaged(*k, *b, data);
+                }
             }
-            Err(e) => break_log(s, &mut st, format!("a checkpoint failed: {e}")),
         }
-        since = Instant::now();
-        s.done.notify_all();
     }
 }
 
-/// Apply records to the image and commit it, durably, with the position after them.
-fn write_image(s: &Shared, batch: &[(u64, Vec<u8>, u64)], pos: Position) -> Result<()> {
+/// Apply records to the image and commit it, durably, with the position after them;
+/// returns the DoM blocks it wrote.
+fn write_image(s: &Shared, batch: &[(u64, Vec<u8>, u64)], pos: Position) -> Result<Vec<Op>> {
     let mut txn = s.db.begin_write()?;
     txn.set_durability(redb::Durability::Immediate).map_err(storage)?;
     // The last op of each key is what the image needs, written in key order.
@@ -612,14 +631,7 @@ fn write_image(s: &Shared, batch: &[(u64, Vec<u8>, u64)], pos: Position) -> Resu
     }
     pos.store(&txn)?;
     txn.commit()?;
-    // DoM bytes now in the image leave memory, unless written again meanwhile.
-    let mut m = write(&s.mem);
-    for op in last.values() {
-        if let Op::Dom(k, b, Some(data)) = op {
-            m.imaged(*k, *b, data);
-        }
-    }
-    Ok(())
+    Ok(last.into_values().filter(|op| matches!(op, Op::Dom(_, _, Some(_)))).collect())
 }
 
 #[cfg(test)]
