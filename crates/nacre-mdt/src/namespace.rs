@@ -516,6 +516,8 @@ pub struct Tx<'a> {
 
 impl<'a> Tx<'a> {
     fn new(mem: &'a mut Mem, ns: &'a Namespace, opens: &'a HashMap<u128, u32>) -> Tx<'a> {
+        // Stable under the namespace's lock: the transno this change will get.
+        mem.stamp = ns.wal.next_transno();
         Tx {
             mem: std::cell::RefCell::new(mem),
             ns,
@@ -706,7 +708,13 @@ impl Namespace {
         let index = image::meta(&db, "mdt_index")?
             .ok_or_else(|| MdError::new(errno::EINVAL, "metadata target lacks its MDT index"))?
             as u32;
-        let mut mem = image::load_copy(volume.clone(), db_bytes, opts.sync)?;
+        // From a copy read sequentially while the image fits the memory the namespace may
+        // hold (an image full of DoM bytes may not fit RAM); else page by page.
+        let mut mem = if db_len.load(std::sync::atomic::Ordering::Acquire) <= opts.memory_max {
+            image::load_copy(volume.clone(), db_bytes, opts.sync)?
+        } else {
+            image::load(&db)?
+        };
         let from = wal::Position::load(&db)?;
         let region = wal::Region { vol: volume, base: db_bytes, room: log_bytes };
         let (records, end) = region.replay(from)?;
@@ -732,13 +740,7 @@ impl Namespace {
             pos.store(&txn)?;
             txn.commit()?;
             // The replayed DoM bytes are in the image now: memory keeps their index.
-            for (_, r) in &records {
-                for op in mem::decode_record(r)? {
-                    if let Op::Dom(k, b, Some(data)) = op {
-                        mem.imaged(k, b, &data);
-                    }
-                }
-            }
+            mem.all_dom_imaged();
         }
         let mut pools = Pools::default();
         for (ost, v) in &mem.pools {
@@ -791,8 +793,9 @@ impl Namespace {
     fn regions(volume: &Volume) -> Result<(u64, u64)> {
         let cap = volume.capacity() / 4096 * 4096;
         let log = (cap / 8).min(LOG_BYTES_MAX) / 4096 * 4096;
-        // A quarter of the log holds one change: a DoM write of DOM_IO_MAX needs 8 MiB.
-        if log < (4 << 20) {
+        // A quarter of the log holds one change: a DoM write of DOM_IO_MAX (with the two
+        // blocks it may rewrite) needs a log of 4.5 MiB.
+        if log < (6 << 20) {
             return Err(MdError::new(errno::ENOSPC, format!("a metadata volume of {cap} bytes is too small")));
         }
         Ok((cap - log, log))
@@ -918,9 +921,16 @@ impl Namespace {
             tx.put_meta("next_oid", alloc.reserved as u64)?;
         }
         let record = tx.seal();
+        let transno = match self.wal.stage(record, reserved) {
+            Ok(t) => t,
+            Err(e) => {
+                // Not logged, so not kept.
+                tx.roll_back();
+                return Err(e);
+            }
+        };
         let pools = tx.pools.take();
         drop(tx);
-        let transno = self.wal.stage(record, reserved)?;
         // Under the namespace's lock still: the next change starts from these.
         *lock(&self.alloc) = alloc;
         *lock(&self.pools) = pools;

@@ -258,3 +258,30 @@ fn a_change_larger_than_its_reservation_is_logged_whole() {
     assert_eq!(ns.lookup(&c, ROOT, "many-xattrs").unwrap_err().errno, errno::ENOENT);
     assert_eq!(ns.statfs().unwrap().inodes, 1);
 }
+
+#[test]
+fn the_log_wraps_its_ring_many_times_and_a_crash_replays_across_laps() {
+    use nacre_proto::layout::Layout;
+    let v = volume();
+    let ns = Namespace::format(v.clone(), 0, asked_only()).unwrap();
+    let c = Cred::root();
+    let lfs = |a: &str| Layout::from_lfs_args(&a.split_whitespace().collect::<Vec<_>>()).unwrap();
+    let d = ns.mkdir(&c, ROOT, "dom", 0o755, None).unwrap();
+    ns.set_dir_layout(&c, d.fid, Some(lfs("-E 1M -L mdt -E eof -c 1")), None).unwrap();
+    let f = ns.create(&c, d.fid, "f", 0o644, None).unwrap();
+    // 48 writes of 1 MiB: three times the log's 16 MiB ring. Checkpoints come only as the
+    // log fills (the interval is an hour), and the writer never overwrites what they have
+    // not taken.
+    let mut last = Vec::new();
+    for i in 0..48u32 {
+        last = (0..1u32 << 20).map(|j| (j.wrapping_mul(31).wrapping_add(i)) as u8).collect();
+        ns.write_dom(&c, f.fid, 0, &last, false, None).unwrap();
+    }
+    ns.create(&c, d.fid, "after", 0o644, None).unwrap();
+    assert!(ns.stats.checkpoints.load(std::sync::atomic::Ordering::Relaxed) >= 2, "the ring never filled");
+    ns.crash();
+    std::mem::forget(ns);
+    let ns = Namespace::open(v, asked_only()).unwrap();
+    assert_eq!(ns.read_dom(&c, f.fid, 0, 1 << 20).unwrap(), last);
+    ns.lookup(&c, d.fid, "after").unwrap();
+}

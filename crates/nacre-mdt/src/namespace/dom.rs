@@ -14,7 +14,7 @@ fn dom_bytes(m: &Mem, db: &redb::Database, k: u128, first: u64, last: u64) -> Re
     let mut imaged = Vec::new();
     for (b, v) in m.dom_of(k, first, last) {
         match v {
-            DomBlock::Here(d) => out.push((b, d.to_vec())),
+            DomBlock::Here { data, .. } => out.push((b, data.to_vec())),
             DomBlock::Imaged(len) => imaged.push((b, *len)),
         }
     }

@@ -189,13 +189,17 @@ pub struct Mem {
     entries: u64,
     /// Bytes of DoM data held.
     pub dom_bytes: u64,
+    /// The transno of the change applying ops now: DoM blocks it writes carry it, and
+    /// leave memory once a checkpoint covered it.
+    pub stamp: u64,
 }
 
 /// A DoM block as memory keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DomBlock {
-    /// Its bytes: written since the last checkpoint that covered it.
-    Here(Box<[u8]>),
+    /// Its bytes, written by the change of transno `stamp` (or one before it), not yet
+    /// in the image by a checkpoint that covered that transno.
+    Here { stamp: u64, data: Box<[u8]> },
     /// In the image, of this many bytes.
     Imaged(u32),
 }
@@ -204,7 +208,7 @@ impl DomBlock {
     /// The block's length.
     pub fn bytes(&self) -> u64 {
         match self {
-            DomBlock::Here(d) => d.len() as u64,
+            DomBlock::Here { data, .. } => data.len() as u64,
             DomBlock::Imaged(n) => *n as u64,
         }
     }
@@ -212,7 +216,7 @@ impl DomBlock {
     /// Bytes held in memory.
     fn held(&self) -> u64 {
         match self {
-            DomBlock::Here(d) => d.len() as u64,
+            DomBlock::Here { data, .. } => data.len() as u64,
             DomBlock::Imaged(_) => 0,
         }
     }
@@ -514,15 +518,32 @@ impl Mem {
         self.held -= gone;
     }
 
-    /// A checkpoint wrote `data` as DoM block `b` of `k`: if memory still holds those
-    /// bytes, it keeps only their length.
-    pub fn imaged(&mut self, k: u128, b: u64, data: &[u8]) {
+    /// A checkpoint wrote every change below transno `below` to the image, DoM block `b`
+    /// of `k` among them: if no later change wrote the block again, memory keeps only its
+    /// length. (Comparing bytes would not do: a block truncated and written back with the
+    /// same bytes after the checkpoint took its batch is not in the image as it is here.)
+    pub fn imaged(&mut self, k: u128, b: u64, below: u64) {
         if let Some(block) = self.dom.get_mut(&(k, b))
-            && matches!(block, DomBlock::Here(d) if **d == *data)
+            && let DomBlock::Here { stamp, data } = block
+            && *stamp < below
         {
-            *block = DomBlock::Imaged(data.len() as u32);
-            self.dom_bytes -= data.len() as u64;
-            self.held -= data.len() as u64;
+            let len = data.len() as u64;
+            *block = DomBlock::Imaged(len as u32);
+            self.dom_bytes -= len;
+            self.held -= len;
+        }
+    }
+
+    /// Every DoM block is in the image (start-up, once the replayed records are
+    /// written there): memory keeps only their lengths.
+    pub fn all_dom_imaged(&mut self) {
+        for block in self.dom.values_mut() {
+            if let DomBlock::Here { data, .. } = block {
+                let len = data.len() as u64;
+                *block = DomBlock::Imaged(len as u32);
+                self.dom_bytes -= len;
+                self.held -= len;
+            }
         }
     }
 
@@ -601,7 +622,8 @@ impl Mem {
             }
             Op::Dom(k, b, v) => {
                 add = len_of(&v);
-                let old = swap!(self.dom, (k, b), v.map(DomBlock::Here));
+                let stamp = self.stamp;
+                let old = swap!(self.dom, (k, b), v.map(|data| DomBlock::Here { stamp, data }));
                 sub = old.as_ref().map_or(0, DomBlock::held);
                 self.dom_bytes = (self.dom_bytes + add).saturating_sub(sub);
                 match old {
@@ -609,7 +631,7 @@ impl Mem {
                         self.held = (self.held + add).saturating_sub(sub);
                         return Undo::DomImaged(k, b, len);
                     }
-                    Some(DomBlock::Here(d)) => Op::Dom(k, b, Some(d)),
+                    Some(DomBlock::Here { data, .. }) => Op::Dom(k, b, Some(data)),
                     None => Op::Dom(k, b, None),
                 }
             }

@@ -197,8 +197,10 @@ struct State {
     imaged: u64,
     /// Someone waits for a checkpoint.
     checkpoint_asked: bool,
-    /// The writer has a group in flight.
+    /// The writer has a group in flight, and the log bytes it may take (twice its size:
+    /// it may skip the end of a lap).
     writing: bool,
+    inflight: u64,
     /// Someone waits for a commit: the writer writes what is staged without waiting for
     /// more.
     urgent: bool,
@@ -288,6 +290,7 @@ impl Wal {
             imaged: pos.transno,
             checkpoint_asked: false,
             writing: false,
+            inflight: 0,
             urgent: false,
             broken: None,
             stop: false,
@@ -340,15 +343,19 @@ impl Wal {
             }
             // A group may waste up to its own size at the end of a lap: count it twice.
             let pending = 2 * (st.staged_bytes + st.reserved + bytes).next_multiple_of(BLOCK);
-            if st.head - st.tail + pending <= room {
+            if st.head - st.tail + st.inflight + pending <= room {
                 st.reserved += bytes;
                 return Ok(true);
             }
             if !wait {
                 return Ok(false);
             }
-            st.checkpoint_asked = true;
-            self.shared.ckpt.notify_one();
+            // A checkpoint frees room if the log holds records; else the room is other
+            // changes' reservations, freed as they are staged and written.
+            if !st.unimaged.is_empty() || st.writing || !st.staged.is_empty() {
+                st.checkpoint_asked = true;
+                self.shared.ckpt.notify_one();
+            }
             st = self.shared.done.wait(st).unwrap_or_else(|e| e.into_inner());
         }
     }
@@ -360,16 +367,24 @@ impl Wal {
     }
 
     /// Stage a change's record in place of its reservation; returns its transno. Call it
-    /// under the namespace's lock, so transnos follow the order changes were applied. A
-    /// record larger than its reservation (a removal of many xattrs, say) waits for the
-    /// room it lacks: the writer and checkpoints need no namespace lock to make it.
+    /// under the namespace's lock, so transnos follow the order changes were applied. It
+    /// never waits: a record larger than its reservation (a removal of many xattrs, say)
+    /// is staged anyway, and the writer waits for a checkpoint to make the room before it
+    /// writes (it holds no namespace lock, so nothing waits on it in turn). An error
+    /// (a record past [`Wal::change_max`], a broken log) stages nothing: undo the change.
     pub fn stage(&self, record: Vec<u8>, reserved: u64) -> Result<u64> {
         let need = framed(record.len());
-        if need > reserved {
-            self.reserve(need - reserved, true)?;
+        if need > self.change_max() {
+            return Err(MdError::new(
+                errno::EFBIG,
+                format!("a change of {need} bytes is larger than the metadata log takes ({})", self.change_max()),
+            ));
         }
         let mut st = lock(&self.shared.st);
-        st.reserved = st.reserved.saturating_sub(reserved.max(need));
+        if let Some(why) = &st.broken {
+            return Err(broken_error(why));
+        }
+        st.reserved = st.reserved.saturating_sub(reserved);
         let transno = st.next;
         st.next += 1;
         st.staged_bytes += framed(record.len());
@@ -380,6 +395,11 @@ impl Wal {
             self.shared.work.notify_one();
         }
         Ok(transno)
+    }
+
+    /// The transno the next change staged gets (stable under the namespace's lock).
+    pub fn next_transno(&self) -> u64 {
+        lock(&self.shared.st).next
     }
 
     /// The last transno given (0 for none).
@@ -507,14 +527,44 @@ fn write_loop(s: &Shared) {
                 st.staged_bytes = 0;
                 continue;
             }
-            st.staged_bytes = 0;
+            // A group of a quarter of the ring at most (one record at least), so that it
+            // always fits once the records before it are checkpointed.
+            let room = s.region.room;
+            let (mut n, mut bytes) = (0, 0);
+            while n < st.staged.len() && (n == 0 || bytes + framed(st.staged[n].1.len()) <= room / 4) {
+                bytes += framed(st.staged[n].1.len());
+                n += 1;
+            }
+            let rest = st.staged.split_off(n);
+            st.staged_bytes -= bytes;
             st.writing = true;
-            (std::mem::take(&mut st.staged), st.head)
+            st.inflight = 2 * bytes.next_multiple_of(BLOCK);
+            (std::mem::replace(&mut st.staged, rest), st.head)
         };
         let (buf, ends) = frame(s.generation, &records);
         let room = s.region.room;
         let g = buf.len() as u64;
-        let at = if head % room + g > room { (head / room + 1) * room } else { head };
+        let place = |head: u64| if head % room + g > room { (head / room + 1) * room } else { head };
+        // Never over records not yet in the image: wait for a checkpoint to free them.
+        let at = {
+            let mut st = lock(&s.st);
+            loop {
+                let at = place(head);
+                if st.broken.is_some() {
+                    // Nothing more is written; everyone waiting has been told.
+                    (st.writing, st.inflight) = (false, 0);
+                    s.done.notify_all();
+                    break None;
+                }
+                if at + g <= st.tail + room {
+                    break Some(at);
+                }
+                st.checkpoint_asked = true;
+                s.ckpt.notify_one();
+                st = s.done.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let Some(at) = at else { continue };
         let written = s
             .region
             .vol
@@ -522,6 +572,7 @@ fn write_loop(s: &Shared) {
             .and_then(|()| if s.flush { s.region.vol.flush() } else { Ok(()) });
         let mut st = lock(&s.st);
         st.writing = false;
+        st.inflight = 0;
         match written {
             Ok(()) => {
                 st.head = at + g;
@@ -531,7 +582,7 @@ fn write_loop(s: &Shared) {
                     st.unimaged_bytes += framed(payload.len());
                     st.unimaged.push_back((transno, payload, at + end));
                 }
-                if st.unimaged_bytes > room / 4 {
+                if st.unimaged_bytes > room / 4 || st.checkpoint_asked {
                     s.ckpt.notify_one();
                 }
                 s.stats.commits.fetch_add(1, Ordering::Relaxed);
@@ -602,10 +653,8 @@ fn checkpoint_loop(s: &Shared) {
         // waiting for that room.
         if !imaged_dom.is_empty() {
             let mut m = write(&s.mem);
-            for op in &imaged_dom {
-                if let Op::Dom(k, b, Some(data)) = op {
-                    m.imaged(*k, *b, data);
-                }
+            for &(k, b) in &imaged_dom {
+                m.imaged(k, b, last + 1);
             }
         }
     }
@@ -613,7 +662,7 @@ fn checkpoint_loop(s: &Shared) {
 
 /// Apply records to the image and commit it, durably, with the position after them;
 /// returns the DoM blocks it wrote.
-fn write_image(s: &Shared, batch: &[(u64, Vec<u8>, u64)], pos: Position) -> Result<Vec<Op>> {
+fn write_image(s: &Shared, batch: &[(u64, Vec<u8>, u64)], pos: Position) -> Result<Vec<(u128, u64)>> {
     let mut txn = s.db.begin_write()?;
     txn.set_durability(redb::Durability::Immediate).map_err(storage)?;
     // The last op of each key is what the image needs, written in key order.
@@ -631,7 +680,13 @@ fn write_image(s: &Shared, batch: &[(u64, Vec<u8>, u64)], pos: Position) -> Resu
     }
     pos.store(&txn)?;
     txn.commit()?;
-    Ok(last.into_values().filter(|op| matches!(op, Op::Dom(_, _, Some(_)))).collect())
+    Ok(last
+        .into_values()
+        .filter_map(|op| match op {
+            Op::Dom(k, b, Some(_)) => Some((k, b)),
+            _ => None,
+        })
+        .collect())
 }
 
 #[cfg(test)]
