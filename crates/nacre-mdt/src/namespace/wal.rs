@@ -193,8 +193,10 @@ struct State {
     /// Committed records not in the image yet: (transno, payload, logical offset after).
     unimaged: VecDeque<(u64, Vec<u8>, u64)>,
     unimaged_bytes: u64,
-    /// Every transno below this is in the image.
+    /// Every transno below this is in the image, and (`settled`) its DoM bytes out of
+    /// memory.
     imaged: u64,
+    settled: u64,
     /// Someone waits for a checkpoint.
     checkpoint_asked: bool,
     /// The writer has a group in flight, and the log bytes it may take (twice its size:
@@ -288,6 +290,7 @@ impl Wal {
             unimaged: VecDeque::new(),
             unimaged_bytes: 0,
             imaged: pos.transno,
+            settled: pos.transno,
             checkpoint_asked: false,
             writing: false,
             inflight: 0,
@@ -452,13 +455,13 @@ impl Wal {
         }
     }
 
-    /// Wait until every change staged so far is in the image (and the log holds none of
-    /// it any more).
+    /// Wait until every change staged so far is in the image (the log holds none of it
+    /// any more, and its DoM bytes are out of memory).
     pub fn checkpoint(&self) -> Result<()> {
         let mut st = lock(&self.shared.st);
         let want = st.next;
         loop {
-            if st.imaged >= want {
+            if st.settled >= want {
                 return Ok(());
             }
             if let Some(why) = &st.broken {
@@ -641,7 +644,7 @@ fn checkpoint_loop(s: &Shared) {
                 }
                 Err(e) => {
                     break_log(s, &mut st, format!("a checkpoint failed: {e}"));
-                    Vec::new()
+                    continue;
                 }
             };
             since = Instant::now();
@@ -657,6 +660,8 @@ fn checkpoint_loop(s: &Shared) {
                 m.imaged(k, b, last + 1);
             }
         }
+        lock(&s.st).settled = last + 1;
+        s.done.notify_all();
     }
 }
 
