@@ -213,6 +213,15 @@ impl DomBlock {
         }
     }
 
+    /// Keep only the length (the bytes are in the image); the bytes freed.
+    fn take_out(&mut self) -> u64 {
+        let freed = self.held();
+        if let DomBlock::Here { data, .. } = self {
+            *self = DomBlock::Imaged(data.len() as u32);
+        }
+        freed
+    }
+
     /// Bytes held in memory.
     fn held(&self) -> u64 {
         match self {
@@ -524,27 +533,20 @@ impl Mem {
     /// same bytes after the checkpoint took its batch is not in the image as it is here.)
     pub fn imaged(&mut self, k: u128, b: u64, below: u64) {
         if let Some(block) = self.dom.get_mut(&(k, b))
-            && let DomBlock::Here { stamp, data } = block
-            && *stamp < below
+            && matches!(block, DomBlock::Here { stamp, .. } if *stamp < below)
         {
-            let len = data.len() as u64;
-            *block = DomBlock::Imaged(len as u32);
-            self.dom_bytes -= len;
-            self.held -= len;
+            let freed = block.take_out();
+            self.dom_bytes -= freed;
+            self.held -= freed;
         }
     }
 
     /// Every DoM block is in the image (start-up, once the replayed records are
     /// written there): memory keeps only their lengths.
     pub fn all_dom_imaged(&mut self) {
-        for block in self.dom.values_mut() {
-            if let DomBlock::Here { data, .. } = block {
-                let len = data.len() as u64;
-                *block = DomBlock::Imaged(len as u32);
-                self.dom_bytes -= len;
-                self.held -= len;
-            }
-        }
+        let freed: u64 = self.dom.values_mut().map(DomBlock::take_out).sum();
+        self.dom_bytes -= freed;
+        self.held -= freed;
     }
 
     /// Apply `op`; returns what undoes it (mostly the same key with what it held
