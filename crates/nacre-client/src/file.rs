@@ -527,7 +527,7 @@ impl File {
     }
 
     /// Make every write of this handle durable, and the file's size and mtime known to
-    /// the MDT.
+    /// the MDT, and this client's changes there committed (its create, its DoM bytes).
     pub async fn fsync(&self) -> Result<()> {
         let mut st = self.st.lock().await;
         self.flush(&mut st).await?;
@@ -535,7 +535,7 @@ impl File {
         // just now, and they must be durable too.
         let landed = lock(&self.shared.behind).landed();
         if !st.written && landed == st.landed_synced {
-            return Ok(());
+            return self.fs.commit_fid(self.fid).await;
         }
         let mut osts: Vec<u32> = self.layout().await?.objects.iter().flatten().map(|(o, _)| *o).collect();
         osts.sort_unstable();
@@ -544,7 +544,10 @@ impl File {
             self.fs.ost_call(o, &ost::Request::Sync { target: 0 }, &[]).await?;
         }
         st.landed_synced = landed;
-        if st.written { self.publish_size(&mut st).await } else { Ok(()) }
+        if st.written {
+            self.publish_size(&mut st).await?;
+        }
+        self.fs.commit_fid(self.fid).await
     }
 
     /// Tell the MDT the size the objects give (if larger than it has) and a new mtime.

@@ -338,6 +338,22 @@ impl FileSystem {
         }
     }
 
+    /// Make this client's changes on MDT `mdt` durable: the MDT answers changes before
+    /// they are on its drives, so `fsync` of a file or a directory waits for its commit.
+    /// Nothing is sent when the MDT has committed all of them already.
+    pub async fn commit_mdt(&self, mdt: u32) -> Result<()> {
+        let (import, _) = self.target_link(TargetKind::Mdt, mdt).await?;
+        if import.uncommitted() > 0 {
+            import.commit().await.map_err(|e| Error::rpc(&TargetKind::Mdt.name(&self.inner.fsname, mdt), e))?;
+        }
+        Ok(())
+    }
+
+    /// [`Fs::commit_mdt`] for the MDT that owns `fid`.
+    pub async fn commit_fid(&self, fid: Fid) -> Result<()> {
+        self.commit_mdt(mdt_of(fid)?).await
+    }
+
     /// Send `r` to the MDT that owns `fid`.
     async fn md_at(&self, fid: Fid, c: &Creds, r: &Request) -> Result<Reply> {
         Ok(self.md(mdt_of(fid)?, c, r, &[]).await?.0)
@@ -1173,14 +1189,14 @@ pub fn param_handler(fs: FileSystem) -> nacre_net::server::Handler {
             let fail = |status: i32, m: String| nacre_net::server::Reply {
                 status,
                 body: m.into_bytes(),
-                bulk: bytes::Bytes::new(),
+                ..Default::default()
             };
             match req.header.opcode {
                 param::OP_GET_PARAM => match param::decode_get(&req.body) {
                     Ok(p) => nacre_net::server::Reply {
                         status: 0,
                         body: param::render(&fs.get_param(&p)).into_bytes(),
-                        bulk: bytes::Bytes::new(),
+                        ..Default::default()
                     },
                     Err(e) => fail(-errno::EPROTO, format!("bad get-param request: {e}")),
                 },

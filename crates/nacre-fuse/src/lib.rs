@@ -693,6 +693,17 @@ impl fuser::Filesystem for Nacre {
         })
     }
 
+    /// The directory's entries are made by its MDT, which answers before they are on its
+    /// drives: wait for the commit. (`syncfs` does not reach a FUSE file system; the MDT
+    /// commits every `commit_interval_ms` anyway.)
+    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        serve!(self, reply, |s| {
+            let dir = s.fid(ino)?;
+            s.fs.commit_fid(dir).await.map_err(|e| err(&e))?;
+            Ok(|r: ReplyEmpty| r.ok())
+        })
+    }
+
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: fuser::OpenFlags, reply: ReplyOpen) {
         reply.opened(FileHandle(0), FopenFlags::empty());
     }

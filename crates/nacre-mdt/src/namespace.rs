@@ -512,6 +512,8 @@ pub struct Tx<'a> {
     /// The object pools as this change leaves them, and the OSTs whose pool it changed.
     pools: std::cell::RefCell<Pools>,
     pools_changed: std::cell::RefCell<std::collections::BTreeSet<u32>>,
+    /// The FID the next new inode gets: a replayed create's, as its first reply said.
+    replay_fid: Option<Fid>,
 }
 
 impl<'a> Tx<'a> {
@@ -529,6 +531,7 @@ impl<'a> Tx<'a> {
             undo: Default::default(),
             pools: std::cell::RefCell::new(lock(&ns.pools).clone()),
             pools_changed: Default::default(),
+            replay_fid: None,
         }
     }
 
@@ -769,7 +772,7 @@ impl Namespace {
             sync_on_reply: std::sync::atomic::AtomicBool::new(opts.sync_on_reply),
             memory_max: std::sync::atomic::AtomicU64::new(opts.memory_max),
             alloc: Mutex::new(FidAlloc { seq_k, next_oid, reserved: next_oid }),
-            opens: Mutex::new(Opens::default()),
+            opens: Mutex::new(Opens::new()),
             ost_pools: Mutex::new(None),
             stats,
         };
@@ -1002,6 +1005,11 @@ impl Namespace {
         self.wal.wait_committed(self.wal.last_transno())
     }
 
+    /// [`Namespace::commit`] from async code.
+    pub async fn committed_all(&self) -> Result<()> {
+        self.wal.committed(self.wal.last_transno()).await
+    }
+
     /// Wait until every change answered so far is in the image, so that the log holds
     /// none of it (for tests and for a clean stop).
     pub fn checkpoint(&self) -> Result<()> {
@@ -1013,6 +1021,11 @@ impl Namespace {
     /// change from now on fails.
     pub fn crash(&self) {
         self.wal.halt();
+    }
+
+    /// The highest transno on the drives (`last_committed`).
+    pub fn last_committed(&self) -> u64 {
+        self.wal.last_committed()
     }
 
     /// The highest transno given, and the highest on the drives (`last_committed`).
@@ -1061,21 +1074,75 @@ impl Namespace {
     /// under the namespace's lock), then await its log write. Only a change that must
     /// wait for log room (a checkpoint behind) goes to a blocking thread.
     pub async fn submit(self: &Arc<Self>, key: Option<ReplyKey>, change: Change, weight: usize) -> Result<Answer> {
+        self.submit_numbered(key, change, weight).await.0
+    }
+
+    /// [`Namespace::submit`], with the transno the change got (0 if it failed before
+    /// its record was staged): the client keeps the change for replay until
+    /// `last_committed` covers it. A change answered before commit that gives no transno
+    /// does not exist.
+    pub async fn submit_numbered(
+        self: &Arc<Self>,
+        key: Option<ReplyKey>,
+        change: Change,
+        weight: usize,
+    ) -> (Result<Answer>, u64) {
         let reserved = Self::reservation(weight);
-        let (r, transno) = if self.wal.reserve(reserved, false)? {
-            self.run_change(key, change, reserved)?
-        } else {
-            let ns = self.clone();
-            tokio::task::spawn_blocking(move || {
-                ns.wal.reserve(reserved, true)?;
-                ns.run_change(key, change, reserved)
-            })
-            .await
-            .map_err(|_| MdError::new(errno::EIO, "the metadata change was dropped"))??
+        let ran = match self.wal.reserve(reserved, false) {
+            Ok(true) => self.run_change(key, change, reserved),
+            Ok(false) => {
+                let ns = self.clone();
+                tokio::task::spawn_blocking(move || {
+                    ns.wal.reserve(reserved, true)?;
+                    ns.run_change(key, change, reserved)
+                })
+                .await
+                .unwrap_or_else(|_| Err(MdError::new(errno::EIO, "the metadata change was dropped")))
+            }
+            Err(e) => Err(e),
         };
-        if self.waits_for_commit(key) {
-            self.wal.committed(transno).await?;
+        let (r, transno) = match ran {
+            Ok(v) => v,
+            Err(e) => return (Err(e), 0),
+        };
+        if self.waits_for_commit(key)
+            && let Err(e) = self.wal.committed(transno).await
+        {
+            return (Err(e), 0);
         }
-        r
+        (r, transno)
+    }
+
+    /// `change`, replayed after a restart: the inode it makes gets `fid`, the one its
+    /// first run gave (the client has used it since).
+    pub fn replaying(fid: Fid, change: Change) -> Change {
+        Box::new(move |tx| {
+            tx.replay_fid = Some(fid);
+            change(tx)
+        })
+    }
+
+    /// Clients whose changes this MDT keeps answers for: after a restart, those that may
+    /// hold answered changes it lost, which recovery waits for. Another MDT's
+    /// coordinator is not one (it finishes its operations itself).
+    pub fn known_clients(&self) -> Vec<u64> {
+        let m = read(&self.mem);
+        let mut clients = Vec::new();
+        let mut next = (0u64, 0u64);
+        while let Some((&(c, _), _)) = m.replies.range(next..).next() {
+            if !dne::is_coordinator_client(c) {
+                clients.push(c);
+            }
+            match c.checked_add(1) {
+                Some(n) => next = (n, 0),
+                None => break,
+            }
+        }
+        clients
+    }
+
+    /// Does this MDT keep answers for `client` (see [`Namespace::known_clients`])?
+    pub fn knows_client(&self, client: u64) -> bool {
+        read(&self.mem).replies.range((client, 0)..=(client, u64::MAX)).next().is_some()
     }
 }

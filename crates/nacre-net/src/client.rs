@@ -13,6 +13,14 @@
 //! the server no longer knows the client (evicted, or restarted), requests in flight fail
 //! with [`RpcError::Evicted`] rather than being resent into a state that is gone.
 //!
+//! A reply with a transno is a change the server answered before committing it: the
+//! import keeps the request and its reply until a reply's `last_committed` covers it
+//! (at most `replay_max` of them and `replay_bytes_max` bytes; past either it asks the
+//! server to commit, `OP_COMMIT`, and waits). When the server restarts and says it is
+//! recovering, the import replays what it kept, in transno order, before anything else;
+//! in-flight requests are then resent. A server that lost the client instead (evicted)
+//! makes what it kept lost too.
+//!
 //! The pinger sends a ping to an idle server every `obd_timeout/4` with ±10% jitter (so
 //! 10,000 clients that connected together do not ping together), and after a failed ping
 //! waits at least the request deadline before the next: a dead server costs one ping per
@@ -33,8 +41,8 @@ use crate::fault::{self, FaultInjector};
 use crate::frame::{BODY_BYTES_LIMIT, BULK_BYTES_LIMIT, Frame, FrameHeader, FrameLimits, flags};
 use crate::nid::Nid;
 use crate::rpc::{
-    ConnectReply, ConnectRequest, OP_CONNECT, OP_DISCONNECT, OP_PING, RpcError, SplitMix, fresh_seed, lock, read_frame,
-    write_frame,
+    ConnectReply, ConnectRequest, OP_COMMIT, OP_CONNECT, OP_DISCONNECT, OP_PING, OP_REPLAY_DONE, Replay, RpcError,
+    SplitMix, fresh_seed, lock, read_frame, status, write_frame,
 };
 use crate::transport::{Transport, WriteHalf};
 
@@ -57,6 +65,10 @@ pub struct ClientConfig {
     pub ping: bool,
     /// Resends of one request before it fails.
     pub max_resends: u32,
+    /// Answered but uncommitted changes kept for replay, per server, by count and bytes;
+    /// past either the client asks for a commit.
+    pub replay_max: usize,
+    pub replay_bytes_max: usize,
 }
 
 impl Default for ClientConfig {
@@ -71,6 +83,8 @@ impl Default for ClientConfig {
             obd_timeout: Duration::from_secs(100),
             ping: true,
             max_resends: 3,
+            replay_max: 4096,
+            replay_bytes_max: 64 << 20,
         }
     }
 }
@@ -157,7 +171,7 @@ impl Client {
     pub async fn connect(&self, target: &Nid) -> Result<Arc<Import>, RpcError> {
         let existing = lock(&self.shared.imports).get(target).and_then(Weak::upgrade);
         if let Some(import) = existing {
-            import.connection().await?;
+            import.connection_waiting().await?;
             return Ok(import);
         }
         // One import per server: callers racing to make the first wait for the one that
@@ -165,7 +179,7 @@ impl Client {
         let _making = self.shared.making.lock().await;
         let existing = lock(&self.shared.imports).get(target).and_then(Weak::upgrade);
         if let Some(import) = existing {
-            import.connection().await?;
+            import.connection_waiting().await?;
             return Ok(import);
         }
         let cfg = &self.shared.cfg;
@@ -190,8 +204,9 @@ impl Client {
             counters: Arc::default(),
             pinger: Mutex::new(None),
             closed: std::sync::atomic::AtomicBool::new(false),
+            kept: Mutex::new(Kept::default()),
         });
-        import.connection().await?;
+        import.connection_waiting().await?;
         {
             let mut imports = lock(&self.shared.imports);
             imports.retain(|_, w| w.strong_count() > 0);
@@ -263,6 +278,10 @@ struct ImportCounters {
     evictions: AtomicU64,
     pings: AtomicU64,
     ping_failures: AtomicU64,
+    replays: AtomicU64,
+    replay_failures: AtomicU64,
+    replays_lost: AtomicU64,
+    commits: AtomicU64,
 }
 
 /// Counters of an import, as `get-param` prints them.
@@ -277,6 +296,17 @@ pub struct ImportStats {
     pub evictions: u64,
     pub pings: u64,
     pub ping_failures: u64,
+    /// Changes replayed after a server restart, those the server refused or failed, and
+    /// those lost with an eviction.
+    pub replays: u64,
+    pub replay_failures: u64,
+    pub replays_lost: u64,
+    /// Commits asked for (`fsync`, a full replay list).
+    pub commits: u64,
+    /// Changes kept for replay now, their bytes, and the server's `last_committed`.
+    pub uncommitted: usize,
+    pub uncommitted_bytes: usize,
+    pub last_committed: u64,
     pub in_flight: usize,
     pub peer_credits: CreditStats,
     /// The deadline a request sent now would get.
@@ -305,6 +335,60 @@ pub struct Import {
     pinger: Mutex<Option<AbortHandle>>,
     /// Set by `disconnect`: the import sends nothing more.
     closed: std::sync::atomic::AtomicBool,
+    /// Changes answered but not yet committed, for replay.
+    kept: Mutex<Kept>,
+}
+
+/// A change kept for replay.
+struct KeptRequest {
+    xid: u64,
+    opcode: u16,
+    job_id: u64,
+    body: Vec<u8>,
+    bulk: Vec<u8>,
+    reply: Vec<u8>,
+}
+
+impl KeptRequest {
+    fn bytes(&self) -> usize {
+        self.body.len() + self.bulk.len() + self.reply.len() + 64
+    }
+}
+
+/// The replay list: by transno.
+#[derive(Default)]
+struct Kept {
+    requests: BTreeMap<u64, KeptRequest>,
+    bytes: usize,
+    last_committed: u64,
+}
+
+impl Kept {
+    /// The server committed up to `last`: forget what that covers.
+    fn committed(&mut self, last: u64) {
+        if last <= self.last_committed {
+            return;
+        }
+        self.last_committed = last;
+        let later = self.requests.split_off(&(last + 1));
+        let gone = std::mem::replace(&mut self.requests, later);
+        self.bytes -= gone.values().map(KeptRequest::bytes).sum::<usize>();
+    }
+
+    fn keep(&mut self, transno: u64, r: KeptRequest) {
+        if transno <= self.last_committed {
+            return;
+        }
+        self.bytes += r.bytes();
+        if let Some(old) = self.requests.insert(transno, r) {
+            self.bytes -= old.bytes();
+        }
+    }
+
+    fn clear(&mut self) -> usize {
+        self.bytes = 0;
+        std::mem::take(&mut self.requests).len()
+    }
 }
 
 impl Drop for Import {
@@ -361,6 +445,7 @@ impl Import {
     pub fn stats(&self) -> ImportStats {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let kept = lock(&self.kept);
         ImportStats {
             requests: get(&c.requests),
             replies: get(&c.replies),
@@ -371,6 +456,13 @@ impl Import {
             evictions: get(&c.evictions),
             pings: get(&c.pings),
             ping_failures: get(&c.ping_failures),
+            replays: get(&c.replays),
+            replay_failures: get(&c.replay_failures),
+            replays_lost: get(&c.replays_lost),
+            commits: get(&c.commits),
+            uncommitted: kept.requests.len(),
+            uncommitted_bytes: kept.bytes,
+            last_committed: kept.last_committed,
             in_flight: self.shared.cfg.max_rpcs_in_flight.max(1) - self.in_flight.available_permits(),
             peer_credits: self.peer.stats(),
             timeout: self.timeout(),
@@ -379,6 +471,18 @@ impl Import {
 
     /// Send a request and wait for its reply, resending as the module docs say.
     pub async fn send(&self, req: Request<'_>) -> Result<Frame, RpcError> {
+        let (frame, over) = self.round_trip(req).await?;
+        if over {
+            // Too much kept for replay: wait for the server to commit it.
+            self.counters.commits.fetch_add(1, Ordering::Relaxed);
+            self.round_trip(Request { opcode: OP_COMMIT, ..Request::default() }).await?;
+        }
+        Ok(frame)
+    }
+
+    /// One request and its reply, with its resends; true with the reply if the replay
+    /// list is over its bounds now.
+    async fn round_trip(&self, req: Request<'_>) -> Result<(Frame, bool), RpcError> {
         let cfg = &self.shared.cfg;
         let (body_max, bulk_max) =
             (cfg.limits.body_max.min(BODY_BYTES_LIMIT), cfg.limits.bulk_max.min(BULK_BYTES_LIMIT));
@@ -415,7 +519,7 @@ impl Import {
         loop {
             attempts += 1;
             let last_try = req.no_resend || attempts > cfg.max_resends;
-            let conn = match self.connection().await {
+            let conn = match self.connection_waiting().await {
                 Ok(c) => c,
                 Err(e @ RpcError::Evicted { .. }) => return Err(e),
                 Err(e) if last_try => return Err(e),
@@ -459,7 +563,9 @@ impl Import {
                 Some(frame) => {
                     self.learn(sent_at.elapsed(), &frame.header);
                     self.counters.replies.fetch_add(1, Ordering::Relaxed);
-                    return Ok(frame);
+                    lock(&self.kept).committed(frame.header.last_committed);
+                    let over = frame.header.transno != 0 && self.keep(&req, xid, &frame);
+                    return Ok((frame, over));
                 }
                 None if last_try => {
                     self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
@@ -472,6 +578,120 @@ impl Import {
                 None => {}
             }
         }
+    }
+
+    /// Keep an answered change for replay; true if the list is now over its bounds.
+    fn keep(&self, req: &Request<'_>, xid: u64, reply: &Frame) -> bool {
+        let mut k = lock(&self.kept);
+        let r = KeptRequest {
+            xid,
+            opcode: req.opcode,
+            job_id: req.job_id,
+            body: req.body.to_vec(),
+            bulk: req.bulk.to_vec(),
+            reply: reply.body.clone(),
+        };
+        k.keep(reply.header.transno, r);
+        let cfg = &self.shared.cfg;
+        k.requests.len() > cfg.replay_max || k.bytes > cfg.replay_bytes_max
+    }
+
+    /// Ask the server to commit everything it answered this client (and everyone else),
+    /// and wait for it; the server's `last_committed` after. What `fsync` waits for.
+    pub async fn commit(&self) -> Result<u64, RpcError> {
+        self.counters.commits.fetch_add(1, Ordering::Relaxed);
+        let (r, _) = self.round_trip(Request { opcode: OP_COMMIT, ..Request::default() }).await?;
+        Ok(r.header.last_committed)
+    }
+
+    /// Changes kept for replay (answered, not known to be committed).
+    pub fn uncommitted(&self) -> usize {
+        lock(&self.kept).requests.len()
+    }
+
+    /// Replay what was kept to a server that restarted and waits for it (see the module
+    /// docs), on `conn`, one request at a time; then say it is done.
+    async fn replay(&self, conn: &Conn) -> Result<(), RpcError> {
+        let kept: Vec<(u64, u64)> = lock(&self.kept).requests.iter().map(|(t, r)| (*t, r.xid)).collect();
+        for (transno, _) in kept {
+            let (header, body, bulk) = {
+                let k = lock(&self.kept);
+                let Some(r) = k.requests.get(&transno) else { continue };
+                let body = Replay::encode(&r.body, &r.reply);
+                let header = FrameHeader {
+                    opcode: r.opcode,
+                    flags: flags::REPLAY,
+                    xid: r.xid,
+                    body_len: body.len() as u32,
+                    bulk_len: r.bulk.len() as u32,
+                    job_id: r.job_id,
+                    transno,
+                    ..FrameHeader::default()
+                };
+                (header, body, r.bulk.clone())
+            };
+            self.counters.replays.fetch_add(1, Ordering::Relaxed);
+            let reply = self.exchange(conn, header, &body, &bulk).await?;
+            let mut k = lock(&self.kept);
+            k.committed(reply.header.last_committed);
+            match reply.header.status {
+                0 => {
+                    // Kept under the transno the replay got, until that is committed.
+                    if let Some(mut r) = k.requests.remove(&transno) {
+                        k.bytes -= r.bytes();
+                        if reply.header.transno != 0 {
+                            r.reply = reply.body.clone();
+                            k.keep(reply.header.transno, r);
+                        }
+                    }
+                }
+                status::ESTALE => {
+                    // The server does not take our replays after all: what was kept is lost.
+                    let lost = k.clear();
+                    self.counters.replays_lost.fetch_add(lost as u64, Ordering::Relaxed);
+                    return Err(RpcError::Evicted { target: self.target.clone() });
+                }
+                s => {
+                    // It ran and failed (a change it depended on was lost): it stays
+                    // failed; the server said why in its log.
+                    self.counters.replay_failures.fetch_add(1, Ordering::Relaxed);
+                    if let Some(r) = k.requests.remove(&transno) {
+                        k.bytes -= r.bytes();
+                    }
+                    let _ = s;
+                }
+            }
+        }
+        let done = FrameHeader {
+            opcode: OP_REPLAY_DONE,
+            xid: self.next_xid.fetch_add(1, Ordering::Relaxed),
+            ..Default::default()
+        };
+        self.exchange(conn, done, &[], &[]).await.map(|_| ())
+    }
+
+    /// Send one frame on `conn` and wait for its reply (early replies extend the wait),
+    /// without resends: for replays, where a lost connection fails the reconnect.
+    async fn exchange(
+        &self,
+        conn: &Conn,
+        mut header: FrameHeader,
+        body: &[u8],
+        bulk: &[u8],
+    ) -> Result<Frame, RpcError> {
+        let (tx, mut rx) = oneshot::channel();
+        let deadline_ms = Arc::new(AtomicU64::new(u64::MAX));
+        self.lock_pending().insert(header.xid, Waiter { tx: Some(tx), deadline_ms: deadline_ms.clone() });
+        let _forget = Forget { pending: &self.pending, xid: header.xid };
+        let timeout = self.timeout();
+        header.timeout_ms = timeout.as_millis().min(u32::MAX as u128) as u32;
+        deadline_ms.store(self.shared.now_ms() + timeout.as_millis() as u64, Ordering::Release);
+        self.transmit(conn, &header, body, bulk).await?;
+        self.wait(conn, &mut rx, &deadline_ms).await.ok_or(RpcError::Timeout {
+            xid: header.xid,
+            after: timeout,
+            attempts: 1,
+        })
     }
 
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Waiter>> {
@@ -529,6 +749,17 @@ impl Import {
         at.network.observe(now, rtt.saturating_sub(Duration::from_micros(h.service_us as u64)));
     }
 
+    /// [`Import::connection`], waiting while the server is recovering and not taking
+    /// new clients yet: it ends its recovery within its window, after which it does.
+    async fn connection_waiting(&self) -> Result<Arc<Conn>, RpcError> {
+        loop {
+            match self.connection().await {
+                Err(RpcError::Refused { status: status::EBUSY, .. }) => tokio::time::sleep(self.timeout()).await,
+                r => return r,
+            }
+        }
+    }
+
     /// A live connection, round-robin over `conns_per_peer`; opens what is missing.
     async fn connection(&self) -> Result<Arc<Conn>, RpcError> {
         let want = self.shared.cfg.conns_per_peer.max(1);
@@ -584,10 +815,14 @@ impl Import {
         }
         let r = ConnectReply::decode(&reply.body).map_err(RpcError::Protocol)?;
         self.counters.connects.fetch_add(1, Ordering::Relaxed);
-        if r.export_lost {
+        if r.export_lost && !r.recovering {
+            // Evicted, or the server restarted without waiting for us: what we kept and
+            // what is in flight is lost.
             link.generation += 1;
             self.generation.store(link.generation, Ordering::Release);
             self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+            let lost = lock(&self.kept).clear();
+            self.counters.replays_lost.fetch_add(lost as u64, Ordering::Relaxed);
         }
         link.cookie = r.cookie;
         self.server_obd_timeout_ms.store(r.obd_timeout_ms as u64, Ordering::Relaxed);
@@ -608,6 +843,17 @@ impl Import {
             reader: reader.abort_handle(),
             generation: link.generation,
         };
+        if r.recovering {
+            // Before anything else goes on this link (callers wait on `link`).
+            if let Err(e) = self.replay(&conn).await {
+                if matches!(e, RpcError::Evicted { .. }) {
+                    link.generation += 1;
+                    self.generation.store(link.generation, Ordering::Release);
+                    self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+                }
+                return Err(e);
+            }
+        }
         Ok(Arc::new(conn))
     }
 

@@ -1,10 +1,10 @@
 //! Framing: the fixed header in front of every message, and a decoder that turns a byte
 //! stream into frames without ever trusting a length it has not checked.
 //!
-//! A frame is a 64-byte header, then `body_len` bytes of control message, then `bulk_len`
+//! A frame is an 80-byte header, then `body_len` bytes of control message, then `bulk_len`
 //! bytes of bulk data (file data moved by an RPC, up to `bulk_max`). The header is
 //! little-endian and protected by its own CRC-32C, so that a garbage or hostile peer is
-//! caught at the first 48 bytes, before anything is allocated for it. The byte layout is in
+//! caught at its header, before anything is allocated for it. The byte layout is in
 //! `docs/formats/net-frame.md`; a change bumps [`FRAME_VERSION`].
 //!
 //! Faults this module must survive: any byte sequence from the network. Every malformed
@@ -15,8 +15,8 @@ use std::fmt;
 
 /// "NCRF" in ASCII, read as a little-endian u32.
 pub const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"NCRF");
-pub const FRAME_VERSION: u16 = 2;
-pub const HEADER_BYTES: usize = 64;
+pub const FRAME_VERSION: u16 = 3;
+pub const HEADER_BYTES: usize = 80;
 const CRC_AT: usize = HEADER_BYTES - 4;
 
 /// Largest bulk payload the format allows at all (16 MiB, Lustre's largest `brw_size`
@@ -35,8 +35,12 @@ pub mod flags {
     pub const RESEND: u16 = 1 << 2;
     /// The bulk payload carries a CRC-32C in the body (checksums on).
     pub const BULK_CHECKSUM: u16 = 1 << 3;
+    /// A request replayed to a server that restarted before committing it: `transno`
+    /// holds the one its first reply gave, and the body is a replay envelope (the
+    /// request's body, then its first reply's; see `rpc::Replay`).
+    pub const REPLAY: u16 = 1 << 4;
     /// Every flag this version knows.
-    pub const KNOWN: u16 = REPLY | EARLY | RESEND | BULK_CHECKSUM;
+    pub const KNOWN: u16 = REPLY | EARLY | RESEND | BULK_CHECKSUM | REPLAY;
 }
 
 /// The fixed header of a frame.
@@ -61,6 +65,12 @@ pub struct FrameHeader {
     /// Replies: microseconds the server held the request, arrival to reply (lets the
     /// client tell network time from service time). 0 in requests.
     pub service_us: u32,
+    /// Replies: the transaction number the request's change got (0: it changed nothing
+    /// that must be replayed). Replays: the one the first reply gave.
+    pub transno: u64,
+    /// Replies: the highest transno the server has on its drives (Lustre's
+    /// `last_committed`); a client may forget every change at or below it. 0 in requests.
+    pub last_committed: u64,
 }
 
 /// Limits a receiver enforces, below the format's own.
@@ -147,7 +157,9 @@ impl FrameHeader {
         b[40..44].copy_from_slice(&self.timeout_ms.to_le_bytes());
         b[44..52].copy_from_slice(&self.acked_xid.to_le_bytes());
         b[52..56].copy_from_slice(&self.service_us.to_le_bytes());
-        // 56..60 reserved, zero.
+        b[56..64].copy_from_slice(&self.transno.to_le_bytes());
+        b[64..72].copy_from_slice(&self.last_committed.to_le_bytes());
+        // 72..76 reserved, zero.
         let crc = crc32c(&b[..CRC_AT]);
         b[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
         b
@@ -184,6 +196,8 @@ impl FrameHeader {
             timeout_ms: u32::from_le_bytes(get(b, 40)),
             acked_xid: u64::from_le_bytes(get(b, 44)),
             service_us: u32::from_le_bytes(get(b, 52)),
+            transno: u64::from_le_bytes(get(b, 56)),
+            last_committed: u64::from_le_bytes(get(b, 64)),
         };
         if h.flags & !flags::KNOWN != 0 {
             return Err(FrameError::UnknownFlags(h.flags & !flags::KNOWN));

@@ -19,6 +19,7 @@ pub mod fault;
 pub mod frame;
 pub mod glob;
 pub mod nid;
+pub mod recovery;
 pub mod rpc;
 pub mod server;
 pub mod tbf;

@@ -26,6 +26,11 @@ pub const OP_CONNECT: u16 = 1;
 pub const OP_PING: u16 = 2;
 /// The client is leaving: the server drops its export at once.
 pub const OP_DISCONNECT: u16 = 3;
+/// Commit everything answered so far; the reply's `last_committed` says how far the
+/// server got (`fsync`, `sync`, and a client whose replay list is full).
+pub const OP_COMMIT: u16 = 4;
+/// The client has replayed all it kept (see `flags::REPLAY`).
+pub const OP_REPLAY_DONE: u16 = 5;
 
 /// Reply statuses the transport itself sends (negative errnos, as Lustre's).
 pub mod status {
@@ -37,6 +42,10 @@ pub mod status {
     pub const EUSERS: i32 = -87;
     /// A handler's reply was larger than the format allows.
     pub const EOVERFLOW: i32 = -75;
+    /// The server is recovering and does not take new clients yet: try again.
+    pub const EBUSY: i32 = -16;
+    /// A replay the server cannot take: its recovery is over, or the client is not in it.
+    pub const ESTALE: i32 = -116;
 }
 
 /// Errors of an RPC call or of a connection.
@@ -200,6 +209,9 @@ pub struct ConnectReply {
     pub export_lost: bool,
     /// The server's `obd_timeout` in milliseconds, so clients ping in step with it.
     pub obd_timeout_ms: u32,
+    /// The server restarted and waits for this client to replay what it kept
+    /// (with `export_lost`: the export is new, but the client is known).
+    pub recovering: bool,
 }
 
 /// Bytes of an encoded [`ConnectRequest`]; a connect header must announce exactly this.
@@ -241,7 +253,8 @@ impl ConnectReply {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(16);
         b.extend_from_slice(&self.cookie.to_le_bytes());
-        b.extend_from_slice(&(self.export_lost as u32).to_le_bytes());
+        let bits = self.export_lost as u32 | (self.recovering as u32) << 1;
+        b.extend_from_slice(&bits.to_le_bytes());
         b.extend_from_slice(&self.obd_timeout_ms.to_le_bytes());
         b
     }
@@ -250,11 +263,44 @@ impl ConnectReply {
         if b.len() != 16 {
             return Err(format!("connect reply of {} bytes, expected 16", b.len()));
         }
+        let bits = take::<4>(b, 8).map(u32::from_le_bytes).unwrap_or(0);
         Ok(ConnectReply {
             cookie: take::<8>(b, 0).map(u64::from_le_bytes).unwrap_or(0),
-            export_lost: take::<4>(b, 8).map(u32::from_le_bytes).unwrap_or(0) & 1 != 0,
+            export_lost: bits & 1 != 0,
             obd_timeout_ms: take::<4>(b, 12).map(u32::from_le_bytes).unwrap_or(0),
+            recovering: bits & 2 != 0,
         })
+    }
+}
+
+/// The body of a replayed request (`flags::REPLAY`): the request's own body and the body
+/// of the reply it first got, which holds what the server handed out then (a FID, a
+/// handle) and must hand out again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replay {
+    pub body: Vec<u8>,
+    pub reply: Vec<u8>,
+}
+
+impl Replay {
+    /// The envelope of a replay of `body` first answered by `reply`.
+    pub fn encode(body: &[u8], reply: &[u8]) -> Vec<u8> {
+        let mut b = Vec::with_capacity(4 + body.len() + reply.len());
+        b.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        b.extend_from_slice(body);
+        b.extend_from_slice(reply);
+        b
+    }
+
+    pub fn decode(mut envelope: Vec<u8>) -> Result<Replay, String> {
+        let n = take::<4>(&envelope, 0).map(u32::from_le_bytes).ok_or("replay envelope shorter than its length")?;
+        let n = n as usize;
+        if n > envelope.len() - 4 {
+            return Err(format!("replay envelope claims a {n}-byte request in {} bytes", envelope.len() - 4));
+        }
+        let reply = envelope.split_off(4 + n);
+        envelope.drain(..4);
+        Ok(Replay { body: envelope, reply })
     }
 }
 
@@ -315,8 +361,21 @@ mod tests {
         let mut bad = r.encode();
         bad[0] ^= 1;
         assert!(ConnectRequest::decode(&bad).unwrap_err().contains("magic"));
-        let rep = ConnectReply { cookie: 3, export_lost: true, obd_timeout_ms: 100_000 };
-        assert_eq!(ConnectReply::decode(&rep.encode()), Ok(rep));
+        for recovering in [false, true] {
+            let rep = ConnectReply { cookie: 3, export_lost: true, obd_timeout_ms: 100_000, recovering };
+            assert_eq!(ConnectReply::decode(&rep.encode()), Ok(rep));
+        }
         assert!(ConnectReply::decode(&[0; 3]).is_err());
+    }
+
+    #[test]
+    fn replay_envelopes_round_trip_and_bad_ones_are_named() {
+        let e = Replay::encode(b"request", b"its reply");
+        assert_eq!(Replay::decode(e), Ok(Replay { body: b"request".to_vec(), reply: b"its reply".to_vec() }));
+        assert_eq!(Replay::decode(Replay::encode(b"", b"")), Ok(Replay { body: vec![], reply: vec![] }));
+        assert!(Replay::decode(vec![1, 0]).unwrap_err().contains("shorter"));
+        let mut bad = Replay::encode(b"abc", b"");
+        bad[0] = 9;
+        assert!(Replay::decode(bad).unwrap_err().contains("9-byte"));
     }
 }

@@ -4,7 +4,7 @@
 //! **export** (Lustre's word): the client's identity, its reply cache and its peer credits,
 //! shared by all its connections and kept across reconnects. Then, per request:
 //!
-//! 1. The header is read (48 bytes on the stack; nothing is allocated for a peer that has
+//! 1. The header is read (80 bytes on the stack; nothing is allocated for a peer that has
 //!    not yet proven it speaks the protocol). Pings are answered right there.
 //! 2. A request buffer (`req_buffers_max` in all) and the bulk's bytes (`req_bulk_bytes_max`
 //!    in all) are taken; with none free the connection stops reading, so TCP pushes back on
@@ -16,6 +16,11 @@
 //!    the policy lets it start and one of `threads_max` service slots is free.
 //! 5. The reply goes back under peer and interface credits, carrying the server's
 //!    service-time estimate, and is kept for resends until the client acknowledges it.
+//!
+//! A service that answers before its changes are on its drives gives each reply a
+//! transno and tells the server its `last_committed` ([`Commits`]), which every reply
+//! carries; after a restart it starts the server in recovery ([`Recovering`], see
+//! [`crate::recovery`]).
 //!
 //! A watchdog sends early replies for requests (queued or running) whose client deadline
 //! is within `at_early_margin`, asking for `at_extra` more, up to `at_max`; and it evicts
@@ -36,9 +41,11 @@ use crate::credits::{CreditPool, CreditStats, acquire_send};
 use crate::fault::{self, FaultInjector};
 use crate::frame::{BODY_BYTES_LIMIT, BULK_BYTES_LIMIT, FrameHeader, FrameLimits, flags};
 use crate::nid::Nid;
+pub use crate::recovery::{Commits, Recovering, RecoveryStats};
+use crate::recovery::{Recovery, Stand};
 use crate::rpc::{
-    CONNECT_REQUEST_BYTES, ConnectReply, ConnectRequest, FIRST_SERVICE_OPCODE, OP_CONNECT, OP_DISCONNECT, OP_PING,
-    RpcError, fresh_seed, lock, read_header, read_rest, status, write_frame,
+    CONNECT_REQUEST_BYTES, ConnectReply, ConnectRequest, FIRST_SERVICE_OPCODE, OP_COMMIT, OP_CONNECT, OP_DISCONNECT,
+    OP_PING, OP_REPLAY_DONE, Replay, RpcError, fresh_seed, lock, read_header, read_rest, status, write_frame,
 };
 use crate::tbf::{Classify, Rule, RuleCommand, Tbf, TbfError};
 use crate::transport::{BoxFuture, Stream, Transport, WriteHalf};
@@ -76,6 +83,11 @@ pub struct ServerConfig {
     pub reply_cache_max: usize,
     /// Bytes of reply bodies kept for resends, all clients together.
     pub reply_cache_bytes_max: usize,
+    /// After a restart, how long to wait for the clients from before it; each reconnect
+    /// pushes the end out by this much again (`recovery_time_soft`)...
+    pub recovery_time_soft: Duration,
+    /// ...but never past this (`recovery_time_hard`).
+    pub recovery_time_hard: Duration,
 }
 
 impl Default for ServerConfig {
@@ -95,6 +107,10 @@ impl Default for ServerConfig {
             connections_max: 50_000,
             reply_cache_max: 256,
             reply_cache_bytes_max: 64 << 20,
+            // An idle client notices a restart at its next ping (every obd_timeout/4) plus
+            // a request deadline; three quarters of obd_timeout covers both.
+            recovery_time_soft: Duration::from_secs(75),
+            recovery_time_hard: Duration::from_secs(225),
         }
     }
 }
@@ -107,6 +123,9 @@ pub struct Incoming {
     pub peer: Nid,
     /// The client's identity (stable across its connections).
     pub client: u64,
+    /// A replay after a restart (the header's `transno` is the first reply's): the body
+    /// of the reply it got then.
+    pub replayed: Option<Vec<u8>>,
 }
 
 /// What the handler answers.
@@ -117,6 +136,9 @@ pub struct Reply {
     pub body: Vec<u8>,
     /// Shared, so a server can answer reads from its own buffers without a copy.
     pub bulk: bytes::Bytes,
+    /// The transaction number of the change the request made, if the client must keep it
+    /// for replay until `last_committed` covers it (0: nothing to replay).
+    pub transno: u64,
 }
 
 /// A service's request handler.
@@ -175,6 +197,8 @@ pub struct ServerStats {
     pub peer_credits_min: i64,
     /// The service-time estimate replies carry.
     pub service_estimate: Duration,
+    /// The recovery after a restart: under way, or how the last one went.
+    pub recovery: RecoveryStats,
 }
 
 #[derive(Default)]
@@ -229,6 +253,20 @@ struct Shared {
     counters: Counters,
     epoch: Instant,
     stop: watch::Sender<bool>,
+    commits: Option<Arc<dyn Commits>>,
+    /// Set while recovering (checked on every request without taking the lock).
+    recovering: std::sync::atomic::AtomicBool,
+    recovery: Mutex<Option<Recovery<Queued>>>,
+    /// The last recovery's figures, once it is over.
+    recovered: Mutex<RecoveryStats>,
+}
+
+/// What a service adds to its server: its commits, and the recovery to start in.
+#[derive(Default, Clone)]
+pub struct Service {
+    pub commits: Option<Arc<dyn Commits>>,
+    /// Start in recovery for these clients (ignored without `commits`, or with no client).
+    pub recovering: Option<Recovering>,
 }
 
 /// A client as the server knows it.
@@ -298,6 +336,7 @@ struct Queued {
     header: FrameHeader,
     body: Vec<u8>,
     bulk: Bulk,
+    replayed: Option<Vec<u8>>,
     peer: Nid,
     job: String,
     export: Arc<Export>,
@@ -375,8 +414,33 @@ impl Server {
         handler: Handler,
         cfg: ServerConfig,
     ) -> Result<Server, RpcError> {
+        Server::start_service(transport, nid, handler, cfg, Service::default()).await
+    }
+
+    /// [`Server::start`] for a service that replies before commit, in recovery if
+    /// `service.recovering` names clients.
+    pub async fn start_service(
+        transport: Arc<dyn Transport>,
+        nid: &Nid,
+        handler: Handler,
+        cfg: ServerConfig,
+        service: Service,
+    ) -> Result<Server, RpcError> {
         let mut listener = transport.listen(nid).await?;
         let now = Instant::now();
+        let recovery = match (&service.commits, service.recovering) {
+            (Some(_), Some(r)) if !r.clients.is_empty() => {
+                eprintln!(
+                    "nacre-net: {}: recovering: waiting up to {:?} for {} clients to replay past transno {}",
+                    listener.nid(),
+                    cfg.recovery_time_soft,
+                    r.clients.len(),
+                    r.last_committed
+                );
+                Some(Recovery::new(&r, 0, cfg.recovery_time_soft, cfg.recovery_time_hard))
+            }
+            _ => None,
+        };
         let (stop, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             nid: listener.nid(),
@@ -400,6 +464,10 @@ impl Server {
             counters: Counters::default(),
             epoch: now,
             stop,
+            commits: service.commits,
+            recovering: std::sync::atomic::AtomicBool::new(recovery.is_some()),
+            recovery: Mutex::new(recovery),
+            recovered: Mutex::new(RecoveryStats::default()),
             cfg,
         });
         let mut tasks = JoinSet::new();
@@ -519,6 +587,11 @@ impl ServerHandle {
     pub fn tbf_rules(&self) -> Vec<Rule> {
         self.shared.upgrade().map(|s| s.tbf_rules()).unwrap_or_default()
     }
+
+    /// The recovery under way, or how the last one went.
+    pub fn recovery(&self) -> Option<RecoveryStats> {
+        self.shared.upgrade().map(|s| s.recovery_stats())
+    }
 }
 
 impl Shared {
@@ -617,6 +690,19 @@ impl Shared {
             credits: s.ni.stats(),
             peer_credits_min: peer_min,
             service_estimate: lock(&s.service_at).estimate(s.now_ms()),
+            recovery: s.recovery_stats(),
+        }
+    }
+
+    fn recovery_stats(&self) -> RecoveryStats {
+        match &*lock(&self.recovery) {
+            Some(r) => RecoveryStats {
+                held: r.held.len(),
+                duration_ms: self.now_ms().saturating_sub(r.started_ms),
+                remaining_ms: r.deadline_ms.saturating_sub(self.now_ms()),
+                ..r.stats
+            },
+            None => *lock(&self.recovered),
         }
     }
 
@@ -716,6 +802,10 @@ impl Shared {
                 return End::Malformed(why);
             }
         };
+        if let Some(why) = self.busy_recovering(req.client) {
+            self.refuse(route, &first, status::EBUSY, &why).await;
+            return End::Quiet;
+        }
         let (export, lost) = match self.attach(&req, &route.peer) {
             Ok(x) => x,
             Err(why) => {
@@ -728,6 +818,7 @@ impl Shared {
             cookie: export.cookie,
             export_lost: lost,
             obd_timeout_ms: self.cfg.obd_timeout.as_millis().min(u32::MAX as u128) as u32,
+            recovering: self.reconnected(req.client),
         }
         .encode();
         self.reply_now(&export, route, &first, 0, &body).await;
@@ -765,6 +856,20 @@ impl Shared {
                         self.drop_export(&export, "");
                         return End::Quiet;
                     }
+                    OP_COMMIT => {
+                        // Off the reading task: a commit takes a log write.
+                        let (s, e, r) = (self.clone(), export.clone(), route.clone());
+                        tokio::spawn(async move {
+                            if let Some(c) = &s.commits {
+                                c.commit().await;
+                            }
+                            s.reply_now(&e, &r, &h, 0, &[]).await;
+                        });
+                    }
+                    OP_REPLAY_DONE => {
+                        self.replay_done(export.client);
+                        self.reply_now(&export, route, &h, 0, &[]).await;
+                    }
                     op => {
                         let why = format!("transport opcode {op} is not known here");
                         self.refuse(route, &h, status::EPROTO, &why).await;
@@ -790,6 +895,17 @@ impl Shared {
             if h.flags & flags::RESEND != 0 {
                 self.counters.resends.fetch_add(1, Ordering::Relaxed);
             }
+            let (body, replayed) = if h.flags & flags::REPLAY != 0 {
+                match self.check_replay(export.client, frame.body) {
+                    Ok(r) => (r.body, Some(r.reply)),
+                    Err((status, why)) => {
+                        self.refuse(route, &h, status, &why).await;
+                        continue;
+                    }
+                }
+            } else {
+                (frame.body, None)
+            };
             match self.admit(&export, &h, route) {
                 Admit::New => {}
                 Admit::Joined => {
@@ -811,8 +927,9 @@ impl Shared {
             let job = if h.job_id == 0 { String::new() } else { h.job_id.to_string() };
             let queued = Queued {
                 header: h,
-                body: frame.body,
+                body,
                 bulk: frame.bulk,
+                replayed,
                 peer: route.peer.clone(),
                 job,
                 export: export.clone(),
@@ -821,6 +938,7 @@ impl Shared {
                 _buffer: buffer,
                 _bulk_bytes: bulk_bytes,
             };
+            let Some(queued) = self.hold_for_recovery(queued) else { continue };
             let (timed, refused) = {
                 let mut q = lock(&self.queue);
                 let r = q.push(queued, self.now_us()).err();
@@ -1000,7 +1118,7 @@ impl Shared {
             let Ok(thread) = self.threads.clone().try_acquire_owned() else { return };
             let next = lock(&self.queue).pop(self.now_us());
             let Some(q) = next else { return };
-            tokio::spawn(self.clone().run(q, thread));
+            tokio::spawn(self.clone().run(q, Some(thread)));
         }
     }
 
@@ -1031,11 +1149,13 @@ impl Shared {
     }
 
     /// Run one request and send its reply.
-    async fn run(self: Arc<Self>, q: Queued, thread: OwnedSemaphorePermit) {
-        let Queued { header: h, body, bulk, peer, export, arrival, early_key, _buffer, _bulk_bytes, .. } = q;
-        let mut guard =
-            Finish { shared: &self, export: &export, xid: h.xid, early_key, done: false, thread: Some(thread) };
-        let incoming = Incoming { header: h, body, bulk, peer, client: export.client };
+    /// Replays run without a service slot: they run one at a time, and must not wait
+    /// behind requests that wait for them.
+    async fn run(self: Arc<Self>, q: Queued, thread: Option<OwnedSemaphorePermit>) {
+        let Queued { header: h, body, bulk, replayed, peer, export, arrival, early_key, _buffer, _bulk_bytes, .. } = q;
+        let replay = replayed.is_some();
+        let mut guard = Finish { shared: &self, export: &export, xid: h.xid, early_key, done: false, thread, replay };
+        let incoming = Incoming { header: h, body, bulk, peer, client: export.client, replayed };
         let mut reply = (self.handler)(incoming).await;
         let (body_max, bulk_max) = (
             self.cfg.limits.body_max.min(BODY_BYTES_LIMIT) as usize,
@@ -1060,8 +1180,12 @@ impl Shared {
         let header = FrameHeader {
             timeout_ms: estimate.as_millis().min(u32::MAX as u128) as u32,
             service_us: service.as_micros().min(u32::MAX as u128) as u32,
+            transno: reply.transno,
             ..FrameHeader::reply(h.opcode, h.xid, reply.status, reply.body.len(), reply.bulk.len())
         };
+        if replay {
+            self.replayed(h.transno, &reply);
+        }
         let body = Arc::new(reply.body);
         let route = self.complete(&export, &header, &body, reply.bulk.is_empty());
         guard.done = true;
@@ -1128,6 +1252,8 @@ impl Shared {
     /// connection; so does a failed one. Either way the client's resend gets the reply
     /// from the cache over a new connection.
     async fn send(&self, export: &Export, route: &Route, header: &FrameHeader, body: &[u8], bulk: &[u8]) {
+        let header =
+            &FrameHeader { last_committed: self.commits.as_ref().map_or(0, |c| c.last_committed()), ..*header };
         let Some(copies) = fault::copies(self.faults.decide(&self.nid, &route.peer, header.opcode)).await else {
             let _ = route.cut.send(true);
             return;
@@ -1164,6 +1290,7 @@ impl Shared {
             tokio::time::sleep(tick).await;
             let now = self.now_ms();
             self.send_early_replies(now);
+            self.close_recovery_window(now);
             if now.saturating_sub(last_scan) >= (evict_after / 8).clamp(10, 1000) {
                 last_scan = now;
                 let silent: Vec<Arc<Export>> = lock(&self.exports)
@@ -1214,6 +1341,179 @@ impl Shared {
     }
 }
 
+/// Recovery after a restart (see [`crate::recovery`]).
+impl Shared {
+    /// Why a connect from `client` must wait: the server is recovering and the client is
+    /// not one it waits for.
+    fn busy_recovering(&self, client: u64) -> Option<String> {
+        if !self.recovering.load(Ordering::Acquire) {
+            return None;
+        }
+        let rec = lock(&self.recovery);
+        let r = rec.as_ref()?;
+        if r.clients.contains_key(&client) {
+            return None;
+        }
+        let back = r.clients.values().filter(|s| **s != Stand::Absent).count();
+        Some(format!(
+            "recovering after a restart: {back} of {} clients back, the window closes in {:.1} s; try again",
+            r.clients.len(),
+            r.deadline_ms.saturating_sub(self.now_ms()) as f64 / 1000.0
+        ))
+    }
+
+    /// `client` reconnected: must it replay?
+    fn reconnected(&self, client: u64) -> bool {
+        let now = self.now_ms();
+        self.recovering.load(Ordering::Acquire)
+            && lock(&self.recovery).as_mut().is_some_and(|r| r.reconnect(client, now))
+    }
+
+    /// A replay's envelope, if the server takes replays from `client` now.
+    fn check_replay(&self, client: u64, body: Vec<u8>) -> Result<Replay, (i32, String)> {
+        let replaying = lock(&self.recovery).as_ref().is_some_and(|r| r.is_replaying(client));
+        if !replaying {
+            return Err((status::ESTALE, format!("client {client:016x} replays, but no recovery waits for it")));
+        }
+        Replay::decode(body).map_err(|why| (status::EPROTO, why))
+    }
+
+    /// While recovering, a replay waits for its turn and anything else for the end;
+    /// `Some`: the request goes to the policy queue now.
+    fn hold_for_recovery(self: &Arc<Self>, q: Queued) -> Option<Queued> {
+        if !self.recovering.load(Ordering::Acquire) {
+            return Some(q);
+        }
+        {
+            let mut rec = lock(&self.recovery);
+            let Some(r) = rec.as_mut() else { return Some(q) };
+            if q.replayed.is_some() {
+                r.queue.insert((q.header.transno, q.export.client, q.header.xid), q);
+            } else {
+                r.held.push_back(q);
+                return None;
+            }
+        }
+        self.next_replays();
+        None
+    }
+
+    /// A replay ended with `reply`.
+    fn replayed(&self, transno: u64, reply: &Reply) {
+        let mut rec = lock(&self.recovery);
+        let Some(r) = rec.as_mut() else { return };
+        r.stats.replayed += 1;
+        if reply.status != 0 {
+            r.stats.replay_failed += 1;
+            eprintln!(
+                "nacre-net: {}: replay of transno {transno} failed ({}): {}",
+                self.nid,
+                reply.status,
+                String::from_utf8_lossy(&reply.body)
+            );
+        }
+    }
+
+    /// The replay running ended: start the next.
+    fn next_replay(self: &Arc<Self>) {
+        if let Some(r) = lock(&self.recovery).as_mut() {
+            r.running = false;
+        }
+        self.next_replays();
+    }
+
+    fn replay_done(self: &Arc<Self>, client: u64) {
+        if let Some(r) = lock(&self.recovery).as_mut() {
+            r.done(client);
+        }
+        self.next_replays();
+    }
+
+    /// Start the next replay if it may run, or end recovery if all is done.
+    fn next_replays(self: &Arc<Self>) {
+        let next = {
+            let mut rec = lock(&self.recovery);
+            let Some(r) = rec.as_mut() else { return };
+            if r.finished() {
+                let r = rec.take();
+                self.recovering.store(false, Ordering::Release);
+                drop(rec);
+                if let Some(r) = r {
+                    self.end_recovery(r);
+                }
+                return;
+            }
+            r.next_ready()
+        };
+        if let Some(q) = next {
+            tokio::spawn(self.clone().run(q, None));
+        }
+    }
+
+    /// Recovery is over: what it held goes to the policy queue.
+    fn end_recovery(self: &Arc<Self>, r: Recovery<Queued>) {
+        let now = self.now_ms();
+        let stats =
+            RecoveryStats { recovering: false, held: 0, duration_ms: now - r.started_ms, remaining_ms: 0, ..r.stats };
+        eprintln!(
+            "nacre-net: {}: recovery over in {:.1} s: {} of {} clients back, {} evicted, {} replays ({} failed), {} held requests let in",
+            self.nid,
+            stats.duration_ms as f64 / 1000.0,
+            stats.completed,
+            stats.clients,
+            stats.evicted,
+            stats.replayed,
+            stats.replay_failed,
+            r.held.len()
+        );
+        *lock(&self.recovered) = stats;
+        let refused: Vec<Box<Queued>> = {
+            let mut q = lock(&self.queue);
+            let now_us = self.now_us();
+            r.held.into_iter().filter_map(|h| q.push(h, now_us).err()).collect()
+        };
+        for q in refused {
+            self.abandon(q);
+        }
+        self.dispatch();
+        self.queue_changed.notify_one();
+    }
+
+    /// The window closed: evict who is not done, drop their replays, go on.
+    fn close_recovery_window(self: &Arc<Self>, now: u64) {
+        if !self.recovering.load(Ordering::Acquire) {
+            return;
+        }
+        let (late, dropped) = {
+            let mut rec = lock(&self.recovery);
+            match rec.as_mut() {
+                Some(r) if now >= r.deadline_ms => r.close(now),
+                _ => return,
+            }
+        };
+        for q in dropped {
+            if let Some(k) = q.early_key {
+                lock(&self.early).remove(&k);
+            }
+        }
+        for client in late {
+            let export = lock(&self.exports).get(&client).cloned();
+            match export {
+                Some(e) => self.drop_export(&e, "evicted: not done replaying at recovery_time_hard"),
+                None => {
+                    self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+                    let _ = self.evicted.send(client);
+                    eprintln!(
+                        "nacre-net: {}: client {client:016x} evicted: not back when the recovery window closed",
+                        self.nid
+                    );
+                }
+            }
+        }
+        self.next_replays();
+    }
+}
+
 enum Admit {
     New,
     Joined,
@@ -1238,6 +1538,8 @@ struct Finish<'a> {
     early_key: Option<(u64, u64)>,
     done: bool,
     thread: Option<OwnedSemaphorePermit>,
+    /// A replay: the next may start once this one ends.
+    replay: bool,
 }
 
 impl Finish<'_> {
@@ -1258,5 +1560,8 @@ impl Drop for Finish<'_> {
             lock(&self.export.slots).map.remove(&self.xid);
         }
         self.release_thread();
+        if self.replay {
+            self.shared.next_replay();
+        }
     }
 }

@@ -41,6 +41,8 @@ fn header(rng: &mut Rng, body: u32, bulk: u32) -> FrameHeader {
         timeout_ms: rng.next() as u32,
         acked_xid: rng.next(),
         service_us: rng.next() as u32,
+        transno: rng.next(),
+        last_committed: rng.next(),
     }
 }
 

@@ -54,7 +54,7 @@ fn echo(probe: Arc<Probe>, slow: Duration) -> Handler {
             }
             probe.per_client.lock().unwrap().entry(req.client).or_default().0 -= 1;
             probe.active.fetch_sub(1, Ordering::SeqCst);
-            Reply { status: 0, body: req.body, bulk: req.bulk.into_vec().into() }
+            Reply { body: req.body, bulk: req.bulk.into_vec().into(), ..Reply::default() }
         })
     })
 }

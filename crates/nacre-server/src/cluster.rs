@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use nacre_net::client::{Client, ClientConfig};
 use nacre_net::nid::Nid;
-use nacre_net::server::{Server, ServerConfig};
+use nacre_net::server::{Server, ServerConfig, Service};
 use nacre_net::transport::Transport;
 use nacre_osd::Target;
 use nacre_proto::mgs::{Config, Request, TargetEntry, TargetKind};
@@ -151,11 +151,11 @@ impl Local {
         osts: Vec<(u32, Arc<Target>)>,
         wait: Duration,
     ) -> Result<Local, String> {
-        let serve = |name: String, handler| {
+        let serve = |name: String, handler, service| {
             let nid = listen(&name);
             let transport = transport.clone();
             async move {
-                Server::start(transport, &nid, handler, ServerConfig::default())
+                Server::start_service(transport, &nid, handler, ServerConfig::default(), service)
                     .await
                     .map_err(|e| format!("{name}: cannot listen on {nid}: {e}"))
             }
@@ -163,7 +163,7 @@ impl Local {
         let mut servers = Vec::new();
         let (here, mgs_nid, fsname) = match mgs {
             MgsAt::Here(m) => {
-                let server = serve("mgs".into(), m.handler()).await?;
+                let server = serve("mgs".into(), m.handler(), Service::default()).await?;
                 let nid = server.nid();
                 servers.push(server);
                 let fsname = m.config().fsname;
@@ -194,7 +194,7 @@ impl Local {
         let mut osses = Vec::new();
         for (i, t) in osts {
             let oss = Oss::new(vec![t], OssConfig::default());
-            let server = serve(format!("ost{i}"), oss.handler()).await?;
+            let server = serve(format!("ost{i}"), oss.handler(), Service::default()).await?;
             oss.attach(server.handle());
             register(TargetKind::Ost, i, server.nid()).await?;
             servers.push(server);
@@ -206,7 +206,7 @@ impl Local {
             let index = ns.index();
             let name = format!("mdt{index}");
             let mds = Mds::new(&name, ns.clone());
-            let server = serve(name, mds.handler()).await?;
+            let server = serve(name, mds.handler(), mds.service()).await?;
             mds.follow_evictions(server.handle());
             register(TargetKind::Mdt, index, server.nid()).await?;
             servers.push(server);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
-use nacre_net::server::{Handler, Incoming, Reply};
+use nacre_net::server::{Commits, Handler, Incoming, Recovering, Reply, Service};
 use nacre_proto::fid::Fid;
 use nacre_proto::layout::Layout;
 use nacre_proto::mdt::{self, Creds, READDIR_MAX, Request, errno, mode, set, xattr};
@@ -62,14 +62,36 @@ pub struct Mds {
     ns: Arc<Namespace>,
     counts: [AtomicU64; OPS.len()],
     dne: Arc<Coordinator>,
+    /// The server this MDS runs in (its recovery figures), once known.
+    server: std::sync::OnceLock<nacre_net::server::ServerHandle>,
+}
+
+/// What the transport needs of the namespace: `last_committed` for every reply, and a
+/// commit on `OP_COMMIT`.
+struct MdtCommits(Arc<Namespace>);
+
+impl Commits for MdtCommits {
+    fn last_committed(&self) -> u64 {
+        self.0.last_committed()
+    }
+
+    fn commit(&self) -> nacre_net::transport::BoxFuture<'static, u64> {
+        let ns = self.0.clone();
+        Box::pin(async move {
+            if let Err(e) = ns.committed_all().await {
+                eprintln!("mds: a commit asked for failed: {}", e.message);
+            }
+            ns.last_committed()
+        })
+    }
 }
 
 fn fail(status: i32, message: String) -> Reply {
-    Reply { status, body: message.into_bytes(), bulk: Bytes::new() }
+    Reply { status, body: message.into_bytes(), ..Reply::default() }
 }
 
 fn ok(r: mdt::Reply) -> Reply {
-    Reply { status: 0, body: r.encode(), bulk: Bytes::new() }
+    Reply { status: 0, body: r.encode(), ..Reply::default() }
 }
 
 fn answer<T>(r: Result<T, MdError>, f: impl FnOnce(T) -> mdt::Reply) -> Reply {
@@ -83,12 +105,37 @@ fn answer<T>(r: Result<T, MdError>, f: impl FnOnce(T) -> mdt::Reply) -> Reply {
 /// (DoM read-on-open), or the attributes of a file to open at its own MDT.
 fn opened(r: Result<OpenAnswer, MdError>) -> Reply {
     match r {
-        Ok(OpenAnswer::Here((handle, attr, data))) => {
-            Reply { status: 0, body: mdt::Reply::Opened { handle, attr }.encode(), bulk: Bytes::from(data) }
-        }
+        Ok(OpenAnswer::Here((handle, attr, data))) => Reply {
+            status: 0,
+            body: mdt::Reply::Opened { handle, attr }.encode(),
+            bulk: Bytes::from(data),
+            ..Reply::default()
+        },
         Ok(OpenAnswer::Elsewhere(attr)) => ok(mdt::Reply::Attr(attr)),
         Err(e) => fail(e.status(), e.message),
     }
+}
+
+/// What a replayed create's first reply gave: the new inode's FID, and for a create-open
+/// the handle.
+fn first_answer(replayed: &Option<Vec<u8>>) -> Option<(Fid, Option<u64>)> {
+    match mdt::Reply::decode(replayed.as_deref()?).ok()? {
+        mdt::Reply::Attr(a) | mdt::Reply::Writing(a) => Some((a.fid, None)),
+        mdt::Reply::Opened { handle, attr } => Some((attr.fid, Some(handle))),
+        _ => None,
+    }
+}
+
+/// A change's reply, with the transno the client keeps it under until it is committed.
+fn numbered(r: (Result<Answer, MdError>, u64)) -> Reply {
+    let reply = match r.0 {
+        Ok(Answer::Attr(a)) => ok(mdt::Reply::Attr(a)),
+        // A resend of an operation over several MDTs: the coordinator answers it.
+        Ok(Answer::Intent(_)) => return fail(-NEEDS_COORDINATION, "resent".into()),
+        Ok(_) => ok(mdt::Reply::Done),
+        Err(e) => fail(e.status(), e.message),
+    };
+    Reply { transno: r.1, ..reply }
 }
 
 /// The reply key of a change: the client, the xid, what the client has acknowledged, and
@@ -170,7 +217,18 @@ impl Mds {
     /// Serve `ns` as target `name` (`mdt0`).
     pub fn new(name: &str, ns: Arc<Namespace>) -> Arc<Mds> {
         let dne = Arc::new(Coordinator::new(ns.clone()));
-        Arc::new(Mds { name: name.to_string(), ns, counts: Default::default(), dne })
+        Arc::new(Mds { name: name.to_string(), ns, counts: Default::default(), dne, server: Default::default() })
+    }
+
+    /// What this MDS adds to its server: `last_committed` and commits, and, when the
+    /// namespace keeps answers for clients from before this start, a recovery that waits
+    /// for them to replay (see `nacre_net::recovery`).
+    pub fn service(&self) -> Service {
+        let clients = self.ns.known_clients();
+        Service {
+            commits: Some(Arc::new(MdtCommits(self.ns.clone()))),
+            recovering: Some(Recovering { clients, last_committed: self.ns.last_committed() }),
+        }
     }
 
     /// The coordinator of operations over several MDTs: tell it the other MDTs
@@ -183,6 +241,7 @@ impl Mds {
     /// their open files are closed (a file unlinked while open goes with its last close)
     /// and their reply records deleted. A client connected again by then keeps both.
     pub fn follow_evictions(self: &Arc<Self>, server: nacre_net::server::ServerHandle) {
+        let _ = self.server.set(server.clone());
         let Some(mut rx) = server.evictions() else { return };
         let ns = self.ns.clone();
         tokio::spawn(async move {
@@ -251,8 +310,20 @@ impl Mds {
             return reply;
         }
         let (header, client) = (req.header, req.client);
+        // A client's first change is committed before its reply: the answers kept for it
+        // are what tells a restarted MDS to wait for it in recovery.
+        let known = self.ns.knows_client(client);
         let (reply, body) = match self.serve_change(&req).await {
-            Some(reply) => (reply, req.body),
+            Some(mut reply) => {
+                if (reply.transno == 0 || !known) && !self.ns.sync_on_reply() {
+                    // Not numbered (an operation over several MDTs), or the client's first:
+                    // durable before it is answered, so never replayed.
+                    if let Err(e) = self.ns.committed_all().await {
+                        reply = fail(e.status(), e.message);
+                    }
+                }
+                (reply, req.body)
+            }
             None => {
                 let (m, body) = (self.clone(), req.body.clone());
                 match tokio::task::spawn_blocking(move || m.handle(req)).await {
@@ -335,6 +406,26 @@ impl Mds {
                 s.replayed.load(Ordering::Relaxed),
                 s.checkpoints.load(Ordering::Relaxed),
                 s.recovered.load(Ordering::Relaxed),
+            )
+        });
+        add("recovery_status", &|| {
+            let Some(r) = self.server.get().and_then(|s| s.recovery()) else { return "status: INACTIVE".into() };
+            let status = match (r.recovering, r.clients) {
+                (true, _) => "RECOVERING",
+                (false, 0) => "INACTIVE",
+                (false, _) => "COMPLETE",
+            };
+            let time = if r.recovering { "time_remaining_ms" } else { "recovery_duration_ms" };
+            format!(
+                "status: {status}\ncompleted_clients: {}/{}\nevicted_clients: {}\n\
+                 replayed_requests: {}\nfailed_replays: {}\nheld_requests: {}\n{time}: {}",
+                r.completed,
+                r.clients,
+                r.evicted,
+                r.replayed,
+                r.replay_failed,
+                r.held,
+                if r.recovering { r.remaining_ms } else { r.duration_ms }
             )
         });
         add("memory", &|| {
@@ -488,10 +579,10 @@ impl Mds {
         let (c, r, key) = self.account(req, creds, r);
         let (change, weight) = match r {
             Request::Create { dir, name, mode: m, .. } if m & mode::S_IFMT == mode::S_IFDIR => {
-                return Some(self.mkdir(key, &c, dir, &name, m & mode::PERMS, -1, 0).await);
+                return Some(self.mkdir(req, key, &c, dir, &name, m & mode::PERMS, -1, 0).await);
             }
             Request::Mkdir { dir, name, mode: m, mdt: at, count } => {
-                return Some(self.mkdir(key, &c, dir, &name, m & mode::PERMS, at, count).await);
+                return Some(self.mkdir(req, key, &c, dir, &name, m & mode::PERMS, at, count).await);
             }
             Request::Setdirdefault { dir, default } => {
                 let d = if default.is_empty() {
@@ -514,6 +605,8 @@ impl Mds {
                     acked_below,
                     digest: update_digest(&update),
                 };
+                // Another MDT's step: committed before its answer (its coordinator keeps
+                // no replay list), so no transno.
                 return Some(match self.ns.submit(Some(key), Namespace::update_change(update), 0).await {
                     Ok(Answer::Attr(a)) => ok(mdt::Reply::Attr(a)),
                     Ok(_) => ok(mdt::Reply::Done),
@@ -601,29 +694,38 @@ impl Mds {
                     Ok(change) => change,
                     Err(e) => return Some(fail(e.status(), e.message)),
                 };
-                let a = match self.ns.submit(key, change, 0).await {
-                    Ok(Answer::Attr(a)) => a,
-                    Ok(_) => return Some(fail(-errno::EIO, "create-open: the create gave no attributes".into())),
-                    Err(e) => return Some(fail(e.status(), e.message)),
+                let first = first_answer(&req.replayed);
+                let change = match first {
+                    Some((fid, _)) => Namespace::replaying(fid, change),
+                    None => change,
                 };
-                // The open takes the namespace's locks: on a blocking thread.
+                let (a, transno) = match self.ns.submit_numbered(key, change, 0).await {
+                    (Ok(Answer::Attr(a)), t) => (a, t),
+                    (Ok(_), _) => return Some(fail(-errno::EIO, "create-open: the create gave no attributes".into())),
+                    (Err(e), _) => return Some(fail(e.status(), e.message)),
+                };
+                // The open takes the namespace's locks: on a blocking thread. A replay
+                // gets the handle it had.
                 let (ns, owner) = (self.ns.clone(), req.client);
-                return Some(
-                    match tokio::task::spawn_blocking(move || ns.open_created(owner, a.fid, read, write)).await {
-                        Ok(r) => answer(r, |(handle, attr)| mdt::Reply::Opened { handle, attr }),
-                        Err(e) => fail(-errno::EIO, format!("open after create: {e}")),
-                    },
-                );
+                let handle = first.and_then(|(_, h)| h);
+                let opened = tokio::task::spawn_blocking(move || match handle {
+                    Some(h) => ns.reopen_created(owner, a.fid, read, write, h),
+                    None => ns.open_created(owner, a.fid, read, write),
+                })
+                .await;
+                let reply = match opened {
+                    Ok(r) => answer(r, |(handle, attr)| mdt::Reply::Opened { handle, attr }),
+                    Err(e) => fail(-errno::EIO, format!("open after create: {e}")),
+                };
+                return Some(Reply { transno, ..reply });
             }
             _ => return None,
         };
-        Some(match self.ns.submit(key, change, weight).await {
-            Ok(Answer::Attr(a)) => ok(mdt::Reply::Attr(a)),
-            // A resend of an operation over several MDTs: the coordinator answers it.
-            Ok(Answer::Intent(_)) => fail(-NEEDS_COORDINATION, "resent".into()),
-            Ok(_) => ok(mdt::Reply::Done),
-            Err(e) => fail(e.status(), e.message),
-        })
+        let change = match (req.header.opcode, first_answer(&req.replayed)) {
+            (mdt::MDS_CREATE, Some((fid, _))) => Namespace::replaying(fid, change),
+            _ => change,
+        };
+        Some(numbered(self.ns.submit_numbered(key, change, weight).await))
     }
 
     /// A mkdir: here and plain by the local path, else placed (`-i`), striped (`-c`)
@@ -631,6 +733,7 @@ impl Mds {
     #[allow(clippy::too_many_arguments)]
     async fn mkdir(
         &self,
+        req: &Incoming,
         key: Option<ReplyKey>,
         c: &Cred,
         dir: Fid,
@@ -639,33 +742,40 @@ impl Mds {
         at: i32,
         count: i32,
     ) -> Reply {
+        let mut transno = 0;
         let r = match self.dne.placement(dir, at, count).await {
-            Ok(None) => match self.ns.submit(key, Namespace::mkdir_change(c, dir, name, perms), 0).await {
-                // Resent: its first copy was placed elsewhere.
-                Ok(Answer::Intent(id)) => match self.dne.enter() {
-                    Ok(_entered) => self.dne.finish(key, id).await,
-                    Err(e) => Err(e),
-                },
-                r => r,
-            },
+            Ok(None) => {
+                let change = Namespace::mkdir_change(c, dir, name, perms);
+                let change = match first_answer(&req.replayed) {
+                    Some((fid, _)) => Namespace::replaying(fid, change),
+                    None => change,
+                };
+                match self.ns.submit_numbered(key, change, 0).await {
+                    // Resent: its first copy was placed elsewhere.
+                    (Ok(Answer::Intent(id)), _) => match self.dne.enter() {
+                        Ok(_entered) => self.dne.finish(key, id).await,
+                        Err(e) => Err(e),
+                    },
+                    (r, t) => {
+                        transno = t;
+                        r
+                    }
+                }
+            }
             Ok(Some(place)) => match self.dne.enter() {
                 Ok(_entered) => self.dne.mkdir(key, c, dir, name, perms, place).await,
                 Err(e) => Err(e),
             },
             Err(e) => Err(e),
         };
-        match r {
-            Ok(Answer::Attr(a)) => ok(mdt::Reply::Attr(a)),
-            Ok(_) => ok(mdt::Reply::Done),
-            Err(e) => fail(e.status(), e.message),
-        }
+        numbered((r, transno))
     }
 
     /// Serve one request (blocking).
     pub fn handle(&self, req: Incoming) -> Reply {
         if req.header.opcode == param::OP_GET_PARAM {
             return match param::decode_get(&req.body) {
-                Ok(p) => Reply { status: 0, body: param::render(&self.get_param(&p)).into_bytes(), bulk: Bytes::new() },
+                Ok(p) => Reply { status: 0, body: param::render(&self.get_param(&p)).into_bytes(), ..Reply::default() },
                 Err(e) => fail(-EPROTO, format!("bad get-param request: {e}")),
             };
         }
@@ -721,7 +831,9 @@ impl Mds {
                 })
             }
             Request::DomRead { fid, offset, len } => match ns.read_dom(&c, fid, offset, len as usize) {
-                Ok(data) => Reply { status: 0, body: mdt::Reply::Done.encode(), bulk: Bytes::from(data) },
+                Ok(data) => {
+                    Reply { status: 0, body: mdt::Reply::Done.encode(), bulk: Bytes::from(data), ..Reply::default() }
+                }
                 Err(e) => fail(e.status(), e.message),
             },
             Request::Getdirstripe { dir } => answer(

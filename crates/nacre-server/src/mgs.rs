@@ -9,7 +9,6 @@
 
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
 use nacre_net::server::{Handler, Incoming, Reply};
 use nacre_osd::SyncMode;
 use nacre_osd::backend::VolumeBackend;
@@ -309,8 +308,8 @@ impl Mgs {
     }
 
     async fn serve(self: Arc<Self>, req: Incoming) -> Reply {
-        let fail = |e: MgsError| Reply { status: -e.errno, body: e.message.into_bytes(), bulk: Bytes::new() };
-        let ok = |body: Vec<u8>| Reply { status: 0, body, bulk: Bytes::new() };
+        let fail = |e: MgsError| Reply { status: -e.errno, body: e.message.into_bytes(), ..Reply::default() };
+        let ok = |body: Vec<u8>| Reply { status: 0, body, ..Reply::default() };
         let op = req.header.opcode;
         if op == param::OP_GET_PARAM {
             return match param::decode_get(&req.body) {

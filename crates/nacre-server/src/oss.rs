@@ -57,7 +57,7 @@ fn crc32c(b: &[u8]) -> u32 {
 }
 
 fn fail(status: i32, message: String) -> Reply {
-    Reply { status, body: message.into_bytes(), bulk: Bytes::new() }
+    Reply { status, body: message.into_bytes(), ..Reply::default() }
 }
 
 fn osd_fail(e: OsdError) -> Reply {
@@ -93,7 +93,7 @@ fn from_wire(s: &ost::SetAttr) -> SetAttr {
 
 fn attr_reply(r: Result<ObjectAttr, OsdError>) -> Reply {
     match r {
-        Ok(a) => Reply { status: 0, body: ost::encode_attr(&to_wire(&a)), bulk: Bytes::new() },
+        Ok(a) => Reply { status: 0, body: ost::encode_attr(&to_wire(&a)), ..Reply::default() },
         Err(e) => osd_fail(e),
     }
 }
@@ -275,7 +275,7 @@ impl Oss {
         if req.header.opcode == param::OP_GET_PARAM {
             return match param::decode_get(&req.body) {
                 Ok(pattern) => {
-                    Reply { status: 0, body: param::render(&self.get_param(&pattern)).into_bytes(), bulk: Bytes::new() }
+                    Reply { status: 0, body: param::render(&self.get_param(&pattern)).into_bytes(), ..Reply::default() }
                 }
                 Err(e) => fail(errno::EPROTO, format!("bad get-param request: {e}")),
             };
@@ -330,7 +330,7 @@ impl Oss {
                     );
                 }
                 match t.create_in(group, count) {
-                    Ok(ids) => Reply { status: 0, body: ost::encode_created(ids.start, count), bulk: Bytes::new() },
+                    Ok(ids) => Reply { status: 0, body: ost::encode_created(ids.start, count), ..Reply::default() },
                     Err(e) => osd_fail(e),
                 }
             }
@@ -347,7 +347,12 @@ impl Oss {
                     Ok(n) => {
                         buf.truncate(n);
                         let crc = checksum.then(|| crc32c(&buf));
-                        Reply { status: 0, body: ost::encode_read(n as u32, crc), bulk: Bytes::from(buf) }
+                        Reply {
+                            status: 0,
+                            body: ost::encode_read(n as u32, crc),
+                            bulk: Bytes::from(buf),
+                            ..Reply::default()
+                        }
                     }
                     Err(e) => osd_fail(e),
                 }
@@ -385,7 +390,7 @@ impl Oss {
                 Err(e) => osd_fail(e),
             },
             Request::LastId { group, .. } => match t.next_oid_in(group) {
-                Ok(n) => Reply { status: 0, body: n.to_le_bytes().to_vec(), bulk: Bytes::new() },
+                Ok(n) => Reply { status: 0, body: n.to_le_bytes().to_vec(), ..Reply::default() },
                 Err(e) => osd_fail(e),
             },
             Request::Statfs { .. } => match t.statfs() {
@@ -397,7 +402,7 @@ impl Oss {
                         objects: s.objects,
                         chunk_bytes: s.chunk_bytes,
                     }),
-                    bulk: Bytes::new(),
+                    ..Reply::default()
                 },
                 Err(e) => osd_fail(e),
             },

@@ -363,6 +363,7 @@ fn incoming(client: u64, xid: u64, r: &Request) -> Incoming {
         bulk: Vec::new().into(),
         peer: "c0@mem".parse().unwrap(),
         client,
+        replayed: None,
     }
 }
 

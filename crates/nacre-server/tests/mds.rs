@@ -377,6 +377,7 @@ fn incoming(client: u64, xid: u64, acked: u64, r: &Request) -> Incoming {
         bulk: Vec::new().into(),
         peer: "c0@mem".parse().unwrap(),
         client,
+        replayed: None,
     }
 }
 

@@ -170,7 +170,7 @@ pub fn run(cmd: MdtCommand) -> CliResult {
             let mds = nacre_server::mds::Mds::new(&name, ns.clone());
             let dne = mds.coordinator().clone();
             let label = name.clone();
-            crate::service::serve_forever(&listen, mds.handler(), &name, |server, nid| async move {
+            crate::service::serve_forever(&listen, mds.handler(), mds.service(), &name, |server, nid| async move {
                 mds.follow_evictions(server);
                 // Operations over several MDTs a stop cut short are finished first (their
                 // steps wait for the other MDTs, known from the MGS).

@@ -81,7 +81,7 @@ pub fn run(cmd: MgsCommand) -> CliResult {
         MgsCommand::Serve { dir, listen } => {
             let mgs = Arc::new(open(&dir)?);
             let what = format!("the MGS of {}", mgs.config().fsname);
-            crate::service::serve_forever(&listen, mgs.handler(), &what, |_, _| async { Ok(()) })
+            crate::service::serve_forever(&listen, mgs.handler(), Default::default(), &what, |_, _| async { Ok(()) })
         }
     }
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nacre_net::nid::Nid;
-use nacre_net::server::{Handler, Server, ServerConfig, ServerHandle};
+use nacre_net::server::{Handler, Server, ServerConfig, ServerHandle, Service};
 use nacre_net::transport::TcpTransport;
 use nacre_raid::{BlockDevice, FileDrive, Provision, Volume, VolumeOptions};
 
@@ -68,14 +68,15 @@ pub fn assemble(dir: &Path, name: &str) -> Result<Arc<Volume>, Box<dyn std::erro
 /// Serve `handler` on `listen` until the process is stopped. Once listening, `ready` runs
 /// with the server's handle and NID (attach statistics, register with the MGS); then
 /// `serving WHAT on NID` is printed, the line scripts and tests wait for.
-pub fn serve_forever<F, Fut>(listen: &Nid, handler: Handler, what: &str, ready: F) -> CliResult
+pub fn serve_forever<F, Fut>(listen: &Nid, handler: Handler, service: Service, what: &str, ready: F) -> CliResult
 where
     F: FnOnce(ServerHandle, Nid) -> Fut,
     Fut: Future<Output = CliResult>,
 {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async {
-        let server = Server::start(Arc::new(TcpTransport), listen, handler, ServerConfig::default()).await?;
+        let server =
+            Server::start_service(Arc::new(TcpTransport), listen, handler, ServerConfig::default(), service).await?;
         ready(server.handle(), server.nid()).await?;
         println!("serving {what} on {}", server.nid());
         let _ = std::io::stdout().flush();

@@ -62,7 +62,18 @@ impl Tx<'_> {
         Ok(self.m().entry(dir.key(), cookie_of(name), name).map(|(f, k)| (Fid::from_key(f), k)))
     }
 
-    pub(super) fn new_fid(&mut self) -> Fid {
+    pub(super) fn new_fid(&mut self) -> Result<Fid> {
+        if let Some(fid) = self.replay_fid.take() {
+            if self.m().inode(fid.key()).is_some() {
+                return Err(MdError::new(errno::EEXIST, format!("a replayed create's {fid} is another inode's")));
+            }
+            // The allocator moves past it, so no later create is given it again.
+            let seq = Fid::seq_of(self.ns.index, self.alloc.seq_k);
+            if fid.seq == seq && fid.oid >= self.alloc.next_oid {
+                self.alloc.next_oid = fid.oid.saturating_add(1);
+            }
+            return Ok(fid);
+        }
         let fid = Fid::new(Fid::seq_of(self.ns.index, self.alloc.seq_k), self.alloc.next_oid);
         if self.alloc.next_oid == u32::MAX {
             self.alloc.seq_k += 1;
@@ -70,7 +81,7 @@ impl Tx<'_> {
         } else {
             self.alloc.next_oid += 1;
         }
-        fid
+        Ok(fid)
     }
 
     /// Sticky directories: only the owner of the entry or of the directory (or root) may
@@ -235,7 +246,7 @@ impl Tx<'_> {
             // Linux's mode_strip_sgid: no setgid-executable file of a group one is not in.
             perms &= !mode::S_ISGID;
         }
-        let fid = self.new_fid();
+        let fid = self.new_fid()?;
         let a = Attr {
             fid,
             mode: kind | perms,

@@ -178,7 +178,7 @@ impl Tx<'_> {
     /// next of the sequences `mdt` leaves to this one ([`PEER_SEQ_BASE`]).
     pub fn fid_on(&mut self, mdt: u32) -> Result<Fid> {
         if mdt == self.ns.index {
-            return Ok(self.new_fid());
+            return self.new_fid();
         }
         let key = format!("peer_fid.{mdt}");
         let at = self.meta(&key).unwrap_or(1);

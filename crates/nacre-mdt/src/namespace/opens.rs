@@ -1,10 +1,11 @@
-//! Open handles, in memory: they do not survive a restart (clients reopen, and files
-//! unlinked while open are then removed).
+//! Open handles, in memory: they do not survive a restart (a create-open replayed after
+//! one gets its handle back; other opens must be opened again, and files unlinked while
+//! open are removed). Each start numbers its handles from a base of its own, so a handle
+//! from before a restart is not given to another open after it.
 
 use super::*;
 
 /// The open handles: by number, and counted per inode, per writer and per client.
-#[derive(Default)]
 pub(super) struct Opens {
     pub(super) next: u64,
     /// Handle → (inode, owning client, open for writing).
@@ -13,6 +14,19 @@ pub(super) struct Opens {
     /// Handles open for writing, per inode.
     pub(super) writers: HashMap<u128, u32>,
     pub(super) per_owner: HashMap<u64, usize>,
+}
+
+impl Opens {
+    pub(super) fn new() -> Opens {
+        Opens {
+            // 2^40 handles a start, from a base of 24 random bits.
+            next: (wal::fresh_generation() & 0xff_ffff) << 40,
+            handles: HashMap::new(),
+            counts: HashMap::new(),
+            writers: HashMap::new(),
+            per_owner: HashMap::new(),
+        }
+    }
 }
 
 /// Drop handle `handle` of client `owner`; the file's key if that was its last handle.
@@ -70,7 +84,7 @@ impl Namespace {
         dom_read: u32,
     ) -> Option<Result<(u64, Attr, Vec<u8>)>> {
         let o = self.opens(wait)?;
-        Some(self.open_locked(o, owner, Some(cred), fid, read, write).map(|(handle, attr)| {
+        Some(self.open_locked(o, owner, Some(cred), fid, read, write, None).map(|(handle, attr)| {
             let data = self.read_on_open(cred, &attr, read, dom_read);
             (handle, attr, data)
         }))
@@ -119,6 +133,12 @@ impl Namespace {
         self.open_as(owner, None, fid, read, write)
     }
 
+    /// [`Namespace::open_created`] for a create-open replayed after a restart: the
+    /// handle is the one its first run gave.
+    pub fn reopen_created(&self, owner: u64, fid: Fid, read: bool, write: bool, handle: u64) -> Result<(u64, Attr)> {
+        self.open_locked(lock(&self.opens), owner, None, fid, read, write, Some(handle))
+    }
+
     /// Open `fid`, checking `cred`'s permission if given.
     pub(super) fn open_as(
         &self,
@@ -128,7 +148,7 @@ impl Namespace {
         read: bool,
         write: bool,
     ) -> Result<(u64, Attr)> {
-        self.open_locked(lock(&self.opens), owner, cred, fid, read, write)
+        self.open_locked(lock(&self.opens), owner, cred, fid, read, write, None)
     }
 
     /// The open-handle table; with `Wait::No`, only if no commit holds it now (a commit
@@ -144,7 +164,8 @@ impl Namespace {
         }
     }
 
-    /// `open_as` with the handle table held.
+    /// `open_as` with the handle table held; `handle`: the number to give (a replay's).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn open_locked(
         &self,
         mut o: MutexGuard<'_, Opens>,
@@ -153,7 +174,13 @@ impl Namespace {
         fid: Fid,
         read: bool,
         write: bool,
+        handle: Option<u64>,
     ) -> Result<(u64, Attr)> {
+        if let Some(h) = handle
+            && o.handles.contains_key(&h)
+        {
+            return Err(MdError::new(errno::EEXIST, format!("a replayed open's handle {h:#x} is taken")));
+        }
         // Under the lock a commit holds for its whole batch: the inode read here is not
         // being removed meanwhile.
         let a = self.getattr(fid)?;
@@ -177,8 +204,15 @@ impl Namespace {
             ));
         }
         *held += 1;
-        o.next += 1;
-        let h = o.next;
+        let h = match handle {
+            Some(h) => h,
+            None => loop {
+                o.next += 1;
+                if !o.handles.contains_key(&o.next) {
+                    break o.next;
+                }
+            },
+        };
         o.handles.insert(h, (fid.key(), owner, write));
         *o.counts.entry(fid.key()).or_default() += 1;
         if write {
