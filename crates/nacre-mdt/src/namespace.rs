@@ -301,7 +301,7 @@ impl Default for NamespaceOptions {
             memory_max: default_memory_max(),
             checkpoint_interval: wal::CHECKPOINT_INTERVAL,
             commit_interval: wal::COMMIT_INTERVAL,
-            sync_on_reply: true,
+            sync_on_reply: false,
         }
     }
 }

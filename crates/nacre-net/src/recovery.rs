@@ -22,13 +22,20 @@ use std::time::Duration;
 
 use crate::transport::BoxFuture;
 
-/// What a service tells its server about commits: replies carry `last_committed`, and
-/// `OP_COMMIT` waits for a commit.
+/// What a service that answers before commit tells its server: replies carry
+/// `last_committed`, `OP_COMMIT` waits for a commit, and a client that leaves is
+/// forgotten before it is told it may go.
 pub trait Commits: Send + Sync {
     /// The highest transno on the drives.
     fn last_committed(&self) -> u64;
     /// Commit everything answered so far; the new `last_committed`.
     fn commit(&self) -> BoxFuture<'static, u64>;
+    /// `client` disconnected cleanly: drop, durably, what is kept for it (so that a
+    /// restart does not wait for it). Its disconnect is answered after this.
+    fn forget(&self, client: u64) -> BoxFuture<'static, ()> {
+        let _ = client;
+        Box::pin(async {})
+    }
 }
 
 /// A server's start after a restart: the clients it waits for.

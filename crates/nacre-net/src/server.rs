@@ -852,6 +852,9 @@ impl Shared {
                         self.reply_now(&export, route, &h, 0, &[]).await;
                     }
                     OP_DISCONNECT => {
+                        if let Some(c) = &self.commits {
+                            c.forget(export.client).await;
+                        }
                         self.reply_now(&export, route, &h, 0, &[]).await;
                         self.drop_export(&export, "");
                         return End::Quiet;

@@ -142,7 +142,11 @@ impl Local {
     /// Serve the MGS (if here), the MDTs `mdts` and the OSTs `osts` (with their indices)
     /// on `transport`. `listen(name)` gives where each service listens (`name` is `mgs`,
     /// `mdt0`, `ost3`…; a TCP port of 0 takes any free one). With a remote MGS, each
-    /// target registers with it, waiting up to `wait` for it to answer.
+    /// target registers with it, waiting up to `wait` for it to answer. With `recover`,
+    /// each MDT waits for its clients from before a restart to replay (see
+    /// `nacre_net::recovery`); without, it forgets them (a whole file system restarting
+    /// with its own new mount, where nobody from before comes back).
+    #[allow(clippy::too_many_arguments)]
     pub async fn start(
         transport: Arc<dyn Transport>,
         listen: impl Fn(&str) -> Nid,
@@ -150,6 +154,7 @@ impl Local {
         mdts: Vec<Arc<Namespace>>,
         osts: Vec<(u32, Arc<Target>)>,
         wait: Duration,
+        recover: bool,
     ) -> Result<Local, String> {
         let serve = |name: String, handler, service| {
             let nid = listen(&name);
@@ -206,6 +211,13 @@ impl Local {
             let index = ns.index();
             let name = format!("mdt{index}");
             let mds = Mds::new(&name, ns.clone());
+            if !recover {
+                let m = mds.clone();
+                tokio::task::spawn_blocking(move || m.abort_recovery())
+                    .await
+                    .map_err(|e| format!("{name}: {e}"))?
+                    .map_err(|e| format!("{name}: {e}"))?;
+            }
             let server = serve(name, mds.handler(), mds.service()).await?;
             mds.follow_evictions(server.handle());
             register(TargetKind::Mdt, index, server.nid()).await?;

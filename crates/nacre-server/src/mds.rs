@@ -84,6 +84,16 @@ impl Commits for MdtCommits {
             ns.last_committed()
         })
     }
+
+    fn forget(&self, client: u64) -> nacre_net::transport::BoxFuture<'static, ()> {
+        let ns = self.0.clone();
+        Box::pin(async move {
+            let r = tokio::task::spawn_blocking(move || ns.forget_client(client)).await;
+            if let Ok(Err(e)) = r {
+                eprintln!("mds: letting go of client {client:016x}: {}", e.message);
+            }
+        })
+    }
 }
 
 fn fail(status: i32, message: String) -> Reply {
@@ -218,6 +228,21 @@ impl Mds {
     pub fn new(name: &str, ns: Arc<Namespace>) -> Arc<Mds> {
         let dne = Arc::new(Coordinator::new(ns.clone()));
         Arc::new(Mds { name: name.to_string(), ns, counts: Default::default(), dne, server: Default::default() })
+    }
+
+    /// Forget the clients from before this start instead of waiting for them (Lustre's
+    /// `abort_recov`): their answers kept here go, and what they did not see committed
+    /// is lost. For a restart of a whole single-machine file system, whose own mount is
+    /// new. Returns how many there were. Blocking.
+    pub fn abort_recovery(&self) -> Result<usize, MdError> {
+        let clients = self.ns.known_clients();
+        for &c in &clients {
+            self.ns.forget_client(c)?;
+        }
+        if !clients.is_empty() {
+            eprintln!("{}: not waiting for {} clients from before the restart", self.name, clients.len());
+        }
+        Ok(clients.len())
     }
 
     /// What this MDS adds to its server: `last_committed` and commits, and, when the

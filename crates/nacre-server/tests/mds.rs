@@ -291,7 +291,8 @@ async fn operations_through_the_service() {
 async fn the_mdt_knobs_are_read_and_set_over_the_wire() {
     let (_server, mds, _n, md) = setup().await;
     let get = |leaf: &str| mds.get_param(&format!("mdt.mdt0.{leaf}"))[0].1.clone();
-    assert_eq!(get("sync_on_reply"), "1");
+    assert_eq!(get("sync_on_reply"), "0", "replies before commit by default");
+    // A client's first change is committed before its reply all the same.
     md.call(Request::Create {
         dir: Fid::ROOT,
         name: "f".into(),
@@ -315,8 +316,8 @@ async fn the_mdt_knobs_are_read_and_set_over_the_wire() {
             (f.header.status, String::from_utf8_lossy(&f.body).into_owned())
         }
     };
-    assert_eq!(set("mdt.mdt0.sync_on_reply", "0").await.0, 0);
-    assert_eq!(get("sync_on_reply"), "0");
+    assert_eq!(set("mdt.mdt0.sync_on_reply", "1").await.0, 0);
+    assert_eq!(get("sync_on_reply"), "1");
     md.call(Request::Create {
         dir: Fid::ROOT,
         name: "g".into(),
@@ -329,7 +330,7 @@ async fn the_mdt_knobs_are_read_and_set_over_the_wire() {
     // Bad values are refused by name and change nothing.
     let (status, why) = set("mdt.mdt0.sync_on_reply", "maybe").await;
     assert!(status == -errno::EINVAL && why.contains("0 or 1"), "{status} {why}");
-    assert_eq!(get("sync_on_reply"), "0");
+    assert_eq!(get("sync_on_reply"), "1");
     let (status, why) = set("mdt.mdt0.memory_max", "12").await;
     assert!(status == -errno::EINVAL && why.contains("at least"), "{why}");
     let (status, why) = set("mdt.mdt0.nonsense", "1").await;

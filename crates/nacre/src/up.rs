@@ -371,6 +371,7 @@ pub fn up(a: UpArgs) -> CliResult {
             mount_opts: a.mount_opts.clone(),
             detached: a.detached,
             tag: String::new(),
+            recover: false,
         };
         return serve(&plan);
     }
@@ -431,6 +432,10 @@ struct Plan {
     detached: bool,
     /// Names this process's files in `data` (see [`proc_file`]).
     tag: String,
+    /// The MDTs here wait for their clients from before a restart to replay (a node of a
+    /// cluster); else they forget them (`nacre up`: the whole file system restarts, and
+    /// its own mount is new).
+    recover: bool,
 }
 
 /// Serve `p` until SIGTERM or Ctrl-C; the caller holds the data folder's lock.
@@ -460,7 +465,8 @@ fn serve(p: &Plan) -> CliResult {
         }
         // Other processes and machines reach these services over TCP; this process's own
         // mount and the targets among themselves go through memory.
-        let local = Local::start(Arc::new(Shortcut), listen, mgs, mdts, osts, Duration::from_secs(300)).await?;
+        let local =
+            Local::start(Arc::new(Shortcut), listen, mgs, mdts, osts, Duration::from_secs(300), p.recover).await?;
         if !local.wait_ready(p.total_osts, Duration::from_secs(300)).await {
             return Err(format!("the MDTs here got no objects from the {} OSTs within 300 s", p.total_osts).into());
         }
@@ -688,6 +694,7 @@ pub fn server(a: ServerArgs) -> CliResult {
         mount_opts: a.mount_opts.clone(),
         detached: a.detached,
         tag: n.name.clone(),
+        recover: true,
     };
     serve(&plan)
 }

@@ -437,6 +437,9 @@ fn up_after_the_server_was_killed_finds_all_the_data() {
     }
     fs::create_dir(fs.mnt.join("dir")).unwrap();
     std::os::unix::fs::symlink("f1", fs.mnt.join("link")).unwrap();
+    // The MDT answers before its commit and the mount dies with it: what POSIX promises
+    // is what an fsync made durable, here of the directory holding the two new names.
+    File::open(&fs.mnt).unwrap().sync_all().unwrap();
     // A second up on a running folder refuses, and says why.
     let again = nacre().args(["up", "--port"]).arg(fs.port.to_string()).arg("--data").arg(&fs.data).output().unwrap();
     assert!(!again.status.success());

@@ -621,7 +621,12 @@ fn checkpoint_loop(s: &Shared) {
                     st.checkpoint_asked = false;
                     s.done.notify_all();
                 }
-                let wait = s.interval.saturating_sub(since.elapsed()).max(Duration::from_millis(1));
+                // Stopping: the writer's last groups come soon, and nobody else wakes us.
+                let wait = if st.stop {
+                    Duration::from_millis(1)
+                } else {
+                    s.interval.saturating_sub(since.elapsed()).max(Duration::from_millis(1))
+                };
                 st = s.ckpt.wait_timeout(st, wait).unwrap_or_else(|e| e.into_inner()).0;
                 if since.elapsed() >= s.interval && st.unimaged.is_empty() {
                     since = Instant::now();

@@ -1,0 +1,314 @@
+//! The MDS answers changes before they are on its drives, and its clients replay them
+//! after a restart. Each test runs clients over the in-memory network against an MDS
+//! whose log commits only when asked (so answered changes are really uncommitted),
+//! crashes it (the staged log is lost), starts it again on the same volume, and checks
+//! the tree: equal to the model of every answered change when every client comes back,
+//! in transno order over clients (creates, renames, DoM writes, unlinks that depend on
+//! each other); equal to every committed (fsync'd) change when a client dies with the
+//! MDS, whose dependent changes then fail cleanly; requests made during recovery wait
+//! for its end.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nacre_net::at::AtConfig;
+use nacre_net::client::{Client, ClientConfig, Import};
+use nacre_net::rpc::RpcError;
+use nacre_net::server::{Server, ServerConfig};
+use nacre_net::transport::MemNetwork;
+use nacre_proto::fid::Fid;
+use nacre_proto::layout::Layout;
+use nacre_proto::mdt::{Attr, Creds, Reply, Request, errno, mode};
+use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, Volume, VolumeOptions};
+use nacre_server::mds::Mds;
+use nacre_server::mdt::{Cred, Namespace, NamespaceOptions};
+
+fn volume() -> Arc<Volume> {
+    let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
+    let devs: Vec<Arc<dyn BlockDevice>> =
+        (0..2).map(|i| MemDrive::new(&format!("m{i}"), 64 << 20) as Arc<dyn BlockDevice>).collect();
+    let mut o = CreateOptions::new("mdt0", Level::Raid1);
+    o.strip_bytes = 64 << 10;
+    o.assume_clean = true;
+    Arc::new(Volume::create(devs, &o, &run).unwrap())
+}
+
+/// Commits only when a client waits for one (its first change, an fsync): what the
+/// others were answered is staged, not on the drives.
+fn options() -> NamespaceOptions {
+    NamespaceOptions {
+        sync_on_reply: false,
+        commit_interval: Duration::from_secs(600),
+        checkpoint_interval: Duration::from_secs(600),
+        ..NamespaceOptions::default()
+    }
+}
+
+const SOFT_MS: u64 = 600;
+
+struct Mdt {
+    ns: Arc<Namespace>,
+    mds: Arc<Mds>,
+    server: Server,
+}
+
+impl Mdt {
+    async fn start(net: &MemNetwork, v: &Arc<Volume>, format: bool) -> Mdt {
+        let ns = Arc::new(if format {
+            let ns = Namespace::format(v.clone(), 0, options()).unwrap();
+            // Files keep their first 64 KiB on the MDT (no OST here).
+            let dom = Layout::from_lfs_args(&["-E", "64K", "-L", "mdt"]).unwrap();
+            ns.set_dir_layout(&Cred::root(), Fid::ROOT, Some(dom), None).unwrap();
+            ns
+        } else {
+            Namespace::open(v.clone(), options()).unwrap()
+        });
+        let mds = Mds::new("mdt0", ns.clone());
+        let cfg = ServerConfig {
+            at: AtConfig { at_min: Duration::from_millis(300), ..AtConfig::default() },
+            at_extra: Duration::from_millis(500),
+            at_early_margin: Duration::from_millis(150),
+            recovery_time_soft: Duration::from_millis(SOFT_MS),
+            recovery_time_hard: Duration::from_millis(SOFT_MS * 4),
+            ..ServerConfig::default()
+        };
+        // The stopped server's listener goes when its task is next polled.
+        for _ in 0..100 {
+            let t = Arc::new(net.transport("mds0"));
+            match Server::start_service(t, &"mds0@mem".parse().unwrap(), mds.handler(), cfg.clone(), mds.service())
+                .await
+            {
+                Ok(server) => {
+                    mds.follow_evictions(server.handle());
+                    return Mdt { ns, mds, server };
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        panic!("the stopped MDS still listens");
+    }
+
+    /// The MDS dies: what its log had not written is lost.
+    fn crash(self) {
+        self.ns.crash();
+        drop(self.server);
+    }
+
+    fn status(&self) -> String {
+        self.mds.get_param("mdt.mdt0.recovery_status").pop().map(|p| p.1).unwrap_or_default()
+    }
+
+    /// Every name under the root with its FID, mode, size and DoM bytes.
+    fn tree(&self) -> BTreeMap<String, (Fid, u32, u64, Vec<u8>)> {
+        let mut out = BTreeMap::new();
+        let c = Cred::root();
+        let mut dirs = vec![(String::new(), Fid::ROOT)];
+        while let Some((path, dir)) = dirs.pop() {
+            let (entries, _) = self.ns.readdir(&c, dir, 0, 10_000).unwrap();
+            for (e, a) in entries {
+                let p = format!("{path}/{}", e.name);
+                let data = if mode::is_reg(a.mode) { self.ns.read_dom(&c, a.fid, 0, 4096).unwrap() } else { vec![] };
+                if mode::is_dir(a.mode) {
+                    dirs.push((p.clone(), a.fid));
+                }
+                out.insert(p, (a.fid, a.mode, a.size, data));
+            }
+        }
+        out
+    }
+}
+
+fn client_cfg() -> ClientConfig {
+    ClientConfig {
+        at: AtConfig { at_min: Duration::from_millis(300), ..AtConfig::default() },
+        ping: false,
+        max_resends: 50,
+        ..ClientConfig::default()
+    }
+}
+
+struct Md {
+    imp: Arc<Import>,
+}
+
+impl Md {
+    async fn connect(net: &MemNetwork, name: &str) -> Md {
+        let client = Client::new(Arc::new(net.transport(name)), client_cfg());
+        Md { imp: client.connect(&"mds0@mem".parse().unwrap()).await.unwrap() }
+    }
+
+    async fn try_call(&self, r: Request, bulk: &[u8]) -> Result<Reply, RpcError> {
+        let (op, body) = r.encode(&Creds::default());
+        let f = self.imp.call(op, &body, bulk).await?;
+        if f.header.status != 0 {
+            return Err(RpcError::Protocol(format!("{}: {}", f.header.status, String::from_utf8_lossy(&f.body))));
+        }
+        Ok(Reply::decode(&f.body).unwrap())
+    }
+
+    async fn call(&self, r: Request) -> Reply {
+        self.try_call(r, &[]).await.unwrap()
+    }
+
+    async fn attr(&self, r: Request) -> Attr {
+        match self.call(r).await {
+            Reply::Attr(a) | Reply::Writing(a) | Reply::Opened { attr: a, .. } => a,
+            other => panic!("not attributes: {other:?}"),
+        }
+    }
+
+    async fn mkdir(&self, dir: Fid, name: &str) -> Attr {
+        let r = Request::Create { dir, name: name.into(), mode: mode::S_IFDIR | 0o755, target: vec![], layout: vec![] };
+        self.attr(r).await
+    }
+
+    async fn create(&self, dir: Fid, name: &str) -> Attr {
+        let r = Request::Create { dir, name: name.into(), mode: mode::S_IFREG | 0o644, target: vec![], layout: vec![] };
+        self.attr(r).await
+    }
+
+    async fn create_open(&self, dir: Fid, name: &str) -> (u64, Attr) {
+        let r = Request::CreateOpen { dir, name: name.into(), perms: 0o644, layout: vec![], read: true, write: true };
+        match self.call(r).await {
+            Reply::Opened { handle, attr } => (handle, attr),
+            other => panic!("not opened: {other:?}"),
+        }
+    }
+
+    async fn rename(&self, dir: Fid, from: &str, to: &str) -> Result<Reply, RpcError> {
+        let r = Request::Rename {
+            src_dir: dir,
+            src_name: from.into(),
+            dst_dir: dir,
+            dst_name: to.into(),
+            noreplace: false,
+        };
+        self.try_call(r, &[]).await
+    }
+
+    async fn write(&self, fid: Fid, handle: u64, offset: u64, data: &[u8]) {
+        self.try_call(Request::DomWrite { fid, offset, handle }, data).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_rebuild_the_tree_every_client_was_answered() {
+    let (net, v) = (MemNetwork::new(), volume());
+    let mdt = Mdt::start(&net, &v, true).await;
+    let (a, b) = (Md::connect(&net, "a").await, Md::connect(&net, "b").await);
+    // Each client's first change is committed before its reply.
+    let d = a.mkdir(Fid::ROOT, "d").await;
+    b.create(d.fid, "x").await;
+    let committed = mdt.ns.transnos().1;
+    // From here on answered, not committed, and dependent across the two clients.
+    let f = a.create(d.fid, "f").await;
+    b.rename(d.fid, "f", "g").await.unwrap();
+    let (h, hf) = a.create_open(d.fid, "h").await;
+    a.write(hf.fid, h, 0, b"written before the crash").await;
+    b.call(Request::Unlink { dir: d.fid, name: "x".into(), rmdir: false }).await;
+    let sub = b.mkdir(d.fid, "sub").await;
+    a.create(sub.fid, "y").await;
+    b.rename(d.fid, "g", "f2").await.unwrap();
+    let (last, now_committed) = mdt.ns.transnos();
+    assert_eq!(now_committed, committed, "nothing more was committed");
+    assert!(last >= committed + 8);
+    assert!(a.imp.uncommitted() >= 4 && b.imp.uncommitted() >= 4);
+    let answered = mdt.tree();
+    assert_eq!(answered["/d/f2"].0, f.fid);
+    mdt.crash();
+
+    let mdt = Mdt::start(&net, &v, false).await;
+    assert!(mdt.status().contains("RECOVERING"), "{}", mdt.status());
+    assert!(!mdt.tree().contains_key("/d/f2"), "the crash lost the uncommitted changes");
+    // Their next requests reconnect, replay, and run once recovery is over.
+    let (ra, rb) = tokio::join!(a.create(Fid::ROOT, "after-a"), b.create(Fid::ROOT, "after-b"));
+    let mut now = mdt.tree();
+    assert_eq!(now.remove("/after-a").map(|e| e.0), Some(ra.fid));
+    assert_eq!(now.remove("/after-b").map(|e| e.0), Some(rb.fid));
+    assert_eq!(now, answered, "the replays rebuilt every answered change, FIDs included");
+    let status = mdt.status();
+    assert!(status.contains("COMPLETE") && status.contains("completed_clients: 2/2"), "{status}");
+    assert!(status.contains("failed_replays: 0"), "{status}");
+    // The create-open was replayed with its handle: writing and closing through it work.
+    a.write(hf.fid, h, 24, b", and after").await;
+    a.call(Request::Close { handle: h }).await;
+    let c = Cred::root();
+    assert_eq!(mdt.ns.read_dom(&c, hf.fid, 0, 100).unwrap(), b"written before the crash, and after");
+    // New FIDs do not collide with replayed ones.
+    let n = a.create(Fid::ROOT, "new").await;
+    assert!(answered.values().all(|e| e.0 != n.fid));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_lost_with_the_mds_is_evicted_and_what_depended_on_it_fails_cleanly() {
+    let (net, v) = (MemNetwork::new(), volume());
+    let mdt = Mdt::start(&net, &v, true).await;
+    let (a, b) = (Md::connect(&net, "a").await, Md::connect(&net, "b").await);
+    a.mkdir(Fid::ROOT, "a-first").await;
+    b.mkdir(Fid::ROOT, "b-first").await;
+    // a fsyncs one change: it must survive whatever happens to a.
+    a.create(Fid::ROOT, "durable").await;
+    a.imp.commit().await.unwrap();
+    // Then, uncommitted: a makes p, b renames it (depends on a), b makes its own dir.
+    a.create(Fid::ROOT, "p").await;
+    b.rename(Fid::ROOT, "p", "q").await.unwrap();
+    b.mkdir(Fid::ROOT, "b-own").await;
+    mdt.crash();
+
+    // a dies with the MDS: it never comes back.
+    let mdt = Mdt::start(&net, &v, false).await;
+    let t = std::time::Instant::now();
+    b.call(Request::Getattr { fid: Fid::ROOT }).await;
+    assert!(t.elapsed() >= Duration::from_millis(SOFT_MS / 2), "b waited for the window to close");
+    let tree = mdt.tree();
+    for name in ["/a-first", "/b-first", "/durable", "/b-own"] {
+        assert!(tree.contains_key(name), "{name} is lost: {:?}", tree.keys());
+    }
+    assert!(!tree.contains_key("/p") && !tree.contains_key("/q"), "{:?}", tree.keys());
+    let status = mdt.status();
+    assert!(status.contains("evicted_clients: 1") && status.contains("failed_replays: 1"), "{status}");
+    // a, evicted, is told so; what it kept is dropped, not applied.
+    let e = a.try_call(Request::Getattr { fid: Fid::ROOT }, &[]).await;
+    assert!(matches!(e, Err(RpcError::Evicted { .. })), "{e:?}");
+    assert!(a.imp.stats().replays_lost >= 1);
+    assert!(!mdt.tree().contains_key("/p"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_during_recovery_wait_for_its_end() {
+    let (net, v) = (MemNetwork::new(), volume());
+    let mdt = Mdt::start(&net, &v, true).await;
+    let a = Md::connect(&net, "a").await;
+    a.mkdir(Fid::ROOT, "first").await;
+    a.create(Fid::ROOT, "answered").await;
+    mdt.crash();
+    // Sent while the MDS is down: resent until it is back, then held until a replayed.
+    let late = tokio::spawn(async move {
+        let r = a.create(Fid::ROOT, "late").await;
+        (a, r)
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mdt = Mdt::start(&net, &v, false).await;
+    // A new client is held off until recovery ends.
+    let c = Md::connect(&net, "c").await;
+    let e = c.try_call(
+        Request::Create {
+            dir: Fid::ROOT,
+            name: "answered".into(),
+            mode: mode::S_IFREG | 0o644,
+            target: vec![],
+            layout: vec![],
+        },
+        &[],
+    );
+    let e = e.await;
+    assert!(
+        matches!(&e, Err(RpcError::Protocol(m)) if m.starts_with(&format!("-{}", errno::EEXIST))),
+        "the new client ran after a's replay made the name: {e:?}"
+    );
+    let (_a, r) = late.await.unwrap();
+    let tree = mdt.tree();
+    assert_eq!(tree["/late"].0, r.fid);
+    assert!(tree.contains_key("/answered"));
+}
