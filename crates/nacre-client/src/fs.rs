@@ -330,10 +330,18 @@ impl FileSystem {
                 wait = (wait * 2).min(Duration::from_millis(500));
                 continue;
             }
+            if let Request::Close { handle } = r {
+                // Closed (or refused): no more replay of its open.
+                import.forget_open(*handle);
+            }
             if f.header.status != 0 {
                 return Err(Error::from_reply(f.header.status, &f.body));
             }
             let reply = Reply::decode(&f.body).map_err(|e| Error::protocol("MDS reply", e))?;
+            if let Reply::Opened { handle, .. } = &reply {
+                // Replayed after an MDS restart for as long as the file is open.
+                import.keep_open(*handle, op, &body, &f);
+            }
             return Ok((reply, f.bulk));
         }
     }

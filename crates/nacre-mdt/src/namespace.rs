@@ -757,7 +757,6 @@ impl Namespace {
             // The sequence may be used up to its last id: start the next one.
             (seq_k, next_oid) = (seq_k + 1, 1);
         }
-        let orphans: Vec<u128> = mem.orphans.iter().copied().collect();
         let mem = Arc::new(RwLock::new(mem));
         let stats = Arc::new(NamespaceStats::default());
         stats.recovered.store(records.len() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -776,10 +775,29 @@ impl Namespace {
             ost_pools: Mutex::new(None),
             stats,
         };
-        for k in orphans {
-            ns.change(
+        // Files unlinked while open: clients that may reopen them by replay get the
+        // chance (their MDS removes the rest when recovery ends); with none, they go now.
+        if ns.known_clients().is_empty() {
+            ns.remove_orphans()?;
+        }
+        Ok(ns)
+    }
+
+    /// Remove the files unlinked while open that no handle holds (after a restart, once
+    /// recovery gave clients the chance to reopen theirs); returns how many.
+    pub fn remove_orphans(&self) -> Result<usize> {
+        let orphans: Vec<u128> = {
+            let o = lock(&self.opens);
+            read(&self.mem).orphans.iter().copied().filter(|k| !o.counts.contains_key(k)).collect()
+        };
+        for &k in &orphans {
+            self.change(
                 None,
                 Box::new(move |tx| {
+                    if tx.opens.contains_key(&k) {
+                        // Reopened meanwhile.
+                        return Ok(Answer::Done);
+                    }
                     match tx.get(Fid::from_key(k)) {
                         Ok((a, _)) => tx.destroy(&a, true)?,
                         // An orphan record without its inode: only the record goes.
@@ -789,7 +807,7 @@ impl Namespace {
                 }),
             )?;
         }
-        Ok(ns)
+        Ok(orphans.len())
     }
 
     /// The volume's split: the image from 0, then the log.

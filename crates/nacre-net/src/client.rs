@@ -16,9 +16,11 @@
 //! A reply with a transno is a change the server answered before committing it: the
 //! import keeps the request and its reply until a reply's `last_committed` covers it
 //! (at most `replay_max` of them and `replay_bytes_max` bytes; past either it asks the
-//! server to commit, `OP_COMMIT`, and waits). When the server restarts and says it is
-//! recovering, the import replays what it kept, in transno order, before anything else;
-//! in-flight requests are then resent. A server that lost the client instead (evicted)
+//! server to commit, `OP_COMMIT`, and waits). Open state (`flags::OPEN_STATE`, an open
+//! file) is kept as long as its holder says ([`Import::keep_open`], `forget_open`).
+//! When the server restarts and says it is recovering, the import replays what it kept,
+//! in transno order (an open after the changes this client made before it), before
+//! anything else; in-flight requests are then resent. A server that lost the client instead (evicted)
 //! makes what it kept lost too.
 //!
 //! The pinger sends a ping to an idle server every `obd_timeout/4` with ±10% jitter (so
@@ -355,12 +357,14 @@ impl KeptRequest {
     }
 }
 
-/// The replay list: by transno.
+/// The replay list: changes by transno, open state by its holder's key with the
+/// transno it follows.
 #[derive(Default)]
 struct Kept {
     requests: BTreeMap<u64, KeptRequest>,
     bytes: usize,
     last_committed: u64,
+    opens: BTreeMap<u64, (u64, KeptRequest)>,
 }
 
 impl Kept {
@@ -387,7 +391,20 @@ impl Kept {
 
     fn clear(&mut self) -> usize {
         self.bytes = 0;
-        std::mem::take(&mut self.requests).len()
+        std::mem::take(&mut self.opens).len() + std::mem::take(&mut self.requests).len()
+    }
+
+    /// What to replay, in order: (transno, is an open, key in its map, xid). An open
+    /// goes after the change it follows; an open whose request is also a change kept
+    /// (a create-open) is replayed by that change.
+    fn replay_order(&self) -> Vec<(u64, bool, u64, u64)> {
+        let mut order: Vec<(u64, bool, u64, u64)> = self.requests.iter().map(|(t, r)| (*t, false, *t, r.xid)).collect();
+        let changes: std::collections::HashSet<u64> = self.requests.values().map(|r| r.xid).collect();
+        order.extend(
+            self.opens.iter().filter(|(_, (_, r))| !changes.contains(&r.xid)).map(|(k, (p, r))| (*p, true, *k, r.xid)),
+        );
+        order.sort_unstable();
+        order
     }
 }
 
@@ -564,6 +581,8 @@ impl Import {
                     self.learn(sent_at.elapsed(), &frame.header);
                     self.counters.replies.fetch_add(1, Ordering::Relaxed);
                     lock(&self.kept).committed(frame.header.last_committed);
+                    // Open state is kept by its holder (`keep_open`); a create-open is
+                    // a change too.
                     let over = frame.header.transno != 0 && self.keep(&req, xid, &frame);
                     return Ok((frame, over));
                 }
@@ -609,14 +628,46 @@ impl Import {
         lock(&self.kept).requests.len()
     }
 
+    /// Keep the request that opened state `key` (its reply flagged
+    /// `flags::OPEN_STATE`) for replay after a server restart, until
+    /// [`Import::forget_open`]. It is replayed after the changes this client made before
+    /// it. Nothing is kept for a reply without the flag.
+    pub fn keep_open(&self, key: u64, opcode: u16, body: &[u8], reply: &Frame) {
+        if reply.header.flags & flags::OPEN_STATE == 0 {
+            return;
+        }
+        let mut k = lock(&self.kept);
+        let after = k.requests.keys().next_back().copied().unwrap_or(0).max(k.last_committed).max(reply.header.transno);
+        let r = KeptRequest {
+            xid: reply.header.xid,
+            opcode,
+            job_id: 0,
+            body: body.to_vec(),
+            bulk: Vec::new(),
+            reply: reply.body.clone(),
+        };
+        k.opens.insert(key, (after, r));
+    }
+
+    /// The state `key` was let go (the file closed): no more replay of its open.
+    pub fn forget_open(&self, key: u64) {
+        lock(&self.kept).opens.remove(&key);
+    }
+
+    /// Open state kept for replay.
+    pub fn open_states(&self) -> usize {
+        lock(&self.kept).opens.len()
+    }
+
     /// Replay what was kept to a server that restarted and waits for it (see the module
     /// docs), on `conn`, one request at a time; then say it is done.
     async fn replay(&self, conn: &Conn) -> Result<(), RpcError> {
-        let kept: Vec<(u64, u64)> = lock(&self.kept).requests.iter().map(|(t, r)| (*t, r.xid)).collect();
-        for (transno, _) in kept {
+        let order = lock(&self.kept).replay_order();
+        for (transno, open, key, _) in order {
             let (header, body, bulk) = {
                 let k = lock(&self.kept);
-                let Some(r) = k.requests.get(&transno) else { continue };
+                let r = if open { k.opens.get(&key).map(|(_, r)| r) } else { k.requests.get(&key) };
+                let Some(r) = r else { continue };
                 let body = Replay::encode(&r.body, &r.reply);
                 let header = FrameHeader {
                     opcode: r.opcode,
@@ -634,6 +685,14 @@ impl Import {
             let reply = self.exchange(conn, header, &body, &bulk).await?;
             let mut k = lock(&self.kept);
             k.committed(reply.header.last_committed);
+            if open {
+                // Held on: it stays kept, under its first reply (the same handle).
+                if reply.header.status != 0 {
+                    self.counters.replay_failures.fetch_add(1, Ordering::Relaxed);
+                    k.opens.remove(&key);
+                }
+                continue;
+            }
             match reply.header.status {
                 0 => {
                     // Kept under the transno the replay got, until that is committed.

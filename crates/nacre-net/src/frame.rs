@@ -39,8 +39,11 @@ pub mod flags {
     /// holds the one its first reply gave, and the body is a replay envelope (the
     /// request's body, then its first reply's; see `rpc::Replay`).
     pub const REPLAY: u16 = 1 << 4;
+    /// A reply that opened state on the server (an open file) which the client replays
+    /// after a restart for as long as it holds it, whether or not it is committed.
+    pub const OPEN_STATE: u16 = 1 << 5;
     /// Every flag this version knows.
-    pub const KNOWN: u16 = REPLY | EARLY | RESEND | BULK_CHECKSUM | REPLAY;
+    pub const KNOWN: u16 = REPLY | EARLY | RESEND | BULK_CHECKSUM | REPLAY | OPEN_STATE;
 }
 
 /// The fixed header of a frame.

@@ -36,6 +36,9 @@ pub trait Commits: Send + Sync {
         let _ = client;
         Box::pin(async {})
     }
+    /// Recovery ended: what no client reclaimed by replay may go (files unlinked while
+    /// open and not reopened).
+    fn recovered(&self) {}
 }
 
 /// A server's start after a restart: the clients it waits for.

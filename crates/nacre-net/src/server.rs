@@ -139,6 +139,9 @@ pub struct Reply {
     /// The transaction number of the change the request made, if the client must keep it
     /// for replay until `last_committed` covers it (0: nothing to replay).
     pub transno: u64,
+    /// The request opened state the client replays for as long as it holds it
+    /// (`flags::OPEN_STATE`).
+    pub open_state: bool,
 }
 
 /// A service's request handler.
@@ -1186,6 +1189,11 @@ impl Shared {
             transno: reply.transno,
             ..FrameHeader::reply(h.opcode, h.xid, reply.status, reply.body.len(), reply.bulk.len())
         };
+        let header = if reply.open_state && reply.status == 0 {
+            FrameHeader { flags: header.flags | flags::OPEN_STATE, ..header }
+        } else {
+            header
+        };
         if replay {
             self.replayed(h.transno, &reply);
         }
@@ -1470,6 +1478,9 @@ impl Shared {
             r.held.len()
         );
         *lock(&self.recovered) = stats;
+        if let Some(c) = &self.commits {
+            c.recovered();
+        }
         let refused: Vec<Box<Queued>> = {
             let mut q = lock(&self.queue);
             let now_us = self.now_us();

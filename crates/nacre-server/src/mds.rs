@@ -64,6 +64,8 @@ pub struct Mds {
     dne: Arc<Coordinator>,
     /// The server this MDS runs in (its recovery figures), once known.
     server: std::sync::OnceLock<nacre_net::server::ServerHandle>,
+    /// `last_committed` when this MDS started: replays at or below it were committed.
+    replay_from: AtomicU64,
 }
 
 /// What the transport needs of the namespace: `last_committed` for every reply, and a
@@ -83,6 +85,16 @@ impl Commits for MdtCommits {
             }
             ns.last_committed()
         })
+    }
+
+    fn recovered(&self) {
+        // Files unlinked while open that no client reopened go now.
+        let ns = self.0.clone();
+        tokio::task::spawn_blocking(move || match ns.remove_orphans() {
+            Ok(0) => {}
+            Ok(n) => eprintln!("mds: {n} files unlinked while open and not reopened by recovery removed"),
+            Err(e) => eprintln!("mds: removing files unlinked while open: {}", e.message),
+        });
     }
 
     fn forget(&self, client: u64) -> nacre_net::transport::BoxFuture<'static, ()> {
@@ -116,6 +128,7 @@ fn answer<T>(r: Result<T, MdError>, f: impl FnOnce(T) -> mdt::Reply) -> Reply {
 fn opened(r: Result<OpenAnswer, MdError>) -> Reply {
     match r {
         Ok(OpenAnswer::Here((handle, attr, data))) => Reply {
+            open_state: true,
             status: 0,
             body: mdt::Reply::Opened { handle, attr }.encode(),
             bulk: Bytes::from(data),
@@ -227,7 +240,15 @@ impl Mds {
     /// Serve `ns` as target `name` (`mdt0`).
     pub fn new(name: &str, ns: Arc<Namespace>) -> Arc<Mds> {
         let dne = Arc::new(Coordinator::new(ns.clone()));
-        Arc::new(Mds { name: name.to_string(), ns, counts: Default::default(), dne, server: Default::default() })
+        let replay_from = AtomicU64::new(ns.last_committed());
+        Arc::new(Mds {
+            name: name.to_string(),
+            ns,
+            counts: Default::default(),
+            dne,
+            server: Default::default(),
+            replay_from,
+        })
     }
 
     /// Forget the clients from before this start instead of waiting for them (Lustre's
@@ -242,6 +263,7 @@ impl Mds {
         if !clients.is_empty() {
             eprintln!("{}: not waiting for {} clients from before the restart", self.name, clients.len());
         }
+        self.ns.remove_orphans()?;
         Ok(clients.len())
     }
 
@@ -331,6 +353,9 @@ impl Mds {
         if inline {
             return self.handle(req);
         }
+        if req.replayed.is_some() && matches!(req.header.opcode, mdt::MDS_OPEN | mdt::MDS_OPEN_AT) {
+            return self.reopen(&req).await;
+        }
         if let Some(reply) = self.try_open(&req) {
             return reply;
         }
@@ -361,6 +386,25 @@ impl Mds {
             return self.coordinate(header, client, &body).await;
         }
         reply
+    }
+
+    /// An open replayed after a restart: the file its first reply named (by FID: a name
+    /// may have moved since) is opened again under the same handle, even if it was
+    /// unlinked meanwhile (it lives until its last close).
+    async fn reopen(&self, req: &Incoming) -> Reply {
+        let (read, write) = match Request::decode(req.header.opcode, &req.body) {
+            Ok((_, Request::Open { read, write, .. } | Request::OpenAt { read, write, .. })) => (read, write),
+            _ => return fail(-EPROTO, "bad replayed open".into()),
+        };
+        let Some((fid, Some(handle))) = first_answer(&req.replayed) else {
+            return fail(-EPROTO, "a replayed open without the handle it got".into());
+        };
+        self.count(req.header.opcode);
+        let (ns, owner) = (self.ns.clone(), req.client);
+        match tokio::task::spawn_blocking(move || ns.reopen(owner, fid, read, write, handle)).await {
+            Ok(r) => Reply { open_state: true, ..answer(r, |(handle, attr)| mdt::Reply::Opened { handle, attr }) },
+            Err(e) => fail(-errno::EIO, format!("reopen: {e}")),
+        }
     }
 
     /// An open, open-by-name or close served on the transport's task, when it need not
@@ -720,6 +764,21 @@ impl Mds {
                     Err(e) => return Some(fail(e.status(), e.message)),
                 };
                 let first = first_answer(&req.replayed);
+                if let Some((fid, Some(handle))) = first
+                    && req.header.transno <= self.replay_from.load(Ordering::Relaxed)
+                {
+                    // Its create is on the drives: only its handle is lost.
+                    let (ns, owner) = (self.ns.clone(), req.client);
+                    return Some(
+                        match tokio::task::spawn_blocking(move || ns.reopen(owner, fid, read, write, handle)).await {
+                            Ok(r) => Reply {
+                                open_state: true,
+                                ..answer(r, |(handle, attr)| mdt::Reply::Opened { handle, attr })
+                            },
+                            Err(e) => fail(-errno::EIO, format!("reopen: {e}")),
+                        },
+                    );
+                }
                 let change = match first {
                     Some((fid, _)) => Namespace::replaying(fid, change),
                     None => change,
@@ -734,7 +793,7 @@ impl Mds {
                 let (ns, owner) = (self.ns.clone(), req.client);
                 let handle = first.and_then(|(_, h)| h);
                 let opened = tokio::task::spawn_blocking(move || match handle {
-                    Some(h) => ns.reopen_created(owner, a.fid, read, write, h),
+                    Some(h) => ns.reopen(owner, a.fid, read, write, h),
                     None => ns.open_created(owner, a.fid, read, write),
                 })
                 .await;
@@ -742,7 +801,7 @@ impl Mds {
                     Ok(r) => answer(r, |(handle, attr)| mdt::Reply::Opened { handle, attr }),
                     Err(e) => fail(-errno::EIO, format!("open after create: {e}")),
                 };
-                return Some(Reply { transno, ..reply });
+                return Some(Reply { transno, open_state: true, ..reply });
             }
             _ => return None,
         };

@@ -5,8 +5,9 @@
 //! the tree: equal to the model of every answered change when every client comes back,
 //! in transno order over clients (creates, renames, DoM writes, unlinks that depend on
 //! each other); equal to every committed (fsync'd) change when a client dies with the
-//! MDS, whose dependent changes then fail cleanly; requests made during recovery wait
-//! for its end.
+//! MDS, whose dependent changes then fail cleanly; files open across the restart stay
+//! open through their handles, one unlinked meanwhile until its last close; requests
+//! made during recovery wait for its end.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -187,6 +188,15 @@ impl Md {
         self.try_call(r, &[]).await
     }
 
+    /// Open for reading and writing, kept for replay as the mount keeps its opens.
+    async fn open(&self, fid: Fid) -> u64 {
+        let (op, body) = Request::Open { fid, read: true, write: true, dom_read: 0 }.encode(&Creds::default());
+        let f = self.imp.call(op, &body, &[]).await.unwrap();
+        let Reply::Opened { handle, .. } = Reply::decode(&f.body).unwrap() else { panic!("no handle") };
+        self.imp.keep_open(handle, op, &body, &f);
+        handle
+    }
+
     async fn write(&self, fid: Fid, handle: u64, offset: u64, data: &[u8]) {
         self.try_call(Request::DomWrite { fid, offset, handle }, data).await.unwrap();
     }
@@ -311,4 +321,36 @@ async fn requests_during_recovery_wait_for_its_end() {
     let tree = mdt.tree();
     assert_eq!(tree["/late"].0, r.fid);
     assert!(tree.contains_key("/answered"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_files_stay_open_across_a_restart_even_unlinked() {
+    let (net, v) = (MemNetwork::new(), volume());
+    let mdt = Mdt::start(&net, &v, true).await;
+    let (a, b) = (Md::connect(&net, "a").await, Md::connect(&net, "b").await);
+    let kept = a.create(Fid::ROOT, "kept").await;
+    let gone = a.create(Fid::ROOT, "gone").await;
+    a.imp.commit().await.unwrap();
+    let (h1, h2) = (a.open(kept.fid).await, a.open(gone.fid).await);
+    assert_eq!(a.imp.open_states(), 2);
+    // b's first change: committed, so the orphan is on the drives.
+    b.call(Request::Unlink { dir: Fid::ROOT, name: "gone".into(), rmdir: false }).await;
+    a.write(kept.fid, h1, 0, b"before").await;
+    mdt.crash();
+
+    let mdt = Mdt::start(&net, &v, false).await;
+    tokio::join!(a.call(Request::Getattr { fid: Fid::ROOT }), b.call(Request::Getattr { fid: Fid::ROOT }));
+    let status = mdt.status();
+    assert!(status.contains("COMPLETE") && status.contains("failed_replays: 0"), "{status}");
+    let c = Cred::root();
+    assert_eq!(mdt.ns.read_dom(&c, kept.fid, 0, 100).unwrap(), b"before");
+    // Both handles work: the file unlinked while open lives on.
+    a.write(kept.fid, h1, 6, b" and after").await;
+    a.write(gone.fid, h2, 0, b"ghost").await;
+    assert_eq!(mdt.ns.read_dom(&c, kept.fid, 0, 100).unwrap(), b"before and after");
+    assert_eq!(mdt.ns.read_dom(&c, gone.fid, 0, 100).unwrap(), b"ghost");
+    assert_eq!(mdt.ns.getattr(gone.fid).unwrap().nlink, 0);
+    a.call(Request::Close { handle: h2 }).await;
+    assert!(mdt.ns.getattr(gone.fid).is_err(), "its last close removed it");
+    a.call(Request::Close { handle: h1 }).await;
 }

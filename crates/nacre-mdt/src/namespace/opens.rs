@@ -133,9 +133,10 @@ impl Namespace {
         self.open_as(owner, None, fid, read, write)
     }
 
-    /// [`Namespace::open_created`] for a create-open replayed after a restart: the
-    /// handle is the one its first run gave.
-    pub fn reopen_created(&self, owner: u64, fid: Fid, read: bool, write: bool, handle: u64) -> Result<(u64, Attr)> {
+    /// An open (or create-open) replayed after a restart: `fid` opened again as
+    /// `handle`, the number its first open gave, even if unlinked meanwhile (an orphan,
+    /// kept for this).
+    pub fn reopen(&self, owner: u64, fid: Fid, read: bool, write: bool, handle: u64) -> Result<(u64, Attr)> {
         self.open_locked(lock(&self.opens), owner, None, fid, read, write, Some(handle))
     }
 
@@ -184,7 +185,8 @@ impl Namespace {
         // Under the lock a commit holds for its whole batch: the inode read here is not
         // being removed meanwhile.
         let a = self.getattr(fid)?;
-        if a.nlink == 0 {
+        // A replayed open (`handle`) may reopen a file unlinked while it was open.
+        if a.nlink == 0 && handle.is_none() {
             return Err(MdError::new(errno::ENOENT, format!("{fid} was unlinked")));
         }
         if write && mode::is_dir(a.mode) {
