@@ -64,7 +64,7 @@ impl MdsBenchOptions {
             clients: 8,
             rounds: 3,
             durable_dir: None,
-            sync_on_reply: true,
+            sync_on_reply: false,
         }
     }
 }
@@ -123,7 +123,9 @@ async fn serve_mdt(
     let mds = Mds::new(&format!("mdt{index}"), Arc::new(ns));
     let nid: Nid = "127.0.0.1@tcp:0".parse().map_err(bad)?;
     let server =
-        Server::start(Arc::new(TcpTransport), &nid, mds.handler(), ServerConfig::default()).await.map_err(bad)?;
+        Server::start_service(Arc::new(TcpTransport), &nid, mds.handler(), ServerConfig::default(), mds.service())
+            .await
+            .map_err(bad)?;
     Ok((Served { server, volume }, mds))
 }
 

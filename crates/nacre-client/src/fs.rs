@@ -74,6 +74,9 @@ pub(crate) struct Inner {
     pub(crate) params: Params,
     stripes: Mutex<HashMap<Fid, Option<Arc<DirStripe>>>>,
     layouts: Mutex<HashMap<Fid, Arc<FileLayout>>>,
+    /// Directories' attributes as this mount's last unlink in each left them, each
+    /// answered once (see [`FileSystem::fresh_dir_attr`]).
+    dir_attrs: Mutex<HashMap<Fid, Attr>>,
     /// Files open for writing through this mount, with their handles' count: their size
     /// is glimpsed from the objects.
     writers: Mutex<HashMap<Fid, usize>>,
@@ -195,6 +198,7 @@ impl FileSystem {
             params: Params::new(&opts.tunables),
             stripes: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
+            dir_attrs: Mutex::new(HashMap::new()),
             writers: Mutex::new(HashMap::new()),
             sizing: Mutex::new(HashMap::new()),
             caches: Caches::default(),
@@ -788,11 +792,42 @@ impl FileSystem {
     }
 
     async fn remove(&self, c: &Creds, dir: Fid, name: &str, rmdir: bool) -> Result<()> {
-        self.by_name(c, dir, name, |at| {
-            let r = Request::Unlink { dir: at, name: name.to_string(), rmdir };
-            async move { self.md_at(at, c, &r).await.map(|_| ()) }
-        })
-        .await
+        let left = self
+            .by_name(c, dir, name, |at| {
+                let r = Request::Unlink { dir: at, name: name.to_string(), rmdir };
+                async move { self.md_at(at, c, &r).await }
+            })
+            .await?;
+        // The MDT answers with the directory as the unlink left it.
+        if let Reply::Attr(a) = left {
+            self.left_dir(dir, a);
+        }
+        Ok(())
+    }
+
+    /// Keep `a`, the attributes of directory `dir` a change of this mount left (for
+    /// [`FileSystem::fresh_dir_attr`]).
+    fn left_dir(&self, dir: Fid, a: Attr) {
+        if a.fid != dir {
+            // A shard of a striped directory: not what the kernel asks about.
+            return;
+        }
+        let mut m = lock(&self.inner.dir_attrs);
+        if m.len() >= CACHE_MAX {
+            m.clear();
+        }
+        if m.get(&dir).is_none_or(|old| old.ctime_ns <= a.ctime_ns) {
+            m.insert(dir, a);
+        }
+    }
+
+    /// The attributes of directory `dir` as this mount's last unlink in it left them,
+    /// once: the kernel drops a directory's attributes at each unlink and asks for them
+    /// at the next operation's permission check, which this answers without a round
+    /// trip. Any later ask goes to the MDT. (A create-open could bring them too; its
+    /// reply has no room for them yet.)
+    pub fn fresh_dir_attr(&self, dir: Fid) -> Option<Attr> {
+        lock(&self.inner.dir_attrs).remove(&dir)
     }
 
     pub async fn link(&self, c: &Creds, fid: Fid, dir: Fid, name: &str) -> Result<Attr> {

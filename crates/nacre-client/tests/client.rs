@@ -813,3 +813,23 @@ async fn strided_and_then_sequential_reads_return_what_was_written() {
         r.await.unwrap();
     }
 }
+
+/// An unlink brings back its directory's attributes, which answer the kernel's next
+/// getattr of that directory once (it drops them at every unlink): they are the ones the
+/// MDT has after the unlink.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlink_leaves_its_directory_attributes_for_one_getattr() {
+    let t = TestFs::start(1, 1).await;
+    let fs = t.mount("c1").await;
+    let c = Creds::default();
+    let d = fs.mkdir(&c, Fid::ROOT, "d", 0o755, -1, 0).await.unwrap();
+    fs.mkdir(&c, d.fid, "sub", 0o755, -1, 0).await.unwrap();
+    fs.create(&c, d.fid, "f", 0o644, None).await.unwrap();
+    assert!(fs.fresh_dir_attr(d.fid).is_none(), "nothing before an unlink");
+    fs.unlink(&c, d.fid, "f").await.unwrap();
+    let left = fs.fresh_dir_attr(d.fid).expect("the unlink's reply left the directory's attributes");
+    assert_eq!(left, fs.getattr(&c, d.fid).await.unwrap(), "the MDT's, after the unlink");
+    assert!(fs.fresh_dir_attr(d.fid).is_none(), "answered once");
+    fs.rmdir(&c, d.fid, "sub").await.unwrap();
+    assert_eq!(fs.fresh_dir_attr(d.fid).unwrap().nlink, 2, "rmdir too: the subdirectory's link is gone");
+}

@@ -366,7 +366,10 @@ impl fuser::Filesystem for Nacre {
         serve!(self, reply, |s| {
             let fid = s.fid(ino)?;
             let before = s.dirty_size(fid);
-            let a = s.fs.getattr(&c, fid).await.map_err(|e| err(&e))?;
+            let a = match s.fs.fresh_dir_attr(fid) {
+                Some(a) => a,
+                None => s.fs.getattr(&c, fid).await.map_err(|e| err(&e))?,
+            };
             let fa = s.file_attr_after(ino.0, &a, before);
             let ttl = s.cfg.attr_timeout;
             Ok(move |r: ReplyAttr| r.attr(&ttl, &fa))

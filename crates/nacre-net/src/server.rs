@@ -1186,7 +1186,8 @@ impl Shared {
         let header = FrameHeader {
             timeout_ms: estimate.as_millis().min(u32::MAX as u128) as u32,
             service_us: service.as_micros().min(u32::MAX as u128) as u32,
-            transno: reply.transno,
+            // Without commits to follow, a client could never let go of what it kept.
+            transno: if self.commits.is_some() { reply.transno } else { 0 },
             ..FrameHeader::reply(h.opcode, h.xid, reply.status, reply.body.len(), reply.bulk.len())
         };
         let header = if reply.open_state && reply.status == 0 {

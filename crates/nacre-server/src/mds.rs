@@ -646,6 +646,13 @@ impl Mds {
         // A malformed body goes to `handle`, which answers it.
         let (creds, r) = Request::decode(req.header.opcode, &req.body).ok()?;
         let (c, r, key) = self.account(req, creds, r);
+        // An unlink answers with its directory's attributes: the kernel drops them at
+        // every unlink and asks again before the next (its permission check), and the
+        // mount answers that from this reply instead of another round trip.
+        let parent = match &r {
+            Request::Unlink { dir, .. } => Some(*dir),
+            _ => None,
+        };
         let (change, weight) = match r {
             Request::Create { dir, name, mode: m, .. } if m & mode::S_IFMT == mode::S_IFDIR => {
                 return Some(self.mkdir(req, key, &c, dir, &name, m & mode::PERMS, -1, 0).await);
@@ -809,7 +816,14 @@ impl Mds {
             (mdt::MDS_CREATE, Some((fid, _))) => Namespace::replaying(fid, change),
             _ => change,
         };
-        Some(numbered(self.ns.submit_numbered(key, change, weight).await))
+        let mut reply = numbered(self.ns.submit_numbered(key, change, weight).await);
+        if reply.status == 0
+            && let Some(dir) = parent
+            && let Ok(a) = self.ns.getattr(dir)
+        {
+            reply.body = mdt::Reply::Attr(a).encode();
+        }
+        Some(reply)
     }
 
     /// A mkdir: here and plain by the local path, else placed (`-i`), striped (`-c`)

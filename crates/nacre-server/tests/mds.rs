@@ -51,11 +51,12 @@ async fn setup() -> (Server, Arc<Mds>, MemNetwork, Md) {
     let net = MemNetwork::new();
     let ns = Arc::new(Namespace::format(volume(), 0, NamespaceOptions::default()).unwrap());
     let mds = Mds::new("mdt0", ns);
-    let server = Server::start(
+    let server = Server::start_service(
         Arc::new(net.transport("mds0")),
         &"mds0@mem".parse().unwrap(),
         mds.handler(),
         ServerConfig::default(),
+        mds.service(),
     )
     .await
     .unwrap();

@@ -56,9 +56,10 @@ pub enum BenchCommand {
         /// local creates that fsync their directory.
         #[arg(long)]
         durable_dir: Option<PathBuf>,
-        /// `mdt.*.sync_on_reply`: 1 (the MDS's default) answers a change once it is on the
-        /// drives, 0 once applied and staged in the log (durable creates always wait).
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+        /// `mdt.*.sync_on_reply`: 0 (the MDS's default) answers a change once applied and
+        /// staged in the log, the client keeping it for replay; 1 once it is on the drives
+        /// (durable creates always wait).
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
         sync_on_reply: u8,
     },
     /// The MDT's engine in process, no transport: N threads creating, stating, renaming
