@@ -379,14 +379,18 @@ impl Kept {
         self.bytes -= gone.values().map(KeptRequest::bytes).sum::<usize>();
     }
 
-    fn keep(&mut self, transno: u64, r: KeptRequest) {
+    fn keep(&mut self, mut transno: u64, r: KeptRequest) {
         if transno <= self.last_committed {
             return;
         }
-        self.bytes += r.bytes();
-        if let Some(old) = self.requests.insert(transno, r) {
-            self.bytes -= old.bytes();
+        // A change answered from the server's stored reply gets the last transno it
+        // gave, which another kept change may have: kept just above it (it is only
+        // forgotten a little later).
+        while self.requests.contains_key(&transno) {
+            transno += 1;
         }
+        self.bytes += r.bytes();
+        self.requests.insert(transno, r);
     }
 
     fn clear(&mut self) -> usize {
@@ -662,6 +666,28 @@ impl Import {
     /// Replay what was kept to a server that restarted and waits for it (see the module
     /// docs), on `conn`, one request at a time; then say it is done.
     async fn replay(&self, conn: &Conn) -> Result<(), RpcError> {
+        // Replayed changes are kept again under the transno the replay gave once the
+        // replay ends, well or not (a new transno may be the old one of a change not yet
+        // replayed; a replay cut short is sent again whole at the next reconnect).
+        let mut renewed: Vec<(u64, KeptRequest)> = Vec::new();
+        let r = self.replay_each(conn, &mut renewed).await;
+        if !matches!(r, Err(RpcError::Evicted { .. })) {
+            let mut k = lock(&self.kept);
+            for (t, r) in renewed {
+                k.keep(t, r);
+            }
+        }
+        r?;
+        let done = FrameHeader {
+            opcode: OP_REPLAY_DONE,
+            xid: self.next_xid.fetch_add(1, Ordering::Relaxed),
+            ..Default::default()
+        };
+        self.exchange(conn, done, &[], &[]).await.map(|_| ())
+    }
+
+    /// Replay each change and open kept, in order; the changes replayed go to `renewed`.
+    async fn replay_each(&self, conn: &Conn, renewed: &mut Vec<(u64, KeptRequest)>) -> Result<(), RpcError> {
         let order = lock(&self.kept).replay_order();
         for (transno, open, key, _) in order {
             let (header, body, bulk) = {
@@ -700,7 +726,7 @@ impl Import {
                         k.bytes -= r.bytes();
                         if reply.header.transno != 0 {
                             r.reply = reply.body.clone();
-                            k.keep(reply.header.transno, r);
+                            renewed.push((reply.header.transno, r));
                         }
                     }
                 }
@@ -710,23 +736,17 @@ impl Import {
                     self.counters.replays_lost.fetch_add(lost as u64, Ordering::Relaxed);
                     return Err(RpcError::Evicted { target: self.target.clone() });
                 }
-                s => {
+                _ => {
                     // It ran and failed (a change it depended on was lost): it stays
                     // failed; the server said why in its log.
                     self.counters.replay_failures.fetch_add(1, Ordering::Relaxed);
                     if let Some(r) = k.requests.remove(&transno) {
                         k.bytes -= r.bytes();
                     }
-                    let _ = s;
                 }
             }
         }
-        let done = FrameHeader {
-            opcode: OP_REPLAY_DONE,
-            xid: self.next_xid.fetch_add(1, Ordering::Relaxed),
-            ..Default::default()
-        };
-        self.exchange(conn, done, &[], &[]).await.map(|_| ())
+        Ok(())
     }
 
     /// Send one frame on `conn` and wait for its reply (early replies extend the wait),
@@ -1010,5 +1030,45 @@ async fn pinger(import: Weak<Import>, seed: u64) {
             drop(imp);
             tokio::time::sleep(rest).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(xid: u64) -> KeptRequest {
+        KeptRequest { xid, opcode: 20, job_id: 0, body: vec![1; 10], bulk: vec![], reply: vec![] }
+    }
+
+    #[test]
+    fn the_replay_list_keeps_what_is_not_committed_and_never_loses_a_change() {
+        let mut k = Kept::default();
+        k.keep(5, req(1));
+        k.keep(7, req(2));
+        // A resend answered from the server's stored reply gets the last transno given,
+        // which a kept change may have: both stay.
+        k.keep(7, req(3));
+        assert_eq!(k.requests.keys().copied().collect::<Vec<_>>(), vec![5, 7, 8]);
+        assert_eq!(k.bytes, 3 * req(0).bytes());
+        k.committed(7);
+        assert_eq!(k.requests.keys().copied().collect::<Vec<_>>(), vec![8]);
+        assert_eq!(k.bytes, req(0).bytes());
+        k.keep(6, req(4));
+        assert_eq!(k.requests.len(), 1, "at or below last_committed: nothing to keep");
+        assert_eq!(k.clear(), 1);
+        assert_eq!((k.requests.len(), k.bytes), (0, 0));
+    }
+
+    #[test]
+    fn opens_replay_after_the_changes_before_them_and_a_create_open_once() {
+        let mut k = Kept::default();
+        k.keep(10, req(1));
+        k.keep(12, req(3));
+        // An open made after change 10; a create-open that is change 12 too.
+        k.opens.insert(0xa, (10, req(2)));
+        k.opens.insert(0xb, (12, req(3)));
+        let order: Vec<(u64, bool, u64)> = k.replay_order().into_iter().map(|(t, o, key, _)| (t, o, key)).collect();
+        assert_eq!(order, vec![(10, false, 10), (10, true, 0xa), (12, false, 12)]);
     }
 }
