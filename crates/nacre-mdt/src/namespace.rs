@@ -992,6 +992,15 @@ impl Namespace {
         self.sync_on_reply.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// `mdt.*.commit_interval_ms`: see [`NamespaceOptions::commit_interval`].
+    pub fn set_commit_interval(&self, d: std::time::Duration) {
+        self.wal.set_commit_interval(d);
+    }
+
+    pub fn commit_interval(&self) -> std::time::Duration {
+        self.wal.commit_interval()
+    }
+
     /// `mdt.*.memory_max`: see [`NamespaceOptions::memory_max`].
     pub fn set_memory_max(&self, bytes: u64) {
         self.memory_max.store(bytes, std::sync::atomic::Ordering::Relaxed);

@@ -595,6 +595,11 @@ impl ServerHandle {
     pub fn recovery(&self) -> Option<RecoveryStats> {
         self.shared.upgrade().map(|s| s.recovery_stats())
     }
+
+    /// `recovery_time_soft` and `recovery_time_hard` of this server.
+    pub fn recovery_window(&self) -> Option<(Duration, Duration)> {
+        self.shared.upgrade().map(|s| (s.cfg.recovery_time_soft, s.cfg.recovery_time_hard))
+    }
 }
 
 impl Shared {

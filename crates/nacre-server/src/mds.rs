@@ -503,6 +503,13 @@ impl Mds {
         });
         add("memory_max", &|| self.ns.memory_max().to_string());
         add("sync_on_reply", &|| u8::from(self.ns.sync_on_reply()).to_string());
+        add("commit_interval_ms", &|| self.ns.commit_interval().as_millis().to_string());
+        add("recovery_time_soft", &|| {
+            self.server.get().and_then(|s| s.recovery_window()).map_or("-".into(), |w| w.0.as_secs().to_string())
+        });
+        add("recovery_time_hard", &|| {
+            self.server.get().and_then(|s| s.recovery_window()).map_or("-".into(), |w| w.1.as_secs().to_string())
+        });
         add("log", &|| {
             let (used, size) = self.ns.log_usage();
             format!("bytes_used {used}\nbytes_total {size}")
@@ -542,7 +549,20 @@ impl Mds {
                 self.ns.set_memory_max(v);
                 Ok(())
             }
-            _ => Err(format!("no settable parameter {name:?} (mdt.{}: sync_on_reply, memory_max)", self.name)),
+            "commit_interval_ms" => {
+                let v: u64 = value
+                    .parse()
+                    .map_err(|_| format!("commit_interval_ms {value:?} is not a number of milliseconds"))?;
+                if !(1..=10_000).contains(&v) {
+                    return Err(format!("commit_interval_ms {v}: from 1 to 10000"));
+                }
+                self.ns.set_commit_interval(std::time::Duration::from_millis(v));
+                Ok(())
+            }
+            _ => Err(format!(
+                "no settable parameter {name:?} (mdt.{}: sync_on_reply, memory_max, commit_interval_ms)",
+                self.name
+            )),
         }
     }
 

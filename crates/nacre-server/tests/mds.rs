@@ -334,6 +334,12 @@ async fn the_mdt_knobs_are_read_and_set_over_the_wire() {
     assert_eq!(get("sync_on_reply"), "1");
     let (status, why) = set("mdt.mdt0.memory_max", "12").await;
     assert!(status == -errno::EINVAL && why.contains("at least"), "{why}");
+    assert_eq!(get("commit_interval_ms"), "5");
+    assert_eq!(set("mdt.mdt0.commit_interval_ms", "20").await.0, 0);
+    assert_eq!(get("commit_interval_ms"), "20");
+    let (status, why) = set("mdt.mdt0.commit_interval_ms", "0").await;
+    assert!(status == -errno::EINVAL && why.contains("from 1"), "{why}");
+    assert_eq!(get("commit_interval_ms"), "20");
     let (status, why) = set("mdt.mdt0.nonsense", "1").await;
     assert!(status == -errno::EINVAL && why.contains("nonsense"), "{why}");
     // A limit below what the MDT holds stops new files, with ENOSPC naming it.

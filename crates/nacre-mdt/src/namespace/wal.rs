@@ -32,7 +32,7 @@
 //! the cut can never be read as the new ones.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -214,8 +214,9 @@ struct Shared {
     region: Region,
     flush: bool,
     interval: Duration,
-    /// How long staged records may wait for company when nobody waits for them.
-    commit_interval: Duration,
+    /// Microseconds staged records may wait for company when nobody waits for them
+    /// (`mdt.*.commit_interval_ms`, settable while running).
+    commit_interval_us: AtomicU64,
     generation: u64,
     db: Arc<Database>,
     st: Mutex<State>,
@@ -302,7 +303,7 @@ impl Wal {
             region,
             flush: opts.sync == SyncMode::Drives,
             interval: opts.checkpoint_interval,
-            commit_interval: opts.commit_interval,
+            commit_interval_us: AtomicU64::new(opts.commit_interval.as_micros() as u64),
             generation: pos.generation,
             db,
             st: Mutex::new(st),
@@ -408,6 +409,17 @@ impl Wal {
     /// The last transno given (0 for none).
     pub fn last_transno(&self) -> u64 {
         lock(&self.shared.st).next - 1
+    }
+
+    /// How long records nobody waits for may wait for their write.
+    pub fn commit_interval(&self) -> Duration {
+        Duration::from_micros(self.shared.commit_interval_us.load(Ordering::Relaxed))
+    }
+
+    pub fn set_commit_interval(&self, d: Duration) {
+        self.shared.commit_interval_us.store(d.as_micros() as u64, Ordering::Relaxed);
+        // A writer waiting out the old interval looks again.
+        self.shared.work.notify_all();
     }
 
     /// The highest transno on the drives (Lustre's `last_committed`).
@@ -517,7 +529,8 @@ fn write_loop(s: &Shared) {
             // most (replies went out already; their clients keep them until committed).
             let since = Instant::now();
             while !st.urgent && !st.stop && st.staged_bytes < GROUP_BYTES && st.broken.is_none() {
-                let left = s.commit_interval.saturating_sub(since.elapsed());
+                let interval = Duration::from_micros(s.commit_interval_us.load(Ordering::Relaxed));
+                let left = interval.saturating_sub(since.elapsed());
                 if left.is_zero() {
                     break;
                 }
