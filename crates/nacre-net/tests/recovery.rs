@@ -240,3 +240,67 @@ async fn new_clients_wait_for_recovery_and_the_replay_list_stays_bounded() {
     assert_eq!((r.recovering, r.evicted), (false, 1));
     assert_eq!(toy.values().len(), durable + 1);
 }
+
+/// One frame over a raw connection, and its reply (status and body).
+async fn raw_call(
+    s: &mut nacre_net::transport::Stream,
+    h: nacre_net::frame::FrameHeader,
+    body: &[u8],
+) -> (i32, String) {
+    use nacre_net::rpc::{read_frame, write_frame};
+    let h = nacre_net::frame::FrameHeader { body_len: body.len() as u32, ..h };
+    write_frame(&mut *s.write, &h, body, &[]).await.unwrap();
+    let pool = nacre_net::bulk::BulkPool::new(0);
+    let f = read_frame(&mut *s.read, &Default::default(), &pool).await.unwrap().unwrap();
+    (f.header.status, String::from_utf8_lossy(&f.body).into_owned())
+}
+
+/// Replays the server cannot take are refused by name and change nothing: from a client
+/// no recovery waits for, after recovery, or with a malformed envelope.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_replays_are_refused_and_change_nothing() {
+    use nacre_net::frame::{FrameHeader, flags};
+    use nacre_net::rpc::{ConnectRequest, OP_CONNECT, Replay, status};
+    let net = MemNetwork::new();
+    let toy = Toy::default();
+    // Client 42 made a change the MDS lost; the server waits for it.
+    toy.0.lock().unwrap().answers.insert((42, 1), 0);
+    let server = start(&net, &toy, true, 2_000).await;
+    let t: Arc<dyn nacre_net::transport::Transport> = Arc::new(net.transport("raw"));
+    let connect = |client: u64| {
+        let t = t.clone();
+        async move {
+            let mut s = t.connect(&nid()).await.unwrap();
+            let body = ConnectRequest { client, cookie: 7 }.encode();
+            let r = raw_call(&mut s, FrameHeader { opcode: OP_CONNECT, ..FrameHeader::default() }, &body).await;
+            (s, r)
+        }
+    };
+    // A client recovery does not wait for: refused until it ends.
+    let (_, (st, why)) = connect(43).await;
+    assert!(st == status::EBUSY && why.contains("recovering"), "{st} {why}");
+    let (mut s, (st, _)) = connect(42).await;
+    assert_eq!(st, 0);
+    let replay = |xid: u64, transno: u64| FrameHeader {
+        opcode: OP_PUT,
+        flags: flags::REPLAY,
+        xid,
+        transno,
+        ..FrameHeader::default()
+    };
+    let (st, why) = raw_call(&mut s, replay(5, 1), &[9, 0]).await;
+    assert!(st == status::EPROTO && why.contains("shorter"), "{st} {why}");
+    let (st, why) = raw_call(&mut s, replay(6, 1), &[200, 0, 0, 0, 1]).await;
+    assert!(st == status::EPROTO && why.contains("200-byte"), "{st} {why}");
+    assert!(toy.values().is_empty(), "nothing ran");
+    // A good one runs; then the client is done and recovery ends.
+    let (st, _) = raw_call(&mut s, replay(7, 1), &Replay::encode(b"v", b"")).await;
+    assert_eq!(st, 0);
+    let done = FrameHeader { opcode: nacre_net::rpc::OP_REPLAY_DONE, xid: 8, ..FrameHeader::default() };
+    assert_eq!(raw_call(&mut s, done, &[]).await.0, 0);
+    assert!(!server.stats().recovery.recovering);
+    // After recovery, a replay is refused by name.
+    let (st, why) = raw_call(&mut s, replay(9, 2), &Replay::encode(b"late", b"")).await;
+    assert!(st == status::ESTALE && why.contains("no recovery"), "{st} {why}");
+    assert_eq!(strs(toy.values()), ["v"]);
+}
