@@ -400,10 +400,21 @@ impl Mds {
             return fail(-EPROTO, "a replayed open without the handle it got".into());
         };
         self.count(req.header.opcode);
-        let (ns, owner) = (self.ns.clone(), req.client);
-        match tokio::task::spawn_blocking(move || ns.reopen(owner, fid, read, write, handle)).await {
+        self.open_for(req.client, fid, read, write, Some(handle)).await
+    }
+
+    /// Open `fid` for `owner` on a blocking thread (the open takes the namespace's
+    /// locks): a new handle for a file just created, or `handle` again for a replay.
+    async fn open_for(&self, owner: u64, fid: Fid, read: bool, write: bool, handle: Option<u64>) -> Reply {
+        let ns = self.ns.clone();
+        let opened = tokio::task::spawn_blocking(move || match handle {
+            Some(h) => ns.reopen(owner, fid, read, write, h),
+            None => ns.open_created(owner, fid, read, write),
+        })
+        .await;
+        match opened {
             Ok(r) => Reply { open_state: true, ..answer(r, |(handle, attr)| mdt::Reply::Opened { handle, attr }) },
-            Err(e) => fail(-errno::EIO, format!("reopen: {e}")),
+            Err(e) => fail(-errno::EIO, format!("open of {fid}: {e}")),
         }
     }
 
@@ -795,16 +806,7 @@ impl Mds {
                     && req.header.transno <= self.replay_from.load(Ordering::Relaxed)
                 {
                     // Its create is on the drives: only its handle is lost.
-                    let (ns, owner) = (self.ns.clone(), req.client);
-                    return Some(
-                        match tokio::task::spawn_blocking(move || ns.reopen(owner, fid, read, write, handle)).await {
-                            Ok(r) => Reply {
-                                open_state: true,
-                                ..answer(r, |(handle, attr)| mdt::Reply::Opened { handle, attr })
-                            },
-                            Err(e) => fail(-errno::EIO, format!("reopen: {e}")),
-                        },
-                    );
+                    return Some(self.open_for(req.client, fid, read, write, Some(handle)).await);
                 }
                 let change = match first {
                     Some((fid, _)) => Namespace::replaying(fid, change),
@@ -815,20 +817,9 @@ impl Mds {
                     (Ok(_), _) => return Some(fail(-errno::EIO, "create-open: the create gave no attributes".into())),
                     (Err(e), _) => return Some(fail(e.status(), e.message)),
                 };
-                // The open takes the namespace's locks: on a blocking thread. A replay
-                // gets the handle it had.
-                let (ns, owner) = (self.ns.clone(), req.client);
-                let handle = first.and_then(|(_, h)| h);
-                let opened = tokio::task::spawn_blocking(move || match handle {
-                    Some(h) => ns.reopen(owner, a.fid, read, write, h),
-                    None => ns.open_created(owner, a.fid, read, write),
-                })
-                .await;
-                let reply = match opened {
-                    Ok(r) => answer(r, |(handle, attr)| mdt::Reply::Opened { handle, attr }),
-                    Err(e) => fail(-errno::EIO, format!("open after create: {e}")),
-                };
-                return Some(Reply { transno, open_state: true, ..reply });
+                // A replay gets the handle it had.
+                let reply = self.open_for(req.client, a.fid, read, write, first.and_then(|(_, h)| h)).await;
+                return Some(Reply { transno, ..reply });
             }
             _ => return None,
         };
