@@ -94,7 +94,7 @@ pub struct File {
     fid: Fid,
     handle: u64,
     flags: OpenFlags,
-    /// Fetched at the first IO: a file opened and closed without any costs no RPC for it.
+    /// Sent with the open, or fetched at the first IO.
     layout: tokio::sync::OnceCell<Arc<FileLayout>>,
     st: tokio::sync::Mutex<State>,
     /// The file's read-ahead chunks and write-behind, shared with its other handles on
@@ -110,10 +110,11 @@ impl File {
         let mdt = mdt_of(fid)?;
         let r = Request::Open { fid, read: flags.read, write: flags.write, dom_read: read_on_open(&fs, flags) };
         let (reply, first) = fs.md(mdt, c, &r, &[]).await?;
-        let Reply::Opened { handle, attr } = reply else {
+        let Reply::Opened { handle, attr, layout, objects } = reply else {
             return Err(Error::protocol("open", "the MDS did not answer with a handle"));
         };
-        File::answered(fs, c, handle, attr, flags, &first).await
+        let layout = fs.sent_layout(attr.fid, &layout, objects)?;
+        File::answered(fs, c, handle, attr, layout, flags, &first).await
     }
 
     /// The file an MDT opened as `handle` for an open by FID or by name, with its bytes
@@ -123,6 +124,7 @@ impl File {
         c: &Creds,
         handle: u64,
         attr: Attr,
+        layout: Option<Arc<FileLayout>>,
         flags: OpenFlags,
         first: &[u8],
     ) -> Result<File> {
@@ -131,7 +133,7 @@ impl File {
             let errno = if mode::is_dir(attr.mode) { errno::EISDIR } else { errno::EINVAL };
             return Err(Error::new(errno, format!("{} is not a regular file", attr.fid)));
         }
-        let f = File::opened(fs, c, handle, attr, flags);
+        let f = File::opened(fs, c, handle, attr, layout, flags);
         if flags.truncate && flags.write {
             f.set_len(0).await?;
         } else if !first.is_empty() {
@@ -150,8 +152,16 @@ impl File {
         lock(&self.shared.chunks).insert(0, cache::ready(Bytes::copy_from_slice(data)), None);
     }
 
-    /// A file the MDT has opened as `handle` (by an open, or a create-open).
-    pub(crate) fn opened(fs: FileSystem, c: &Creds, handle: u64, attr: Attr, flags: OpenFlags) -> File {
+    /// A file the MDT has opened as `handle` (by an open, or a create-open), with its
+    /// layout if the reply carried it.
+    pub(crate) fn opened(
+        fs: FileSystem,
+        c: &Creds,
+        handle: u64,
+        attr: Attr,
+        layout: Option<Arc<FileLayout>>,
+        flags: OpenFlags,
+    ) -> File {
         if flags.write {
             fs.add_writer(attr.fid);
         }
@@ -163,7 +173,7 @@ impl File {
             fid: attr.fid,
             handle,
             flags,
-            layout: tokio::sync::OnceCell::new(),
+            layout: tokio::sync::OnceCell::new_with(layout),
             st: tokio::sync::Mutex::new(State { size: attr.size, errors_seen, ..State::default() }),
             shared,
             size_hint: AtomicU64::new(attr.size),
@@ -550,33 +560,25 @@ impl File {
         self.fs.commit_fid(self.fid).await
     }
 
-    /// Tell the MDT the size the objects give (if larger than it has) and a new mtime.
-    /// A file whose data all lives on the MDT (DoM only) has nothing to tell: each DoM
-    /// write set its size and mtime there.
+    /// Tell the MDT the size the objects give (it keeps the larger of that and its own)
+    /// and a new mtime: one MDT request, no getattr before it. A file whose data all
+    /// lives on the MDT (DoM only) has nothing to tell: each DoM write set its size and
+    /// mtime there.
     async fn publish_size(&self, st: &mut State) -> Result<()> {
         if self.layout().await?.objects.iter().all(Vec::is_empty) {
             st.written = false;
             return Ok(());
         }
         let _still = self.fs.size_guard(self.fid).await;
-        let mdt = mdt_of(self.fid)?;
-        let (reply, _) = self.fs.md(mdt, &self.creds, &Request::Getattr { fid: self.fid }, &[]).await?;
-        let (Reply::Attr(on_mdt) | Reply::Writing(on_mdt)) = reply else {
-            return Err(Error::protocol("getattr", "not attributes"));
-        };
-        let (a, space) = self.fs.glimpse_space(&self.creds, on_mdt).await?;
+        let (a, space) = self.fs.glimpse_space(&self.creds, Attr { fid: self.fid, ..Attr::default() }).await?;
         // The objects' space goes with the size, for st_blocks (Lustre's lazy size on MDT).
-        let mut s = self.through_handle(SetAttr {
-            mask: set::MTIME_NOW | set::OST_BLOCKS,
+        let s = self.through_handle(SetAttr {
+            mask: set::MTIME_NOW | set::OST_BLOCKS | set::SIZE_AT_LEAST,
             ost_blocks: space / 512,
+            size: a.size,
             ..SetAttr::default()
         });
-        if a.size > on_mdt.size {
-            s.mask |= set::SIZE;
-            s.size = a.size;
-        }
-        // The plain MDT setattr: the objects already hold this size.
-        self.fs.md(mdt, &self.creds, &Request::Setattr { fid: self.fid, set: s }, &[]).await?;
+        self.fs.md(mdt_of(self.fid)?, &self.creds, &Request::Setattr { fid: self.fid, set: s }, &[]).await?;
         st.written = false;
         Ok(())
     }

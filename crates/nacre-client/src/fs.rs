@@ -717,7 +717,7 @@ impl FileSystem {
         flags: OpenFlags,
     ) -> Result<(Attr, File)> {
         let layout = layout.map(Layout::encode).unwrap_or_default();
-        let (handle, attr) = self
+        let (handle, attr, layout, objects) = self
             .by_name(c, dir, name, |at| {
                 let r = Request::CreateOpen {
                     dir: at,
@@ -729,13 +729,14 @@ impl FileSystem {
                 };
                 async move {
                     expect("create-open", self.md_at(at, c, &r).await?, |r| match r {
-                        Reply::Opened { handle, attr } => Some((handle, attr)),
+                        Reply::Opened { handle, attr, layout, objects } => Some((handle, attr, layout, objects)),
                         _ => None,
                     })
                 }
             })
             .await?;
-        Ok((attr, File::opened(self.clone(), c, handle, attr, flags)))
+        let layout = self.sent_layout(attr.fid, &layout, objects)?;
+        Ok((attr, File::opened(self.clone(), c, handle, attr, layout, flags)))
     }
 
     /// A small file made and written in one request (its layout keeps it on the MDT).
@@ -969,13 +970,32 @@ impl FileSystem {
             .getlayout(c, fid)
             .await?
             .ok_or_else(|| Error::new(errno::ENODATA, format!("{fid} has no layout (not a regular file?)")))?;
+        Ok(self.cache_layout(fid, l))
+    }
+
+    fn cache_layout(&self, fid: Fid, l: FileLayout) -> Arc<FileLayout> {
         let l = Arc::new(l);
         let mut m = lock(&self.inner.layouts);
         if m.len() >= CACHE_MAX {
             m.clear();
         }
         m.insert(fid, l.clone());
-        Ok(l)
+        l
+    }
+
+    /// The layout an open's reply carried (`None`: it carried none), cached as a fetched
+    /// one is.
+    pub(crate) fn sent_layout(
+        &self,
+        fid: Fid,
+        layout: &[u8],
+        objects: Vec<Vec<(u32, u64)>>,
+    ) -> Result<Option<Arc<FileLayout>>> {
+        if layout.is_empty() {
+            return Ok(None);
+        }
+        let layout = Layout::decode(layout).map_err(|e| Error::protocol("layout", e))?;
+        Ok(Some(self.cache_layout(fid, FileLayout { layout, objects })))
     }
 
     /// Set (or with `None` remove) a directory's default layout, as `lfs setstripe DIR`.
@@ -1082,7 +1102,10 @@ impl FileSystem {
             })
             .await?;
         match reply {
-            Reply::Opened { handle, attr } => File::answered(self.clone(), c, handle, attr, flags, &first).await,
+            Reply::Opened { handle, attr, layout, objects } => {
+                let layout = self.sent_layout(attr.fid, &layout, objects)?;
+                File::answered(self.clone(), c, handle, attr, layout, flags, &first).await
+            }
             // The inode is on another MDT: open it there.
             Reply::Attr(a) => self.open(c, a.fid, flags).await,
             r => Err(Error::protocol("open-at", format!("unexpected reply {r:?}"))),

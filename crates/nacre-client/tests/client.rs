@@ -477,6 +477,21 @@ async fn open_by_name_reads_a_small_dom_file_with_the_open() {
         f.close().await.unwrap();
     }
     assert_eq!(dom_reads(&t), before, "the opens brought the bytes");
+    // The opens brought the layouts too: writing and reading files made or opened here,
+    // on the MDT (DoM) and on an OST, fetches none, and another mount's open brings them.
+    let layouts = |t: &TestFs| md_ops(t, 0, "getlayout") + md_ops(t, 1, "getlayout");
+    let before = layouts(&t);
+    let other = t.mount("c2").await;
+    let big = pattern(32, 1_200_000);
+    for (i, data) in [&body, &big].into_iter().enumerate() {
+        let (_, f) = fs.create_open(&c, sd.fid, &format!("made{i}"), 0o644, None, OpenFlags::READ_WRITE).await.unwrap();
+        f.write(0, data).await.unwrap();
+        f.close().await.unwrap();
+        let f = other.open_at(&c, sd.fid, &format!("made{i}"), OpenFlags::READ).await.unwrap();
+        assert_eq!(&f.read(0, 2 << 20).await.unwrap(), data, "made{i}");
+        f.close().await.unwrap();
+    }
+    assert_eq!(layouts(&t), before, "no layout fetched");
     // Opened for writing, or O_DIRECT: no bytes with the open, and reads still right.
     let f = fs.open_at(&c, sd.fid, "f0", OpenFlags::READ_WRITE).await.unwrap();
     f.write(0, b"new").await.unwrap();

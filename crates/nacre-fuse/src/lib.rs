@@ -350,9 +350,15 @@ impl fuser::Filesystem for Nacre {
         serve!(self, reply, |s| {
             let dir = s.fid(parent)?;
             let before = s.dirty_sizes();
-            let a = s.fs.lookup(&c, dir, name_of(&name)?).await.map_err(|e| err(&e))?;
-            let (fa, g) = s.entry_after(&a, before.get(&a.fid).copied().unwrap_or(0));
             let ttl = s.cfg.attr_timeout;
+            let (fa, g) = match s.fs.lookup(&c, dir, name_of(&name)?).await {
+                Ok(a) => s.entry_after(&a, before.get(&a.fid).copied().unwrap_or(0)),
+                // A missing name is a negative entry: the kernel keeps it for the attribute
+                // timeout, so a create's lookup or a path search that misses asks once.
+                // This mount's own create, link or rename over it replaces it at once.
+                Err(e) if e.errno == errno::ENOENT => (negative_entry(), Generation(0)),
+                Err(e) => return Err(err(&e)),
+            };
             Ok(move |r: ReplyEntry| r.entry(&ttl, &fa, g))
         })
     }
@@ -903,6 +909,27 @@ impl fuser::Filesystem for Nacre {
             let ttl = s.cfg.attr_timeout;
             Ok(move |r: ReplyCreate| r.created(&ttl, &fa, g, FileHandle(fh), fopen(open)))
         })
+    }
+}
+
+/// The answer to a lookup of a missing name that the kernel caches (inode 0).
+fn negative_entry() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
     }
 }
 

@@ -260,6 +260,9 @@ pub struct SetAttr {
     pub uid: Option<u32>,
     pub gid: Option<u32>,
     pub size: Option<u64>,
+    /// A size the file's objects hold at least (its writer publishing it): the size
+    /// grows to it, never shrinks.
+    pub size_at_least: Option<u64>,
     /// A time given explicitly, or `Some(None)` for "now" (`UTIME_NOW`).
     pub atime_ns: Option<Option<i64>>,
     pub mtime_ns: Option<Option<i64>>,

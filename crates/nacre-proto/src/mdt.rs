@@ -223,7 +223,10 @@ pub mod set {
     /// Through the handle `handle`, open for writing by this client: a truncate needs no
     /// write permission now (it was checked at open, as for ftruncate(2)).
     pub const BY_HANDLE: u32 = 512;
-    pub const ALL: u32 = 1023;
+    /// `size` is what the file's objects hold at least (a writer publishing its size):
+    /// the size becomes the larger of it and the MDT's, never smaller (no truncate).
+    pub const SIZE_AT_LEAST: u32 = 1024;
+    pub const ALL: u32 = 2047;
 }
 
 /// Attributes to change: the fields whose bit is in `mask`.
@@ -686,9 +689,14 @@ pub enum Reply {
     },
     Bytes(Vec<u8>),
     Names(Vec<String>),
+    /// An open handle and the file's attributes; for a regular file also its layout and
+    /// objects (as [`Reply::Layout`]; empty if not sent), so that its first IO needs no
+    /// layout fetch, as Lustre's open reply carries the LOV EA.
     Opened {
         handle: u64,
         attr: Attr,
+        layout: Vec<u8>,
+        objects: Vec<Vec<(u32, u64)>>,
     },
     StatFs {
         inodes: u64,
@@ -721,6 +729,40 @@ pub enum Looked {
     Error(i32),
 }
 
+/// A file's objects, per component: the count, then per component its stripe count and
+/// (OST index, object id) per stripe.
+fn put_objects(mut e: Enc, objects: &[Vec<(u32, u64)>]) -> Enc {
+    e = e.u32(objects.len() as u32);
+    for c in objects {
+        e = e.u32(c.len() as u32);
+        for (ost, oid) in c {
+            e = e.u32(*ost).u64(*oid);
+        }
+    }
+    e
+}
+
+/// What [`put_objects`] wrote, with its counts bounded by the layout's limits.
+fn get_objects(d: &mut Dec) -> Result<Vec<Vec<(u32, u64)>>, ProtoError> {
+    let n = d.u32("component count")? as usize;
+    if n > crate::layout::COMPONENTS_MAX {
+        return Err(ProtoError::Invalid(format!("objects of {n} components")));
+    }
+    let mut objects = Vec::with_capacity(n);
+    for _ in 0..n {
+        let m = d.u32("stripe count")? as usize;
+        if m > crate::layout::STRIPE_COUNT_MAX as usize {
+            return Err(ProtoError::Invalid(format!("{m} stripes in one component")));
+        }
+        let mut c = Vec::with_capacity(m);
+        for _ in 0..m {
+            c.push((d.u32("OST")?, d.u64("object")?));
+        }
+        objects.push(c);
+    }
+    Ok(objects)
+}
+
 /// Bytes a reply's variable parts may hold (entries, names, values).
 pub const REPLY_BYTES_MAX: usize = 1 << 20;
 
@@ -744,21 +786,14 @@ impl Reply {
                 }
                 e.done()
             }
-            Reply::Opened { handle, attr } => attr.put(e.u8(5).u64(*handle)).done(),
+            Reply::Opened { handle, attr, layout, objects } => {
+                put_objects(attr.put(e.u8(5).u64(*handle)).bytes(layout), objects).done()
+            }
             Reply::StatFs { inodes, bytes_used, bytes_total } => {
                 e.u8(6).u64(*inodes).u64(*bytes_used).u64(*bytes_total).done()
             }
             Reply::Done => e.u8(7).done(),
-            Reply::Layout { layout, objects } => {
-                let mut e = e.u8(8).bytes(layout).u32(objects.len() as u32);
-                for c in objects {
-                    e = e.u32(c.len() as u32);
-                    for (ost, oid) in c {
-                        e = e.u32(*ost).u64(*oid);
-                    }
-                }
-                e.done()
-            }
+            Reply::Layout { layout, objects } => put_objects(e.u8(8).bytes(layout), objects).done(),
             Reply::DirStripe { stripe, default } => e.u8(9).bytes(stripe).bytes(default).done(),
             Reply::Writing(a) => a.put(e.u8(10)).done(),
             Reply::Looked(v) => {
@@ -810,7 +845,9 @@ impl Reply {
             }
             5 => {
                 let handle = d.u64("handle")?;
-                Reply::Opened { handle, attr: Attr::get(&mut d)? }
+                let attr = Attr::get(&mut d)?;
+                let layout = d.bytes("layout", LAYOUT_BYTES_MAX)?.to_vec();
+                Reply::Opened { handle, attr, layout, objects: get_objects(&mut d)? }
             }
             6 => Reply::StatFs {
                 inodes: d.u64("inodes")?,
@@ -820,23 +857,7 @@ impl Reply {
             7 => Reply::Done,
             8 => {
                 let layout = d.bytes("layout", LAYOUT_BYTES_MAX)?.to_vec();
-                let n = d.u32("component count")? as usize;
-                if n > crate::layout::COMPONENTS_MAX {
-                    return Err(ProtoError::Invalid(format!("objects of {n} components")));
-                }
-                let mut objects = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let m = d.u32("stripe count")? as usize;
-                    if m > crate::layout::STRIPE_COUNT_MAX as usize {
-                        return Err(ProtoError::Invalid(format!("{m} stripes in one component")));
-                    }
-                    let mut c = Vec::with_capacity(m);
-                    for _ in 0..m {
-                        c.push((d.u32("OST")?, d.u64("object")?));
-                    }
-                    objects.push(c);
-                }
-                Reply::Layout { layout, objects }
+                Reply::Layout { layout, objects: get_objects(&mut d)? }
             }
             9 => Reply::DirStripe {
                 stripe: d.bytes("directory stripe", 8 + 16 * crate::dne::DIR_STRIPES_MAX + 8)?.to_vec(),
@@ -948,7 +969,8 @@ mod tests {
             },
             Reply::Bytes(b"v".to_vec()),
             Reply::Names(vec!["user.a".into(), "user.b".into()]),
-            Reply::Opened { handle: 5, attr: a },
+            Reply::Opened { handle: 5, attr: a, layout: vec![], objects: vec![] },
+            Reply::Opened { handle: 6, attr: a, layout: vec![4, 5], objects: vec![vec![(1, 7)]] },
             Reply::StatFs { inodes: 1, bytes_used: 2, bytes_total: 3 },
             Reply::Done,
             Reply::Layout { layout: vec![1, 2, 3], objects: vec![vec![], vec![(0, 5), (3, 9)]] },

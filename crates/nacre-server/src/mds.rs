@@ -123,20 +123,26 @@ fn answer<T>(r: Result<T, MdError>, f: impl FnOnce(T) -> mdt::Reply) -> Reply {
     }
 }
 
-/// An open's answer: the handle and attributes, with the file's first bytes as the bulk
-/// (DoM read-on-open), or the attributes of a file to open at its own MDT.
-fn opened(r: Result<OpenAnswer, MdError>) -> Reply {
+/// An open's answer: the handle, attributes and layout, with the file's first bytes as
+/// the bulk (DoM read-on-open), or the attributes of a file to open at its own MDT.
+fn opened(ns: &Namespace, r: Result<OpenAnswer, MdError>) -> Reply {
     match r {
-        Ok(OpenAnswer::Here((handle, attr, data))) => Reply {
-            open_state: true,
-            status: 0,
-            body: mdt::Reply::Opened { handle, attr }.encode(),
-            bulk: Bytes::from(data),
-            ..Reply::default()
+        Ok(OpenAnswer::Here((handle, attr, data))) => match handle_reply(ns, handle, attr) {
+            Ok(body) => {
+                Reply { open_state: true, status: 0, body: body.encode(), bulk: Bytes::from(data), ..Reply::default() }
+            }
+            Err(e) => fail(e.status(), e.message),
         },
         Ok(OpenAnswer::Elsewhere(attr)) => ok(mdt::Reply::Attr(attr)),
         Err(e) => fail(e.status(), e.message),
     }
+}
+
+/// The reply naming an open handle, with the file's layout and objects when it is a
+/// regular file (its first IO then needs no layout fetch).
+fn handle_reply(ns: &Namespace, handle: u64, attr: mdt::Attr) -> Result<mdt::Reply, MdError> {
+    let (layout, objects) = if mode::is_reg(attr.mode) { ns.layout_and_objects(attr.fid)? } else { Default::default() };
+    Ok(mdt::Reply::Opened { handle, attr, layout, objects })
 }
 
 /// What a replayed create's first reply gave: the new inode's FID, and for a create-open
@@ -144,7 +150,7 @@ fn opened(r: Result<OpenAnswer, MdError>) -> Reply {
 fn first_answer(replayed: &Option<Vec<u8>>) -> Option<(Fid, Option<u64>)> {
     match mdt::Reply::decode(replayed.as_deref()?).ok()? {
         mdt::Reply::Attr(a) | mdt::Reply::Writing(a) => Some((a.fid, None)),
-        mdt::Reply::Opened { handle, attr } => Some((attr.fid, Some(handle))),
+        mdt::Reply::Opened { handle, attr, .. } => Some((attr.fid, Some(handle))),
         _ => None,
     }
 }
@@ -212,7 +218,8 @@ fn set_attr(s: &mdt::SetAttr) -> SetAttr {
         mode: on(set::MODE).then_some(s.mode),
         uid: on(set::UID).then_some(s.uid),
         gid: on(set::GID).then_some(s.gid),
-        size: on(set::SIZE).then_some(s.size),
+        size: (on(set::SIZE) && !on(set::SIZE_AT_LEAST)).then_some(s.size),
+        size_at_least: on(set::SIZE_AT_LEAST).then_some(s.size),
         atime_ns: time(set::ATIME_NOW, set::ATIME, s.atime_ns),
         mtime_ns: time(set::MTIME_NOW, set::MTIME, s.mtime_ns),
         ost_blocks: on(set::OST_BLOCKS).then_some(s.ost_blocks),
@@ -407,13 +414,16 @@ impl Mds {
     /// locks): a new handle for a file just created, or `handle` again for a replay.
     async fn open_for(&self, owner: u64, fid: Fid, read: bool, write: bool, handle: Option<u64>) -> Reply {
         let ns = self.ns.clone();
-        let opened = tokio::task::spawn_blocking(move || match handle {
-            Some(h) => ns.reopen(owner, fid, read, write, h),
-            None => ns.open_created(owner, fid, read, write),
+        let opened = tokio::task::spawn_blocking(move || {
+            let (handle, attr) = match handle {
+                Some(h) => ns.reopen(owner, fid, read, write, h)?,
+                None => ns.open_created(owner, fid, read, write)?,
+            };
+            handle_reply(&ns, handle, attr)
         })
         .await;
         match opened {
-            Ok(r) => Reply { open_state: true, ..answer(r, |(handle, attr)| mdt::Reply::Opened { handle, attr }) },
+            Ok(r) => Reply { open_state: true, ..answer(r, |r| r) },
             Err(e) => fail(-errno::EIO, format!("open of {fid}: {e}")),
         }
     }
@@ -439,10 +449,10 @@ impl Mds {
         let ns = &self.ns;
         Some(match r {
             Request::Open { fid, read, write, dom_read } => {
-                opened(ns.open_reading(wait, owner, c, fid, read, write, dom_read)?.map(OpenAnswer::Here))
+                opened(ns, ns.open_reading(wait, owner, c, fid, read, write, dom_read)?.map(OpenAnswer::Here))
             }
             Request::OpenAt { dir, name, read, write, dom_read } => {
-                opened(ns.open_at(wait, owner, c, dir, &name, read, write, dom_read)?)
+                opened(ns, ns.open_at(wait, owner, c, dir, &name, read, write, dom_read)?)
             }
             Request::Close { handle } => {
                 let closed = match wait {

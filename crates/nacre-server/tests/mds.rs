@@ -191,6 +191,18 @@ async fn operations_through_the_service() {
     }
     assert_eq!(md.attr(Request::Getattr { fid: f.fid }).await.unwrap().size, size_before);
     assert_eq!(md.attr(Request::Setattr { fid: f.fid, set: by(handle) }).await.unwrap().size, 5);
+    // A writer publishing the size its objects hold: the size grows to it, never shrinks.
+    let at_least = |size: u64, h: u64| mdt::SetAttr {
+        mask: set::SIZE_AT_LEAST | set::BY_HANDLE,
+        size,
+        handle: h,
+        ..Default::default()
+    };
+    assert_eq!(md.attr(Request::Setattr { fid: f.fid, set: at_least(3, handle) }).await.unwrap().size, 5);
+    assert_eq!(md.attr(Request::Setattr { fid: f.fid, set: at_least(9, handle) }).await.unwrap().size, 9);
+    let e = md.call(Request::Setattr { fid: f.fid, set: at_least(20, reader) }).await.unwrap_err();
+    assert_eq!(e.0, -errno::EBADF, "{e:?}");
+    assert_eq!(md.attr(Request::Setattr { fid: f.fid, set: by(handle) }).await.unwrap().size, 5);
     md.call(Request::Close { handle: reader }).await.unwrap();
     md.call(Request::Unlink { dir: root, name: "g".into(), rmdir: false }).await.unwrap();
     assert_eq!(md.attr(Request::Getattr { fid: f.fid }).await.unwrap().nlink, 0, "open: still there");
@@ -215,6 +227,22 @@ async fn operations_through_the_service() {
     };
     assert!(objects.is_empty(), "no OSTs attached: no objects");
     assert_eq!(nacre_proto::layout::Layout::decode(&b).unwrap(), lfs("-c 4 -S 2M"));
+    // An open's reply carries the layout too (no fetch before the first IO); a
+    // directory's open carries none.
+    let Reply::Opened { handle, layout, objects: o, .. } =
+        md.call(Request::Open { fid: nf.fid, read: true, write: false, dom_read: 0 }).await.unwrap()
+    else {
+        panic!("not opened")
+    };
+    assert_eq!((layout, o), (b.clone(), objects.clone()));
+    md.call(Request::Close { handle }).await.unwrap();
+    let Reply::Opened { handle, layout, objects: o, .. } =
+        md.call(Request::Open { fid: d.fid, read: true, write: false, dom_read: 0 }).await.unwrap()
+    else {
+        panic!("not opened")
+    };
+    assert!(layout.is_empty() && o.is_empty(), "a directory has a default, not a file layout");
+    md.call(Request::Close { handle }).await.unwrap();
     let e = md
         .call(Request::Create { dir: d.fid, name: "bad".into(), mode: mode::S_IFREG, target: vec![], layout: vec![9] })
         .await

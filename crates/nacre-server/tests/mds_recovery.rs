@@ -172,7 +172,7 @@ impl Md {
     async fn create_open(&self, dir: Fid, name: &str) -> (u64, Attr) {
         let r = Request::CreateOpen { dir, name: name.into(), perms: 0o644, layout: vec![], read: true, write: true };
         match self.call(r).await {
-            Reply::Opened { handle, attr } => (handle, attr),
+            Reply::Opened { handle, attr, .. } => (handle, attr),
             other => panic!("not opened: {other:?}"),
         }
     }

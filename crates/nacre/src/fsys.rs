@@ -400,10 +400,16 @@ fn silence_stdio() {
     }
 }
 
-/// The Nacre mount holding `path`: its mount point and MGS (the mount's source).
+/// The Nacre mount holding `path`: its mount point and MGS (the mount's source). Only
+/// the parent is resolved through the kernel: a lookup of a name that does not exist yet
+/// would leave a negative entry in the mount, hiding for the attribute timeout the file
+/// a command is about to make through a client of its own.
 pub(crate) fn mount_of(path: &Path) -> Res<(PathBuf, Nid)> {
-    let canon = std::fs::canonicalize(path)
-        .or_else(|_| path.parent().map(std::fs::canonicalize).unwrap_or(Ok(PathBuf::from("/"))))?;
+    let abs = if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir()?.join(path) };
+    let canon = match (abs.parent(), abs.file_name()) {
+        (Some(parent), Some(name)) => std::fs::canonicalize(parent)?.join(name),
+        _ => std::fs::canonicalize(&abs)?,
+    };
     let best = local_mounts()?
         .into_iter()
         .filter(|(point, _, _)| canon.starts_with(point))

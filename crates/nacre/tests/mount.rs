@@ -78,6 +78,20 @@ impl Up {
     fn mgs(&self) -> String {
         format!("127.0.0.1@tcp:{}", self.port)
     }
+
+    /// Operations `op` MDT 0 has served (its `md_stats`), found through the MGS's list
+    /// of targets.
+    fn mds_ops(&self, op: &str) -> u64 {
+        let get = |server: &str, p: &str| {
+            let out = nacre().args(["get-param", "--server", server, p]).output().unwrap();
+            assert!(out.status.success(), "get-param {p}: {}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let targets = get(&self.mgs(), "mgs.*.targets");
+        let mdt = targets.lines().find_map(|l| l.strip_prefix("nacre-MDT0000 ")).expect("MDT 0 in the MGS's targets");
+        let stats = get(mdt.trim(), "mdt.*.md_stats");
+        stats.lines().find_map(|l| l.strip_prefix(&format!("{op} "))).map_or(0, |n| n.trim().parse().unwrap())
+    }
 }
 
 impl Drop for Up {
@@ -419,6 +433,28 @@ fn two_mounts_write_disjoint_ranges_of_one_file_and_read_each_other() {
     let want: Vec<u8> = (0..8).flat_map(pattern).collect();
     assert!(fs::read(&a).unwrap() == want, "the first mount reads both mounts' bytes");
     assert!(fs::read(&b).unwrap() == want, "the second mount reads both mounts' bytes");
+    // A missing name is a negative entry the kernel keeps for the attribute timeout
+    // (1 s): a thousand stats of it ask the MDS about once; this mount's own create
+    // replaces it at once, and the other mount sees the file within the timeout.
+    let (x, y) = (fs.mnt.join("later"), second.join("later"));
+    let lookups = || fs.mds_ops("lookup");
+    assert_eq!(fs::metadata(&y).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+    let before = lookups();
+    let started = std::time::Instant::now();
+    for _ in 0..1000 {
+        assert_eq!(fs::metadata(&y).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+    }
+    if started.elapsed() < std::time::Duration::from_millis(900) {
+        assert_eq!(lookups(), before, "the misses were answered by the kernel");
+    }
+    fs::write(&y, b"made here").unwrap();
+    assert_eq!(fs::read(&y).unwrap(), b"made here", "this mount's create replaced its negative entry");
+    fs::remove_file(&x).unwrap();
+    let gone = std::time::Instant::now();
+    while fs::metadata(&y).is_ok() {
+        assert!(gone.elapsed() < std::time::Duration::from_secs(3), "the other mount's unlink never showed");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     let out = nacre().arg("umount").arg(&second).output().unwrap();
     assert!(out.status.success(), "nacre umount: {}", String::from_utf8_lossy(&out.stderr));
 }

@@ -620,7 +620,7 @@ impl Namespace {
             if s.ost_blocks.is_some() && (!mode::is_reg(a.mode) || !writer) {
                 return Err(denied(&cred, "publish the blocks of", &a));
             }
-            if let Some(size) = s.size {
+            if let Some(size) = s.size.or(s.size_at_least) {
                 if mode::is_dir(a.mode) {
                     return Err(MdError::new(errno::EISDIR, format!("{fid} is a directory: no truncate")));
                 }
@@ -684,6 +684,17 @@ impl Namespace {
                 a.mtime_ns = tx.now;
                 if cred.uid != 0 {
                     // As a write does: no setuid after a change by someone else.
+                    a.mode &= !mode::S_ISUID;
+                    if group_exec(a.mode) {
+                        a.mode &= !mode::S_ISGID;
+                    }
+                }
+            }
+            if let Some(size) = s.size_at_least
+                && size > a.size
+            {
+                a.size = size;
+                if cred.uid != 0 {
                     a.mode &= !mode::S_ISUID;
                     if group_exec(a.mode) {
                         a.mode &= !mode::S_ISGID;

@@ -365,6 +365,21 @@ impl Namespace {
         }
     }
 
+    /// A file's encoded layout (empty: none) and its OST objects, read together, for an
+    /// open's reply.
+    pub fn layout_and_objects(&self, fid: Fid) -> Result<(Vec<u8>, FileObjects)> {
+        let m = read(&self.mem);
+        if m.inode(fid.key()).is_none() {
+            return Err(MdError::new(errno::ENOENT, format!("no inode {fid}")));
+        }
+        let layout = m.layout(fid.key()).map(|l| l.to_vec()).unwrap_or_default();
+        let objects = match m.objects.get(&fid.key()) {
+            Some(v) => decode_objects(v)?,
+            None => Vec::new(),
+        };
+        Ok((layout, objects))
+    }
+
     /// Up to `max` objects of removed files still to destroy, on OST `ost` or on any.
     pub fn pending_destroys(&self, ost: Option<u32>, max: usize) -> Result<Vec<(u32, u64)>> {
         let m = read(&self.mem);
