@@ -118,6 +118,16 @@ impl<T> Recovery<T> {
         }
     }
 
+    /// A new window (`recovery_time_soft`, `_hard` set while recovering): both limits
+    /// are counted again from the start of recovery, so a shorter one may close it at
+    /// the next tick.
+    pub fn set_window(&mut self, soft: Duration, hard: Duration) {
+        let soft_ms = soft.as_millis() as u64;
+        self.soft = soft;
+        self.hard_ms = self.started_ms + (hard.as_millis() as u64).max(soft_ms);
+        self.deadline_ms = (self.started_ms + soft_ms).min(self.hard_ms);
+    }
+
     /// A client reconnected: is it one to wait for (then it replays)?
     pub fn reconnect(&mut self, client: u64, now_ms: u64) -> bool {
         match self.clients.get_mut(&client) {
@@ -258,5 +268,18 @@ mod tests {
         assert_eq!(dropped, vec!["evicted with its client"]);
         assert!(r.finished());
         assert_eq!(r.stats.evicted, 2);
+    }
+
+    #[test]
+    fn a_new_window_counts_from_the_start_of_recovery() {
+        let mut r = rec(&[1, 2], 0);
+        r.reconnect(1, 5_000);
+        assert_eq!(r.deadline_ms, 15_000);
+        r.set_window(Duration::from_secs(2), Duration::from_secs(4));
+        assert_eq!((r.deadline_ms, r.hard_ms), (2_000, 4_000));
+        assert_eq!(r.close(3_000), (vec![2], vec![]), "past the new soft limit: 2 is evicted at once");
+        assert_eq!(r.close(4_000), (vec![1], vec![]), "at the new hard limit: 1 is not done");
+        r.set_window(Duration::from_secs(50), Duration::from_secs(20));
+        assert_eq!((r.deadline_ms, r.hard_ms), (50_000, 50_000), "the hard limit is never before the soft one");
     }
 }

@@ -262,6 +262,8 @@ struct Shared {
     recovery: Mutex<Option<Recovery<Queued>>>,
     /// The last recovery's figures, once it is over.
     recovered: Mutex<RecoveryStats>,
+    /// `recovery_time_soft` and `recovery_time_hard`, from the configuration until set.
+    window: Mutex<(Duration, Duration)>,
 }
 
 /// What a service adds to its server: its commits, and the recovery to start in.
@@ -471,6 +473,7 @@ impl Server {
             recovering: std::sync::atomic::AtomicBool::new(recovery.is_some()),
             recovery: Mutex::new(recovery),
             recovered: Mutex::new(RecoveryStats::default()),
+            window: Mutex::new((cfg.recovery_time_soft, cfg.recovery_time_hard)),
             cfg,
         });
         let mut tasks = JoinSet::new();
@@ -598,7 +601,32 @@ impl ServerHandle {
 
     /// `recovery_time_soft` and `recovery_time_hard` of this server.
     pub fn recovery_window(&self) -> Option<(Duration, Duration)> {
-        self.shared.upgrade().map(|s| (s.cfg.recovery_time_soft, s.cfg.recovery_time_hard))
+        self.shared.upgrade().map(|s| *lock(&s.window))
+    }
+
+    /// Set `recovery_time_soft` and `recovery_time_hard` (each 1 s to 1 h, the soft one
+    /// at most the hard one). A recovery under way takes them at once, counted from its
+    /// start (see `Recovery::set_window`). Nothing changes on an error.
+    pub fn set_recovery_window(&self, soft: Duration, hard: Duration) -> Result<(), String> {
+        let range = Duration::from_secs(1)..=Duration::from_secs(3600);
+        for (name, v) in [("recovery_time_soft", soft), ("recovery_time_hard", hard)] {
+            if !range.contains(&v) {
+                return Err(format!("{name} {} s: from 1 to 3600 s", v.as_secs_f64()));
+            }
+        }
+        if soft > hard {
+            return Err(format!(
+                "recovery_time_soft {} s is past recovery_time_hard {} s",
+                soft.as_secs_f64(),
+                hard.as_secs_f64()
+            ));
+        }
+        let Some(s) = self.shared.upgrade() else { return Err("the server has stopped".into()) };
+        *lock(&s.window) = (soft, hard);
+        if let Some(r) = lock(&s.recovery).as_mut() {
+            r.set_window(soft, hard);
+        }
+        Ok(())
     }
 }
 

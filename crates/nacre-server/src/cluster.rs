@@ -13,7 +13,6 @@ use nacre_net::transport::Transport;
 use nacre_osd::Target;
 use nacre_proto::mgs::{Config, Request, TargetEntry, TargetKind};
 
-use crate::dne::Coordinator;
 use crate::mds::Mds;
 use crate::mdt::Namespace;
 use crate::mgs::Mgs;
@@ -22,10 +21,11 @@ use crate::oss::{Oss, OssConfig};
 
 /// Follow the file system's targets in the MGS's configuration, for as long as the task
 /// runs: tell the coordinator of operations over several MDTs where the other MDTs are,
-/// keep the OST pools, and whenever the set of OSTs changes, connect to each and
-/// (re)start the precreate and destroy tasks over them. Each OST is target 0 of the
-/// server at its NID.
-pub async fn follow_config(client: Client, mgs: Nid, ns: Arc<Namespace>, dne: Arc<Coordinator>) {
+/// keep the OST pools, take the MDT's parameters stored with `set-param -P`, and
+/// whenever the set of OSTs changes, connect to each and (re)start the precreate and
+/// destroy tasks over them. Each OST is target 0 of the server at its NID.
+pub async fn follow_config(client: Client, mgs: Nid, mds: Arc<Mds>) {
+    let (ns, dne) = (mds.namespace().clone(), mds.coordinator().clone());
     let mut have = 0;
     let mut current: Vec<(u32, String)> = Vec::new();
     let mut service: Option<ObjectService> = None;
@@ -53,6 +53,7 @@ pub async fn follow_config(client: Client, mgs: Nid, ns: Arc<Namespace>, dne: Ar
         ns.set_ost_pools(nacre_proto::layout::pools::from_params(
             cfg.params.iter().map(|(n, v)| (n.as_str(), v.as_str())),
         ));
+        mds.apply_stored(&cfg.params);
         let osts: Vec<(u32, String)> = cfg
             .targets
             .iter()
@@ -223,7 +224,7 @@ impl Local {
             register(TargetKind::Mdt, index, server.nid()).await?;
             servers.push(server);
             let client = Client::new(transport.clone(), ClientConfig::default());
-            let task = tokio::spawn(follow_config(client, mgs_nid.clone(), ns, mds.coordinator().clone()));
+            let task = tokio::spawn(follow_config(client, mgs_nid.clone(), mds.clone()));
             followers.push(task.abort_handle());
             mdses.push(mds);
         }

@@ -57,6 +57,10 @@ const OPS: [(u16, &str); 27] = [
     (mdt::MDS_LOOKUP_MANY, "lookup_many"),
 ];
 
+/// The parameters `set_param` changes.
+const SETTABLE: &[&str] =
+    &["sync_on_reply", "memory_max", "commit_interval_ms", "recovery_time_soft", "recovery_time_hard"];
+
 pub struct Mds {
     name: String,
     ns: Arc<Namespace>,
@@ -64,6 +68,8 @@ pub struct Mds {
     dne: Arc<Coordinator>,
     /// The server this MDS runs in (its recovery figures), once known.
     server: std::sync::OnceLock<nacre_net::server::ServerHandle>,
+    /// The stored parameters taken from the MGS, by leaf, as last applied.
+    stored: std::sync::Mutex<std::collections::HashMap<String, String>>,
     /// `last_committed` when this MDS started: replays at or below it were committed.
     replay_from: AtomicU64,
 }
@@ -254,6 +260,7 @@ impl Mds {
             counts: Default::default(),
             dne,
             server: Default::default(),
+            stored: Default::default(),
             replay_from,
         })
     }
@@ -580,10 +587,40 @@ impl Mds {
                 self.ns.set_commit_interval(std::time::Duration::from_millis(v));
                 Ok(())
             }
-            _ => Err(format!(
-                "no settable parameter {name:?} (mdt.{}: sync_on_reply, memory_max, commit_interval_ms)",
-                self.name
-            )),
+            "recovery_time_soft" | "recovery_time_hard" => {
+                let v: u64 = value.parse().map_err(|_| format!("{leaf} {value:?} is not a number of seconds"))?;
+                let server = self.server.get().ok_or("the MDS is not serving yet")?;
+                let (mut soft, mut hard) = server.recovery_window().ok_or("the MDS has stopped")?;
+                let v = std::time::Duration::from_secs(v);
+                if leaf == "recovery_time_soft" {
+                    soft = v;
+                } else {
+                    hard = v;
+                }
+                server.set_recovery_window(soft, hard)
+            }
+            _ => Err(format!("no settable parameter {name:?} (mdt.{}: {})", self.name, SETTABLE.join(", "))),
+        }
+    }
+
+    /// Take the parameters stored in the MGS (`set-param -P mdt.*.recovery_time_soft=300`)
+    /// that name a settable one of this MDT, each when its stored value is new to it (a
+    /// value set here since stays until the stored one changes). A stored value this MDT
+    /// refuses is logged.
+    pub fn apply_stored(&self, params: &[(String, String)]) {
+        let mut applied = self.stored.lock().unwrap_or_else(|e| e.into_inner());
+        for leaf in SETTABLE {
+            let full = format!("mdt.{}.{leaf}", self.name);
+            let Some((_, value)) = params.iter().rev().find(|(n, _)| nacre_net::glob::glob(n, &full)) else {
+                continue;
+            };
+            if applied.get(*leaf) == Some(value) {
+                continue;
+            }
+            if let Err(e) = self.set_param(&full, value) {
+                eprintln!("mds: stored parameter {full}={value}: {e}");
+            }
+            applied.insert(leaf.to_string(), value.clone());
         }
     }
 

@@ -56,6 +56,11 @@ struct Mdt {
 
 impl Mdt {
     async fn start(net: &MemNetwork, v: &Arc<Volume>, format: bool) -> Mdt {
+        Mdt::start_with(net, v, format, Duration::from_millis(SOFT_MS)).await
+    }
+
+    /// With a recovery window of `soft` (and four times that at most).
+    async fn start_with(net: &MemNetwork, v: &Arc<Volume>, format: bool, soft: Duration) -> Mdt {
         let ns = Arc::new(if format {
             let ns = Namespace::format(v.clone(), 0, options()).unwrap();
             // Files keep their first 64 KiB on the MDT (no OST here).
@@ -70,8 +75,8 @@ impl Mdt {
             at: AtConfig { at_min: Duration::from_millis(300), ..AtConfig::default() },
             at_extra: Duration::from_millis(500),
             at_early_margin: Duration::from_millis(150),
-            recovery_time_soft: Duration::from_millis(SOFT_MS),
-            recovery_time_hard: Duration::from_millis(SOFT_MS * 4),
+            recovery_time_soft: soft,
+            recovery_time_hard: soft * 4,
             ..ServerConfig::default()
         };
         // The stopped server's listener goes when its task is next polled.
@@ -283,6 +288,55 @@ async fn a_client_lost_with_the_mds_is_evicted_and_what_depended_on_it_fails_cle
     assert!(matches!(e, Err(RpcError::Evicted { .. })), "{e:?}");
     assert!(a.imp.stats().replays_lost >= 1);
     assert!(!mdt.tree().contains_key("/p"));
+}
+
+/// `recovery_time_soft` and `_hard` are parameters: refused values change nothing, a
+/// value set while recovering takes effect at once (counted from the start of recovery),
+/// and one stored in the MGS (`set-param -P`) is taken when new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_recovery_window_is_set_while_recovering_and_from_stored_parameters() {
+    let (net, v) = (MemNetwork::new(), volume());
+    let mdt = Mdt::start(&net, &v, true).await;
+    let a = Md::connect(&net, "a").await;
+    a.mkdir(Fid::ROOT, "first").await;
+    a.create(Fid::ROOT, "lost").await;
+    mdt.crash();
+    // a never comes back; the window is a minute.
+    let mdt = Mdt::start_with(&net, &v, false, Duration::from_secs(60)).await;
+    let window = |m: &Mdt| {
+        let get = |leaf: &str| m.mds.get_param(&format!("mdt.mdt0.{leaf}")).pop().unwrap().1;
+        (get("recovery_time_soft"), get("recovery_time_hard"))
+    };
+    assert_eq!(window(&mdt), ("60".into(), "240".into()));
+    assert!(mdt.status().contains("status: RECOVERING"), "{}", mdt.status());
+    for (leaf, value, why) in [
+        ("recovery_time_soft", "0", "from 1 to 3600"),
+        ("recovery_time_hard", "7200", "from 1 to 3600"),
+        ("recovery_time_soft", "300", "past recovery_time_hard"),
+        ("recovery_time_hard", "soon", "not a number"),
+    ] {
+        let e = mdt.mds.set_param(&format!("mdt.mdt0.{leaf}"), value).unwrap_err();
+        assert!(e.contains(why), "{leaf}={value}: {e}");
+    }
+    assert_eq!(window(&mdt), ("60".into(), "240".into()), "refused values changed nothing");
+    // Stored in the MGS: taken now, and the recovery under way ends a second after its
+    // start instead of a minute.
+    let stored = vec![("mdt.*.recovery_time_soft".to_string(), "1".to_string())];
+    mdt.mds.apply_stored(&stored);
+    assert_eq!(window(&mdt).0, "1");
+    let t = std::time::Instant::now();
+    while mdt.status().contains("status: RECOVERING") {
+        assert!(t.elapsed() < Duration::from_secs(20), "the shorter window never closed: {}", mdt.status());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(mdt.status().contains("evicted_clients: 1"), "{}", mdt.status());
+    assert!(!mdt.tree().contains_key("/lost"));
+    // A value set here stays until the stored one changes.
+    mdt.mds.set_param("mdt.mdt0.recovery_time_soft", "5").unwrap();
+    mdt.mds.apply_stored(&stored);
+    assert_eq!(window(&mdt).0, "5");
+    mdt.mds.apply_stored(&[("mdt.*.recovery_time_soft".to_string(), "2".to_string())]);
+    assert_eq!(window(&mdt).0, "2");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -168,7 +168,6 @@ pub fn run(cmd: MdtCommand) -> CliResult {
             let ns = Arc::new(open(&dir, &name)?);
             let index = ns.index();
             let mds = nacre_server::mds::Mds::new(&name, ns.clone());
-            let dne = mds.coordinator().clone();
             let label = name.clone();
             crate::service::serve_forever(&listen, mds.handler(), mds.service(), &name, |server, nid| async move {
                 mds.follow_evictions(server);
@@ -184,7 +183,7 @@ pub fn run(cmd: MdtCommand) -> CliResult {
                         Arc::new(nacre_net::transport::TcpTransport),
                         nacre_net::client::ClientConfig::default(),
                     );
-                    tokio::spawn(nacre_server::cluster::follow_config(client, mgs.clone(), ns, dne));
+                    tokio::spawn(nacre_server::cluster::follow_config(client, mgs.clone(), mds));
                 }
                 Ok(())
             })
