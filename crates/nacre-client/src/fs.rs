@@ -255,8 +255,12 @@ impl FileSystem {
                 match map.get_mut(&e.index) {
                     Some(l) if l.nid == nid => {}
                     Some(l) => {
+                        // Restarted elsewhere: the same import follows it, with what it
+                        // kept for replay (a target recovering there waits for it).
+                        if let Some(i) = &l.import {
+                            i.retarget(&nid);
+                        }
                         l.nid = nid;
-                        l.import = None;
                     }
                     None => {
                         map.insert(e.index, Link { nid, import: None, gate: Arc::new(Budget::new(rpcs)) });

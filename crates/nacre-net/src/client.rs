@@ -187,7 +187,7 @@ impl Client {
         let cfg = &self.shared.cfg;
         let now = self.shared.now_ms();
         let import = Arc::new(Import {
-            target: target.clone(),
+            target: Mutex::new(target.clone()),
             shared: self.shared.clone(),
             peer: CreditPool::new(cfg.peer_credits),
             in_flight: Semaphore::new(cfg.max_rpcs_in_flight.max(1)),
@@ -317,7 +317,8 @@ pub struct ImportStats {
 
 /// A client's link to one server.
 pub struct Import {
-    target: Nid,
+    /// Where the server is: moved by [`Import::retarget`] when it restarts elsewhere.
+    target: Mutex<Nid>,
     shared: Arc<Shared>,
     peer: Arc<CreditPool>,
     in_flight: Semaphore,
@@ -421,8 +422,31 @@ impl Drop for Import {
 }
 
 impl Import {
-    pub fn target(&self) -> &Nid {
-        &self.target
+    pub fn target(&self) -> Nid {
+        lock(&self.target).clone()
+    }
+
+    /// The server moved to `nid` (restarted on another port or node, as the MGS's
+    /// configuration says): the links to the old address are cut, and the next request
+    /// connects to the new one. What this import kept for replay (uncommitted changes,
+    /// open files) stays, so a server recovering there gets it back; requests in flight
+    /// are resent there.
+    pub fn retarget(&self, nid: &Nid) {
+        let old = {
+            let mut t = lock(&self.target);
+            if *t == *nid {
+                return;
+            }
+            std::mem::replace(&mut *t, nid.clone())
+        };
+        for conn in std::mem::take(&mut *lock(&self.conns)) {
+            conn.broken.store(true, Ordering::Release);
+            conn.reader.abort();
+        }
+        let mut imports = lock(&self.shared.imports);
+        if let Some(me) = imports.remove(&old) {
+            imports.insert(nid.clone(), me);
+        }
     }
 
     /// Send a request and wait for its reply.
@@ -552,7 +576,7 @@ impl Import {
                 }
             };
             if conn.generation != generation {
-                return Err(RpcError::Evicted { target: self.target.clone() });
+                return Err(RpcError::Evicted { target: self.target() });
             }
             let timeout = self.timeout();
             let sent_ms = self.shared.now_ms();
@@ -734,7 +758,7 @@ impl Import {
                     // The server does not take our replays after all: what was kept is lost.
                     let lost = k.clear();
                     self.counters.replays_lost.fetch_add(lost as u64, Ordering::Relaxed);
-                    return Err(RpcError::Evicted { target: self.target.clone() });
+                    return Err(RpcError::Evicted { target: self.target() });
                 }
                 _ => {
                     // It ran and failed (a change it depended on was lost): it stays
@@ -801,7 +825,7 @@ impl Import {
     /// Put one frame on the wire under peer and interface credits, through the fault rules.
     async fn transmit(&self, conn: &Conn, header: &FrameHeader, body: &[u8], bulk: &[u8]) -> std::io::Result<()> {
         let _credits = acquire_send(&self.peer, &self.shared.ni).await;
-        let action = self.shared.faults.decide(&conn.local, &self.target, header.opcode);
+        let action = self.shared.faults.decide(&conn.local, &lock(&self.target), header.opcode);
         let Some(copies) = fault::copies(action).await else {
             let mut w = conn.writer.lock().await;
             let _ = tokio::io::AsyncWriteExt::shutdown(&mut *w).await;
@@ -871,7 +895,8 @@ impl Import {
     /// Open one connection and run the connect handshake on it.
     async fn open(&self, link: &mut Link) -> Result<Arc<Conn>, RpcError> {
         let s = &self.shared;
-        let mut stream = tokio::time::timeout(self.timeout(), s.transport.connect(&self.target))
+        let target = self.target();
+        let mut stream = tokio::time::timeout(self.timeout(), s.transport.connect(&target))
             .await
             .map_err(|_| RpcError::Timeout { xid: 0, after: self.timeout(), attempts: 1 })??;
         let req = ConnectRequest { client: s.id, cookie: link.cookie }.encode();
@@ -890,7 +915,7 @@ impl Import {
             .ok_or(RpcError::Closed)?;
         if reply.header.status != 0 {
             let reason = String::from_utf8_lossy(&reply.body).into_owned();
-            return Err(RpcError::Refused { target: self.target.clone(), status: reply.header.status, reason });
+            return Err(RpcError::Refused { target, status: reply.header.status, reason });
         }
         let r = ConnectReply::decode(&reply.body).map_err(RpcError::Protocol)?;
         self.counters.connects.fetch_add(1, Ordering::Relaxed);

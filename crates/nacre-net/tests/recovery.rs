@@ -122,6 +122,10 @@ fn client_cfg() -> ClientConfig {
 }
 
 async fn start(net: &MemNetwork, toy: &Toy, recovering: bool, soft_ms: u64) -> Server {
+    start_at(net, toy, recovering, soft_ms, &nid()).await
+}
+
+async fn start_at(net: &MemNetwork, toy: &Toy, recovering: bool, soft_ms: u64, at: &Nid) -> Server {
     let service = Service {
         commits: Some(Arc::new(toy.clone())),
         recovering: recovering
@@ -129,8 +133,8 @@ async fn start(net: &MemNetwork, toy: &Toy, recovering: bool, soft_ms: u64) -> S
     };
     // The stopped server's listener goes when its task is next polled.
     for _ in 0..100 {
-        let t = Arc::new(net.transport("mds0"));
-        match Server::start_service(t, &nid(), toy.handler(), server_cfg(soft_ms), service.clone()).await {
+        let t = Arc::new(net.transport(&at.to_string()));
+        match Server::start_service(t, at, toy.handler(), server_cfg(soft_ms), service.clone()).await {
             Ok(s) => return s,
             Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
         }
@@ -183,6 +187,43 @@ async fn replays_rebuild_every_answered_change_in_transno_order() {
     assert!(!r.recovering);
     assert_eq!((r.clients, r.completed, r.evicted, r.replayed, r.replay_failed), (2, 2, 0, 4, 0));
     assert_eq!((a.stats().replays, b.stats().replays), (2, 2));
+}
+
+/// A server that restarts at another address (a new port, the partner node): the
+/// client's import follows it (`retarget`, as the mount does when the MGS says the
+/// target moved) with what it kept, replays there, and a request sent while the server
+/// was down is answered there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_follows_its_server_to_a_new_address_and_replays_there() {
+    let net = MemNetwork::new();
+    let toy = Toy::default();
+    let server = start(&net, &toy, false, 5_000).await;
+    let a = connect(&net, "a").await;
+    put(&a, "a1").await;
+    a.commit().await.unwrap();
+    for v in ["a2", "a3"] {
+        put(&a, v).await;
+    }
+    assert_eq!(a.uncommitted(), 2);
+    drop(server);
+    toy.crash();
+    let in_flight = {
+        let a = a.clone();
+        tokio::spawn(async move { put(&a, "a4").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let moved: Nid = "mds1@mem".parse().unwrap();
+    let server = start_at(&net, &toy, true, 5_000, &moved).await;
+    a.retarget(&moved);
+    assert_eq!(a.target(), moved);
+    assert!(in_flight.await.unwrap() > 0);
+    assert_eq!(strs(toy.values()), ["a1", "a2", "a3", "a4"]);
+    let r = server.stats().recovery;
+    assert_eq!((r.clients, r.completed, r.evicted, r.replayed), (1, 1, 0, 2));
+    // Following it again to where it already is changes nothing.
+    a.retarget(&moved);
+    put(&a, "a5").await;
+    assert_eq!(a.stats().replays, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -135,7 +135,7 @@ impl Coordinator {
     pub fn set_peers(&self, mdts: u32, client: Client, nids: HashMap<u32, Nid>) {
         let mut l = lock(&self.links);
         // A link to an MDT that moved (restarted elsewhere) goes; the next step reconnects.
-        l.imports.retain(|m, i| nids.get(m) == Some(i.target()));
+        l.imports.retain(|m, i| nids.get(m) == Some(&i.target()));
         l.client = Some(client);
         l.nids = nids;
         self.mdts.store(mdts.max(1), Ordering::Relaxed);

@@ -1,7 +1,8 @@
 //! The file system through the kernel: `nacre up` with a FUSE mount, then what programs
 //! do — checked against what Linux's local file system does with the same calls
 //! (errors included), a seeded random-operation run after fsx against a model file, two
-//! mounts sharing a file, and `up` after the serving process was killed.
+//! mounts sharing a file, `up` after the serving process was killed, and the MDS's
+//! process killed under a live mount (replay).
 
 mod common;
 
@@ -79,18 +80,9 @@ impl Up {
         format!("127.0.0.1@tcp:{}", self.port)
     }
 
-    /// Operations `op` MDT 0 has served (its `md_stats`), found through the MGS's list
-    /// of targets.
+    /// Operations `op` MDT 0 has served (its `md_stats`).
     fn mds_ops(&self, op: &str) -> u64 {
-        let get = |server: &str, p: &str| {
-            let out = nacre().args(["get-param", "--server", server, p]).output().unwrap();
-            assert!(out.status.success(), "get-param {p}: {}", String::from_utf8_lossy(&out.stderr));
-            String::from_utf8_lossy(&out.stdout).into_owned()
-        };
-        let targets = get(&self.mgs(), "mgs.*.targets");
-        let mdt = targets.lines().find_map(|l| l.strip_prefix("nacre-MDT0000 ")).expect("MDT 0 in the MGS's targets");
-        let stats = get(mdt.trim(), "mdt.*.md_stats");
-        stats.lines().find_map(|l| l.strip_prefix(&format!("{op} "))).map_or(0, |n| n.trim().parse().unwrap())
+        figure(&mds_param(&self.mgs(), "mdt.*.md_stats"), op)
     }
 }
 
@@ -112,6 +104,25 @@ impl Drop for Up {
             let _ = fs::remove_dir_all(root);
         }
     }
+}
+
+/// `get-param p` (or `set-param p` when it holds `=`) on MDT 0, found through the MGS
+/// at `mgs` (its first NID: where it serves now).
+fn mds_param(mgs: &str, p: &str) -> String {
+    let call = |verb: &str, server: &str, p: &str| {
+        let out = nacre().args([verb, "--server", server, p]).output().unwrap();
+        assert!(out.status.success(), "{verb} {p}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let targets = call("get-param", mgs, "mgs.*.targets");
+    let nids = targets.lines().find_map(|l| l.strip_prefix("nacre-MDT0000 ")).expect("MDT 0 in the MGS's targets");
+    let mdt = nids.trim().split(',').next().unwrap().to_string();
+    call(if p.contains('=') { "set-param" } else { "get-param" }, &mdt, p)
+}
+
+/// The number after `name ` on a line of `text` (0 if none).
+fn figure(text: &str, name: &str) -> u64 {
+    text.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).map_or(0, |n| n.trim().parse().unwrap())
 }
 
 /// What a call gave: a value rendered as text, or its errno.
@@ -639,6 +650,81 @@ fn up_per_service_runs_a_process_for_each_and_down_stops_them_all() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(fs::read(mnt.join("f")).unwrap(), b"per service");
+}
+
+/// The MDS's process killed (SIGKILL) under a live mount and started again, at a new port
+/// the mount learns from the MGS: the mount replays what the MDS had answered but not
+/// committed (files made, written on the MDT, renamed, removed), a file open across the
+/// kill keeps working through its descriptor, a file made while the MDS was down is made
+/// once it is back, and nothing answered is lost.
+#[test]
+fn a_killed_mds_process_comes_back_and_the_mount_replays_what_it_had_not_committed() {
+    let root = scratch("mds-kill");
+    let (data, mnt) = (root.join("data"), root.join("mnt"));
+    fs::create_dir_all(&mnt).unwrap();
+    let port = free_port();
+    let out = nacre()
+        .args(["up", "--per-service", "--osts", "2", "--ost-size", "64M", "--mdt-size", "64M", "--port"])
+        .arg(port.to_string())
+        .arg("--data")
+        .arg(&data)
+        .arg("--mount")
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    let fs = Up { data: data.clone(), mnt: mnt.clone(), port };
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Commits at most every 10 s from here: what follows is answered, not committed.
+    mds_param(&fs.mgs(), "mdt.mdt0.commit_interval_ms=10000");
+    let d = mnt.join("d");
+    fs::create_dir(&d).unwrap();
+    let body = |i: usize| format!("file {i} written before the kill").into_bytes();
+    for i in 0..20 {
+        fs::write(d.join(format!("f{i}")), body(i)).unwrap();
+    }
+    fs::rename(d.join("f0"), d.join("renamed")).unwrap();
+    fs::remove_file(d.join("f1")).unwrap();
+    let mut held = OpenOptions::new().read(true).write(true).open(d.join("f2")).unwrap();
+    let commits = mds_param(&fs.mgs(), "mdt.*.commits");
+    assert!(
+        figure(&commits, "last_committed") + 20 < figure(&commits, "last_transno"),
+        "the changes are answered, not committed: {commits}"
+    );
+    let pid = fs::read_to_string(data.join("nacre-mdt0.pid")).unwrap();
+    assert!(Command::new("kill").args(["-9", pid.trim()]).status().unwrap().success());
+    // Made while the MDS is down: sent again until it is back, then run after recovery.
+    let during = {
+        let p = d.join("during");
+        std::thread::spawn(move || fs::write(p, b"made during the restart"))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let out =
+        nacre().args(["server", "--config"]).arg(data.join("cluster.toml")).args(["--node", "mdt0"]).output().unwrap();
+    assert!(out.status.success(), "restart: {}", String::from_utf8_lossy(&out.stderr));
+    during.join().unwrap().unwrap();
+    assert_eq!(fs::read(d.join("during")).unwrap(), b"made during the restart");
+    // Every answered change is back once the mount has replayed.
+    let mut want: Vec<String> = (2..20).map(|i| format!("f{i}")).collect();
+    want.extend(["renamed".into(), "during".into()]);
+    want.sort();
+    let mut names: Vec<String> =
+        fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, want);
+    for i in 2..20 {
+        assert_eq!(fs::read(d.join(format!("f{i}"))).unwrap(), body(i), "f{i}");
+    }
+    assert_eq!(fs::read(d.join("renamed")).unwrap(), body(0));
+    // The descriptor opened before the kill still reads and writes.
+    let mut got = Vec::new();
+    held.read_to_end(&mut got).unwrap();
+    assert_eq!(got, body(2));
+    held.write_all_at(b"FILE", 0).unwrap();
+    drop(held);
+    assert!(fs::read(d.join("f2")).unwrap().starts_with(b"FILE 2 written"));
+    let status = mds_param(&fs.mgs(), "mdt.*.recovery_status");
+    assert!(status.contains("status: COMPLETE") && status.contains("completed_clients: 1/1"), "{status}");
+    assert!(figure(&status, "replayed_requests:") > 20, "the changes came back by replay: {status}");
 }
 
 fn run(args: &[&str], path: &Path) -> String {

@@ -249,6 +249,10 @@ impl Namespace {
     /// are closed and its reply records deleted.
     pub fn forget_client(&self, client: u64) -> Result<()> {
         self.release_client(client)?;
+        if !self.knows_client(client) {
+            // It never made a change (a `get-param`, a reader): nothing to forget.
+            return Ok(());
+        }
         self.change(
             None,
             Box::new(move |tx| {
