@@ -611,7 +611,8 @@ impl Import {
                     lock(&self.kept).committed(frame.header.last_committed);
                     // Open state is kept by its holder (`keep_open`); a create-open is
                     // a change too.
-                    let over = frame.header.transno != 0 && self.keep(&req, xid, &frame);
+                    let change = frame.header.transno != 0 && frame.header.flags & flags::AFTER == 0;
+                    let over = change && self.keep(&req, xid, &frame);
                     return Ok((frame, over));
                 }
                 None if last_try => {
@@ -659,7 +660,8 @@ impl Import {
     /// Keep the request that opened state `key` (its reply flagged
     /// `flags::OPEN_STATE`) for replay after a server restart, until
     /// [`Import::forget_open`]. It is replayed after the changes this client made before
-    /// it. Nothing is kept for a reply without the flag.
+    /// it, and after the change its reply names (`flags::AFTER`: a file another client
+    /// made). Nothing is kept for a reply without the flag.
     pub fn keep_open(&self, key: u64, opcode: u16, body: &[u8], reply: &Frame) {
         if reply.header.flags & flags::OPEN_STATE == 0 {
             return;
@@ -721,7 +723,7 @@ impl Import {
                 let body = Replay::encode(&r.body, &r.reply);
                 let header = FrameHeader {
                     opcode: r.opcode,
-                    flags: flags::REPLAY,
+                    flags: if open { flags::REPLAY | flags::OPEN_STATE } else { flags::REPLAY },
                     xid: r.xid,
                     body_len: body.len() as u32,
                     bulk_len: r.bulk.len() as u32,

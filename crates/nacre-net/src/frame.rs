@@ -41,9 +41,15 @@ pub mod flags {
     pub const REPLAY: u16 = 1 << 4;
     /// A reply that opened state on the server (an open file) which the client replays
     /// after a restart for as long as it holds it, whether or not it is committed.
+    /// In a replay: the request replayed is such state; it runs after the change whose
+    /// transno it carries.
     pub const OPEN_STATE: u16 = 1 << 5;
+    /// In a reply with `OPEN_STATE` to a request that changed nothing (an open):
+    /// `transno` is not the request's own but the last one the server had given, which
+    /// the state may depend on (a file another client made); it is replayed after it.
+    pub const AFTER: u16 = 1 << 6;
     /// Every flag this version knows.
-    pub const KNOWN: u16 = REPLY | EARLY | RESEND | BULK_CHECKSUM | REPLAY | OPEN_STATE;
+    pub const KNOWN: u16 = REPLY | EARLY | RESEND | BULK_CHECKSUM | REPLAY | OPEN_STATE | AFTER;
 }
 
 /// The fixed header of a frame.

@@ -81,6 +81,17 @@ pub struct RecoveryStats {
     pub remaining_ms: u64,
 }
 
+/// A replay's place in the recovery queue: transno order, and an open (state replayed
+/// for as long as it is held, whose transno is the last change it may depend on) after
+/// the change of its transno.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Turn {
+    pub transno: u64,
+    pub open: bool,
+    pub client: u64,
+    pub xid: u64,
+}
+
 /// The server's recovery state; `T` is a queued request.
 pub(crate) struct Recovery<T> {
     pub started_ms: u64,
@@ -89,7 +100,7 @@ pub(crate) struct Recovery<T> {
     pub soft: Duration,
     pub clients: HashMap<u64, Stand>,
     /// Replays waiting for their turn: (transno, client, xid).
-    pub queue: BTreeMap<(u64, u64, u64), T>,
+    pub queue: BTreeMap<Turn, T>,
     /// A replay is running (they run one at a time).
     pub running: bool,
     /// The transno a replay must carry to run without waiting for the others.
@@ -158,21 +169,22 @@ impl<T> Recovery<T> {
         if self.running {
             return None;
         }
-        let &(transno, ..) = self.queue.keys().next()?;
-        let free = transno <= self.committed || transno <= self.next;
+        let &Turn { transno, open, .. } = self.queue.keys().next()?;
+        // A change runs when every lower transno has; an open once its own has too.
+        let free = transno <= self.committed || transno < self.next || (transno == self.next && !open);
         let all_in = || {
             self.clients.iter().all(|(c, s)| match s {
                 Stand::Absent => false,
                 Stand::Done => true,
-                Stand::Replaying => self.queue.keys().any(|&(_, qc, _)| qc == *c),
+                Stand::Replaying => self.queue.keys().any(|t| t.client == *c),
             })
         };
         if !free && !all_in() {
             return None;
         }
         self.running = true;
-        self.queue.pop_first().map(|((t, ..), q)| {
-            self.next = self.next.max(t + 1);
+        self.queue.pop_first().map(|(t, q)| {
+            self.next = self.next.max(t.transno + 1);
             q
         })
     }
@@ -190,7 +202,7 @@ impl<T> Recovery<T> {
             self.clients.remove(c);
         }
         self.stats.evicted += late.len();
-        let keys: Vec<_> = self.queue.keys().filter(|(_, c, _)| late.contains(c)).copied().collect();
+        let keys: Vec<_> = self.queue.keys().filter(|t| late.contains(&t.client)).copied().collect();
         let dropped = keys.into_iter().filter_map(|k| self.queue.remove(&k)).collect();
         (late, dropped)
     }
@@ -205,6 +217,10 @@ impl<T> Recovery<T> {
 mod tests {
     use super::*;
 
+    fn change(transno: u64, client: u64, xid: u64) -> Turn {
+        Turn { transno, open: false, client, xid }
+    }
+
     fn rec(clients: &[u64], committed: u64) -> Recovery<&'static str> {
         let r = Recovering { clients: clients.to_vec(), last_committed: committed };
         Recovery::new(&r, 0, Duration::from_secs(10), Duration::from_secs(30))
@@ -216,9 +232,9 @@ mod tests {
         r.reconnect(1, 0);
         r.reconnect(2, 0);
         // Client 1 replays transno 13 first: 11 and 12 may still come from client 2.
-        r.queue.insert((13, 1, 5), "c1-13");
+        r.queue.insert(change(13, 1, 5), "c1-13");
         assert_eq!(r.next_ready(), None);
-        r.queue.insert((11, 2, 7), "c2-11");
+        r.queue.insert(change(11, 2, 7), "c2-11");
         assert_eq!(r.next_ready(), Some("c2-11"), "the next transno runs at once");
         assert_eq!(r.next_ready(), None, "one at a time");
         r.running = false;
@@ -237,10 +253,10 @@ mod tests {
     fn committed_replays_run_at_once_and_absent_clients_hold_the_rest() {
         let mut r = rec(&[1, 2], 10);
         r.reconnect(1, 0);
-        r.queue.insert((9, 1, 1), "answered from its record");
+        r.queue.insert(change(9, 1, 1), "answered from its record");
         assert_eq!(r.next_ready(), Some("answered from its record"));
         r.running = false;
-        r.queue.insert((14, 1, 2), "gap");
+        r.queue.insert(change(14, 1, 2), "gap");
         assert_eq!(r.next_ready(), None, "client 2 is not back");
         assert_eq!(r.close(9_999), (vec![], vec![]), "the window is open");
         assert_eq!(r.close(10_000), (vec![2], vec![]), "client 2 never came back; client 1 replays on");
@@ -259,7 +275,7 @@ mod tests {
         r.reconnect(2, 25_000);
         assert_eq!(r.deadline_ms, 30_000, "never past the hard limit");
         assert!(!r.reconnect(9, 1), "a client not waited for");
-        r.queue.insert((3, 2, 1), "evicted with its client");
+        r.queue.insert(change(3, 2, 1), "evicted with its client");
         r.done(1);
         assert_eq!(r.close(29_999), (vec![], vec![]));
         let (mut late, dropped) = r.close(30_000);
@@ -268,6 +284,24 @@ mod tests {
         assert_eq!(dropped, vec!["evicted with its client"]);
         assert!(r.finished());
         assert_eq!(r.stats.evicted, 2);
+    }
+
+    #[test]
+    fn an_open_runs_after_the_change_of_its_transno() {
+        let mut r = rec(&[1, 2], 10);
+        r.reconnect(1, 0);
+        r.reconnect(2, 0);
+        // Client 1 opened a file client 2 made at transno 11.
+        r.queue.insert(Turn { transno: 11, open: true, client: 1, xid: 3 }, "c1-open");
+        assert_eq!(r.next_ready(), None, "transno 11 may still come");
+        r.queue.insert(change(11, 2, 7), "c2-11");
+        assert_eq!(r.next_ready(), Some("c2-11"), "the create first");
+        r.running = false;
+        assert_eq!(r.next_ready(), Some("c1-open"), "then the open");
+        r.running = false;
+        // An open after a committed change runs at once.
+        r.queue.insert(Turn { transno: 9, open: true, client: 2, xid: 8 }, "c2-open");
+        assert_eq!(r.next_ready(), Some("c2-open"));
     }
 
     #[test]

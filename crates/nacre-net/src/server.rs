@@ -42,7 +42,7 @@ use crate::fault::{self, FaultInjector};
 use crate::frame::{BODY_BYTES_LIMIT, BULK_BYTES_LIMIT, FrameHeader, FrameLimits, flags};
 use crate::nid::Nid;
 pub use crate::recovery::{Commits, Recovering, RecoveryStats};
-use crate::recovery::{Recovery, Stand};
+use crate::recovery::{Recovery, Stand, Turn};
 use crate::rpc::{
     CONNECT_REQUEST_BYTES, ConnectReply, ConnectRequest, FIRST_SERVICE_OPCODE, OP_COMMIT, OP_CONNECT, OP_DISCONNECT,
     OP_PING, OP_REPLAY_DONE, Replay, RpcError, fresh_seed, lock, read_header, read_rest, status, write_frame,
@@ -142,6 +142,10 @@ pub struct Reply {
     /// The request opened state the client replays for as long as it holds it
     /// (`flags::OPEN_STATE`).
     pub open_state: bool,
+    /// For open state of a request that changed nothing (`transno` 0): the last transno
+    /// the service had given when it opened it; its replay waits for that change
+    /// (`flags::AFTER`).
+    pub after: u64,
 }
 
 /// A service's request handler.
@@ -1223,10 +1227,12 @@ impl Shared {
             transno: if self.commits.is_some() { reply.transno } else { 0 },
             ..FrameHeader::reply(h.opcode, h.xid, reply.status, reply.body.len(), reply.bulk.len())
         };
-        let header = if reply.open_state && reply.status == 0 {
-            FrameHeader { flags: header.flags | flags::OPEN_STATE, ..header }
-        } else {
-            header
+        let header = match (reply.open_state && reply.status == 0, header.transno) {
+            (false, _) => header,
+            (true, 0) if self.commits.is_some() && reply.after != 0 => {
+                FrameHeader { flags: header.flags | flags::OPEN_STATE | flags::AFTER, transno: reply.after, ..header }
+            }
+            (true, _) => FrameHeader { flags: header.flags | flags::OPEN_STATE, ..header },
         };
         if replay {
             self.replayed(h.transno, &reply);
@@ -1433,7 +1439,8 @@ impl Shared {
             let mut rec = lock(&self.recovery);
             let Some(r) = rec.as_mut() else { return Some(q) };
             if q.replayed.is_some() {
-                r.queue.insert((q.header.transno, q.export.client, q.header.xid), q);
+                let open = q.header.flags & flags::OPEN_STATE != 0;
+                r.queue.insert(Turn { transno: q.header.transno, open, client: q.export.client, xid: q.header.xid }, q);
             } else {
                 r.held.push_back(q);
                 return None;

@@ -454,7 +454,7 @@ impl Mds {
     /// unlinked file) make a change.
     fn serve_open(&self, owner: u64, c: &Cred, r: Request, wait: Wait) -> Option<Reply> {
         let ns = &self.ns;
-        Some(match r {
+        let mut reply = match r {
             Request::Open { fid, read, write, dom_read } => {
                 opened(ns, ns.open_reading(wait, owner, c, fid, read, write, dom_read)?.map(OpenAnswer::Here))
             }
@@ -469,7 +469,13 @@ impl Mds {
                 answer(closed, |_| mdt::Reply::Done)
             }
             _ => return None,
-        })
+        };
+        if reply.open_state {
+            // Read after the open: every change it saw has a transno up to this one (a
+            // change gets its transno before others see it), so its replay goes after.
+            reply.after = ns.transnos().0;
+        }
+        Some(reply)
     }
 
     /// Parameters whose names match `pattern`: `mdt.NAME.md_stats` (operations served),

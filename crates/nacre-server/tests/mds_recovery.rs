@@ -377,6 +377,35 @@ async fn requests_during_recovery_wait_for_its_end() {
     assert!(tree.contains_key("/answered"));
 }
 
+/// An open of a file another client made and the MDS had not committed replays after
+/// that create (its reply says after which transno), not after its own client's last
+/// change: the handle works after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_of_another_clients_uncommitted_file_replays_after_its_create() {
+    let (net, v) = (MemNetwork::new(), volume());
+    let mdt = Mdt::start(&net, &v, true).await;
+    let (a, b) = (Md::connect(&net, "a").await, Md::connect(&net, "b").await);
+    // Each client's first change is committed; b's comes last.
+    a.mkdir(Fid::ROOT, "a-dir").await;
+    b.mkdir(Fid::ROOT, "b-dir").await;
+    let f = a.create(Fid::ROOT, "made-by-a").await;
+    let h = b.open(f.fid).await;
+    assert_eq!((a.imp.uncommitted(), b.imp.uncommitted()), (1, 0));
+    mdt.crash();
+
+    let mdt = Mdt::start(&net, &v, false).await;
+    // b comes back first: its open waits for a's create.
+    let (_, _) = tokio::join!(b.call(Request::Getattr { fid: Fid::ROOT }), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        a.call(Request::Getattr { fid: Fid::ROOT }).await
+    });
+    let status = mdt.status();
+    assert!(status.contains("COMPLETE") && status.contains("failed_replays: 0"), "{status}");
+    b.write(f.fid, h, 0, b"through b's handle").await;
+    assert_eq!(mdt.ns.read_dom(&Cred::root(), f.fid, 0, 100).unwrap(), b"through b's handle");
+    b.call(Request::Close { handle: h }).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_files_stay_open_across_a_restart_even_unlinked() {
     let (net, v) = (MemNetwork::new(), volume());
