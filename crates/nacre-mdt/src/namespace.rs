@@ -498,6 +498,18 @@ fn denied(cred: &Cred, what: &str, a: &Attr) -> MdError {
     MdError::new(errno::EACCES, format!("uid {} may not {what} {} (mode {:o})", cred.uid, a.fid, a.mode & 0o7777))
 }
 
+/// A change's transno (0 if it failed before its record was staged, or, for a change
+/// that wrote nothing, the last one staged), and what it depended on: the transnos of
+/// the last changes, not yet committed, to the inodes it changed (their versions; a
+/// directory's are not kept). After a restart its replay fails if one of those was
+/// lost with its client (version-based recovery, as Lustre's): it would apply to a
+/// state its client never saw.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Numbered {
+    pub transno: u64,
+    pub depends: Vec<u64>,
+}
+
 /// One change under way: its reads and writes of the tables, the redo record of its
 /// writes, and their inverses.
 pub struct Tx<'a> {
@@ -517,6 +529,9 @@ pub struct Tx<'a> {
     pools_changed: std::cell::RefCell<std::collections::BTreeSet<u32>>,
     /// The FID the next new inode gets: a replayed create's, as its first reply said.
     replay_fid: Option<Fid>,
+    /// The versions of the inodes this change changed, as it found them (what it
+    /// depends on: see [`Numbered`]).
+    depends: std::cell::RefCell<Vec<u64>>,
 }
 
 impl<'a> Tx<'a> {
@@ -535,6 +550,7 @@ impl<'a> Tx<'a> {
             pools: std::cell::RefCell::new(lock(&ns.pools).clone()),
             pools_changed: Default::default(),
             replay_fid: None,
+            depends: Default::default(),
         }
     }
 
@@ -581,8 +597,26 @@ impl<'a> Tx<'a> {
     }
 
     fn put(&self, a: &Attr, parent: Fid) -> Result<()> {
-        self.apply(Op::Inode(a.fid.key(), Some(Inode { attr: *a, parent })));
+        self.depend_on(a.fid);
+        // A directory's version is not kept: its entries are checked by name when a
+        // change replays, and changes to other names do not concern it.
+        let version = if mode::is_dir(a.mode) { 0 } else { self.m().stamp };
+        self.apply(Op::Inode(a.fid.key(), Some(Inode { attr: *a, parent, version })));
         Ok(())
+    }
+
+    /// This change changes inode `fid`: it depends on the last change to it (unless that
+    /// is its own, or a directory's, or from before this MDT started).
+    fn depend_on(&self, fid: Fid) {
+        let m = self.m();
+        let Some(i) = m.inode(fid.key()) else { return };
+        if i.version == 0 || i.version == m.stamp || mode::is_dir(i.attr.mode) {
+            return;
+        }
+        let mut d = self.depends.borrow_mut();
+        if !d.contains(&i.version) {
+            d.push(i.version);
+        }
     }
 
     fn put_symlink(&self, fid: Fid, target: &[u8]) -> Result<()> {
@@ -676,7 +710,7 @@ impl Namespace {
         ];
         // The root lives on MDT 0.
         if index == 0 {
-            ops.push(Op::Inode(Fid::ROOT.key(), Some(Inode { attr: root, parent: Fid::ROOT })));
+            ops.push(Op::Inode(Fid::ROOT.key(), Some(Inode { attr: root, parent: Fid::ROOT, version: 0 })));
         }
         {
             let mut w = image::Writer::open(&txn)?;
@@ -881,7 +915,7 @@ impl Namespace {
     /// its record; returns its answer and the transno to wait for before answering (its
     /// own, or for a change that wrote nothing the last one staged, whose state it may
     /// have read). With a reply key, a change already run answers as it did then.
-    fn run_change(&self, key: Option<ReplyKey>, change: Change, reserved: u64) -> Result<(Result<Answer>, u64)> {
+    fn run_change(&self, key: Option<ReplyKey>, change: Change, reserved: u64) -> Result<(Result<Answer>, Numbered)> {
         let r = self.run_reserved(key, change, reserved);
         if r.is_err() {
             self.wal.unreserve(reserved);
@@ -890,7 +924,7 @@ impl Namespace {
     }
 
     /// [`Namespace::run_change`]; an error gives the reservation back to the caller.
-    fn run_reserved(&self, key: Option<ReplyKey>, change: Change, reserved: u64) -> Result<(Result<Answer>, u64)> {
+    fn run_reserved(&self, key: Option<ReplyKey>, change: Change, reserved: u64) -> Result<(Result<Answer>, Numbered)> {
         // Held to the end of the change: an open cannot slip in between the check that a
         // file is not open and its removal.
         let opens = lock(&self.opens);
@@ -935,7 +969,7 @@ impl Namespace {
         }
         if tx.mutations() == 0 {
             self.wal.unreserve(reserved);
-            return Ok((r, self.wal.last_transno()));
+            return Ok((r, Numbered { transno: self.wal.last_transno(), depends: Vec::new() }));
         }
         let mut alloc = tx.alloc;
         if alloc.seq_k != lock(&self.alloc).seq_k || alloc.next_oid > alloc.reserved {
@@ -954,14 +988,18 @@ impl Namespace {
             }
         };
         let pools = tx.pools.take();
+        let committed = self.wal.last_committed();
+        let mut depends = tx.depends.take();
+        depends.retain(|&d| d > committed);
         drop(tx);
+        mem.versions.prune(committed);
         // Under the namespace's lock still: the next change starts from these.
         *lock(&self.alloc) = alloc;
         *lock(&self.pools) = pools;
         drop(mem);
         drop(opens);
         self.stats.changes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok((r, transno))
+        Ok((r, Numbered { transno, depends }))
     }
 
     /// Run one change and wait until it is on the drives; with a reply key, a change
@@ -974,9 +1012,9 @@ impl Namespace {
     fn change_weighted(&self, key: Option<ReplyKey>, f: Change, weight: usize) -> Result<Answer> {
         let reserved = Self::reservation(weight);
         self.wal.reserve(reserved, true)?;
-        let (r, transno) = self.run_change(key, f, reserved)?;
+        let (r, n) = self.run_change(key, f, reserved)?;
         if self.waits_for_commit(key) {
-            self.wal.wait_committed(transno)?;
+            self.wal.wait_committed(n.transno)?;
         }
         r
     }
@@ -1107,16 +1145,15 @@ impl Namespace {
         self.submit_numbered(key, change, weight).await.0
     }
 
-    /// [`Namespace::submit`], with the transno the change got (0 if it failed before
-    /// its record was staged): the client keeps the change for replay until
-    /// `last_committed` covers it. A change answered before commit that gives no transno
-    /// does not exist.
+    /// [`Namespace::submit`], with the transno the change got and what it depended on
+    /// (see [`Numbered`]): the client keeps the change for replay until `last_committed`
+    /// covers it. A change answered before commit that gives no transno does not exist.
     pub async fn submit_numbered(
         self: &Arc<Self>,
         key: Option<ReplyKey>,
         change: Change,
         weight: usize,
-    ) -> (Result<Answer>, u64) {
+    ) -> (Result<Answer>, Numbered) {
         let reserved = Self::reservation(weight);
         let ran = match self.wal.reserve(reserved, false) {
             Ok(true) => self.run_change(key, change, reserved),
@@ -1131,16 +1168,16 @@ impl Namespace {
             }
             Err(e) => Err(e),
         };
-        let (r, transno) = match ran {
+        let (r, n) = match ran {
             Ok(v) => v,
-            Err(e) => return (Err(e), 0),
+            Err(e) => return (Err(e), Numbered::default()),
         };
         if self.waits_for_commit(key)
-            && let Err(e) = self.wal.committed(transno).await
+            && let Err(e) = self.wal.committed(n.transno).await
         {
-            return (Err(e), 0);
+            return (Err(e), Numbered::default());
         }
-        (r, transno)
+        (r, n)
     }
 
     /// `change`, replayed after a restart: the inode it makes gets `fid`, the one its

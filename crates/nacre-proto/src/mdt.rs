@@ -40,6 +40,9 @@ pub mod errno {
     pub const ENODATA: i32 = 61;
     /// The object lives on another MDT: the message says which to ask.
     pub const EREMOTE: i32 = 66;
+    /// A replay whose change depended on one lost in recovery (version-based recovery,
+    /// as Lustre answers it).
+    pub const EOVERFLOW: i32 = 75;
     pub const EOPNOTSUPP: i32 = 95;
     /// Busy: send the request again a little later.
     pub const EINPROGRESS: i32 = 115;
@@ -810,7 +813,20 @@ impl Reply {
         }
     }
 
+    /// The reply to a change, followed by what the change depended on: the transnos of
+    /// the last changes to the inodes it changed that were not yet committed (at most
+    /// [`DEPENDS_MAX`]). A replay of the change after a restart fails if one of those was
+    /// lost (version-based recovery, as Lustre's).
+    pub fn encode_depending(&self, depends: &[u64]) -> Vec<u8> {
+        append_depends(self.encode(), depends)
+    }
+
     pub fn decode(b: &[u8]) -> Result<Reply, ProtoError> {
+        Ok(Reply::decode_depending(b)?.0)
+    }
+
+    /// A reply and what its change depended on (see [`Reply::encode_depending`]).
+    pub fn decode_depending(b: &[u8]) -> Result<(Reply, Vec<u64>), ProtoError> {
         let mut d = Dec::new(b, "MDS reply", VERSION)?;
         let r = match d.u8("reply kind")? {
             1 => Reply::Attr(Attr::get(&mut d)?),
@@ -881,9 +897,36 @@ impl Reply {
             }
             k => return Err(ProtoError::Invalid(format!("MDS reply of unknown kind {k}"))),
         };
+        let mut depends = Vec::new();
+        if !d.at_end() {
+            let n = d.u8("dependency count")? as usize;
+            if n == 0 || n > DEPENDS_MAX {
+                return Err(ProtoError::Invalid(format!("{n} dependencies (1 to {DEPENDS_MAX})")));
+            }
+            for _ in 0..n {
+                depends.push(d.u64("dependency")?);
+            }
+        }
         d.end()?;
-        Ok(r)
+        Ok((r, depends))
     }
+}
+
+/// Dependencies a change's reply names at most (see [`Reply::encode_depending`]).
+pub const DEPENDS_MAX: usize = 8;
+
+/// An encoded reply with what its change depended on after it (the first
+/// [`DEPENDS_MAX`]; nothing when there are none).
+pub fn append_depends(reply: Vec<u8>, depends: &[u64]) -> Vec<u8> {
+    if depends.is_empty() {
+        return reply;
+    }
+    let depends = &depends[..depends.len().min(DEPENDS_MAX)];
+    let mut e = Enc(reply).u8(depends.len() as u8);
+    for d in depends {
+        e = e.u64(*d);
+    }
+    e.done()
 }
 
 #[cfg(test)]
@@ -985,6 +1028,25 @@ mod tests {
             for cut in 0..b.len() {
                 assert!(Reply::decode(&b[..cut]).is_err(), "{r:?} cut at {cut}");
             }
+        }
+    }
+
+    #[test]
+    fn replies_carry_what_their_change_depended_on() {
+        let a = Attr { fid: Fid::new(0x2_0000_0400, 7), mode: mode::S_IFREG | 0o644, ..Attr::default() };
+        let b = Reply::Attr(a).encode_depending(&[41, 7]);
+        assert_eq!(Reply::decode_depending(&b), Ok((Reply::Attr(a), vec![41, 7])));
+        assert_eq!(Reply::decode(&b), Ok(Reply::Attr(a)), "a plain decode ignores them");
+        assert_eq!(Reply::Done.encode_depending(&[]), Reply::Done.encode());
+        let many: Vec<u64> = (1..=20).collect();
+        let (_, kept) = Reply::decode_depending(&Reply::Done.encode_depending(&many)).unwrap();
+        assert_eq!(kept, (1..=DEPENDS_MAX as u64).collect::<Vec<_>>());
+        // A count out of bounds, or cut short, is refused.
+        let plain = Reply::Done.encode();
+        for bad in [vec![0u8], vec![9u8], vec![2u8, 1, 0, 0, 0, 0, 0, 0, 0]] {
+            let mut m = plain.clone();
+            m.extend_from_slice(&bad);
+            assert!(Reply::decode_depending(&m).is_err(), "{bad:?}");
         }
     }
 

@@ -123,6 +123,11 @@ impl<'a> Dec<'a> {
         std::str::from_utf8(b).map_err(|_| ProtoError::Invalid(format!("{what} is not UTF-8")))
     }
 
+    /// Nothing is left to read.
+    pub fn at_end(&self) -> bool {
+        self.at == self.b.len()
+    }
+
     /// The message must end here.
     pub fn end(self) -> Result<(), ProtoError> {
         match self.b.len() - self.at {

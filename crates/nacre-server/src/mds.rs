@@ -4,6 +4,7 @@
 //! client's identity, the request's xid and the client's `acked_xid`, so a request resent
 //! after a lost reply, even across a restart of the MDS, gets its first answer back.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -17,7 +18,7 @@ use nacre_proto::param;
 use crate::dne::{Coordinator, coordinator_client, update_digest};
 use crate::mdt::namespace::RenameMode;
 use crate::mdt::namespace::{Answer, NEEDS_COORDINATION};
-use crate::mdt::{Cred, MdError, Namespace, ReplyKey, SetAttr};
+use crate::mdt::{Cred, MdError, Namespace, Numbered, ReplyKey, SetAttr};
 use crate::mdt::{OpenAnswer, Wait};
 
 /// Bytes of names and attributes one readdir reply carries at most.
@@ -68,6 +69,9 @@ pub struct Mds {
     dne: Arc<Coordinator>,
     /// The server this MDS runs in (its recovery figures), once known.
     server: std::sync::OnceLock<nacre_net::server::ServerHandle>,
+    /// During recovery, the changes replayed well, by their first transno: what a later
+    /// replay may depend on (version-based recovery).
+    replayed: Arc<std::sync::Mutex<HashSet<u64>>>,
     /// The stored parameters taken from the MGS, by leaf, as last applied.
     stored: std::sync::Mutex<std::collections::HashMap<String, String>>,
     /// `last_committed` when this MDS started: replays at or below it were committed.
@@ -76,7 +80,7 @@ pub struct Mds {
 
 /// What the transport needs of the namespace: `last_committed` for every reply, and a
 /// commit on `OP_COMMIT`.
-struct MdtCommits(Arc<Namespace>);
+struct MdtCommits(Arc<Namespace>, Arc<std::sync::Mutex<HashSet<u64>>>);
 
 impl Commits for MdtCommits {
     fn last_committed(&self) -> u64 {
@@ -94,6 +98,7 @@ impl Commits for MdtCommits {
     }
 
     fn recovered(&self) {
+        self.1.lock().unwrap_or_else(|e| e.into_inner()).clear();
         // Files unlinked while open that no client reopened go now.
         let ns = self.0.clone();
         tokio::task::spawn_blocking(move || match ns.remove_orphans() {
@@ -161,16 +166,27 @@ fn first_answer(replayed: &Option<Vec<u8>>) -> Option<(Fid, Option<u64>)> {
     }
 }
 
-/// A change's reply, with the transno the client keeps it under until it is committed.
-fn numbered(r: (Result<Answer, MdError>, u64)) -> Reply {
-    let reply = match r.0 {
+/// A change's reply, with the transno the client keeps it under until it is committed
+/// and, after its body, what the change depended on.
+fn numbered(r: (Result<Answer, MdError>, Numbered)) -> Reply {
+    let (r, n) = r;
+    let reply = match r {
         Ok(Answer::Attr(a)) => ok(mdt::Reply::Attr(a)),
         // A resend of an operation over several MDTs: the coordinator answers it.
         Ok(Answer::Intent(_)) => return fail(-NEEDS_COORDINATION, "resent".into()),
         Ok(_) => ok(mdt::Reply::Done),
         Err(e) => fail(e.status(), e.message),
     };
-    Reply { transno: r.1, ..reply }
+    depending(Reply { transno: n.transno, ..reply }, &n.depends)
+}
+
+/// `reply`, a change's, with what the change depended on after its body (kept by the
+/// client with the reply, and checked when it replays: see `Mds::lost_dependency`).
+fn depending(mut reply: Reply, depends: &[u64]) -> Reply {
+    if reply.status == 0 && reply.transno != 0 {
+        reply.body = mdt::append_depends(std::mem::take(&mut reply.body), depends);
+    }
+    reply
 }
 
 /// The reply key of a change: the client, the xid, what the client has acknowledged, and
@@ -261,6 +277,7 @@ impl Mds {
             dne,
             server: Default::default(),
             stored: Default::default(),
+            replayed: Default::default(),
             replay_from,
         })
     }
@@ -287,7 +304,7 @@ impl Mds {
     pub fn service(&self) -> Service {
         let clients = self.ns.known_clients();
         Service {
-            commits: Some(Arc::new(MdtCommits(self.ns.clone()))),
+            commits: Some(Arc::new(MdtCommits(self.ns.clone(), self.replayed.clone()))),
             recovering: Some(Recovering { clients, last_committed: self.ns.last_committed() }),
         }
     }
@@ -374,6 +391,12 @@ impl Mds {
             return reply;
         }
         let (header, client) = (req.header, req.client);
+        if let Some(first) = &req.replayed
+            && let Some(why) = self.lost_dependency(first)
+        {
+            return fail(-errno::EOVERFLOW, why);
+        }
+        let replay = req.replayed.is_some();
         // A client's first change is committed before its reply: the answers kept for it
         // are what tells a restarted MDS to wait for it in recovery.
         let known = self.ns.knows_client(client);
@@ -399,7 +422,25 @@ impl Mds {
         if reply.status == -NEEDS_COORDINATION {
             return self.coordinate(header, client, &body).await;
         }
+        if replay && reply.status == 0 {
+            self.replayed.lock().unwrap_or_else(|e| e.into_inner()).insert(header.transno);
+        }
         reply
+    }
+
+    /// Why a replayed change must not run, if it must not: it depended on a change (by the
+    /// transnos its first reply named) that is neither on the drives from before the
+    /// restart nor replayed since, so lost with its client; it would apply to a state
+    /// its own client never saw (version-based recovery).
+    fn lost_dependency(&self, first: &[u8]) -> Option<String> {
+        let (_, depends) = mdt::Reply::decode_depending(first).ok()?;
+        let committed = self.replay_from.load(Ordering::Relaxed);
+        let replayed = self.replayed.lock().unwrap_or_else(|e| e.into_inner());
+        let lost = depends.into_iter().find(|d| *d > committed && !replayed.contains(d))?;
+        Some(format!(
+            "version-based recovery: this change depended on transno {lost}, which was lost with its client \
+             (not on the drives, not replayed)"
+        ))
     }
 
     /// An open replayed after a restart: the file its first reply named (by FID: a name
@@ -865,14 +906,14 @@ impl Mds {
                     Some((fid, _)) => Namespace::replaying(fid, change),
                     None => change,
                 };
-                let (a, transno) = match self.ns.submit_numbered(key, change, 0).await {
-                    (Ok(Answer::Attr(a)), t) => (a, t),
+                let (a, n) = match self.ns.submit_numbered(key, change, 0).await {
+                    (Ok(Answer::Attr(a)), n) => (a, n),
                     (Ok(_), _) => return Some(fail(-errno::EIO, "create-open: the create gave no attributes".into())),
                     (Err(e), _) => return Some(fail(e.status(), e.message)),
                 };
                 // A replay gets the handle it had.
                 let reply = self.open_for(req.client, a.fid, read, write, first.and_then(|(_, h)| h)).await;
-                return Some(Reply { transno, ..reply });
+                return Some(depending(Reply { transno: n.transno, ..reply }, &n.depends));
             }
             _ => return None,
         };
@@ -880,12 +921,15 @@ impl Mds {
             (mdt::MDS_CREATE, Some((fid, _))) => Namespace::replaying(fid, change),
             _ => change,
         };
-        let mut reply = numbered(self.ns.submit_numbered(key, change, weight).await);
+        let (r, n) = self.ns.submit_numbered(key, change, weight).await;
+        let depends = n.depends.clone();
+        let mut reply = numbered((r, n));
         if reply.status == 0
             && let Some(dir) = parent
             && let Ok(a) = self.ns.getattr(dir)
         {
             reply.body = mdt::Reply::Attr(a).encode();
+            reply = depending(reply, &depends);
         }
         Some(reply)
     }
@@ -904,7 +948,7 @@ impl Mds {
         at: i32,
         count: i32,
     ) -> Reply {
-        let mut transno = 0;
+        let mut numbered_as = Numbered::default();
         let r = match self.dne.placement(dir, at, count).await {
             Ok(None) => {
                 let change = Namespace::mkdir_change(c, dir, name, perms);
@@ -918,8 +962,8 @@ impl Mds {
                         Ok(_entered) => self.dne.finish(key, id).await,
                         Err(e) => Err(e),
                     },
-                    (r, t) => {
-                        transno = t;
+                    (r, n) => {
+                        numbered_as = n;
                         r
                     }
                 }
@@ -930,7 +974,7 @@ impl Mds {
             },
             Err(e) => Err(e),
         };
-        numbered((r, transno))
+        numbered((r, numbered_as))
     }
 
     /// Serve one request (blocking).

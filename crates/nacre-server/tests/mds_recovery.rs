@@ -339,6 +339,40 @@ async fn the_recovery_window_is_set_while_recovering_and_from_stored_parameters(
     assert_eq!(window(&mdt).0, "2");
 }
 
+/// Version-based recovery: a change to a file made after another client's change to the
+/// same file, replayed when that client is lost, fails with EOVERFLOW instead of
+/// applying to a state its client never saw; changes that did not depend on the lost one
+/// replay as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_that_depended_on_a_lost_change_fails_and_changes_nothing() {
+    let (net, v) = (MemNetwork::new(), volume());
+    let mdt = Mdt::start(&net, &v, true).await;
+    let (a, b) = (Md::connect(&net, "a").await, Md::connect(&net, "b").await);
+    a.mkdir(Fid::ROOT, "a-first").await;
+    b.mkdir(Fid::ROOT, "b-first").await;
+    let f = a.create(Fid::ROOT, "shared").await;
+    a.imp.commit().await.unwrap();
+    let (ha, hb) = (a.open(f.fid).await, b.open(f.fid).await);
+    // a writes (lost with a), then b writes over it: b's write came after a's.
+    a.write(f.fid, ha, 0, b"a's bytes, lost").await;
+    b.write(f.fid, hb, 0, b"b's").await;
+    b.mkdir(Fid::ROOT, "b-own").await;
+    let c = Cred::root();
+    assert_eq!(mdt.ns.read_dom(&c, f.fid, 0, 100).unwrap(), b"b's bytes, lost");
+    mdt.crash();
+
+    let mdt = Mdt::start(&net, &v, false).await;
+    b.call(Request::Getattr { fid: Fid::ROOT }).await;
+    let status = mdt.status();
+    assert!(status.contains("evicted_clients: 1") && status.contains("failed_replays: 1"), "{status}");
+    assert_eq!(mdt.ns.read_dom(&c, f.fid, 0, 100).unwrap(), b"", "neither write: b's depended on a's");
+    assert!(mdt.tree().contains_key("/b-own"), "what did not depend on a replayed");
+    assert!(b.imp.stats().replay_failures >= 1);
+    // b's handle was replayed: it writes again.
+    b.write(f.fid, hb, 0, b"again").await;
+    assert_eq!(mdt.ns.read_dom(&c, f.fid, 0, 100).unwrap(), b"again");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_during_recovery_wait_for_its_end() {
     let (net, v) = (MemNetwork::new(), volume());

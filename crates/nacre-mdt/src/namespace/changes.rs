@@ -169,6 +169,7 @@ impl Tx<'_> {
     /// layout; an orphan its orphan record).
     pub(super) fn destroy(&self, a: &Attr, orphan: bool) -> Result<()> {
         let (fid, k) = (a.fid, a.fid.key());
+        self.depend_on(fid);
         self.apply(Op::Inode(k, None));
         if mode::is_lnk(a.mode) && self.m().symlinks.contains_key(&k) {
             self.apply(Op::Symlink(k, None));

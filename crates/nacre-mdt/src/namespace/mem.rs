@@ -25,6 +25,10 @@ use super::{DOM_BLOCK, MdError, Result, storage};
 pub struct Inode {
     pub attr: Attr,
     pub parent: Fid,
+    /// The transno of the last change to it, while that may not be committed (0: none
+    /// such; not stored). Changes report it as what they depend on (version-based
+    /// recovery).
+    pub version: u64,
 }
 
 /// An inode as memory keeps it: its attributes without the FID (its place in the
@@ -192,6 +196,42 @@ pub struct Mem {
     /// The transno of the change applying ops now: DoM blocks it writes carry it, and
     /// leave memory once a checkpoint covered it.
     pub stamp: u64,
+    /// Inode versions (see [`Inode::version`]), apart from the inodes: only the changed
+    /// ones have one, until it is committed.
+    pub versions: Versions,
+}
+
+/// The versions of recently changed inodes. Those at or below `last_committed` are let
+/// go now and then (they concern no replay), whenever the map has doubled since.
+#[derive(Default)]
+pub struct Versions {
+    map: HashMap<u128, u64>,
+    /// The size after the last pruning: the next comes at twice it (at least 4,096).
+    pruned_at: usize,
+}
+
+impl Versions {
+    pub fn get(&self, k: u128) -> u64 {
+        self.map.get(&k).copied().unwrap_or(0)
+    }
+
+    fn set(&mut self, k: u128, version: u64) {
+        if version == 0 {
+            self.map.remove(&k);
+        } else {
+            self.map.insert(k, version);
+        }
+    }
+
+    /// Forget the versions at or below `committed`, if the map has grown enough since the
+    /// last time for it to pay.
+    pub fn prune(&mut self, committed: u64) {
+        if self.map.len() < (2 * self.pruned_at).max(4096) {
+            return;
+        }
+        self.map.retain(|_, v| *v > committed);
+        self.pruned_at = self.map.len();
+    }
 }
 
 /// A DoM block as memory keeps it.
@@ -351,7 +391,7 @@ pub fn decode_inode(b: &[u8]) -> Result<Inode> {
     let attr = Attr::get(&mut d)?;
     let parent = Fid::get(&mut d, "parent")?;
     d.end()?;
-    Ok(Inode { attr, parent })
+    Ok(Inode { attr, parent, version: 0 })
 }
 
 impl Op {
@@ -677,6 +717,7 @@ impl Mem {
                     n.layout = layout;
                 }
                 n.set(&i.attr);
+                self.versions.set(k, i.version);
                 if mode::is_dir(i.attr.mode) {
                     self.parents.insert(k, i.parent);
                 } else {
@@ -684,6 +725,7 @@ impl Mem {
                 }
             }
             None => {
+                self.versions.set(k, 0);
                 if let Some(n) = self.inodes.remove(k)
                     && let Some(l) = n.layout
                 {
@@ -715,7 +757,8 @@ impl Mem {
     /// Inode `k`, if it is here.
     pub fn inode(&self, k: u128) -> Option<Inode> {
         let n = self.inodes.get(k)?;
-        Some(Inode { attr: n.attr(k), parent: self.parents.get(&k).copied().unwrap_or_default() })
+        let parent = self.parents.get(&k).copied().unwrap_or_default();
+        Some(Inode { attr: n.attr(k), parent, version: self.versions.get(k) })
     }
 
     pub fn has_inode(&self, k: u128) -> bool {
@@ -876,7 +919,10 @@ mod tests {
     fn ops_round_trip_and_undo() {
         let ops = vec![
             Op::Meta("next_oid".into(), Some(7)),
-            Op::Inode(5, Some(Inode { attr: Attr { mode: 0o100644, ..Attr::default() }, parent: Fid::ROOT })),
+            Op::Inode(
+                5,
+                Some(Inode { attr: Attr { mode: 0o100644, ..Attr::default() }, parent: Fid::ROOT, version: 0 }),
+            ),
             ent(1, 9, "a", Some((5, 0o100000))),
             Op::Xattr(5, "user.x".into(), Some(b"v".to_vec().into())),
             Op::Orphan(5, true),
@@ -914,12 +960,35 @@ mod tests {
     }
 
     #[test]
+    fn versions_of_committed_changes_go_once_the_map_has_doubled() {
+        let mut v = Versions::default();
+        for k in 1..=5000u128 {
+            v.set(k, k as u64);
+        }
+        v.set(7, 0);
+        assert_eq!((v.get(7), v.get(8)), (0, 8));
+        v.prune(4000);
+        assert_eq!((v.get(3999), v.get(4001), v.map.len()), (0, 4001, 1000));
+        for k in 1..=2000u128 {
+            v.set(k, 1);
+        }
+        v.prune(u64::MAX);
+        assert_eq!(v.map.len(), 3000, "not doubled since: kept");
+        for k in 3001..=6000u128 {
+            v.set(k << 20, 1);
+        }
+        v.prune(u64::MAX);
+        assert!(v.map.is_empty());
+    }
+
+    #[test]
     fn inodes_fill_pages_and_free_them() {
         let mut m = Mem::default();
         let fid = |oid: u32| Fid::new(0x2_0000_0400, oid).key();
         let file = |oid: u32| Inode {
             attr: Attr { fid: Fid::from_key(fid(oid)), mode: 0, nlink: 1, ..Attr::default() },
             parent: Fid::ROOT,
+            version: 0,
         };
         for oid in 1..=600 {
             assert_eq!(m.apply(Op::Inode(fid(oid), Some(file(oid)))), Undo::Op(Op::Inode(fid(oid), None)));
