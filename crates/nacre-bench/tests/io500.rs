@@ -104,6 +104,26 @@ fn every_phase_runs_on_a_local_folder_and_leaves_it_empty() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Skipping a write phase (io500.ini's `run = FALSE`) skips what reads it; the others
+/// run and verify as usual, and the score is over them.
+#[test]
+fn a_skipped_write_phase_takes_its_reads_with_it() {
+    let dir = scratch("skip");
+    let s = Posix::new(&dir).unwrap();
+    let o = Io500Options { skip: vec!["ior-hard-write".into(), "mdtest-easy-stat".into()], ..tiny(2) };
+    let r = io500::run(&s, &o, &mut Vec::new()).expect("io500 runs");
+    let ran: Vec<&str> = r.results.iter().map(|p| p.name).collect();
+    for gone in ["ior-hard-write", "ior-hard-read", "mdtest-easy-stat"] {
+        assert!(!ran.contains(&gone), "{gone} ran: {ran:?}");
+    }
+    assert_eq!(ran.len(), 10, "{ran:?}");
+    assert!(ran.contains(&"mdtest-easy-delete") && ran.contains(&"find"), "{ran:?}");
+    assert!(r.score.iops > 0.0 && r.score.bandwidth > 0.0);
+    assert_eq!(r.json()["settings"]["skipped"].as_array().unwrap().len(), 3);
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "the run removed everything");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn bad_settings_are_refused_before_anything_is_made() {
     let dir = scratch("bad");
@@ -114,6 +134,7 @@ fn bad_settings_are_refused_before_anything_is_made() {
         Io500Options { run_dir: "../escape".into(), ..tiny(1) },
         Io500Options { ior_easy_bytes: 1000, ..tiny(1) },
         Io500Options { mdtest_hard_files: 0, ..tiny(1) },
+        Io500Options { skip: vec!["ior-hardest".into()], ..tiny(1) },
     ] {
         let e = io500::run(&s, &bad, &mut Vec::new()).expect_err("refused");
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");

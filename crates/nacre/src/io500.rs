@@ -72,6 +72,10 @@ pub struct Io500Args {
     /// Also write the figures and settings, as JSON, to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Phases not to run (io500.ini's `run = FALSE`), e.g. `--skip ior-hard-write`: the
+    /// phases reading what a skipped one makes go with it; the score is over the others.
+    #[arg(long, value_delimiter = ',')]
+    pub skip: Vec<String>,
 }
 
 /// `--config`: every setting of the command line, and the layouts of the phase
@@ -143,6 +147,7 @@ impl Io500Args {
         }
         o.drop_caches = self.drop_caches || cfg.drop_caches.unwrap_or(false);
         o.keep = self.keep;
+        o.skip = self.skip.clone();
         let l = cfg.layouts;
         o.layouts = NacreLayouts {
             ior_easy: l.ior_easy,

@@ -90,7 +90,40 @@ pub struct Io500Options {
     pub progress: bool,
     /// Leave the run's files (to look at after a failure); IO500 removes them.
     pub keep: bool,
+    /// Phases not to run, as io500.ini's `run = FALSE`; the phases that read what a
+    /// skipped write phase makes are skipped with it (see [`PHASE_NEEDS`]). The score is
+    /// then over the phases run.
+    pub skip: Vec<String>,
 }
+
+/// The phases in IO500's order (`timestamp` is not one a run reports).
+pub const PHASES: [&str; 13] = [
+    "ior-easy-write",
+    "mdtest-easy-write",
+    "ior-hard-write",
+    "mdtest-hard-write",
+    "find",
+    "ior-easy-read",
+    "mdtest-easy-stat",
+    "ior-hard-read",
+    "mdtest-hard-stat",
+    "mdtest-easy-delete",
+    "mdtest-hard-read",
+    "mdtest-hard-delete",
+    "ior-rnd4K-easy-read",
+];
+
+/// Phases that read what another makes: (phase, the write phase it needs).
+pub const PHASE_NEEDS: [(&str, &str); 8] = [
+    ("ior-easy-read", "ior-easy-write"),
+    ("ior-rnd4K-easy-read", "ior-easy-write"),
+    ("ior-hard-read", "ior-hard-write"),
+    ("mdtest-easy-stat", "mdtest-easy-write"),
+    ("mdtest-easy-delete", "mdtest-easy-write"),
+    ("mdtest-hard-stat", "mdtest-hard-write"),
+    ("mdtest-hard-read", "mdtest-hard-write"),
+    ("mdtest-hard-delete", "mdtest-hard-write"),
+];
 
 impl Io500Options {
     /// IO500's settings: 300 s stonewall, 2 MiB ior-easy transfers, no size caps.
@@ -105,6 +138,7 @@ impl Io500Options {
             mdtest_hard_files: 1_000_000,
             drop_caches: false,
             layouts: NacreLayouts::default(),
+            skip: Vec::new(),
             run_dir: format!(
                 "io500-{}",
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -136,6 +170,9 @@ impl Io500Options {
             if n == 0 {
                 return Err(format!("{what}: at least 1"));
             }
+        }
+        if let Some(bad) = self.skip.iter().find(|s| !PHASES.contains(&s.as_str())) {
+            return Err(format!("no phase {bad:?} to skip (phases: {})", PHASES.join(", ")));
         }
         if self.stonewall > Duration::from_secs(24 * 3600) {
             return Err("stonewall: at most a day".into());
@@ -204,6 +241,7 @@ pub fn run(storage: &dyn Storage, o: &Io500Options, out: &mut dyn Write) -> io::
         "mdtest_hard_files_per_task": o.mdtest_hard_files,
         "mdtest_hard_bytes": MDTEST_HARD_BYTES,
         "drop_caches": o.drop_caches,
+        "skipped": r.skipped(),
         "run_dir": o.run_dir,
         "seed": r.seed,
     });
@@ -300,7 +338,18 @@ impl<'a> Run<'a> {
         pattern::seed(self.seed, &[3, rank as u64, i])
     }
 
-    /// Every phase in IO500's order; their results.
+    /// The phases this run skips: those asked, and those that read what they make.
+    fn skipped(&self) -> Vec<&'static str> {
+        PHASES
+            .into_iter()
+            .filter(|p| {
+                let asked = |p: &str| self.o.skip.iter().any(|s| s == p);
+                asked(p) || PHASE_NEEDS.iter().any(|(reader, needs)| reader == p && asked(needs))
+            })
+            .collect()
+    }
+
+    /// Every phase in IO500's order, less those skipped; their results.
     fn all(&mut self, out: &mut dyn Write) -> io::Result<Vec<PhaseResult>> {
         self.prepare()?;
         type Phase<'a> = (&'static str, fn(&mut Run<'a>) -> io::Result<PhaseResult>);
@@ -320,8 +369,12 @@ impl<'a> Run<'a> {
             ("mdtest-hard-delete", Run::mdtest_hard_delete),
             ("ior-rnd4K-easy-read", Run::ior_rnd4k_easy_read),
         ];
+        let skipped = self.skipped();
         let mut results = Vec::new();
         for (k, (name, phase)) in phases.into_iter().enumerate() {
+            if skipped.contains(&name) {
+                continue;
+            }
             // Before the first phase, `run` has just dropped them (checking it may).
             if self.o.drop_caches && k > 0 {
                 drop_caches().map_err(|e| in_phase(name, e))?;
