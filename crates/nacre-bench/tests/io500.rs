@@ -14,22 +14,6 @@ use nacre_bench::io500::storage::{Entry, Handle, Meta, Open};
 use nacre_bench::io500::{self, Io500Options, Io500Report, Posix, Storage};
 use nacre_client::{FileSystem, MountOptions};
 
-const PHASES: [&str; 13] = [
-    "ior-easy-write",
-    "mdtest-easy-write",
-    "ior-hard-write",
-    "mdtest-hard-write",
-    "find",
-    "ior-easy-read",
-    "mdtest-easy-stat",
-    "ior-hard-read",
-    "mdtest-hard-stat",
-    "mdtest-easy-delete",
-    "mdtest-hard-read",
-    "mdtest-hard-delete",
-    "ior-rnd4K-easy-read",
-];
-
 fn scratch(name: &str) -> PathBuf {
     let p = std::env::temp_dir().join(format!("nacre-io500-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&p);
@@ -53,7 +37,7 @@ fn tiny(tasks: usize) -> Io500Options {
 /// What every complete run must show, whatever it ran on.
 fn check(r: &Io500Report, o: &Io500Options) {
     let names: Vec<&str> = r.results.iter().map(|p| p.name).collect();
-    assert_eq!(names, PHASES, "every phase, in IO500's order");
+    assert_eq!(names, io500::PHASES, "every phase, in IO500's order");
     for p in &r.results {
         assert!(p.value > 0.0 && p.seconds > 0.0, "{p:?}");
         assert_eq!(p.scored, p.name != "ior-rnd4K-easy-read");

@@ -613,17 +613,7 @@ fn up_per_service_runs_a_process_for_each_and_down_stops_them_all() {
     let root = scratch("per-service");
     let (data, mnt) = (root.join("data"), root.join("mnt"));
     fs::create_dir_all(&mnt).unwrap();
-    let up = || {
-        nacre()
-            .args(["up", "--per-service", "--osts", "2", "--ost-size", "64M", "--mdt-size", "64M", "--port"])
-            .arg(free_port().to_string())
-            .arg("--data")
-            .arg(&data)
-            .arg("--mount")
-            .arg(&mnt)
-            .output()
-            .unwrap()
-    };
+    let up = || up_per_service(&data, &mnt, free_port());
     let out = up();
     let _down = Up { data: data.clone(), mnt: mnt.clone(), port: 0 };
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -663,15 +653,7 @@ fn a_killed_mds_process_comes_back_and_the_mount_replays_what_it_had_not_committ
     let (data, mnt) = (root.join("data"), root.join("mnt"));
     fs::create_dir_all(&mnt).unwrap();
     let port = free_port();
-    let out = nacre()
-        .args(["up", "--per-service", "--osts", "2", "--ost-size", "64M", "--mdt-size", "64M", "--port"])
-        .arg(port.to_string())
-        .arg("--data")
-        .arg(&data)
-        .arg("--mount")
-        .arg(&mnt)
-        .output()
-        .unwrap();
+    let out = up_per_service(&data, &mnt, port);
     let fs = Up { data: data.clone(), mnt: mnt.clone(), port };
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // Commits at most every 10 s from here: what follows is answered, not committed.
@@ -725,6 +707,19 @@ fn a_killed_mds_process_comes_back_and_the_mount_replays_what_it_had_not_committ
     let status = mds_param(&fs.mgs(), "mdt.*.recovery_status");
     assert!(status.contains("status: COMPLETE") && status.contains("completed_clients: 1/1"), "{status}");
     assert!(figure(&status, "replayed_requests:") > 20, "the changes came back by replay: {status}");
+}
+
+/// `nacre up --per-service` with two small OSTs, the MGS on `port`, mounted on `mnt`.
+fn up_per_service(data: &Path, mnt: &Path, port: u16) -> std::process::Output {
+    nacre()
+        .args(["up", "--per-service", "--osts", "2", "--ost-size", "64M", "--mdt-size", "64M", "--port"])
+        .arg(port.to_string())
+        .arg("--data")
+        .arg(data)
+        .arg("--mount")
+        .arg(mnt)
+        .output()
+        .unwrap()
 }
 
 fn run(args: &[&str], path: &Path) -> String {
