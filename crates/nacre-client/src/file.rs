@@ -381,6 +381,26 @@ impl File {
         !lock(&self.shared.behind).is_idle()
     }
 
+    /// A read answered from bytes already here, with no wait and no RPC: a file of at
+    /// most one chunk whose bytes came with its open (DoM read-on-open) or a read that
+    /// has landed. `None`: it needs [`File::read`] (which the caller then runs; this one
+    /// changes nothing).
+    pub fn read_ready(&self, offset: u64, len: usize) -> Option<Vec<u8>> {
+        let read_ahead = self.fs.inner.params.read_ahead_per_file.load(Ordering::Relaxed) > 0;
+        if !self.flags.read || self.flags.direct || !read_ahead || self.may_be_dirty() {
+            return None;
+        }
+        let st = self.st.try_lock().ok()?;
+        if offset >= st.size || st.size > self.fs.inner.params.rpc_bytes() {
+            return None;
+        }
+        let end = offset.saturating_add(len as u64).min(st.size);
+        let fetch = lock(&self.shared.chunks).get(0)?;
+        let got = fetch.borrow();
+        let Some(Ok(bytes)) = got.as_ref() else { return None };
+        (bytes.len() as u64 >= end).then(|| bytes[offset as usize..end as usize].to_vec())
+    }
+
     /// Read up to `len` bytes at `offset`; fewer at the end of the file.
     pub async fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
         if !self.flags.read {
@@ -391,8 +411,10 @@ impl File {
             self.settle().await;
         }
         let mut len = len as u64;
-        if offset.saturating_add(len) > st.size {
-            // Past what we know: the file may have grown (another client, since open).
+        if offset >= st.size {
+            // Past what we know: the file may have grown (another client, since open). A
+            // read across the end we know gets what is before it, as with NFS's cached
+            // size (a 3,901-byte file read a page at a time costs no getattr).
             let a = self.fs.getattr(&self.creds, self.fid).await?;
             let a = self.fs.glimpse(&self.creds, a).await?;
             if a.size > st.size {

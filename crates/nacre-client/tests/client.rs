@@ -473,6 +473,11 @@ async fn open_by_name_reads_a_small_dom_file_with_the_open() {
     for (i, fid) in made.iter().enumerate() {
         let f = fs.open_at(&c, sd.fid, &format!("f{i}"), OpenFlags::READ).await.unwrap();
         assert_eq!(f.fid(), *fid);
+        // Ready without waiting (what the kernel reader's thread answers itself), a page
+        // across the end included; past the end it needs a real read.
+        assert_eq!(f.read_ready(0, 4096).as_deref(), Some(&body[..]), "f{i}");
+        assert_eq!(f.read_ready(100, 50).as_deref(), Some(&body[100..150]));
+        assert!(f.read_ready(3901, 10).is_none());
         assert_eq!(f.read(0, 1 << 20).await.unwrap(), body, "f{i}");
         f.close().await.unwrap();
     }
@@ -495,6 +500,7 @@ async fn open_by_name_reads_a_small_dom_file_with_the_open() {
     // Opened for writing, or O_DIRECT: no bytes with the open, and reads still right.
     let f = fs.open_at(&c, sd.fid, "f0", OpenFlags::READ_WRITE).await.unwrap();
     f.write(0, b"new").await.unwrap();
+    assert!(f.read_ready(0, 10).is_none(), "written here, not sent: a real read");
     let mut want = body.clone();
     want[..3].copy_from_slice(b"new");
     assert_eq!(f.read(0, 1 << 20).await.unwrap(), want);
