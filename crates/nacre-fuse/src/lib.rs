@@ -106,7 +106,13 @@ pub fn mount(
     c.n_threads = Some(cfg.threads.max(1));
     c.clone_fd = true;
     let nacre = Nacre {
-        shared: Arc::new(Shared { fs, inodes: Inodes::new(), open: Mutex::new(OpenFiles::default()), cfg }),
+        shared: Arc::new(Shared {
+            fs,
+            inodes: Inodes::new(),
+            open: Mutex::new(OpenFiles::default()),
+            cfg,
+            absent: AbsentXattrs::default(),
+        }),
         rt,
     };
     let session = fuser::spawn_mount(nacre, mountpoint, &c)?;
@@ -127,7 +133,42 @@ struct Shared {
     inodes: Inodes,
     open: Mutex<OpenFiles>,
     cfg: MountConfig,
+    absent: AbsentXattrs,
 }
+
+/// Xattrs known missing, by inode and name, until the attribute timeout: the kernel asks
+/// for `security.capability` before every write(2) (to drop file capabilities), which
+/// would otherwise be an MDT request per write. A file made here has none; a missing
+/// one an MDT answered stays known for the timeout; this mount's set or remove forgets
+/// it at once (another mount's shows after the timeout, as attributes do).
+#[derive(Default)]
+struct AbsentXattrs {
+    until: Mutex<std::collections::HashMap<(u64, String), std::time::Instant>>,
+}
+
+/// Missing xattrs remembered at most (then the memory starts over).
+const ABSENT_XATTRS_MAX: usize = 65_536;
+
+impl AbsentXattrs {
+    fn is_absent(&self, ino: u64, name: &str) -> bool {
+        lock(&self.until).get(&(ino, name.to_string())).is_some_and(|t| *t > std::time::Instant::now())
+    }
+
+    fn absent(&self, ino: u64, name: &str, ttl: Duration) {
+        let mut m = lock(&self.until);
+        if m.len() >= ABSENT_XATTRS_MAX {
+            m.clear();
+        }
+        m.insert((ino, name.to_string()), std::time::Instant::now() + ttl);
+    }
+
+    fn changed(&self, ino: u64, name: &str) {
+        lock(&self.until).remove(&(ino, name.to_string()));
+    }
+}
+
+/// What the kernel asks of every file before each write.
+const CAPS_XATTR: &str = "security.capability";
 
 struct Nacre {
     shared: Arc<Shared>,
@@ -827,6 +868,9 @@ impl fuser::Filesystem for Nacre {
     ) {
         let c = self.shared.creds(req);
         let (name, value) = (name.to_owned(), value.to_vec());
+        if let Some(n) = name.to_str() {
+            self.shared.absent.changed(ino.0, n);
+        }
         let mut f = 0;
         if flags & libc::XATTR_CREATE != 0 {
             f |= xattr::CREATE;
@@ -847,12 +891,19 @@ impl fuser::Filesystem for Nacre {
                 s.fs.set_dir_layout(&c, fid, Some(&l)).await.map_err(|e| err(&e))?;
             } else {
                 s.fs.setxattr(&c, fid, name, &value, f).await.map_err(|e| err(&e))?;
+                // Again once set: a miss answered meanwhile must not stay.
+                s.absent.changed(ino.0, name);
             }
             Ok(|r: ReplyEmpty| r.ok())
         })
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        // Known missing: answered here, with no request to the MDT.
+        if name.to_str().is_some_and(|n| self.shared.absent.is_absent(ino.0, n)) {
+            reply.error(Errno::ENODATA);
+            return;
+        }
         let c = self.shared.creds(req);
         let name = name.to_owned();
         serve!(self, reply, |s| {
@@ -864,7 +915,14 @@ impl fuser::Filesystem for Nacre {
                     None => return Err(Errno::ENODATA),
                 }
             } else {
-                s.fs.getxattr(&c, fid, name).await.map_err(|e| err(&e))?
+                match s.fs.getxattr(&c, fid, name).await {
+                    Ok(v) => v,
+                    Err(e) if e.errno == errno::ENODATA => {
+                        s.absent.absent(ino.0, name, s.cfg.attr_timeout);
+                        return Err(Errno::ENODATA);
+                    }
+                    Err(e) => return Err(err(&e)),
+                }
             };
             xattr_answer(value, size)
         })
@@ -886,6 +944,9 @@ impl fuser::Filesystem for Nacre {
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let c = self.shared.creds(req);
         let name = name.to_owned();
+        if let Some(n) = name.to_str() {
+            self.shared.absent.changed(ino.0, n);
+        }
         serve!(self, reply, |s| {
             s.fs.removexattr(&c, s.fid(ino)?, name_of(&name)?).await.map_err(|e| err(&e))?;
             Ok(|r: ReplyEmpty| r.ok())
@@ -909,18 +970,22 @@ impl fuser::Filesystem for Nacre {
             let dir = s.fid(parent)?;
             let name = name_of(&name)?;
             // Made and opened in one request.
-            let (a, f) = match s.fs.create_open(&c, dir, name, mode_bits, None, s.kernel_flags(open)).await {
-                Ok(made) => made,
+            let (a, f, made) = match s.fs.create_open(&c, dir, name, mode_bits, None, s.kernel_flags(open)).await {
+                Ok((a, f)) => (a, f, true),
                 // Made meanwhile by someone else: without O_EXCL that is an open.
                 Err(e) if e.errno == errno::EEXIST && flags & libc::O_EXCL == 0 => {
                     let a = s.fs.lookup(&c, dir, name).await.map_err(|e| err(&e))?;
-                    (a, s.open_file(&c, a.fid, open).await?)
+                    (a, s.open_file(&c, a.fid, open).await?, false)
                 }
                 Err(e) => return Err(err(&e)),
             };
             let fh = s.add_handle(f);
             let (fa, g) = s.entry(&a);
             let ttl = s.cfg.attr_timeout;
+            if made {
+                // Made with no xattrs: its writes need not ask for file capabilities.
+                s.absent.absent(fa.ino.0, CAPS_XATTR, ttl);
+            }
             Ok(move |r: ReplyCreate| r.created(&ttl, &fa, g, FileHandle(fh), fopen(open)))
         })
     }

@@ -466,6 +466,31 @@ fn two_mounts_write_disjoint_ranges_of_one_file_and_read_each_other() {
         assert!(gone.elapsed() < std::time::Duration::from_secs(3), "the other mount's unlink never showed");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    // The kernel asks for security.capability before each write(2): a file made here
+    // has none, and a miss is remembered, so fifty writes ask the MDS nothing.
+    let getxattrs = || fs.mds_ops("getxattr");
+    let before = getxattrs();
+    let mut f = File::create(fs.mnt.join("caps")).unwrap();
+    for _ in 0..50 {
+        f.write_all(b"0123456789").unwrap();
+    }
+    drop(f);
+    assert_eq!(getxattrs(), before, "no getxattr for the writes");
+    // A miss remembered, then a set on this mount: shown at once.
+    let p = CString::new(fs.mnt.join("caps").into_os_string().into_encoded_bytes()).unwrap();
+    let k = CString::new("user.k").unwrap();
+    let mut buf = [0u8; 16];
+    let get = |buf: &mut [u8]| {
+        // SAFETY: valid C strings and buffer.
+        unsafe { libc::getxattr(p.as_ptr(), k.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) }
+    };
+    assert_eq!(get(&mut buf), -1);
+    assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ENODATA));
+    // SAFETY: valid C strings and value.
+    let set = unsafe { libc::setxattr(p.as_ptr(), k.as_ptr(), b"v".as_ptr().cast(), 1, 0) };
+    assert_eq!(set, 0, "{}", std::io::Error::last_os_error());
+    assert_eq!(get(&mut buf), 1);
+    assert_eq!(&buf[..1], b"v");
     let out = nacre().arg("umount").arg(&second).output().unwrap();
     assert!(out.status.success(), "nacre umount: {}", String::from_utf8_lossy(&out.stderr));
 }
