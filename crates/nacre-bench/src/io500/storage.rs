@@ -25,7 +25,7 @@ pub struct Entry {
 /// How a large file is opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Open {
-    /// Made if missing, for writing (ior's `O_CREAT | O_WRONLY`).
+    /// Made if missing, for writing (ior's POSIX backend: `O_CREAT | O_RDWR`).
     Write,
     Read,
 }
@@ -94,9 +94,18 @@ impl Posix {
         self.root.join(path)
     }
 
-    /// open(2) with `O_CREAT | O_WRONLY`, as mdtest and ior do.
+    /// open(2) with `O_CREAT | O_RDWR`, as IOR's and mdtest's POSIX backend do (a FUSE
+    /// file system with the kernel's writeback cache, libfuse's passthrough_hp among
+    /// them, reads pages through the descriptor a partial-page write came from, and a
+    /// write-only one fails that with EBADF).
     fn create(&self, path: &str) -> io::Result<File> {
-        OpenOptions::new().write(true).create(true).truncate(false).open(self.full(path)).map_err(|e| at(path, e))
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(self.full(path))
+            .map_err(|e| at(path, e))
     }
 }
 
