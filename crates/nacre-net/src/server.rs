@@ -261,6 +261,8 @@ struct Shared {
     epoch: Instant,
     stop: watch::Sender<bool>,
     commits: Option<Arc<dyn Commits>>,
+    /// `Service::quick`.
+    quick: Vec<u16>,
     /// Set while recovering (checked on every request without taking the lock).
     recovering: std::sync::atomic::AtomicBool,
     recovery: Mutex<Option<Recovery<Queued>>>,
@@ -276,6 +278,10 @@ pub struct Service {
     pub commits: Option<Arc<dyn Commits>>,
     /// Start in recovery for these clients (ignored without `commits`, or with no client).
     pub recovering: Option<Recovering>,
+    /// Opcodes the service answers at once from memory (lookups, getattrs): when nothing
+    /// waits before one, it runs on its connection's task, with no task spawned for it,
+    /// as a ping does.
+    pub quick: Vec<u16>,
 }
 
 /// A client as the server knows it.
@@ -474,6 +480,7 @@ impl Server {
             epoch: now,
             stop,
             commits: service.commits,
+            quick: service.quick,
             recovering: std::sync::atomic::AtomicBool::new(recovery.is_some()),
             recovery: Mutex::new(recovery),
             recovered: Mutex::new(RecoveryStats::default()),
@@ -982,6 +989,7 @@ impl Shared {
                 _bulk_bytes: bulk_bytes,
             };
             let Some(queued) = self.hold_for_recovery(queued) else { continue };
+            let Some(queued) = self.run_here(queued).await else { continue };
             let (timed, refused) = {
                 let mut q = lock(&self.queue);
                 let r = q.push(queued, self.now_us()).err();
@@ -1163,6 +1171,32 @@ impl Shared {
             let Some(q) = next else { return };
             tokio::spawn(self.clone().run(q, Some(thread)));
         }
+    }
+
+    /// Run `q`, of a quick opcode (`Service::quick`), on the calling connection task when
+    /// nothing waits before it (the policy queue is FIFO and empty) and a service slot is
+    /// free: polled once here, and should it wait after all, it goes on in a task of its
+    /// own. `Some(q)`: not run here; queue it.
+    async fn run_here(self: &Arc<Self>, q: Queued) -> Option<Queued> {
+        if !self.quick.contains(&q.header.opcode) || q.replayed.is_some() {
+            return Some(q);
+        }
+        let thread = {
+            let queue = lock(&self.queue);
+            if !matches!(&*queue, Queue::Fifo(f) if f.is_empty()) {
+                return Some(q);
+            }
+            match self.threads.clone().try_acquire_owned() {
+                Ok(t) => t,
+                Err(_) => return Some(q),
+            }
+        };
+        let mut run = Box::pin(self.clone().run(q, Some(thread)));
+        let done = std::future::poll_fn(|cx| std::task::Poll::Ready(run.as_mut().poll(cx).is_ready())).await;
+        if !done {
+            tokio::spawn(run);
+        }
+        None
     }
 
     /// Wake when a rate-limited request may start.

@@ -130,6 +130,8 @@ async fn start_at(net: &MemNetwork, toy: &Toy, recovering: bool, soft_ms: u64, a
         commits: Some(Arc::new(toy.clone())),
         recovering: recovering
             .then(|| Recovering { clients: toy.clients(), last_committed: toy.0.lock().unwrap().committed }),
+        // Listing reads memory: served on the connection's task.
+        quick: vec![OP_LIST],
     };
     // The stopped server's listener goes when its task is next polled.
     for _ in 0..100 {

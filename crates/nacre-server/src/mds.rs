@@ -27,6 +27,24 @@ const READDIR_REPLY_BYTES: usize = 60 << 10;
 /// Linux's EPROTO: a request that is not a well-formed MDS message.
 const EPROTO: i32 = 71;
 
+/// Requests that read memory and answer at once: served where they arrive (see
+/// `Mds::serve`), and on the connection's own task when nothing waits before them
+/// (`Service::quick`).
+const READS: [u16; 12] = [
+    mdt::MDS_GETATTR,
+    mdt::MDS_LOOKUP,
+    mdt::MDS_LOOKUP_MANY,
+    mdt::MDS_READDIR,
+    mdt::MDS_READLINK,
+    mdt::MDS_GETXATTR,
+    mdt::MDS_LISTXATTR,
+    mdt::MDS_STATFS,
+    mdt::MDS_GETLAYOUT,
+    mdt::MDS_DOM_READ,
+    mdt::MDS_GETDIRSTRIPE,
+    param::OP_GET_PARAM,
+];
+
 /// Operations counted in `md_stats`, by opcode.
 const OPS: [(u16, &str); 27] = [
     (mdt::MDS_GETATTR, "getattr"),
@@ -306,6 +324,7 @@ impl Mds {
         Service {
             commits: Some(Arc::new(MdtCommits(self.ns.clone(), self.replayed.clone()))),
             recovering: Some(Recovering { clients, last_committed: self.ns.last_committed() }),
+            quick: READS.to_vec(),
         }
     }
 
@@ -366,22 +385,7 @@ impl Mds {
     /// closes run where they arrive too when they need not wait (see `try_open`);
     /// otherwise, and for everything else, on blocking threads.
     pub async fn serve(self: &Arc<Self>, req: Incoming) -> Reply {
-        let inline = matches!(
-            req.header.opcode,
-            mdt::MDS_GETATTR
-                | mdt::MDS_LOOKUP
-                | mdt::MDS_LOOKUP_MANY
-                | mdt::MDS_READDIR
-                | mdt::MDS_READLINK
-                | mdt::MDS_GETXATTR
-                | mdt::MDS_LISTXATTR
-                | mdt::MDS_STATFS
-                | mdt::MDS_GETLAYOUT
-                | mdt::MDS_DOM_READ
-                | mdt::MDS_GETDIRSTRIPE
-                | param::OP_GET_PARAM
-        );
-        if inline {
+        if READS.contains(&req.header.opcode) {
             return self.handle(req);
         }
         if req.replayed.is_some() && matches!(req.header.opcode, mdt::MDS_OPEN | mdt::MDS_OPEN_AT) {
