@@ -194,6 +194,16 @@ impl File {
         self.layout.get_or_try_init(|| self.fs.file_layout(&self.creds, self.fid)).await.cloned()
     }
 
+    /// Whether the file's bytes can only live on the MDT (its layout, known already, has
+    /// DoM components only, so no write goes past them): its MDT size is then exact, set
+    /// by each write. With an OST component, a writer elsewhere may have written past
+    /// the MDT's size without publishing it yet.
+    fn all_on_mdt(&self) -> bool {
+        self.layout
+            .get()
+            .is_some_and(|l| l.layout.components.iter().all(|c| matches!(c.kind, nacre_proto::layout::Kind::Mdt)))
+    }
+
     /// The size as this handle knows it, dirty writes included (no RPC).
     pub fn size_hint(&self) -> u64 {
         self.size_hint.load(Ordering::Relaxed)
@@ -391,7 +401,7 @@ impl File {
             return None;
         }
         let st = self.st.try_lock().ok()?;
-        if offset >= st.size || st.size > self.fs.inner.params.rpc_bytes() {
+        if offset >= st.size || st.size > self.fs.inner.params.rpc_bytes() || !self.all_on_mdt() {
             return None;
         }
         let end = offset.saturating_add(len as u64).min(st.size);
@@ -411,10 +421,13 @@ impl File {
             self.settle().await;
         }
         let mut len = len as u64;
-        if offset >= st.size {
-            // Past what we know: the file may have grown (another client, since open). A
-            // read across the end we know gets what is before it, as with NFS's cached
-            // size (a 3,901-byte file read a page at a time costs no getattr).
+        if offset >= st.size || (offset.saturating_add(len) > st.size && !self.all_on_mdt()) {
+            // Past what we know: the file may have grown (another client, since open).
+            // A file whose bytes all live on the MDT has the size its open gave, exact
+            // then (each DoM write sets it there): a read across that end gets what is
+            // before it (a 3,901-byte file read a page at a time costs no getattr). A
+            // file with OST data asks: its MDT size may lag its objects', and a short
+            // read would make the kernel shrink the file.
             let a = self.fs.getattr(&self.creds, self.fid).await?;
             let a = self.fs.glimpse(&self.creds, a).await?;
             if a.size > st.size {
