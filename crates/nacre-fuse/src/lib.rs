@@ -143,15 +143,19 @@ struct Shared {
 /// it at once (another mount's shows after the timeout, as attributes do).
 #[derive(Default)]
 struct AbsentXattrs {
-    until: Mutex<std::collections::HashMap<(u64, String), std::time::Instant>>,
+    /// By inode: each missing name and until when it is known missing (a check before
+    /// every write finds its inode without allocating a key).
+    until: Mutex<std::collections::HashMap<u64, Vec<(String, std::time::Instant)>>>,
 }
 
-/// Missing xattrs remembered at most (then the memory starts over).
+/// Inodes with missing xattrs remembered at most (then the memory starts over).
 const ABSENT_XATTRS_MAX: usize = 65_536;
 
 impl AbsentXattrs {
     fn is_absent(&self, ino: u64, name: &str) -> bool {
-        lock(&self.until).get(&(ino, name.to_string())).is_some_and(|t| *t > std::time::Instant::now())
+        let m = lock(&self.until);
+        let now = std::time::Instant::now();
+        m.get(&ino).is_some_and(|v| v.iter().any(|(n, t)| n == name && *t > now))
     }
 
     fn absent(&self, ino: u64, name: &str, ttl: Duration) {
@@ -159,11 +163,22 @@ impl AbsentXattrs {
         if m.len() >= ABSENT_XATTRS_MAX {
             m.clear();
         }
-        m.insert((ino, name.to_string()), std::time::Instant::now() + ttl);
+        let until = std::time::Instant::now() + ttl;
+        let names = m.entry(ino).or_default();
+        match names.iter_mut().find(|(n, _)| n == name) {
+            Some(e) => e.1 = until,
+            None => names.push((name.to_string(), until)),
+        }
     }
 
     fn changed(&self, ino: u64, name: &str) {
-        lock(&self.until).remove(&(ino, name.to_string()));
+        let mut m = lock(&self.until);
+        if let Some(names) = m.get_mut(&ino) {
+            names.retain(|(n, _)| n != name);
+            if names.is_empty() {
+                m.remove(&ino);
+            }
+        }
     }
 }
 

@@ -925,17 +925,14 @@ impl Mds {
             (mdt::MDS_CREATE, Some((fid, _))) => Namespace::replaying(fid, change),
             _ => change,
         };
-        let (r, n) = self.ns.submit_numbered(key, change, weight).await;
-        let depends = n.depends.clone();
-        let mut reply = numbered((r, n));
-        if reply.status == 0
+        let (mut r, n) = self.ns.submit_numbered(key, change, weight).await;
+        if matches!(r, Ok(Answer::Done))
             && let Some(dir) = parent
             && let Ok(a) = self.ns.getattr(dir)
         {
-            reply.body = mdt::Reply::Attr(a).encode();
-            reply = depending(reply, &depends);
+            r = Ok(Answer::Attr(a));
         }
-        Some(reply)
+        Some(numbered((r, n)))
     }
 
     /// A mkdir: here and plain by the local path, else placed (`-i`), striped (`-c`)
