@@ -217,6 +217,7 @@ async fn shared_dir_round(mdts: &[Served], o: &MdsBenchOptions, round: usize) ->
                         mode: mode::S_IFREG | 0o644,
                         target: vec![],
                         layout: vec![],
+                        rdev: 0,
                     };
                     match call(at(&imps, shard), &r).await? {
                         Reply::Attr(a) => mine.push(a.fid),
@@ -293,8 +294,14 @@ async fn shared_dir_round(mdts: &[Served], o: &MdsBenchOptions, round: usize) ->
             for j in 0..per {
                 let name = format!("c{i}-s{j}");
                 let shard = dom.shards[dom.shard_of(&name)];
-                let r =
-                    Request::Create { dir: shard, name, mode: mode::S_IFREG | 0o644, target: vec![], layout: vec![] };
+                let r = Request::Create {
+                    dir: shard,
+                    name,
+                    mode: mode::S_IFREG | 0o644,
+                    target: vec![],
+                    layout: vec![],
+                    rdev: 0,
+                };
                 create_with_data(at(&imps, shard), &r, &body).await?;
             }
             Ok(())
@@ -439,6 +446,7 @@ async fn nacre_round(
             mode: mode::S_IFDIR | 0o755,
             target: vec![],
             layout: vec![],
+            rdev: 0,
         };
         match call(imp, &r).await? {
             Reply::Attr(a) => dirs.push(a.fid),
@@ -460,6 +468,7 @@ async fn nacre_round(
                         mode: mode::S_IFREG | 0o644,
                         target: vec![],
                         layout: vec![],
+                        rdev: 0,
                     };
                     match call(&imp, &r).await? {
                         Reply::Attr(a) => mine.push(a.fid),
@@ -569,6 +578,7 @@ async fn nacre_round(
         mode: mode::S_IFDIR | 0o755,
         target: vec![],
         layout: vec![],
+        rdev: 0,
     })
     .await?;
     let rmdir_secs =
@@ -584,6 +594,7 @@ async fn nacre_round(
             mode: mode::S_IFDIR | 0o755,
             target: vec![],
             layout: vec![],
+            rdev: 0,
         };
         let Reply::Attr(a) = call(imp, &r).await? else {
             return Err(BenchError::Bad("mkdir answered something else".into()));
@@ -604,6 +615,7 @@ async fn nacre_round(
                     mode: mode::S_IFREG | 0o644,
                     target: vec![],
                     layout: vec![],
+                    rdev: 0,
                 };
                 create_with_data(&imp, &r, &body).await?;
             }

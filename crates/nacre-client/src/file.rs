@@ -9,11 +9,11 @@
 //! size comes from its objects (a glimpse).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use nacre_proto::fid::Fid;
-use nacre_proto::mdt::{Attr, Creds, Reply, Request, SetAttr, mode, set};
+use nacre_proto::mdt::{Attr, Creds, Reply, Request, SetAttr, mode, now_ns, set};
 use nacre_proto::ost;
 
 use crate::behind::{self, Taken};
@@ -102,6 +102,8 @@ pub struct File {
     shared: Arc<cache::Shared>,
     /// `State::size`, readable without the lock (for `stat` while writes are dirty).
     size_hint: AtomicU64,
+    /// When the last write through this handle was made (ns since the epoch; 0: none).
+    written_at: AtomicI64,
     closed: AtomicBool,
 }
 
@@ -177,6 +179,7 @@ impl File {
             st: tokio::sync::Mutex::new(State { size: attr.size, errors_seen, ..State::default() }),
             shared,
             size_hint: AtomicU64::new(attr.size),
+            written_at: AtomicI64::new(0),
             closed: AtomicBool::new(false),
         }
     }
@@ -207,6 +210,12 @@ impl File {
     /// The size as this handle knows it, dirty writes included (no RPC).
     pub fn size_hint(&self) -> u64 {
         self.size_hint.load(Ordering::Relaxed)
+    }
+
+    /// When the last write through this handle was made (ns since the epoch; 0: none):
+    /// its mtime and ctime while the MDT has not heard of it (no RPC).
+    pub fn written_at(&self) -> i64 {
+        self.written_at.load(Ordering::Relaxed)
     }
 
     fn set_size(&self, st: &mut State, size: u64) {
@@ -247,6 +256,7 @@ impl File {
         let size = st.size.max(end);
         self.set_size(&mut st, size);
         st.written = true;
+        self.written_at.fetch_max(now_ns(), Ordering::Relaxed);
         let through =
             || write_range(&self.fs, &self.creds, self.handle, self.fid, &layout, offset, Bytes::copy_from_slice(data));
         if self.flags.direct {

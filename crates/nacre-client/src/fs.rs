@@ -706,7 +706,7 @@ impl FileSystem {
     /// directory's default; `data`, if any, is its first bytes (the layout must keep them
     /// on the MDT).
     pub async fn create(&self, c: &Creds, dir: Fid, name: &str, perms: u32, layout: Option<&Layout>) -> Result<Attr> {
-        self.make(c, dir, name, mode::S_IFREG | (perms & mode::PERMS), Vec::new(), layout, &[]).await
+        self.make(c, dir, name, mode::S_IFREG | (perms & mode::PERMS), Vec::new(), layout, &[], 0).await
     }
 
     /// A regular file made and opened in one request (the creator opens it whatever its
@@ -745,11 +745,18 @@ impl FileSystem {
 
     /// A small file made and written in one request (its layout keeps it on the MDT).
     pub async fn create_with_data(&self, c: &Creds, dir: Fid, name: &str, perms: u32, data: &[u8]) -> Result<Attr> {
-        self.make(c, dir, name, mode::S_IFREG | (perms & mode::PERMS), Vec::new(), None, data).await
+        self.make(c, dir, name, mode::S_IFREG | (perms & mode::PERMS), Vec::new(), None, data, 0).await
     }
 
     pub async fn symlink(&self, c: &Creds, dir: Fid, name: &str, target: &[u8]) -> Result<Attr> {
-        self.make(c, dir, name, mode::S_IFLNK | 0o777, target.to_vec(), None, &[]).await
+        self.make(c, dir, name, mode::S_IFLNK | 0o777, target.to_vec(), None, &[], 0).await
+    }
+
+    /// A FIFO, socket or device node (`mknod`), by the type bits of `mode_bits`; a device
+    /// node's number is `rdev`, as the kernel encodes it.
+    pub async fn mknod(&self, c: &Creds, dir: Fid, name: &str, mode_bits: u32, rdev: u32) -> Result<Attr> {
+        let m = mode_bits & (mode::S_IFMT | mode::PERMS);
+        self.make(c, dir, name, m, Vec::new(), None, &[], rdev).await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -762,6 +769,7 @@ impl FileSystem {
         target: Vec<u8>,
         layout: Option<&Layout>,
         data: &[u8],
+        rdev: u32,
     ) -> Result<Attr> {
         let layout = layout.map(Layout::encode).unwrap_or_default();
         self.by_name(c, dir, name, |at| {
@@ -771,6 +779,7 @@ impl FileSystem {
                 mode: mode_bits,
                 target: target.clone(),
                 layout: layout.clone(),
+                rdev,
             };
             async move { attr_of("create", self.md(mdt_of(at)?, c, &r, data).await?.0) }
         })

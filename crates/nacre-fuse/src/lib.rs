@@ -222,6 +222,10 @@ fn kind(m: u32) -> FileType {
     match m & mode::S_IFMT {
         mode::S_IFDIR => FileType::Directory,
         mode::S_IFLNK => FileType::Symlink,
+        mode::S_IFIFO => FileType::NamedPipe,
+        mode::S_IFSOCK => FileType::Socket,
+        mode::S_IFCHR => FileType::CharDevice,
+        mode::S_IFBLK => FileType::BlockDevice,
         _ => FileType::RegularFile,
     }
 }
@@ -252,8 +256,8 @@ impl Shared {
         self.inodes.fid(ino.0).ok_or(Errno::ESTALE)
     }
 
-    /// The kernel's view of `a`, under inode number `ino`, with the size dirty writes of
-    /// this mount reach.
+    /// The kernel's view of `a`, under inode number `ino`, with the size and times dirty
+    /// writes of this mount reach.
     fn file_attr(&self, ino: u64, a: &Attr) -> FileAttr {
         self.file_attr_after(ino, a, 0)
     }
@@ -262,8 +266,11 @@ impl Shared {
     /// `a.fid` before `a` was asked for. A handle closed meanwhile has published its size,
     /// but `a` may predate that: the larger of the two is right.
     fn file_attr_after(&self, ino: u64, a: &Attr, before: u64) -> FileAttr {
-        let dirty = self.dirty_size(a.fid);
+        let (dirty, written_at) = lock(&self.open).by_fid.get(&a.fid).and_then(|v| written(v)).unwrap_or((0, 0));
         let size = a.size.max(before).max(dirty);
+        // A write changes mtime and ctime when it is made, as on a local file system, though
+        // the MDT hears of it only when it is written back.
+        let (mtime_ns, ctime_ns) = (a.mtime_ns.max(written_at), a.ctime_ns.max(written_at));
         FileAttr {
             ino: INodeNo(ino),
             size,
@@ -271,15 +278,15 @@ impl Shared {
             // writer published them; bytes still in this mount's write-behind count whole.
             blocks: a.blocks.max(dirty.div_ceil(512)),
             atime: time(a.atime_ns),
-            mtime: time(a.mtime_ns),
-            ctime: time(a.ctime_ns),
+            mtime: time(mtime_ns),
+            ctime: time(ctime_ns),
             crtime: time(a.ctime_ns),
             kind: kind(a.mode),
             perm: (a.mode & mode::PERMS) as u16,
             nlink: a.nlink,
             uid: a.uid,
             gid: a.gid,
-            rdev: 0,
+            rdev: a.rdev,
             blksize: 1 << 20,
             flags: 0,
         }
@@ -288,14 +295,14 @@ impl Shared {
     /// The largest size a handle of this mount open for writing knows for `fid` (its
     /// writes may not be on the servers yet).
     fn dirty_size(&self, fid: Fid) -> u64 {
-        lock(&self.open).by_fid.get(&fid).and_then(|v| written_size(v)).unwrap_or(0)
+        lock(&self.open).by_fid.get(&fid).and_then(|v| written(v)).map_or(0, |(size, _)| size)
     }
 
     /// [`Shared::dirty_size`] of every file with a write handle here: taken before asking
     /// an MDT for attributes (see [`Shared::file_attr_after`]).
     fn dirty_sizes(&self) -> std::collections::HashMap<Fid, u64> {
         let o = lock(&self.open);
-        o.by_fid.iter().filter_map(|(fid, v)| written_size(v).map(|n| (*fid, n))).collect()
+        o.by_fid.iter().filter_map(|(fid, v)| written(v).map(|(n, _)| (*fid, n))).collect()
     }
 
     /// The other open handles of `fid` in this mount.
@@ -350,9 +357,11 @@ impl Shared {
     }
 }
 
-/// The largest size the live write handles among `handles` know, if any.
-fn written_size(handles: &[Weak<File>]) -> Option<u64> {
-    handles.iter().filter_map(Weak::upgrade).filter(|f| f.flags().write).map(|f| f.size_hint()).max()
+/// The largest size the live write handles among `handles` know, and the time of the
+/// last write through one of them (0: none), if there are any.
+fn written(handles: &[Weak<File>]) -> Option<(u64, i64)> {
+    let writers = handles.iter().filter_map(Weak::upgrade).filter(|f| f.flags().write);
+    writers.map(|f| (f.size_hint(), f.written_at())).reduce(|a, b| (a.0.max(b.0), a.1.max(b.1)))
 }
 
 /// Run `f` on the runtime and answer with its result.
@@ -540,18 +549,19 @@ impl fuser::Filesystem for Nacre {
         name: &OsStr,
         mode_bits: u32,
         _umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
-        if mode_bits & mode::S_IFMT != mode::S_IFREG {
-            // Devices, FIFOs and sockets are not kept.
-            reply.error(Errno::EOPNOTSUPP);
-            return;
-        }
         let c = self.shared.creds(req);
         let name = name.to_owned();
         serve!(self, reply, |s| {
-            let a = s.fs.create(&c, s.fid(parent)?, name_of(&name)?, mode_bits, None).await.map_err(|e| err(&e))?;
+            let (dir, name) = (s.fid(parent)?, name_of(&name)?);
+            let a = match mode_bits & mode::S_IFMT {
+                mode::S_IFREG => s.fs.create(&c, dir, name, mode_bits, None).await,
+                // FIFOs, sockets and device nodes: the kernel serves their IO itself.
+                _ => s.fs.mknod(&c, dir, name, mode_bits, rdev).await,
+            }
+            .map_err(|e| err(&e))?;
             let (fa, g) = s.entry(&a);
             let ttl = s.cfg.attr_timeout;
             Ok(move |r: ReplyEntry| r.entry(&ttl, &fa, g))

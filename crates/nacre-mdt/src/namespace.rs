@@ -28,13 +28,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use nacre_osd::SyncMode;
 use nacre_osd::backend::VolumeBackend;
 use nacre_proto::fid::{Fid, name_hash};
 use nacre_proto::layout::{Kind, Layout, Striping};
-use nacre_proto::mdt::{Attr, DirEntry, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX, errno, mode};
+use nacre_proto::mdt::{Attr, DirEntry, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX, errno, mode, now_ns};
 use nacre_proto::wire::Enc;
 
 mod changes;
@@ -54,8 +53,8 @@ use pools::{Pools, decode_objects};
 use redb::Database;
 
 /// The image's format: 2 since the namespace lives in memory (format 1 was redb with a
-/// redo log of its own, read by older builds).
-const FORMAT: u64 = 2;
+/// redo log of its own, read by older builds); 3 since inodes keep a device number.
+const FORMAT: u64 = 3;
 /// Cookies 0 (start), 1 and 2 (`.` and `..` in a FUSE listing) are never an entry's.
 const COOKIE_MIN: u64 = 3;
 /// Not an errno: a change found it needs other MDTs (a remote inode, a striped
@@ -341,19 +340,23 @@ pub enum Answer {
     Intent(u64),
 }
 
+/// Version of a stored answer: 2 since attributes carry `rdev`.
+const ANSWER_VERSION: u8 = 2;
+
 impl Answer {
     fn encode(&self) -> Vec<u8> {
         use nacre_proto::wire::Enc;
+        let e = Enc::new(ANSWER_VERSION);
         match self {
-            Answer::Attr(a) => a.put(Enc::new(1).u8(1)).done(),
-            Answer::Opened(h, a) => a.put(Enc::new(1).u8(2).u64(*h)).done(),
-            Answer::Done => Enc::new(1).u8(3).done(),
-            Answer::Intent(id) => Enc::new(1).u8(4).u64(*id).done(),
+            Answer::Attr(a) => a.put(e.u8(1)).done(),
+            Answer::Opened(h, a) => a.put(e.u8(2).u64(*h)).done(),
+            Answer::Done => e.u8(3).done(),
+            Answer::Intent(id) => e.u8(4).u64(*id).done(),
         }
     }
 
     fn decode(b: &[u8]) -> Result<Answer> {
-        let mut d = nacre_proto::wire::Dec::new(b, "stored reply", 1)?;
+        let mut d = nacre_proto::wire::Dec::new(b, "stored answer", ANSWER_VERSION)?;
         let a = match d.u8("kind")? {
             1 => Answer::Attr(Attr::get(&mut d)?),
             2 => {
@@ -444,10 +447,6 @@ fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 
 fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     m.write().unwrap_or_else(|e| e.into_inner())
-}
-
-fn now_ns() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
 }
 
 /// The database's length after its next growth from `len` (redb doubles it, and past
@@ -739,7 +738,8 @@ impl Namespace {
                     errno::EINVAL,
                     format!(
                         "metadata target of format {f}; this build reads format {FORMAT} (format 1 is the redb \
-                         MDT of builds before the memory-resident namespace: copy its files off with such a build)"
+                         MDT of builds before the memory-resident namespace, format 2 had no device numbers: copy \
+                         its files off with such a build)"
                     ),
                 ));
             }

@@ -573,6 +573,76 @@ fn symlinks_xattrs_and_links() {
 }
 
 #[test]
+fn special_files_keep_their_type_and_device_number_through_a_restart() {
+    let (ns, v) = ns();
+    let c = root();
+    let dev = |major: u32, minor: u32| (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12);
+    let fifo = ns.mknod(&c, ROOT, "fifo", mode::S_IFIFO | 0o640, 0, None).unwrap();
+    let chr = ns.mknod(&c, ROOT, "chr", mode::S_IFCHR | 0o600, dev(1, 3), None).unwrap();
+    let blk = ns.mknod(&c, ROOT, "blk", mode::S_IFBLK | 0o660, dev(259, 70_000), None).unwrap();
+    let sock = ns.mknod(&c, ROOT, "sock", mode::S_IFSOCK | 0o755, 0, None).unwrap();
+    assert_eq!((fifo.mode, fifo.rdev, fifo.size, fifo.nlink), (mode::S_IFIFO | 0o640, 0, 0, 1));
+    assert_eq!((chr.mode, chr.rdev, chr.size), (mode::S_IFCHR | 0o600, dev(1, 3), 0));
+    assert_eq!((blk.rdev, sock.mode, sock.rdev), (dev(259, 70_000), mode::S_IFSOCK | 0o755, 0));
+    assert_eq!(ns.getattr(blk.fid).unwrap(), blk);
+    // Bad requests: each a clear error, nothing made.
+    let alice = Cred::user(1000, 100);
+    assert_eq!(errno_of(ns.mknod(&alice, ROOT, "x", mode::S_IFCHR | 0o600, dev(1, 3), None)), errno::EPERM);
+    assert_eq!(errno_of(ns.mknod(&c, ROOT, "x", mode::S_IFIFO | 0o600, 5, None)), errno::EINVAL);
+    for kind in [mode::S_IFREG, mode::S_IFDIR, mode::S_IFLNK, 0] {
+        assert_eq!(errno_of(ns.mknod(&c, ROOT, "x", kind | 0o600, 0, None)), errno::EINVAL, "{kind:o}");
+    }
+    assert_eq!(errno_of(ns.mknod(&c, ROOT, "fifo", mode::S_IFIFO | 0o600, 0, None)), errno::EEXIST);
+    assert_eq!(errno_of(ns.lookup(&c, ROOT, "x")), errno::ENOENT);
+    // Renamed, linked, chmod'ed, chown'ed like any inode.
+    ns.rename(&c, ROOT, "fifo", ROOT, "fifo2", RenameMode::Replace, None).unwrap();
+    ns.link(&c, chr.fid, ROOT, "chr2", None).unwrap();
+    let s = SetAttr { mode: Some(0o700), uid: Some(7), ..SetAttr::default() };
+    ns.setattr(&c, blk.fid, s, None).unwrap();
+    let size = SetAttr { size: Some(10), ..SetAttr::default() };
+    assert_eq!(errno_of(ns.setattr(&c, chr.fid, size, None)), errno::EINVAL, "devices have no size");
+    let kinds = |ns: &Namespace| {
+        list(ns, ROOT, 100).into_iter().map(|(n, a)| (n, a.mode, a.rdev, a.nlink, a.uid)).collect::<Vec<_>>()
+    };
+    let want = vec![
+        ("blk".to_string(), mode::S_IFBLK | 0o700, dev(259, 70_000), 1, 7),
+        ("chr".to_string(), mode::S_IFCHR | 0o600, dev(1, 3), 2, 0),
+        ("chr2".to_string(), mode::S_IFCHR | 0o600, dev(1, 3), 2, 0),
+        ("fifo2".to_string(), mode::S_IFIFO | 0o640, 0, 1, 0),
+        ("sock".to_string(), mode::S_IFSOCK | 0o755, 0, 1, 0),
+    ];
+    assert_eq!(kinds(&ns), want);
+    // From the log alone, then from the image.
+    drop(ns);
+    let ns = Namespace::open(v.clone(), NamespaceOptions::default()).unwrap();
+    assert_eq!(kinds(&ns), want);
+    ns.checkpoint().unwrap();
+    drop(ns);
+    let ns = Namespace::open(v, NamespaceOptions::default()).unwrap();
+    assert_eq!(kinds(&ns), want);
+    for n in ["blk", "chr", "chr2", "fifo2", "sock"] {
+        ns.remove(&c, ROOT, n, false, None).unwrap();
+    }
+    assert_eq!(ns.statfs().unwrap().inodes, 1);
+}
+
+#[test]
+fn a_file_takes_links_up_to_link_max_then_emlink() {
+    let (ns, _v) = ns();
+    let c = root();
+    let f = ns.create(&c, ROOT, "f", 0o644, None).unwrap();
+    let d = ns.mkdir(&c, ROOT, "d", 0o755, None).unwrap();
+    for i in 1..nacre_mdt::namespace::LINK_MAX {
+        ns.link(&c, f.fid, d.fid, &i.to_string(), None).unwrap();
+    }
+    assert_eq!(ns.getattr(f.fid).unwrap().nlink, nacre_mdt::namespace::LINK_MAX);
+    assert_eq!(errno_of(ns.link(&c, f.fid, d.fid, "one more", None)), errno::EMLINK);
+    assert_eq!(errno_of(ns.lookup(&c, d.fid, "one more")), errno::ENOENT);
+    ns.remove(&c, d.fid, "1", false, None).unwrap();
+    ns.link(&c, f.fid, d.fid, "one more", None).unwrap();
+}
+
+#[test]
 fn replayed_changes_answer_once() {
     let (ns, _v) = ns();
     let c = root();

@@ -5,7 +5,8 @@
 use crate::fid::Fid;
 use crate::wire::{Dec, Enc, ProtoError};
 
-const VERSION: u8 = 1;
+/// 2: attributes carry `rdev`, creates a device number.
+const VERSION: u8 = 2;
 
 /// Longest name of a directory entry, in bytes (Linux's `NAME_MAX`).
 pub const NAME_MAX: usize = 255;
@@ -55,6 +56,10 @@ pub mod mode {
     pub const S_IFDIR: u32 = 0o040000;
     pub const S_IFREG: u32 = 0o100000;
     pub const S_IFLNK: u32 = 0o120000;
+    pub const S_IFIFO: u32 = 0o010000;
+    pub const S_IFCHR: u32 = 0o020000;
+    pub const S_IFBLK: u32 = 0o060000;
+    pub const S_IFSOCK: u32 = 0o140000;
     pub const S_ISUID: u32 = 0o4000;
     pub const S_ISGID: u32 = 0o2000;
     pub const S_ISVTX: u32 = 0o1000;
@@ -70,6 +75,20 @@ pub mod mode {
     pub fn is_lnk(m: u32) -> bool {
         m & S_IFMT == S_IFLNK
     }
+    /// A character or block device node: the only inodes with a device number.
+    pub fn is_device(m: u32) -> bool {
+        matches!(m & S_IFMT, S_IFCHR | S_IFBLK)
+    }
+    /// A FIFO, socket or device node: an inode with no data of its own, made by `mknod`.
+    pub fn is_special(m: u32) -> bool {
+        matches!(m & S_IFMT, S_IFIFO | S_IFCHR | S_IFBLK | S_IFSOCK)
+    }
+}
+
+/// The time now as [`Attr`] keeps times: nanoseconds since the epoch.
+pub fn now_ns() -> i64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
 }
 
 /// An inode's attributes.
@@ -87,6 +106,9 @@ pub struct Attr {
     pub atime_ns: i64,
     pub mtime_ns: i64,
     pub ctime_ns: i64,
+    /// A device node's device number, as the kernel encodes it (`new_encode_dev`: major
+    /// and minor in 32 bits); 0 for every other inode.
+    pub rdev: u32,
 }
 
 impl Attr {
@@ -102,6 +124,7 @@ impl Attr {
             .i64(self.atime_ns)
             .i64(self.mtime_ns)
             .i64(self.ctime_ns)
+            .u32(self.rdev)
     }
 
     pub fn get(d: &mut Dec<'_>) -> Result<Attr, ProtoError> {
@@ -116,6 +139,7 @@ impl Attr {
             atime_ns: d.i64("atime")?,
             mtime_ns: d.i64("mtime")?,
             ctime_ns: d.i64("ctime")?,
+            rdev: d.u32("rdev")?,
         })
     }
 
@@ -276,8 +300,9 @@ pub enum Request {
         cookie: u64,
         max: u32,
     },
-    /// A regular file, directory or symlink, by the type bits of `mode`; a symlink's
-    /// target is `target`; a file's layout is `layout` ([`crate::layout::Layout::encode`];
+    /// A regular file, directory, symlink, FIFO, socket or device node, by the type bits
+    /// of `mode`; a symlink's target is `target`; a device node's number is `rdev` (0 for
+    /// every other type); a file's layout is `layout` ([`crate::layout::Layout::encode`];
     /// empty: inherited). A regular file's first bytes may come as the request's bulk:
     /// its inherited layout must keep them on the MDT (DoM), and the file is made and
     /// written in one change.
@@ -287,6 +312,7 @@ pub enum Request {
         mode: u32,
         target: Vec<u8>,
         layout: Vec<u8>,
+        rdev: u32,
     },
     /// A regular file made and opened in one request (Lustre's open-create intent), with
     /// the given layout or (empty) the inherited one. The creator opens it whatever its
@@ -455,8 +481,8 @@ impl Request {
                 (MDS_LOOKUP_MANY, e.done())
             }
             Request::Readdir { dir, cookie, max } => (MDS_READDIR, dir.put(e).u64(*cookie).u32(*max).done()),
-            Request::Create { dir, name, mode, target, layout } => {
-                (MDS_CREATE, s(dir.put(e), name).u32(*mode).bytes(target).bytes(layout).done())
+            Request::Create { dir, name, mode, target, layout, rdev } => {
+                (MDS_CREATE, s(dir.put(e), name).u32(*mode).bytes(target).bytes(layout).u32(*rdev).done())
             }
             Request::Link { fid, dir, name } => (MDS_LINK, s(dir.put(fid.put(e)), name).done()),
             Request::Unlink { dir, name, rmdir } => (MDS_UNLINK, s(dir.put(e), name).u8(*rmdir as u8).done()),
@@ -572,6 +598,7 @@ impl Request {
                 mode: d.u32("mode")?,
                 target: d.bytes("symlink target", SYMLINK_MAX + 1)?.to_vec(),
                 layout: d.bytes("layout", LAYOUT_BYTES_MAX)?.to_vec(),
+                rdev: d.u32("device number")?,
             },
             MDS_CREATE_OPEN => Request::CreateOpen {
                 dir: Fid::get(&mut d, "directory")?,
@@ -949,8 +976,24 @@ mod tests {
                 mode: mode::S_IFLNK | 0o777,
                 target: b"t".to_vec(),
                 layout: vec![],
+                rdev: 0,
             },
-            Request::Create { dir: f, name: "f".into(), mode: mode::S_IFREG, target: vec![], layout: vec![1, 2] },
+            Request::Create {
+                dir: f,
+                name: "f".into(),
+                mode: mode::S_IFREG,
+                target: vec![],
+                layout: vec![1, 2],
+                rdev: 0,
+            },
+            Request::Create {
+                dir: f,
+                name: "c".into(),
+                mode: mode::S_IFCHR | 0o600,
+                target: vec![],
+                layout: vec![],
+                rdev: (1 << 8) | 3,
+            },
             Request::Link { fid: f, dir: f, name: "b".into() },
             Request::Unlink { dir: f, name: "b".into(), rmdir: true },
             Request::Rename { src_dir: f, src_name: "x".into(), dst_dir: f, dst_name: "y".into(), noreplace: true },
@@ -1063,12 +1106,20 @@ mod tests {
             atime_ns: -1,
             mtime_ns: 2,
             ctime_ns: 3,
+            rdev: 0,
         };
-        let b = a.encode();
-        assert_eq!(Attr::decode(&b), Ok(a));
-        for cut in 0..b.len() {
-            assert!(Attr::decode(&b[..cut]).is_err());
+        let dev = Attr { mode: mode::S_IFBLK | 0o660, size: 0, rdev: (8 << 8) | 1, ..a };
+        for a in [a, dev] {
+            let b = a.encode();
+            assert_eq!(Attr::decode(&b), Ok(a));
+            for cut in 0..b.len() {
+                assert!(Attr::decode(&b[..cut]).is_err());
+            }
         }
         assert!(mode::is_reg(a.mode) && !mode::is_dir(a.mode) && !mode::is_lnk(a.mode));
+        assert!(!mode::is_special(a.mode) && mode::is_special(dev.mode) && mode::is_device(dev.mode));
+        for t in [mode::S_IFIFO, mode::S_IFSOCK] {
+            assert!(mode::is_special(t) && !mode::is_device(t));
+        }
     }
 }

@@ -818,7 +818,11 @@ impl Mds {
                     Err(e) => fail(e.status(), e.message),
                 });
             }
-            Request::Create { dir, name, mode: m, target, layout } => {
+            Request::Create { dir, name, mode: m, target, layout, rdev } => {
+                if rdev != 0 && !mode::is_device(m) {
+                    let t = m & mode::S_IFMT;
+                    return Some(fail(-errno::EINVAL, format!("a device number ({rdev:#x}) for file type {t:o}")));
+                }
                 let perms = m & mode::PERMS;
                 if !req.bulk.is_empty() {
                     // A small file and its first bytes, kept on the MDT, in one change.
@@ -843,6 +847,7 @@ impl Mds {
                             Err(e) => Err(MdError::new(errno::EINVAL, format!("layout: {e}"))),
                         },
                         mode::S_IFREG | 0 => Ok(Namespace::create_change(&c, dir, &name, perms)),
+                        t if mode::is_special(t) => Namespace::mknod_change(&c, dir, &name, m, rdev),
                         other => Err(MdError::new(errno::EINVAL, format!("file type {other:o} is not supported"))),
                     };
                     match change {

@@ -100,7 +100,14 @@ impl Fs {
     }
 
     async fn create(&self, dir: Fid, name: &str) -> Result<Attr, (i32, String)> {
-        let r = Request::Create { dir, name: name.into(), mode: mode::S_IFREG | 0o644, target: vec![], layout: vec![] };
+        let r = Request::Create {
+            dir,
+            name: name.into(),
+            mode: mode::S_IFREG | 0o644,
+            target: vec![],
+            layout: vec![],
+            rdev: 0,
+        };
         self.attr(Self::on(dir), r).await
     }
 

@@ -75,6 +75,7 @@ async fn operations_through_the_service() {
             mode: mode::S_IFDIR | 0o755,
             target: vec![],
             layout: vec![],
+            rdev: 0,
         })
         .await
         .unwrap();
@@ -86,6 +87,7 @@ async fn operations_through_the_service() {
             mode: mode::S_IFREG | 0o644,
             target: vec![],
             layout: vec![],
+            rdev: 0,
         })
         .await
         .unwrap();
@@ -120,6 +122,7 @@ async fn operations_through_the_service() {
             mode: mode::S_IFREG | 0o644,
             target: vec![],
             layout: vec![],
+            rdev: 0,
         })
         .await
         .unwrap_err();
@@ -144,6 +147,7 @@ async fn operations_through_the_service() {
             mode: mode::S_IFLNK | 0o777,
             target: b"d/f7".to_vec(),
             layout: vec![],
+            rdev: 0,
         })
         .await
         .unwrap();
@@ -219,6 +223,7 @@ async fn operations_through_the_service() {
             mode: mode::S_IFREG | 0o644,
             target: vec![],
             layout: vec![],
+            rdev: 0,
         })
         .await
         .unwrap();
@@ -244,10 +249,41 @@ async fn operations_through_the_service() {
     assert!(layout.is_empty() && o.is_empty(), "a directory has a default, not a file layout");
     md.call(Request::Close { handle }).await.unwrap();
     let e = md
-        .call(Request::Create { dir: d.fid, name: "bad".into(), mode: mode::S_IFREG, target: vec![], layout: vec![9] })
+        .call(Request::Create {
+            dir: d.fid,
+            name: "bad".into(),
+            mode: mode::S_IFREG,
+            target: vec![],
+            layout: vec![9],
+            rdev: 0,
+        })
         .await
         .unwrap_err();
     assert_eq!(e.0, -errno::EINVAL);
+    // Special files over the wire: a device node keeps its number; a device number on
+    // anything else, or an unknown file type, is refused and makes nothing.
+    let create = |name: &str, mode: u32, rdev: u32| Request::Create {
+        dir: d.fid,
+        name: name.into(),
+        mode,
+        target: vec![],
+        layout: vec![],
+        rdev,
+    };
+    let chr = md.attr(create("null", mode::S_IFCHR | 0o666, 0x103)).await.unwrap();
+    assert_eq!((chr.mode, chr.rdev), (mode::S_IFCHR | 0o666, 0x103));
+    assert_eq!(md.attr(Request::Getattr { fid: chr.fid }).await.unwrap().rdev, 0x103);
+    let fifo = md.attr(create("fifo", mode::S_IFIFO | 0o600, 0)).await.unwrap();
+    assert_eq!((fifo.mode, fifo.rdev), (mode::S_IFIFO | 0o600, 0));
+    for (name, m, rdev) in [("r", mode::S_IFREG | 0o644, 7), ("p", mode::S_IFIFO, 7), ("u", 0o170000 | 0o644, 0)] {
+        let e = md.call(create(name, m, rdev)).await.unwrap_err();
+        assert_eq!(e.0, -errno::EINVAL, "{m:o} {rdev}: {}", e.1);
+        let gone = md.call(Request::Lookup { dir: d.fid, name: name.into() }).await.unwrap_err();
+        assert_eq!(gone.0, -errno::ENOENT);
+    }
+    for name in ["null", "fifo"] {
+        md.call(Request::Unlink { dir: d.fid, name: name.into(), rmdir: false }).await.unwrap();
+    }
     md.call(Request::Unlink { dir: d.fid, name: "striped".into(), rmdir: false }).await.unwrap();
     // A listing of long names comes in pages that each fit one reply.
     let long = md
@@ -257,14 +293,22 @@ async fn operations_through_the_service() {
             mode: mode::S_IFDIR | 0o755,
             target: vec![],
             layout: vec![],
+            rdev: 0,
         })
         .await
         .unwrap();
     for i in 0..400 {
         let name = format!("{i:03}{}", "n".repeat(250));
-        md.attr(Request::Create { dir: long.fid, name, mode: mode::S_IFREG | 0o644, target: vec![], layout: vec![] })
-            .await
-            .unwrap();
+        md.attr(Request::Create {
+            dir: long.fid,
+            name,
+            mode: mode::S_IFREG | 0o644,
+            target: vec![],
+            layout: vec![],
+            rdev: 0,
+        })
+        .await
+        .unwrap();
     }
     let (mut cookie, mut listed, mut pages) = (0, 0, 0);
     loop {
@@ -291,6 +335,7 @@ async fn operations_through_the_service() {
             mode: mode::S_IFREG | 0o644,
             target: vec![],
             layout: vec![],
+            rdev: 0,
         })
         .await
         .unwrap();
@@ -313,7 +358,7 @@ async fn operations_through_the_service() {
     assert_eq!(f2.header.status, -71);
     assert!(String::from_utf8_lossy(&f2.body).contains("bad MDS request"));
     let p = mds.get_param("mdt.mdt0.md_stats");
-    assert!(p[0].1.contains("create 457") && p[0].1.contains("setdirlayout 2"), "{p:?}");
+    assert!(p[0].1.contains("create 462") && p[0].1.contains("setdirlayout 2"), "{p:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -328,6 +373,7 @@ async fn the_mdt_knobs_are_read_and_set_over_the_wire() {
         mode: mode::S_IFREG | 0o644,
         target: vec![],
         layout: vec![],
+        rdev: 0,
     })
     .await
     .unwrap();
@@ -353,6 +399,7 @@ async fn the_mdt_knobs_are_read_and_set_over_the_wire() {
         mode: mode::S_IFREG | 0o644,
         target: vec![],
         layout: vec![],
+        rdev: 0,
     })
     .await
     .unwrap();
@@ -381,6 +428,7 @@ async fn the_mdt_knobs_are_read_and_set_over_the_wire() {
             mode: mode::S_IFREG | 0o644,
             target: vec![],
             layout: vec![],
+            rdev: 0,
         })
         .await
         .unwrap_err();
@@ -398,6 +446,7 @@ async fn a_lost_reply_creates_once() {
         mode: mode::S_IFREG | 0o644,
         target: vec![],
         layout: vec![],
+        rdev: 0,
     }
     .encode(&Creds::default());
     // The client resends after its deadline; the answer is the first one, not EEXIST.
@@ -428,6 +477,7 @@ async fn a_change_resent_after_a_restart_gets_its_stored_answer() {
         mode: mode::S_IFREG | 0o644,
         target: vec![],
         layout: vec![],
+        rdev: 0,
     };
     let first = mds.serve(incoming(42, 5, 5, &create)).await;
     assert_eq!(first.status, 0);
@@ -467,6 +517,7 @@ async fn an_evicted_client_loses_its_open_files_and_reply_records() {
             mode: mode::S_IFREG | 0o644,
             target: vec![],
             layout: vec![],
+            rdev: 0,
         })
         .await
         .unwrap();

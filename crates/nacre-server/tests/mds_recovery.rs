@@ -165,12 +165,26 @@ impl Md {
     }
 
     async fn mkdir(&self, dir: Fid, name: &str) -> Attr {
-        let r = Request::Create { dir, name: name.into(), mode: mode::S_IFDIR | 0o755, target: vec![], layout: vec![] };
+        let r = Request::Create {
+            dir,
+            name: name.into(),
+            mode: mode::S_IFDIR | 0o755,
+            target: vec![],
+            layout: vec![],
+            rdev: 0,
+        };
         self.attr(r).await
     }
 
     async fn create(&self, dir: Fid, name: &str) -> Attr {
-        let r = Request::Create { dir, name: name.into(), mode: mode::S_IFREG | 0o644, target: vec![], layout: vec![] };
+        let r = Request::Create {
+            dir,
+            name: name.into(),
+            mode: mode::S_IFREG | 0o644,
+            target: vec![],
+            layout: vec![],
+            rdev: 0,
+        };
         self.attr(r).await
     }
 
@@ -397,6 +411,7 @@ async fn requests_during_recovery_wait_for_its_end() {
             mode: mode::S_IFREG | 0o644,
             target: vec![],
             layout: vec![],
+            rdev: 0,
         },
         &[],
     );

@@ -57,6 +57,7 @@ fn targets_register_with_the_mgs_and_set_param_p_stores_parameters() {
                 mode: mode::S_IFREG | 0o644,
                 target: vec![],
                 layout: vec![],
+                rdev: 0,
             };
             let (op, body) = r.encode(&Creds::default());
             let f = md.call(op, &body, &[]).await.unwrap();
@@ -89,6 +90,7 @@ fn targets_register_with_the_mgs_and_set_param_p_stores_parameters() {
             mode: mode::S_IFREG | 0o644,
             target: vec![],
             layout: nacre_proto::layout::Layout::from_lfs_args(&["-c", "1", "-p", pool]).unwrap().encode(),
+            rdev: 0,
         };
         let started = std::time::Instant::now();
         loop {

@@ -6,10 +6,11 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -276,6 +277,77 @@ fn posix_suite(root: &Path) -> Vec<(String, Outcome)> {
         step("read after unlink", o(f.read_to_string(&mut s).map(|_| s.clone())));
         step("gone by name", o(fs::metadata(p("open")).map(|_| ())));
     }
+    // A write changes mtime and ctime at once, before its bytes are written back (on the
+    // MDT, and past its 64 KiB on an OST).
+    let times = |m: fs::Metadata| ((m.mtime(), m.mtime_nsec()), (m.ctime(), m.ctime_nsec()));
+    for at in [10, 70_000] {
+        let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(p("w")).unwrap();
+        let (m0, c0) = times(f.metadata().unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        f.write_all_at(b"x", at).unwrap();
+        let changed = f.metadata().map(times).map(|(m, c)| (m != m0, c != c0));
+        step(&format!("a write at {at} changes mtime and ctime"), o(changed));
+    }
+    let c = |path: PathBuf| CString::new(path.into_os_string().into_encoded_bytes()).unwrap();
+    // Special files: FIFOs, sockets and device nodes, kept with their type and number.
+    let mknod = |n: &str, kind: u32, major: u32, minor: u32| {
+        let path = c(p(n));
+        // SAFETY: a valid C string.
+        let r = unsafe { libc::mknod(path.as_ptr(), kind | 0o640, libc::makedev(major, minor)) };
+        if r == 0 { Ok(String::new()) } else { Err(errno(std::io::Error::last_os_error())) }
+    };
+    step("mkfifo", mknod("fifo", libc::S_IFIFO, 0, 0));
+    step("mknod char", mknod("chr", libc::S_IFCHR, 1, 3));
+    step("mknod block", mknod("blk", libc::S_IFBLK, 259, 70_000));
+    step("mknod existing", mknod("fifo", libc::S_IFIFO, 0, 0));
+    let listener = std::os::unix::net::UnixListener::bind(p("sock"));
+    step("bind a socket", listener.as_ref().map(|_| String::new()).map_err(|e| e.raw_os_error().unwrap_or(-1)));
+    let special = |n: &str| {
+        o(fs::symlink_metadata(p(n)).map(|m| {
+            let t = m.file_type();
+            let kind = [t.is_fifo(), t.is_char_device(), t.is_block_device(), t.is_socket()];
+            (kind, m.mode() & 0o7777, libc::major(m.rdev()), libc::minor(m.rdev()), m.len(), m.nlink())
+        }))
+    };
+    for n in ["fifo", "chr", "blk", "sock"] {
+        step(&format!("stat {n}"), special(n));
+    }
+    step(
+        "nobody makes a device node",
+        Ok(as_nobody(&format!("mknod {} c 1 3 2>/dev/null || exit 1", q("pub/dev"))).to_string()),
+    );
+    step("nobody makes a FIFO", Ok(as_nobody(&format!("mkfifo {}", q("pub/nfifo"))).to_string()));
+    step("nobody's FIFO", special("pub/nfifo"));
+    // A FIFO and a socket carry bytes between processes of this machine.
+    let writer = Command::new("sh").arg("-c").arg(format!("echo through the fifo > {}", q("fifo"))).spawn().unwrap();
+    step("read a FIFO", o(fs::read_to_string(p("fifo"))));
+    let _ = { writer }.wait();
+    if let Ok(l) = &listener {
+        let path = p("sock");
+        let client = std::thread::spawn(move || {
+            let mut s = std::os::unix::net::UnixStream::connect(path)?;
+            s.write_all(b"through the socket")
+        });
+        let mut got = String::new();
+        step("read a socket", o(l.accept().and_then(|(mut s, _)| s.read_to_string(&mut got)).map(|_| got.clone())));
+        step("socket client", o(client.join().unwrap()));
+    }
+    drop(listener);
+    step("rename a FIFO", o(fs::rename(p("fifo"), p("fifo2"))));
+    step("link a device node", o(fs::hard_link(p("chr"), p("chr2"))));
+    step("linked device node", special("chr2"));
+    step("chmod a socket", o(fs::set_permissions(p("sock"), fs::Permissions::from_mode(0o600))));
+    step("chmod'ed socket", special("sock"));
+    step("chown a block device", o(std::os::unix::fs::lchown(p("blk"), Some(65534), Some(65534))));
+    step("owner of the block device", o(fs::symlink_metadata(p("blk")).map(|m| (m.uid(), m.gid()))));
+    let (dev, user) = (c(p("chr")), CString::new("user.x").unwrap());
+    // SAFETY: valid C strings and buffer.
+    let on_dev = unsafe { libc::setxattr(dev.as_ptr(), user.as_ptr(), b"v".as_ptr().cast(), 1, 0) };
+    let e = errno(std::io::Error::last_os_error()) * i32::from(on_dev != 0);
+    step("user xattr on a device node", Ok(format!("{on_dev} {e}")));
+    for n in ["fifo2", "chr", "chr2", "blk", "sock", "pub/nfifo"] {
+        step(&format!("unlink {n}"), o(fs::remove_file(p(n))));
+    }
     // Directories and errors.
     step("rmdir non-empty", o(fs::remove_dir(p("d2"))));
     step("unlink dir", o(fs::remove_file(p("d2"))));
@@ -286,7 +358,6 @@ fn posix_suite(root: &Path) -> Vec<(String, Outcome)> {
     step("name too long", o(File::create(p(&"n".repeat(256))).map(|_| ())));
     step("255 bytes fine", o(File::create(p(&"n".repeat(255))).map(|_| ())));
     // xattrs.
-    let c = |path: PathBuf| CString::new(path.into_os_string().into_encoded_bytes()).unwrap();
     let (f, name) = (c(p("t")), CString::new("user.color").unwrap());
     // SAFETY: valid C strings and buffers.
     let set = unsafe { libc::setxattr(f.as_ptr(), name.as_ptr(), b"blue".as_ptr().cast(), 4, 0) };
@@ -334,6 +405,69 @@ fn posix_calls_through_the_mount_do_what_linux_does() {
     let out = Command::new("df").arg("-B1").arg(&fs.mnt).output().unwrap();
     assert!(out.status.success());
     let _ = fs::remove_dir_all(&local);
+}
+
+/// pjdfstest, the POSIX conformance suite file systems run in CI (its Rust version,
+/// which `scripts/test` installs into `target/tools`; `NACRE_PJDFSTEST` names another).
+fn pjdfstest() -> PathBuf {
+    let path = std::env::var_os("NACRE_PJDFSTEST")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tools/bin/pjdfstest"));
+    assert!(
+        path.exists(),
+        "{} is missing: scripts/test installs it (cargo install pjdfstest --version 0.2.2 --locked --root \
+         target/tools)",
+        path.display()
+    );
+    path
+}
+
+/// Each test pjdfstest ran in `dir`, with its outcome (`ok`, `FAILED` or `skipped`).
+fn run_pjdfstest(dir: &Path, config: &Path) -> BTreeMap<String, String> {
+    let out = Command::new(pjdfstest()).arg("-c").arg(config).arg("-p").arg(dir).current_dir(dir).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut outcomes = BTreeMap::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        if let (Some(name), Some(outcome), None) = (words.next(), words.next(), words.next())
+            && name.contains("::")
+            && ["ok", "FAILED", "skipped"].contains(&outcome)
+        {
+            outcomes.insert(name.to_string(), outcome.to_string());
+        }
+    }
+    assert!(outcomes.len() > 300, "pjdfstest in {} ran {} tests:\n{text}", dir.display(), outcomes.len());
+    outcomes
+}
+
+#[test]
+fn the_posix_conformance_suite_passes_through_the_mount_as_on_the_local_file_system() {
+    let fs = Up::start("pjdfstest");
+    let root = fs.data.parent().unwrap().to_path_buf();
+    // Two users besides root for its permission tests, and a nap longer than the local
+    // file system's timestamp granularity (the kernel's clock tick).
+    let config = root.join("pjdfstest.toml");
+    fs::write(
+        &config,
+        "[features]\nposix_fallocate = {}\nrename_ctime = {}\nutime_now = {}\nutimensat = {}\n\
+         [settings]\nnaptime = 0.05\nallow_remount = false\n\
+         [dummy_auth]\nentries = [[\"nobody\", \"nogroup\"], [\"daemon\", \"daemon\"]]\n",
+    )
+    .unwrap();
+    let (local, mounted) = (root.join("local"), fs.mnt.join("suite"));
+    fs::create_dir(&local).unwrap();
+    fs::create_dir(&mounted).unwrap();
+    let want = run_pjdfstest(&local, &config);
+    let got = run_pjdfstest(&mounted, &config);
+    // glibc's pathconf knows no LINK_MAX for FUSE file systems, so the suite skips its
+    // link-count test there (the MDT's EMLINK has a test of its own).
+    let unknowable = ["link::link_count_max"];
+    let differ: Vec<String> = want
+        .iter()
+        .filter(|(name, w)| *w == "ok" && got.get(*name) != Some(w) && !unknowable.contains(&name.as_str()))
+        .map(|(name, _)| format!("{name}: {} through the mount", got.get(name).map_or("not run", |g| g.as_str())))
+        .collect();
+    assert!(differ.is_empty(), "passed on the local file system, not through the mount:\n{}", differ.join("\n"));
 }
 
 /// A seeded random-operation run after fsx: writes, reads, truncates and mmap reads of

@@ -259,6 +259,7 @@ impl Tx<'_> {
             atime_ns: self.now,
             mtime_ns: self.now,
             ctime_ns: self.now,
+            rdev: 0,
         };
         self.put(&a, if kind == mode::S_IFDIR { dir } else { Fid::default() })?;
         if kind == mode::S_IFDIR
@@ -382,6 +383,47 @@ impl Namespace {
             a.size = target.len() as u64;
             tx.put(&a, Fid::default())?;
             tx.put_symlink(a.fid, &target)?;
+            Ok(Answer::Attr(a))
+        }))
+    }
+
+    /// A FIFO, socket or device node `name` in `dir` (`mknod`), by the type bits of
+    /// `mode_bits`; a device node's number is `rdev`. Only root makes device nodes.
+    pub fn mknod(
+        &self,
+        cred: &Cred,
+        dir: Fid,
+        name: &str,
+        mode_bits: u32,
+        rdev: u32,
+        key: Option<ReplyKey>,
+    ) -> Result<Attr> {
+        Self::attr_of(self.change(key, Self::mknod_change(cred, dir, name, mode_bits, rdev)?)?)
+    }
+
+    /// The change `mknod` makes (after checking the type and device number), for
+    /// [`Namespace::submit`].
+    pub fn mknod_change(cred: &Cred, dir: Fid, name: &str, mode_bits: u32, rdev: u32) -> Result<Change> {
+        let kind = mode_bits & mode::S_IFMT;
+        if !mode::is_special(kind) {
+            return Err(MdError::new(
+                errno::EINVAL,
+                format!("mknod makes FIFOs, sockets and device nodes, not file type {kind:o}"),
+            ));
+        }
+        if mode::is_device(kind) && cred.uid != 0 {
+            return Err(MdError::new(errno::EPERM, format!("uid {} may not make device nodes", cred.uid)));
+        }
+        if rdev != 0 && !mode::is_device(kind) {
+            return Err(MdError::new(errno::EINVAL, format!("a device number ({rdev:#x}) for a {kind:o}")));
+        }
+        let (cred, name) = (cred.clone(), name.to_string());
+        Ok(Box::new(move |tx| {
+            let (mut a, _, _) = tx.make(&cred, dir, &name, mode_bits, kind, None)?;
+            if rdev != 0 {
+                a.rdev = rdev;
+                tx.put(&a, Fid::default())?;
+            }
             Ok(Answer::Attr(a))
         }))
     }

@@ -53,9 +53,12 @@ pub struct Intent {
 /// entry).
 pub const STEPS_MAX: usize = nacre_proto::dne::DIR_STRIPES_MAX + 4;
 
+/// Version of a stored intent: 2 since the attributes its steps carry have `rdev`.
+const INTENT_VERSION: u8 = 2;
+
 impl Intent {
     pub fn encode(&self) -> Vec<u8> {
-        let mut e = Enc::new(1).u64(self.id);
+        let mut e = Enc::new(INTENT_VERSION).u64(self.id);
         e = match &self.client {
             Some(k) => e.u8(1).u64(k.client).u64(k.xid).u64(k.acked_below).u32(k.digest),
             None => e.u8(0),
@@ -72,7 +75,7 @@ impl Intent {
     }
 
     pub fn decode(b: &[u8]) -> Result<Intent> {
-        let mut d = Dec::new(b, "intent", 1)?;
+        let mut d = Dec::new(b, "intent", INTENT_VERSION)?;
         let id = d.u64("intent id")?;
         let client = match d.u8("client flag")? {
             0 => None,

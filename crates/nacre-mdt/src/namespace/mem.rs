@@ -33,7 +33,8 @@ pub struct Inode {
 
 /// An inode as memory keeps it: its attributes without the FID (its place in the
 /// table), and its layout. 72 bytes where an [`Inode`] and a separate layout map took
-/// 136. `mode` holds [`IN_USE`] besides the mode: a slot without it is free.
+/// 136. `mode` holds [`IN_USE`] besides the mode: a slot without it is free. A device
+/// node has no data, so its `size` holds its device number.
 #[derive(Debug, Clone, Default)]
 struct Node {
     mode: u32,
@@ -50,23 +51,26 @@ struct Node {
 
 impl Node {
     fn attr(&self, fid: u128) -> Attr {
+        let device = mode::is_device(self.mode);
         Attr {
             fid: Fid::from_key(fid),
             mode: self.mode & !IN_USE,
             nlink: self.nlink,
             uid: self.uid,
             gid: self.gid,
-            size: self.size,
+            size: if device { 0 } else { self.size },
             blocks: self.blocks,
             atime_ns: self.atime_ns,
             mtime_ns: self.mtime_ns,
             ctime_ns: self.ctime_ns,
+            rdev: if device { self.size as u32 } else { 0 },
         }
     }
 
     fn set(&mut self, a: &Attr) {
         (self.mode, self.nlink, self.uid, self.gid) = (a.mode | IN_USE, a.nlink, a.uid, a.gid);
-        (self.size, self.blocks) = (a.size, a.blocks);
+        let size = if mode::is_device(a.mode) { a.rdev.into() } else { a.size };
+        (self.size, self.blocks) = (size, a.blocks);
         (self.atime_ns, self.mtime_ns, self.ctime_ns) = (a.atime_ns, a.mtime_ns, a.ctime_ns);
     }
 }
@@ -382,12 +386,15 @@ fn get_big(d: &mut Dec<'_>, what: &'static str) -> Result<u128> {
     Ok(((d.u64(what)? as u128) << 64) | d.u64(what)? as u128)
 }
 
+/// Version of a stored inode: 2 since attributes carry `rdev`.
+const INODE_VERSION: u8 = 2;
+
 pub fn encode_inode(i: &Inode) -> Vec<u8> {
-    i.parent.put(i.attr.put(Enc::new(1))).done()
+    i.parent.put(i.attr.put(Enc::new(INODE_VERSION))).done()
 }
 
 pub fn decode_inode(b: &[u8]) -> Result<Inode> {
-    let mut d = Dec::new(b, "inode", 1)?;
+    let mut d = Dec::new(b, "inode", INODE_VERSION)?;
     let attr = Attr::get(&mut d)?;
     let parent = Fid::get(&mut d, "parent")?;
     d.end()?;
