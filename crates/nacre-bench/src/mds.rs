@@ -87,8 +87,16 @@ struct Served {
 pub(crate) const ROUND_BYTES_PER_FILE: u64 = 16 << 10;
 
 /// The changes measured, with their column among the figures of a round.
-const CHANGES: [(&str, usize); 7] =
-    [("create", 0), ("unlink", 2), ("mkdir", 13), ("rmdir", 14), ("rename", 12), ("setattr", 11), ("dom_files", 9)];
+const CHANGES: [(&str, usize); 8] = [
+    ("create", 0),
+    ("unlink", 2),
+    ("mkdir", 13),
+    ("rmdir", 14),
+    ("rename", 12),
+    ("setattr", 11),
+    ("dom_files", 9),
+    ("lock_unlock_pairs", 15),
+];
 
 /// Bytes of each of the MDT's four drives for `room` bytes of files (at least 64 MiB).
 /// The database's file doubles as it grows, so the room is rounded up to a power of two
@@ -381,6 +389,8 @@ struct NacreRates {
     rename: f64,
     mkdir: f64,
     rmdir: f64,
+    /// Byte-range lock and unlock pairs: every client its own byte of one shared file.
+    lock: f64,
 }
 
 /// The small file of the DoM phase: 3,901 bytes, as the IO500's mdtest-hard writes.
@@ -494,6 +504,7 @@ async fn nacre_round(
             rename: 0.0,
             mkdir: 0.0,
             rmdir: 0.0,
+            lock: 0.0,
         });
     }
     let stat_secs = {
@@ -519,6 +530,37 @@ async fn nacre_round(
         Ok(())
     })
     .await?;
+    // Locks: every client opens client 0's first file (untimed), then takes and drops a
+    // write lock on a byte of its own, `per` times.
+    let shared = fids.lock().unwrap_or_else(|e| e.into_inner())[0][0];
+    let mut handles = Vec::new();
+    for imp in &imports {
+        match call(imp, &Request::Open { fid: shared, read: true, write: true, dom_read: 0 }).await? {
+            Reply::Opened { handle, .. } => handles.push(handle),
+            other => return Err(BenchError::Bad(format!("open answered {other:?}"))),
+        }
+    }
+    let lock_secs = {
+        let handles = Arc::new(handles.clone());
+        all(&imports, move |i, imp| {
+            let handle = handles[i];
+            async move {
+                let at = i as u64;
+                for _ in 0..per {
+                    for kind in [mdt::lock::WRITE, mdt::lock::UNLOCK] {
+                        let (owner, pid, flags) = (at + 1, 0, 0);
+                        let r = Request::Lock { fid: shared, handle, owner, pid, kind, flags, start: at, end: at };
+                        call(&imp, &r).await?;
+                    }
+                }
+                Ok(())
+            }
+        })
+        .await?
+    };
+    for (imp, handle) in imports.iter().zip(handles) {
+        call(imp, &Request::Close { handle }).await?;
+    }
     let setattr_secs = {
         let fids = fids.clone();
         all(&imports, move |i, imp| {
@@ -641,6 +683,7 @@ async fn nacre_round(
         rename: total / rename_secs,
         mkdir: total / mkdir_secs,
         rmdir: total / rmdir_secs,
+        lock: total / lock_secs,
     })
 }
 
@@ -787,7 +830,7 @@ async fn run_in(
     );
     let drive = drive_bytes(o.files * o.rounds.max(1) as u64 * ROUND_BYTES_PER_FILE);
     let served = serve(work, SyncMode::Ordered, drive, o.sync_on_reply).await?;
-    let mut f: [Vec<f64>; 15] = Default::default();
+    let mut f: [Vec<f64>; 16] = Default::default();
     let mut local_dirs = Vec::new();
     for round in 0..o.rounds.max(1) {
         let n = nacre_round(&served, o, round, false).await?;
@@ -810,16 +853,17 @@ async fn run_in(
         );
         let _ = writeln!(
             out,
-            "round {}: nacre setattr {:.0}/s rename {:.0}/s mkdir {:.0}/s rmdir {:.0}/s",
+            "round {}: nacre setattr {:.0}/s rename {:.0}/s mkdir {:.0}/s rmdir {:.0}/s lock+unlock {:.0}/s",
             round + 1,
             n.setattr,
             n.rename,
             n.mkdir,
-            n.rmdir
+            n.rmdir,
+            n.lock
         );
         let row = [
             n.create, n.stat, n.unlink, n.ping, l.create, l.stat, 0.0, n.readdir, l.readdir, n.dom, l.small, n.setattr,
-            n.rename, n.mkdir, n.rmdir,
+            n.rename, n.mkdir, n.rmdir, n.lock,
         ];
         for (i, v) in row.into_iter().enumerate() {
             f[i].push(v);

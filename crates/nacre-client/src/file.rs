@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use nacre_proto::fid::Fid;
-use nacre_proto::mdt::{Attr, Creds, Reply, Request, SetAttr, mode, now_ns, set};
+use nacre_proto::mdt::{Attr, Creds, Reply, Request, SetAttr, lock, mode, now_ns, set};
 use nacre_proto::ost;
 
 use crate::behind::{self, Taken};
@@ -82,8 +82,6 @@ struct State {
     /// The file is at least this long (its size at open, or after our writes); a read
     /// past it asks the servers.
     size: u64,
-    /// An O_APPEND handle has learnt the file's end once.
-    append_known: bool,
     ra: ReadAhead,
 }
 
@@ -233,18 +231,9 @@ impl File {
         if data.is_empty() {
             return Ok(0);
         }
-        let offset = if self.flags.append {
-            if !st.append_known {
-                self.flush(&mut st).await?;
-                let a = self.fs.getattr(&self.creds, self.fid).await?;
-                let size = st.size.max(a.size);
-                self.set_size(&mut st, size);
-                st.append_known = true;
-            }
-            st.size
-        } else {
-            offset
-        };
+        if self.flags.append {
+            return self.append(&mut st, data).await;
+        }
         let len = data.len() as u64;
         let end = offset.checked_add(len).filter(|&e| e <= FILE_SIZE_MAX).ok_or_else(|| {
             Error::new(errno::EFBIG, format!("a write of {len} bytes at {offset} passes the largest file size"))
@@ -301,6 +290,38 @@ impl File {
                 None => self.flush(&mut st).await?,
             }
         }
+    }
+
+    /// An O_APPEND write: at the end of the file as every mount sees it, never over
+    /// another's append. Appends from all mounts go one at a time under the file's append
+    /// lock (a lock space of its own on the MDS, apart from the users' locks): the holder
+    /// learns the end (the MDS's size, or the objects' while the file is open for writing
+    /// anywhere), writes through, and lets go, so the next one finds its bytes.
+    async fn append(&self, st: &mut State, data: &[u8]) -> Result<usize> {
+        let whole = |kind, flags| self.lock_as(self.handle, 0, kind, flags | lock::APPEND, 0, lock::EOF);
+        whole(lock::WRITE, lock::WAIT).await?;
+        let written = async {
+            self.flush(st).await?;
+            let end = self.fs.getattr(&self.creds, self.fid).await?.size;
+            let len = data.len() as u64;
+            let to = end.checked_add(len).filter(|&e| e <= FILE_SIZE_MAX).ok_or_else(|| {
+                Error::new(errno::EFBIG, format!("an append of {len} bytes at {end} passes the largest file size"))
+            })?;
+            let layout = self.layout().await?;
+            layout.plan(end, len, u64::MAX)?;
+            self.forget_chunks();
+            write_range(&self.fs, &self.creds, self.handle, self.fid, &layout, end, Bytes::copy_from_slice(data))
+                .await?;
+            self.set_size(st, st.size.max(to));
+            st.written = true;
+            self.written_at.fetch_max(now_ns(), Ordering::Relaxed);
+            Ok(data.len())
+        }
+        .await;
+        let unlocked = whole(lock::UNLOCK, 0).await;
+        let n = written?;
+        unlocked?;
+        Ok(n)
     }
 
     /// Dirty bytes that make a write-back: a full RPC to every object of the widest
@@ -383,7 +404,6 @@ impl File {
     pub async fn resized(&self, size: u64) {
         let mut st = self.st.lock().await;
         self.forget_chunks();
-        st.append_known = false;
         self.set_size(&mut st, size);
     }
 
@@ -626,6 +646,45 @@ impl File {
         self.fs.md(mdt_of(self.fid)?, &self.creds, &Request::Setattr { fid: self.fid, set: s }, &[]).await?;
         st.written = false;
         Ok(())
+    }
+
+    /// Take a byte-range lock of `kind` ([`lock`]: read, write or unlock) over bytes
+    /// `start..=end` for `owner` (the kernel's lock owner: a process for `fcntl`, an open
+    /// file for `flock`), held between all mounts by the MDS of the file. With `wait` it
+    /// waits while another owner's lock conflicts (asking again whenever the MDS ends a
+    /// long wait with ETIMEDOUT); without, a conflict is EAGAIN. A wait that would close
+    /// a cycle of owners is EDEADLK.
+    pub async fn lock(&self, owner: u64, pid: u32, kind: u8, start: u64, end: u64, wait: bool) -> Result<()> {
+        self.lock_as(owner, pid, kind, if wait { lock::WAIT } else { 0 }, start, end).await
+    }
+
+    /// [`File::lock`] with the request's [`lock`] flags.
+    async fn lock_as(&self, owner: u64, pid: u32, kind: u8, flags: u8, start: u64, end: u64) -> Result<()> {
+        let r = Request::Lock { fid: self.fid, handle: self.handle, owner, pid, kind, flags, start, end };
+        loop {
+            match self.fs.md(mdt_of(self.fid)?, &self.creds, &r, &[]).await {
+                Err(e) if flags & lock::WAIT != 0 && e.errno == errno::ETIMEDOUT => continue,
+                done => return done.map(|_| ()),
+            }
+        }
+    }
+
+    /// What would conflict with a lock of `kind` over `start..=end` for `owner`
+    /// (`F_GETLK`): the kind, range and pid of such a lock, or `None`.
+    pub async fn test_lock(&self, owner: u64, kind: u8, start: u64, end: u64) -> Result<Option<(u8, u64, u64, u32)>> {
+        let r =
+            Request::Lock { fid: self.fid, handle: self.handle, owner, pid: 0, kind, flags: lock::TEST, start, end };
+        match self.fs.md(mdt_of(self.fid)?, &self.creds, &r, &[]).await?.0 {
+            Reply::Lock { kind: lock::UNLOCK, .. } => Ok(None),
+            Reply::Lock { kind, start, end, pid } => Ok(Some((kind, start, end, pid))),
+            _ => Err(Error::protocol("lock test", "the MDS did not answer with a lock")),
+        }
+    }
+
+    /// Let go of every lock `owner` holds on this file, and end its waits (a close).
+    pub async fn unlock_all(&self, owner: u64) -> Result<()> {
+        let r = Request::Unlock { fid: self.fid, owner };
+        self.fs.md(mdt_of(self.fid)?, &self.creds, &r, &[]).await.map(|_| ())
     }
 
     /// Write back, publish the size, and release the handle on the MDT. The first error

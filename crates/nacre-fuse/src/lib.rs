@@ -20,13 +20,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, MountOption,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 use nacre_client::error::errno;
 use nacre_client::{Attr, Creds, Error, Fid, File, FileSystem, OpenFlags, SetAttr};
 use nacre_proto::layout::Layout;
-use nacre_proto::mdt::{mode, set, xattr};
+use nacre_proto::mdt::{lock, mode, set, xattr};
 
 use inodes::Inodes;
 
@@ -112,6 +112,7 @@ pub fn mount(
             open: Mutex::new(OpenFiles::default()),
             cfg,
             absent: AbsentXattrs::default(),
+            lockers: Mutex::new(std::collections::HashSet::new()),
         }),
         rt,
     };
@@ -134,6 +135,10 @@ struct Shared {
     open: Mutex<OpenFiles>,
     cfg: MountConfig,
     absent: AbsentXattrs,
+    /// The lock owners that took a lock on a file through this mount and have not closed
+    /// it since: a close (flush, release) of one lets go of its locks on the MDS; other
+    /// closes cost no request.
+    lockers: Mutex<std::collections::HashSet<(Fid, u64)>>,
 }
 
 /// Xattrs known missing, by inode and name, until the attribute timeout: the kernel asks
@@ -388,7 +393,10 @@ impl fuser::Filesystem for Nacre {
             | InitFlags::FUSE_MAX_PAGES
             | InitFlags::FUSE_ASYNC_READ
             | InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_ATOMIC_O_TRUNC;
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            // fcntl and flock locks go to the MDS, which holds them between all mounts.
+            | InitFlags::FUSE_POSIX_LOCKS
+            | InitFlags::FUSE_FLOCK_LOCKS;
         if self.shared.cfg.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
@@ -660,7 +668,8 @@ impl fuser::Filesystem for Nacre {
                 }
             }
             let fh = s.add_handle(f);
-            Ok(move |r: ReplyOpen| r.opened(FileHandle(fh), fopen(flags)))
+            let how = fopen(flags, s.cfg.writeback_cache);
+            Ok(move |r: ReplyOpen| r.opened(FileHandle(fh), how))
         })
     }
 
@@ -729,17 +738,77 @@ impl fuser::Filesystem for Nacre {
         })
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: fuser::LockOwner, reply: ReplyEmpty) {
-        // Each close(2) of a descriptor open for writing: write back, so the close reports
-        // a failed write. One open only for reading has nothing to report (as NFS's
-        // flush): answered here, with no hop to the runtime.
-        if self.shared.handle(fh).is_ok_and(|f| !f.flags().write) {
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, lock_owner: fuser::LockOwner, reply: ReplyEmpty) {
+        // Each close(2): the closing process's locks on the file go (POSIX: any close of
+        // the file lets go of them all), and a descriptor open for writing is written
+        // back, so the close reports a failed write. One open only for reading and without
+        // locks has nothing to do (as NFS's flush): answered here, with no hop to the
+        // runtime.
+        let Ok(f) = self.shared.handle(fh) else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        let locked = lock(&self.shared.lockers).remove(&(f.fid(), lock_owner.0));
+        if !f.flags().write && !locked {
             reply.ok();
             return;
         }
         serve!(self, reply, |s| {
             let f = s.handle(fh)?;
-            f.write_back().await.map_err(|e| err(&e))?;
+            if locked {
+                f.unlock_all(lock_owner.0).await.map_err(|e| err(&e))?;
+            }
+            if f.flags().write {
+                f.write_back().await.map_err(|e| err(&e))?;
+            }
+            Ok(|r: ReplyEmpty| r.ok())
+        })
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: fuser::LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        _pid: u32,
+        reply: ReplyLock,
+    ) {
+        serve!(self, reply, |s| {
+            let f = s.handle(fh)?;
+            let kind = lock_kind(typ)?;
+            let found = f.test_lock(lock_owner.0, kind, start, end).await.map_err(|e| err(&e))?;
+            let (typ, start, end, pid) = match found {
+                Some((kind, start, end, pid)) => (i32::from(kind), start, end, pid),
+                None => (libc::F_UNLCK, start, end, 0),
+            };
+            Ok(move |r: ReplyLock| r.locked(start, end, typ, pid))
+        })
+    }
+
+    fn setlk(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: fuser::LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        serve!(self, reply, |s| {
+            let f = s.handle(fh)?;
+            let kind = lock_kind(typ)?;
+            if kind != lock::UNLOCK {
+                lock(&s.lockers).insert((f.fid(), lock_owner.0));
+            }
+            f.lock(lock_owner.0, pid, kind, start, end, sleep).await.map_err(|e| err(&e))?;
             Ok(|r: ReplyEmpty| r.ok())
         })
     }
@@ -750,12 +819,20 @@ impl fuser::Filesystem for Nacre {
         _ino: INodeNo,
         fh: FileHandle,
         _flags: fuser::OpenFlags,
-        _lock_owner: Option<fuser::LockOwner>,
+        lock_owner: Option<fuser::LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
         serve!(self, reply, |s| {
             let f = lock(&s.open).handles.remove(&fh.0).ok_or(Errno::EBADF)?;
+            // The last close of an open file: its flock locks go (the kernel names their
+            // owner here).
+            if let Some(owner) = lock_owner
+                && lock(&s.lockers).remove(&(f.fid(), owner.0))
+                && let Err(e) = f.unlock_all(owner.0).await
+            {
+                eprintln!("nacre-fuse: letting go of the locks of {}: {e}", f.fid());
+            }
             let (fid, closed) = (f.fid(), f.close().await);
             let this = Arc::as_ptr(&f);
             drop(f);
@@ -1011,7 +1088,8 @@ impl fuser::Filesystem for Nacre {
                 // Made with no xattrs: its writes need not ask for file capabilities.
                 s.absent.absent(fa.ino.0, CAPS_XATTR, ttl);
             }
-            Ok(move |r: ReplyCreate| r.created(&ttl, &fa, g, FileHandle(fh), fopen(open)))
+            let how = fopen(open, s.cfg.writeback_cache);
+            Ok(move |r: ReplyCreate| r.created(&ttl, &fa, g, FileHandle(fh), how))
         })
     }
 }
@@ -1037,9 +1115,23 @@ fn negative_entry() -> FileAttr {
     }
 }
 
-/// How the kernel treats an open file: O_DIRECT bypasses its page cache too.
-fn fopen(flags: OpenFlags) -> FopenFlags {
-    if flags.direct { FopenFlags::FOPEN_DIRECT_IO } else { FopenFlags::empty() }
+/// A lock kind of [`lock`] from the kernel's `F_RDLCK`, `F_WRLCK` or `F_UNLCK`.
+fn lock_kind(typ: i32) -> Result<u8, Errno> {
+    match typ {
+        libc::F_RDLCK => Ok(lock::READ),
+        libc::F_WRLCK => Ok(lock::WRITE),
+        libc::F_UNLCK => Ok(lock::UNLOCK),
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+/// How the kernel treats an open file: O_DIRECT bypasses its page cache too. So does
+/// O_APPEND (unless the kernel places appends itself, `writeback_cache`): through the
+/// page cache the kernel cuts a write that crosses a page into two requests, and each
+/// would be appended on its own, so another mount's append could land between them;
+/// direct, one write(2) of up to 1 MiB is one request, appended whole.
+fn fopen(flags: OpenFlags, writeback_cache: bool) -> FopenFlags {
+    if flags.direct || (flags.append && !writeback_cache) { FopenFlags::FOPEN_DIRECT_IO } else { FopenFlags::empty() }
 }
 
 /// A getxattr/listxattr answer: the size when asked with size 0, the value if it fits,

@@ -263,6 +263,8 @@ struct Shared {
     commits: Option<Arc<dyn Commits>>,
     /// `Service::quick`.
     quick: Vec<u16>,
+    /// `Service::waits`.
+    waits: Vec<u16>,
     /// Set while recovering (checked on every request without taking the lock).
     recovering: std::sync::atomic::AtomicBool,
     recovery: Mutex<Option<Recovery<Queued>>>,
@@ -282,6 +284,11 @@ pub struct Service {
     /// waits before one, it runs on its connection's task, with no task spawned for it,
     /// as a ping does.
     pub quick: Vec<u16>,
+    /// Opcodes whose handler may wait for other clients (a lock request waiting for a
+    /// conflicting lock to go): each runs at once, holding no service slot, polled once
+    /// on its connection's task and, if it must wait, in a task of its own, so waiters
+    /// never hold up the service. The service bounds how many may wait.
+    pub waits: Vec<u16>,
 }
 
 /// A client as the server knows it.
@@ -481,6 +488,7 @@ impl Server {
             stop,
             commits: service.commits,
             quick: service.quick,
+            waits: service.waits,
             recovering: std::sync::atomic::AtomicBool::new(recovery.is_some()),
             recovery: Mutex::new(recovery),
             recovered: Mutex::new(RecoveryStats::default()),
@@ -582,6 +590,19 @@ impl ServerHandle {
     /// Is `client` connected (it has an export here)?
     pub fn connected(&self, client: u64) -> bool {
         self.shared.upgrade().is_some_and(|s| lock(&s.exports).contains_key(&client))
+    }
+
+    /// The connected clients and the NID each came from, by client.
+    pub fn clients(&self) -> Vec<(u64, Nid)> {
+        let Some(s) = self.shared.upgrade() else { return vec![] };
+        let mut v: Vec<(u64, Nid)> = lock(&s.exports).values().map(|e| (e.client, e.peer.clone())).collect();
+        v.sort_by_key(|(c, _)| *c);
+        v
+    }
+
+    /// Evict a client now (as `lctl evict_client`); false if it is not connected.
+    pub fn evict(&self, client: u64) -> bool {
+        self.shared.upgrade().is_some_and(|s| s.evict(client))
     }
 
     pub fn policy(&self) -> Option<Policy> {
@@ -989,6 +1010,16 @@ impl Shared {
                 _bulk_bytes: bulk_bytes,
             };
             let Some(queued) = self.hold_for_recovery(queued) else { continue };
+            if self.waits.contains(&queued.header.opcode) && queued.replayed.is_none() {
+                // Polled once here (a lock that conflicts with nothing is answered at
+                // once); if it must wait, it goes on in a task of its own.
+                let mut run = Box::pin(self.clone().run(queued, None));
+                let done = std::future::poll_fn(|cx| std::task::Poll::Ready(run.as_mut().poll(cx).is_ready())).await;
+                if !done {
+                    tokio::spawn(run);
+                }
+                continue;
+            }
             let Some(queued) = self.run_here(queued).await else { continue };
             let (timed, refused) = {
                 let mut q = lock(&self.queue);

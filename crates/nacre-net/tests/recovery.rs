@@ -132,6 +132,7 @@ async fn start_at(net: &MemNetwork, toy: &Toy, recovering: bool, soft_ms: u64, a
             .then(|| Recovering { clients: toy.clients(), last_committed: toy.0.lock().unwrap().committed }),
         // Listing reads memory: served on the connection's task.
         quick: vec![OP_LIST],
+        waits: vec![],
     };
     // The stopped server's listener goes when its task is next polled.
     for _ in 0..100 {

@@ -21,6 +21,8 @@ pub const XATTR_SIZE_MAX: usize = 65_536;
 pub mod errno {
     pub const EPERM: i32 = 1;
     pub const ENOENT: i32 = 2;
+    /// A lock wait ended by its owner's close.
+    pub const EINTR: i32 = 4;
     pub const EIO: i32 = 5;
     pub const E2BIG: i32 = 7;
     pub const EBADF: i32 = 9;
@@ -31,11 +33,17 @@ pub mod errno {
     pub const EISDIR: i32 = 21;
     pub const EINVAL: i32 = 22;
     pub const EMFILE: i32 = 24;
+    /// A lock another owner holds (no wait asked).
+    pub const EAGAIN: i32 = 11;
     pub const EFBIG: i32 = 27;
     pub const ENOSPC: i32 = 28;
     pub const EMLINK: i32 = 31;
     pub const ERANGE: i32 = 34;
+    /// Waiting for a lock would deadlock.
+    pub const EDEADLK: i32 = 35;
     pub const ENAMETOOLONG: i32 = 36;
+    /// No room for another lock or lock wait.
+    pub const ENOLCK: i32 = 37;
     pub const ENOTEMPTY: i32 = 39;
     pub const ELOOP: i32 = 40;
     pub const ENODATA: i32 = 61;
@@ -45,6 +53,8 @@ pub mod errno {
     /// as Lustre answers it).
     pub const EOVERFLOW: i32 = 75;
     pub const EOPNOTSUPP: i32 = 95;
+    /// A lock still waited for when its request's time was up: ask again.
+    pub const ETIMEDOUT: i32 = 110;
     /// Busy: send the request again a little later.
     pub const EINPROGRESS: i32 = 115;
     pub const ESTALE: i32 = 116;
@@ -194,6 +204,27 @@ pub const MDS_CREATE_OPEN: u16 = 324;
 pub const MDS_OPEN_AT: u16 = 325;
 /// Several names of one directory looked up in one request (the client's statahead).
 pub const MDS_LOOKUP_MANY: u16 = 326;
+/// A byte-range lock (`fcntl`, `flock`) taken, tested or dropped.
+pub const MDS_LOCK: u16 = 327;
+/// Every lock and lock wait of one owner on one file let go (a close).
+pub const MDS_UNLOCK: u16 = 328;
+
+/// Byte-range locks: the kinds of [`Request::Lock`] (`fcntl`'s `F_RDLCK`, `F_WRLCK`,
+/// `F_UNLCK`) and its flags.
+pub mod lock {
+    pub const READ: u8 = 0;
+    pub const WRITE: u8 = 1;
+    pub const UNLOCK: u8 = 2;
+    /// Wait while a conflicting lock is held (`F_SETLKW`) instead of failing with EAGAIN.
+    pub const WAIT: u8 = 1;
+    /// Only tell what would conflict (`F_GETLK`): nothing changes.
+    pub const TEST: u8 = 2;
+    /// The mount's own serialization of O_APPEND writes: locks apart from the users'.
+    pub const APPEND: u8 = 4;
+    pub const FLAGS: u8 = WAIT | TEST | APPEND;
+    /// The last byte of a lock "to the end of the file, however long it grows".
+    pub const EOF: u64 = u64::MAX;
+}
 
 /// Supplementary groups a request may carry.
 pub const GROUPS_MAX: usize = 64;
@@ -369,6 +400,26 @@ pub enum Request {
     Close {
         handle: u64,
     },
+    /// A lock of `kind` ([`lock`]) over bytes `start..=end` of `fid`, for `owner` (the
+    /// kernel's lock owner: a process's for `fcntl`, an open file's for `flock`), through
+    /// the client's open `handle`; `pid` is shown to whoever it conflicts with. A lock of
+    /// one owner replaces, splits or merges with its own locks, as POSIX says. Answered
+    /// `Done`, or with [`lock::TEST`] [`Reply::Lock`]: what conflicts.
+    Lock {
+        fid: Fid,
+        handle: u64,
+        owner: u64,
+        pid: u32,
+        kind: u8,
+        flags: u8,
+        start: u64,
+        end: u64,
+    },
+    /// Let go of every lock of `owner` on `fid`, and end its waits (a close).
+    Unlock {
+        fid: Fid,
+        owner: u64,
+    },
     Readlink {
         fid: Fid,
     },
@@ -463,6 +514,8 @@ impl Request {
                 | Request::Open { .. }
                 | Request::OpenAt { .. }
                 | Request::Getdirstripe { .. }
+                | Request::Lock { .. }
+                | Request::Unlock { .. }
         )
     }
 
@@ -510,6 +563,11 @@ impl Request {
                 (MDS_OPEN_AT, s(dir.put(e), name).u8(*read as u8).u8(*write as u8).u32(*dom_read).done())
             }
             Request::Close { handle } => (MDS_CLOSE, e.u64(*handle).done()),
+            Request::Lock { fid, handle, owner, pid, kind, flags, start, end } => (
+                MDS_LOCK,
+                fid.put(e).u64(*handle).u64(*owner).u32(*pid).u8(*kind).u8(*flags).u64(*start).u64(*end).done(),
+            ),
+            Request::Unlock { fid, owner } => (MDS_UNLOCK, fid.put(e).u64(*owner).done()),
             Request::Readlink { fid } => (MDS_READLINK, fid.put(e).done()),
             Request::Getxattr { fid, name } => (MDS_GETXATTR, s(fid.put(e), name).done()),
             Request::Setxattr { fid, name, value, flags } => {
@@ -543,6 +601,8 @@ impl Request {
             MDS_GETATTR => "getattr",
             MDS_LOOKUP => "lookup",
             MDS_LOOKUP_MANY => "lookup-many",
+            MDS_LOCK => "lock",
+            MDS_UNLOCK => "unlock",
             MDS_READDIR => "readdir",
             MDS_CREATE => "create",
             MDS_CREATE_OPEN => "create-open",
@@ -657,6 +717,19 @@ impl Request {
                 dom_read: d.u32("DoM read length")?,
             },
             MDS_CLOSE => Request::Close { handle: d.u64("handle")? },
+            MDS_LOCK => {
+                let (fid, handle, owner, pid) =
+                    (Fid::get(&mut d, "fid")?, d.u64("handle")?, d.u64("lock owner")?, d.u32("pid")?);
+                let (kind, flags) = (d.u8("lock kind")?, d.u8("lock flags")?);
+                if kind > lock::UNLOCK {
+                    return Err(ProtoError::Invalid(format!("lock kind {kind} (0 read, 1 write, 2 unlock)")));
+                }
+                if flags & !lock::FLAGS != 0 {
+                    return Err(ProtoError::Invalid(format!("lock flags {flags:#x} have unknown bits")));
+                }
+                Request::Lock { fid, handle, owner, pid, kind, flags, start: d.u64("start")?, end: d.u64("end")? }
+            }
+            MDS_UNLOCK => Request::Unlock { fid: Fid::get(&mut d, "fid")?, owner: d.u64("lock owner")? },
             MDS_READLINK => Request::Readlink { fid: Fid::get(&mut d, "fid")? },
             MDS_GETXATTR => Request::Getxattr { fid: Fid::get(&mut d, "fid")?, name: name_of(&mut d, "xattr name")? },
             MDS_SETXATTR => Request::Setxattr {
@@ -747,6 +820,14 @@ pub enum Reply {
     },
     /// The answers to a lookup-many, one per name, in the request's order.
     Looked(Vec<Looked>),
+    /// A lock test's answer: a lock that conflicts (`kind` [`lock::UNLOCK`]: none), with
+    /// the pid its owner gave.
+    Lock {
+        kind: u8,
+        start: u64,
+        end: u64,
+        pid: u32,
+    },
 }
 
 /// One name's answer in [`Reply::Looked`].
@@ -826,6 +907,7 @@ impl Reply {
             Reply::Layout { layout, objects } => put_objects(e.u8(8).bytes(layout), objects).done(),
             Reply::DirStripe { stripe, default } => e.u8(9).bytes(stripe).bytes(default).done(),
             Reply::Writing(a) => a.put(e.u8(10)).done(),
+            Reply::Lock { kind, start, end, pid } => e.u8(12).u8(*kind).u64(*start).u64(*end).u32(*pid).done(),
             Reply::Looked(v) => {
                 let mut e = e.u8(11).u32(v.len() as u32);
                 for l in v {
@@ -858,6 +940,9 @@ impl Reply {
         let r = match d.u8("reply kind")? {
             1 => Reply::Attr(Attr::get(&mut d)?),
             10 => Reply::Writing(Attr::get(&mut d)?),
+            12 => {
+                Reply::Lock { kind: d.u8("lock kind")?, start: d.u64("start")?, end: d.u64("end")?, pid: d.u32("pid")? }
+            }
             2 => {
                 let eof = d.u8("eof flag")? != 0;
                 let n = d.u32("entry count")?;
@@ -1005,6 +1090,17 @@ mod tests {
             Request::OpenAt { dir: f, name: "o".into(), read: true, write: false, dom_read: 4096 },
             Request::CreateOpen { dir: f, name: "n".into(), perms: 0o600, layout: vec![], read: false, write: true },
             Request::Close { handle: 3 },
+            Request::Lock {
+                fid: f,
+                handle: 3,
+                owner: 0xdead_beef,
+                pid: 42,
+                kind: lock::WRITE,
+                flags: lock::WAIT,
+                start: 10,
+                end: lock::EOF,
+            },
+            Request::Unlock { fid: f, owner: 7 },
             Request::Readlink { fid: f },
             Request::Getxattr { fid: f, name: "user.a".into() },
             Request::Setxattr { fid: f, name: "user.a".into(), value: vec![1, 2], flags: xattr::CREATE },
@@ -1044,6 +1140,13 @@ mod tests {
         let names = vec!["n".to_string(); LOOKUP_MANY_MAX + 1];
         let (op, body) = Request::LookupMany { dir: f, names }.encode(&creds);
         assert!(Request::decode(op, &body).unwrap_err().to_string().contains("257 names in one lookup"));
+        let bad_lock = |kind, flags| {
+            let r = Request::Lock { fid: f, handle: 1, owner: 1, pid: 1, kind, flags, start: 0, end: 1 };
+            let (op, body) = r.encode(&creds);
+            Request::decode(op, &body).unwrap_err().to_string()
+        };
+        assert!(bad_lock(3, 0).contains("lock kind 3"), "{}", bad_lock(3, 0));
+        assert!(bad_lock(lock::READ, 8).contains("lock flags 0x8"), "{}", bad_lock(lock::READ, 8));
         let b = Reply::Looked(vec![Looked::Error(2); LOOKUP_MANY_MAX + 1]).encode();
         assert!(Reply::decode(&b).unwrap_err().to_string().contains("lookup answers"));
         let a = Attr { fid: f, mode: mode::S_IFDIR | 0o755, nlink: 2, ..Attr::default() };
@@ -1064,6 +1167,7 @@ mod tests {
             Reply::Writing(a),
             Reply::Looked(vec![Looked::Attr(a), Looked::Error(errno::ENOENT), Looked::Writing(a)]),
             Reply::Looked(vec![]),
+            Reply::Lock { kind: lock::READ, start: 0, end: 99, pid: 7 },
         ];
         for r in replies {
             let b = r.encode();

@@ -12,10 +12,11 @@ use bytes::Bytes;
 use nacre_net::server::{Commits, Handler, Incoming, Recovering, Reply, Service};
 use nacre_proto::fid::Fid;
 use nacre_proto::layout::Layout;
-use nacre_proto::mdt::{self, Creds, READDIR_MAX, Request, errno, mode, set, xattr};
+use nacre_proto::mdt::{self, Creds, READDIR_MAX, Request, errno, lock, mode, set, xattr};
 use nacre_proto::param;
 
 use crate::dne::{Coordinator, coordinator_client, update_digest};
+use crate::locks::{Lock, LockTable, Owner, Resource};
 use crate::mdt::namespace::RenameMode;
 use crate::mdt::namespace::{Answer, NEEDS_COORDINATION};
 use crate::mdt::{Cred, MdError, Namespace, Numbered, ReplyKey, SetAttr};
@@ -45,8 +46,13 @@ const READS: [u16; 12] = [
     param::OP_GET_PARAM,
 ];
 
+/// How long a lock request waits for a conflicting lock before it is answered
+/// ETIMEDOUT and its client asks again: well within the transport's `at_max`, so the
+/// request never times out while it waits.
+const LOCK_WAIT_SLICE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Operations counted in `md_stats`, by opcode.
-const OPS: [(u16, &str); 27] = [
+const OPS: [(u16, &str); 29] = [
     (mdt::MDS_GETATTR, "getattr"),
     (mdt::MDS_LOOKUP, "lookup"),
     (mdt::MDS_READDIR, "readdir"),
@@ -74,11 +80,13 @@ const OPS: [(u16, &str); 27] = [
     (mdt::MDS_UPDATE, "update"),
     (mdt::MDS_CREATE_OPEN, "create_open"),
     (mdt::MDS_LOOKUP_MANY, "lookup_many"),
+    (mdt::MDS_LOCK, "lock"),
+    (mdt::MDS_UNLOCK, "unlock"),
 ];
 
 /// The parameters `set_param` changes.
 const SETTABLE: &[&str] =
-    &["sync_on_reply", "memory_max", "commit_interval_ms", "recovery_time_soft", "recovery_time_hard"];
+    &["sync_on_reply", "memory_max", "commit_interval_ms", "recovery_time_soft", "recovery_time_hard", "evict_client"];
 
 pub struct Mds {
     name: String,
@@ -94,11 +102,13 @@ pub struct Mds {
     stored: std::sync::Mutex<std::collections::HashMap<String, String>>,
     /// `last_committed` when this MDS started: replays at or below it were committed.
     replay_from: AtomicU64,
+    /// The byte-range locks of this MDT's files.
+    locks: Arc<LockTable>,
 }
 
 /// What the transport needs of the namespace: `last_committed` for every reply, and a
 /// commit on `OP_COMMIT`.
-struct MdtCommits(Arc<Namespace>, Arc<std::sync::Mutex<HashSet<u64>>>);
+struct MdtCommits(Arc<Namespace>, Arc<std::sync::Mutex<HashSet<u64>>>, Arc<LockTable>);
 
 impl Commits for MdtCommits {
     fn last_committed(&self) -> u64 {
@@ -127,6 +137,7 @@ impl Commits for MdtCommits {
     }
 
     fn forget(&self, client: u64) -> nacre_net::transport::BoxFuture<'static, ()> {
+        self.2.evict(client);
         let ns = self.0.clone();
         Box::pin(async move {
             let r = tokio::task::spawn_blocking(move || ns.forget_client(client)).await;
@@ -297,6 +308,7 @@ impl Mds {
             stored: Default::default(),
             replayed: Default::default(),
             replay_from,
+            locks: Arc::new(LockTable::new()),
         })
     }
 
@@ -322,9 +334,10 @@ impl Mds {
     pub fn service(&self) -> Service {
         let clients = self.ns.known_clients();
         Service {
-            commits: Some(Arc::new(MdtCommits(self.ns.clone(), self.replayed.clone()))),
+            commits: Some(Arc::new(MdtCommits(self.ns.clone(), self.replayed.clone(), self.locks.clone()))),
             recovering: Some(Recovering { clients, last_committed: self.ns.last_committed() }),
             quick: READS.to_vec(),
+            waits: vec![mdt::MDS_LOCK, mdt::MDS_UNLOCK],
         }
     }
 
@@ -340,12 +353,16 @@ impl Mds {
     pub fn follow_evictions(self: &Arc<Self>, server: nacre_net::server::ServerHandle) {
         let _ = self.server.set(server.clone());
         let Some(mut rx) = server.evictions() else { return };
-        let ns = self.ns.clone();
+        let (ns, locks) = (self.ns.clone(), self.locks.clone());
         tokio::spawn(async move {
             use tokio::sync::broadcast::error::RecvError;
             loop {
                 match rx.recv().await {
                     Ok(client) if !server.connected(client) => {
+                        let held = locks.evict(client);
+                        if held > 0 {
+                            eprintln!("mds: client {client:016x} evicted: its {held} locks dropped");
+                        }
                         let ns = ns.clone();
                         let r = tokio::task::spawn_blocking(move || ns.forget_client(client)).await;
                         if let Ok(Err(e)) = r {
@@ -387,6 +404,9 @@ impl Mds {
     pub async fn serve(self: &Arc<Self>, req: Incoming) -> Reply {
         if READS.contains(&req.header.opcode) {
             return self.handle(req);
+        }
+        if matches!(req.header.opcode, mdt::MDS_LOCK | mdt::MDS_UNLOCK) {
+            return self.serve_lock(&req).await;
         }
         if req.replayed.is_some() && matches!(req.header.opcode, mdt::MDS_OPEN | mdt::MDS_OPEN_AT) {
             return self.reopen(&req).await;
@@ -556,6 +576,22 @@ impl Mds {
                 s.recovered.load(Ordering::Relaxed),
             )
         });
+        add("locks", &|| {
+            let s = self.locks.stats();
+            format!(
+                "held {}\nwaiting {}\ngranted {}\nwaited {}\nconflicts {}\ndeadlocks {}\nevicted {}",
+                s.held, s.waiting, s.granted, s.waited, s.conflicts, s.deadlocks, s.evicted
+            )
+        });
+        add("exports", &|| {
+            let locks = self.locks.by_client();
+            let clients = self.server.get().map(|s| s.clients()).unwrap_or_default();
+            let line = |(c, nid): &(u64, nacre_net::nid::Nid)| {
+                let (held, waiting) = locks.get(c).copied().unwrap_or_default();
+                format!("{c:016x} peer={nid} locks={held} waiting={waiting}")
+            };
+            clients.iter().map(line).collect::<Vec<_>>().join("\n")
+        });
         add("recovery_status", &|| {
             let Some(r) = self.server.get().and_then(|s| s.recovery()) else { return "status: INACTIVE".into() };
             let status = match (r.recovering, r.clients) {
@@ -613,6 +649,14 @@ impl Mds {
             .and_then(|r| r.strip_prefix('.'))
             .ok_or_else(|| format!("no settable parameter {name:?} on mdt.{}", self.name))?;
         match leaf {
+            "evict_client" => {
+                let client = u64::from_str_radix(value, 16)
+                    .map_err(|_| format!("evict_client {value:?}: a client id in hex, as mdt.*.exports lists"))?;
+                match self.server.get() {
+                    Some(s) if s.evict(client) => Ok(()),
+                    _ => Err(format!("evict_client {value}: no such client connected")),
+                }
+            }
             "sync_on_reply" => match value {
                 "0" | "1" => {
                     self.ns.set_sync_on_reply(value == "1");
@@ -660,7 +704,8 @@ impl Mds {
     /// refuses is logged.
     pub fn apply_stored(&self, params: &[(String, String)]) {
         let mut applied = self.stored.lock().unwrap_or_else(|e| e.into_inner());
-        for leaf in SETTABLE {
+        // An eviction is an act of the moment, never a stored setting.
+        for leaf in SETTABLE.iter().filter(|l| **l != "evict_client") {
             let full = format!("mdt.{}.{leaf}", self.name);
             let Some((_, value)) = params.iter().rev().find(|(n, _)| nacre_net::glob::glob(n, &full)) else {
                 continue;
@@ -694,6 +739,78 @@ impl Mds {
         self.count(req.header.opcode);
         let key = r.is_change().then(|| reply_key(&req.header, req.client, &req.body, &req.bulk));
         (cred(creds), r, key)
+    }
+
+    /// Take, test or drop a byte-range lock (see [`crate::locks`]). A lock that must wait
+    /// holds its request (it runs apart from the service slots: `Service::waits`) until
+    /// granted, or for [`LOCK_WAIT_SLICE`], after which it is answered ETIMEDOUT and the
+    /// client asks again.
+    async fn serve_lock(&self, req: &Incoming) -> Reply {
+        let r = match Request::decode(req.header.opcode, &req.body) {
+            Ok((_, r)) => r,
+            Err(e) => return fail(-EPROTO, format!("bad MDS request: {e}")),
+        };
+        self.count(req.header.opcode);
+        let (fid, handle, owner, pid, kind, flags, start, end) = match r {
+            Request::Unlock { fid, owner } => {
+                let o = Owner { client: req.client, owner };
+                for append in [false, true] {
+                    self.locks.release(Resource { fid, append }, o);
+                }
+                return ok(mdt::Reply::Done);
+            }
+            Request::Lock { fid, handle, owner, pid, kind, flags, start, end } => {
+                (fid, handle, owner, pid, kind, flags, start, end)
+            }
+            _ => return fail(-errno::EIO, "not a lock request".into()),
+        };
+        if let Err(e) = crate::locks::check_range(start, end) {
+            return fail(-e.errno, e.message);
+        }
+        if !self.ns.opened_by(handle, fid, req.client) {
+            return fail(-errno::EBADF, format!("handle {handle} is not this client's open of {fid}"));
+        }
+        let res = Resource { fid, append: flags & lock::APPEND != 0 };
+        let want = Lock { owner: Owner { client: req.client, owner }, write: kind == lock::WRITE, start, end, pid };
+        if flags & lock::TEST != 0 {
+            if kind == lock::UNLOCK {
+                return fail(-errno::EINVAL, "a lock test asks for a read or a write lock, not an unlock".into());
+            }
+            let answer = match self.locks.test(res, &want) {
+                Some(h) => {
+                    let kind = if h.write { lock::WRITE } else { lock::READ };
+                    mdt::Reply::Lock { kind, start: h.start, end: h.end, pid: h.pid }
+                }
+                None => mdt::Reply::Lock { kind: lock::UNLOCK, start, end, pid: 0 },
+            };
+            return ok(answer);
+        }
+        if kind == lock::UNLOCK {
+            self.locks.unlock(res, want.owner, start, end);
+            return ok(mdt::Reply::Done);
+        }
+        let queued = match self.locks.lock(res, want, flags & lock::WAIT != 0) {
+            Ok(None) => return ok(mdt::Reply::Done),
+            Ok(Some(q)) => q,
+            Err(e) => return fail(-e.errno, e.message),
+        };
+        let mut granted = queued.granted;
+        let outcome = match tokio::time::timeout(LOCK_WAIT_SLICE, &mut granted).await {
+            Ok(outcome) => outcome.map_err(|_| ()),
+            Err(_) if self.locks.cancel(res, queued.id) => {
+                return fail(
+                    -errno::ETIMEDOUT,
+                    format!("still waiting for bytes {start}..={end} of {fid} after {LOCK_WAIT_SLICE:?}: ask again"),
+                );
+            }
+            // Granted as the time ran out.
+            Err(_) => granted.try_recv().map_err(|_| ()),
+        };
+        match outcome {
+            Ok(Ok(())) => ok(mdt::Reply::Done),
+            Ok(Err(e)) => fail(-e.errno, e.message),
+            Err(_) => fail(-errno::ENOLCK, format!("the wait for a lock on {fid} was dropped")),
+        }
     }
 
     /// Carry out, over several MDTs, a change the local path found it could not make
@@ -1074,6 +1191,7 @@ impl Mds {
             | Request::Mkdir { .. }
             | Request::Setdirdefault { .. }
             | Request::Update { .. } => fail(-errno::EIO, "changes are served by Mds::serve".into()),
+            Request::Lock { .. } | Request::Unlock { .. } => fail(-errno::EIO, "locks are served by Mds::serve".into()),
             Request::Statfs => answer(ns.statfs(), |s| mdt::Reply::StatFs {
                 inodes: s.inodes,
                 bytes_used: s.bytes_used,

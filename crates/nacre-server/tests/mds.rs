@@ -9,7 +9,7 @@ use nacre_net::frame::FrameHeader;
 use nacre_net::server::{Incoming, Server, ServerConfig};
 use nacre_net::transport::MemNetwork;
 use nacre_proto::fid::Fid;
-use nacre_proto::mdt::{self, Attr, Creds, Reply, Request, errno, mode, set};
+use nacre_proto::mdt::{self, Attr, Creds, Reply, Request, errno, lock, mode, set};
 use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, Volume, VolumeOptions};
 use nacre_server::mds::Mds;
 use nacre_server::mdt::{Namespace, NamespaceOptions};
@@ -48,6 +48,10 @@ impl Md {
 }
 
 async fn setup() -> (Server, Arc<Mds>, MemNetwork, Md) {
+    setup_with(ServerConfig::default()).await
+}
+
+async fn setup_with(cfg: ServerConfig) -> (Server, Arc<Mds>, MemNetwork, Md) {
     let net = MemNetwork::new();
     let ns = Arc::new(Namespace::format(volume(), 0, NamespaceOptions::default()).unwrap());
     let mds = Mds::new("mdt0", ns);
@@ -55,13 +59,121 @@ async fn setup() -> (Server, Arc<Mds>, MemNetwork, Md) {
         Arc::new(net.transport("mds0")),
         &"mds0@mem".parse().unwrap(),
         mds.handler(),
-        ServerConfig::default(),
+        cfg,
         mds.service(),
     )
     .await
     .unwrap();
+    mds.follow_evictions(server.handle());
     let imp = Client::new(Arc::new(net.transport("c0")), ClientConfig::default()).connect(&server.nid()).await.unwrap();
     (server, mds, net, Md { imp, creds: Creds::default() })
+}
+
+/// Locks over the wire: bad requests refused by name and changing nothing, and waits
+/// that hold no service slot (with one slot, a change goes through while three lock
+/// requests wait), woken when the lock goes, and ended by the holder's eviction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_requests_are_checked_and_waits_hold_no_service_slot() {
+    let (server, mds, net, a) = setup_with(ServerConfig { threads_max: 1, ..ServerConfig::default() }).await;
+    let b = Md {
+        imp: Client::new(Arc::new(net.transport("c1")), ClientConfig::default()).connect(&server.nid()).await.unwrap(),
+        creds: Creds::default(),
+    };
+    let create = |name: &str| Request::CreateOpen {
+        dir: Fid::ROOT,
+        name: name.into(),
+        perms: 0o644,
+        layout: vec![],
+        read: true,
+        write: true,
+    };
+    let opened = |r: Reply| match r {
+        Reply::Opened { handle, attr, .. } => (handle, attr.fid),
+        other => panic!("not opened: {other:?}"),
+    };
+    let (ha, f) = opened(a.call(create("f")).await.unwrap());
+    let (hg, g) = opened(a.call(create("g")).await.unwrap());
+    let (hb, _) = opened(b.call(Request::Open { fid: f, read: true, write: true, dom_read: 0 }).await.unwrap());
+    let lk = |fid, handle, owner, kind, flags, start, end| Request::Lock {
+        fid,
+        handle,
+        owner,
+        pid: owner as u32,
+        kind,
+        flags,
+        start,
+        end,
+    };
+    // Bad requests: a handle not this client's or not of this file, a range that ends
+    // before it starts, a test for an unlock, an unknown kind (malformed).
+    for (r, errno_, what) in [
+        (lk(f, hb, 1, lock::WRITE, 0, 0, 9), -errno::EBADF, "not this client's open"),
+        (lk(f, hg, 1, lock::WRITE, 0, 0, 9), -errno::EBADF, "not this client's open"),
+        (lk(f, ha, 1, lock::WRITE, 0, 9, 0), -errno::EINVAL, "ends (0) before it starts (9)"),
+        (lk(f, ha, 1, lock::UNLOCK, lock::TEST, 0, 9), -errno::EINVAL, "not an unlock"),
+    ] {
+        let e = a.call(r).await.unwrap_err();
+        assert_eq!(e.0, errno_, "{}", e.1);
+        assert!(e.1.contains(what), "{}", e.1);
+    }
+    let (op, mut body) = lk(f, ha, 1, lock::WRITE, 0, 0, 9).encode(&a.creds);
+    let at = body.len() - 18;
+    body[at] = 9;
+    let f2 = a.imp.call(op, &body, &[]).await.unwrap();
+    assert_eq!(f2.header.status, -71);
+    assert!(String::from_utf8_lossy(&f2.body).contains("lock kind 9"));
+    assert_eq!(mds.get_param("mdt.mdt0.locks")[0].1.lines().next(), Some("held 0"), "nothing was taken");
+    // a holds bytes 0..=99; three waits of b's owners wait for it, holding no slot.
+    a.call(lk(f, ha, 1, lock::WRITE, 0, 0, 99)).await.unwrap();
+    let e = b.call(lk(f, hb, 2, lock::READ, 0, 50, 50)).await.unwrap_err();
+    assert_eq!(e.0, -errno::EAGAIN);
+    let b = Arc::new(b);
+    let waits: Vec<_> = (0..3u64)
+        .map(|i| {
+            let b = b.clone();
+            tokio::spawn(async move { b.call(lk(f, hb, 10 + i, lock::READ, lock::WAIT, i, i)).await })
+        })
+        .collect();
+    while !mds.get_param("mdt.mdt0.locks")[0].1.contains("waiting 3") {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let made = a.attr(Request::Create {
+        dir: Fid::ROOT,
+        name: "made".into(),
+        mode: mode::S_IFREG,
+        target: vec![],
+        layout: vec![],
+        rdev: 0,
+    });
+    let made = tokio::time::timeout(std::time::Duration::from_secs(20), made).await;
+    made.expect("a change goes through its one service slot while lock requests wait").unwrap();
+    let test = a.call(lk(f, ha, 1, lock::WRITE, lock::TEST, 0, 0)).await.unwrap();
+    assert_eq!(test, Reply::Lock { kind: lock::UNLOCK, start: 0, end: 0, pid: 0 }, "its own lock is no conflict");
+    let test = b.call(lk(f, hb, 2, lock::WRITE, lock::TEST, 0, 0)).await.unwrap();
+    assert_eq!(test, Reply::Lock { kind: lock::WRITE, start: 0, end: 99, pid: 1 });
+    // The holder's unlock wakes all three readers.
+    a.call(Request::Unlock { fid: f, owner: 1 }).await.unwrap();
+    for w in waits {
+        assert_eq!(w.await.unwrap(), Ok(Reply::Done));
+    }
+    // A wait on a lock whose holder is evicted ends with the eviction.
+    a.call(lk(g, hg, 1, lock::WRITE, 0, 0, 0)).await.unwrap();
+    let (hb2, _) = opened(b.call(Request::Open { fid: g, read: true, write: true, dom_read: 0 }).await.unwrap());
+    let wait = {
+        let b = b.clone();
+        tokio::spawn(async move { b.call(lk(g, hb2, 20, lock::WRITE, lock::WAIT, 0, 0)).await })
+    };
+    while !mds.get_param("mdt.mdt0.locks")[0].1.contains("waiting 1") {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let exports = mds.get_param("mdt.mdt0.exports")[0].1.clone();
+    let holder = exports.lines().find(|l| l.contains("locks=1")).and_then(|l| l.split(' ').next()).unwrap();
+    mds.set_param("mdt.mdt0.evict_client", holder).unwrap();
+    assert_eq!(wait.await.unwrap(), Ok(Reply::Done));
+    let locks = mds.get_param("mdt.mdt0.locks")[0].1.clone();
+    assert!(locks.contains("evicted 1") && locks.contains("held 4"), "{locks}");
+    assert!(mds.set_param("mdt.mdt0.evict_client", "nothex").unwrap_err().contains("a client id in hex"));
+    assert!(mds.set_param("mdt.mdt0.evict_client", "1").unwrap_err().contains("no such client"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

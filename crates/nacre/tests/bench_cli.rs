@@ -76,6 +76,8 @@ fn bench_mds_prints_every_figure() {
             "rename_vs_ping_ratio",
             "setattr_vs_ping_ratio",
             "dom_files_vs_ping_ratio",
+            "lock_unlock_pairs_per_s",
+            "lock_unlock_pairs_vs_ping_ratio",
             "durable_create_ratio",
             "one_mdt_shared_create_per_s",
             "two_mdt_striped_create_per_s",

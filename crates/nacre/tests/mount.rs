@@ -671,6 +671,249 @@ fn up_after_the_server_was_killed_finds_all_the_data() {
     assert!(fs::read(fs.mnt.join("f4")).unwrap() == files[4].1);
 }
 
+/// A second mount of `fs` on `dir`, by `nacre mount`; returns the PID of its process.
+fn second_mount(fs: &Up, dir: &Path) -> i32 {
+    fs::create_dir_all(dir).unwrap();
+    let out = nacre().args(["mount", "--mgs", &fs.mgs()]).arg(dir).output().unwrap();
+    assert!(out.status.success(), "nacre mount: {}", String::from_utf8_lossy(&out.stderr));
+    // The serving process: the one whose command line names the mount point.
+    let want = dir.as_os_str().as_encoded_bytes();
+    fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .find(|pid| {
+            let cmd = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            cmd.split(|b| *b == 0).any(|a| a == want) && cmd.windows(8).any(|w| w == b"--detach")
+        })
+        .expect("the second mount's process")
+}
+
+/// A process taking `fcntl` and `flock` locks as told, one command a line
+/// (`CMD PATH START LEN`), answering each: `ok`, `err ERRNO`, or for a test (`t`) the
+/// lock in the way (`lock TYPE START LEN PID`) or `none`. Commands: `r`/`w`/`u` read,
+/// write, unlock (F_SETLK), `W` write waiting (F_SETLKW), `t` test for a write lock,
+/// `x`/`s` flock exclusive/shared without waiting, `X` flock exclusive waiting, `U`
+/// flock unlock.
+struct Locker {
+    child: std::process::Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+const LOCKER: &str = r#"
+import fcntl, os, struct, sys
+fds = {}
+def fd(p):
+    if p not in fds: fds[p] = os.open(p, os.O_RDWR)
+    return fds[p]
+for line in sys.stdin:
+    c, p, s, n = line.split()
+    s, n = int(s), int(n)
+    try:
+        if c == 't':
+            r = fcntl.fcntl(fd(p), fcntl.F_GETLK, struct.pack('hhqqi', fcntl.F_WRLCK, 0, s, n, 0))
+            t, _, s2, n2, pid = struct.unpack('hhqqi', r)
+            print('none' if t == fcntl.F_UNLCK else f'lock {t} {s2} {n2} {pid}', flush=True)
+            continue
+        if c in 'xsXU':
+            op = {'x': fcntl.LOCK_EX | fcntl.LOCK_NB, 's': fcntl.LOCK_SH | fcntl.LOCK_NB, 'X': fcntl.LOCK_EX, 'U': fcntl.LOCK_UN}[c]
+            fcntl.flock(fd(p), op)
+        else:
+            kind = {'r': fcntl.F_RDLCK, 'w': fcntl.F_WRLCK, 'u': fcntl.F_UNLCK, 'W': fcntl.F_WRLCK}[c]
+            cmd = fcntl.F_SETLKW if c == 'W' else fcntl.F_SETLK
+            fcntl.fcntl(fd(p), cmd, struct.pack('hhqqi', kind, 0, s, n, 0))
+        print('ok', flush=True)
+    except OSError as e:
+        print('err', e.errno, flush=True)
+"#;
+
+impl Locker {
+    fn start() -> Locker {
+        let mut child = Command::new("python3")
+            .args(["-c", LOCKER])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        Locker { child, out }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Send a command without waiting for its answer (one that waits for a lock).
+    fn send(&mut self, cmd: &str, path: &Path, start: u64, len: u64) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{cmd} {} {start} {len}", path.display()).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn answer(&mut self) -> String {
+        use std::io::BufRead;
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        line.trim().to_string()
+    }
+
+    fn ask(&mut self, cmd: &str, path: &Path, start: u64, len: u64) -> String {
+        self.send(cmd, path, start, len);
+        self.answer()
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Locker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `fcntl` and `flock` locks hold between two mounts: shared and exclusive, split and
+/// upgraded ranges, a test showing the lock in the way, waits woken when it goes, a
+/// deadlock across mounts refused, the locks of a killed process released by its exit,
+/// and those of a killed mount released when the MDS evicts it.
+#[test]
+fn locks_hold_between_mounts_and_go_with_their_holder() {
+    let fs = Up::start("locks");
+    let second = fs.mnt.parent().unwrap().join("mnt2");
+    let second_pid = second_mount(&fs, &second);
+    for n in ["f", "g"] {
+        fs::write(fs.mnt.join(n), b"0123456789").unwrap();
+    }
+    let (f1, f2, g1, g2) = (fs.mnt.join("f"), second.join("f"), fs.mnt.join("g"), second.join("g"));
+    let (mut a, mut b, mut c) = (Locker::start(), Locker::start(), Locker::start());
+    // Shared between mounts, exclusive against them; an upgrade waits for the other reader.
+    assert_eq!(a.ask("r", &f1, 0, 100), "ok");
+    assert_eq!(b.ask("w", &f2, 50, 10), "err 11");
+    assert_eq!(b.ask("r", &f2, 50, 10), "ok");
+    assert_eq!(a.ask("w", &f1, 40, 30), "err 11");
+    assert_eq!(b.ask("u", &f2, 50, 10), "ok");
+    assert_eq!(a.ask("w", &f1, 40, 30), "ok");
+    // The other mount sees the write lock in the middle of the reads, with its pid.
+    assert_eq!(b.ask("t", &f2, 40, 30), format!("lock 1 40 30 {}", a.pid()));
+    assert_eq!(b.ask("t", &f2, 100, 50), "none");
+    // Unlocking part of it splits it: the middle is free, its sides are not.
+    assert_eq!(a.ask("u", &f1, 50, 10), "ok");
+    assert_eq!(b.ask("w", &f2, 50, 10), "ok");
+    assert_eq!(c.ask("w", &f1, 45, 1), "err 11", "another process of the first mount");
+    // A wait is woken when the lock goes.
+    c.send("W", &f1, 45, 1);
+    assert_eq!(a.ask("u", &f1, 0, 0), "ok");
+    assert_eq!(c.answer(), "ok");
+    assert_eq!(c.ask("u", &f1, 0, 0), "ok");
+    assert_eq!(b.ask("u", &f2, 0, 0), "ok");
+    // A deadlock across mounts: a waits for b, so b waiting for a is refused.
+    assert_eq!(a.ask("w", &g1, 0, 1), "ok");
+    assert_eq!(b.ask("w", &f2, 200, 1), "ok");
+    a.send("W", &f1, 200, 1);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(b.ask("W", &g2, 0, 1), "err 35");
+    assert_eq!(b.ask("u", &f2, 200, 1), "ok");
+    assert_eq!(a.answer(), "ok");
+    assert_eq!(a.ask("u", &f1, 0, 0), "ok");
+    assert_eq!(a.ask("u", &g1, 0, 0), "ok");
+    // flock: exclusive between mounts, shared together, a waiter woken by the unlock.
+    assert_eq!(a.ask("x", &f1, 0, 0), "ok");
+    assert_eq!(b.ask("x", &f2, 0, 0), "err 11");
+    assert_eq!(b.ask("s", &f2, 0, 0), "err 11");
+    b.send("X", &f2, 0, 0);
+    assert_eq!(a.ask("U", &f1, 0, 0), "ok");
+    assert_eq!(b.answer(), "ok");
+    assert_eq!(a.ask("s", &f1, 0, 0), "err 11");
+    assert_eq!(b.ask("U", &f2, 0, 0), "ok");
+    assert_eq!(a.ask("s", &f1, 0, 0), "ok");
+    assert_eq!(c.ask("s", &f1, 0, 0), "ok");
+    assert_eq!(a.ask("U", &f1, 0, 0), "ok");
+    assert_eq!(c.ask("U", &f1, 0, 0), "ok");
+    // A killed process's locks go with it (its exit closes the file).
+    assert_eq!(b.ask("w", &f2, 300, 1), "ok");
+    assert_eq!(a.ask("w", &f1, 300, 1), "err 11");
+    b.kill();
+    assert_eq!(a.ask("W", &f1, 300, 1), "ok");
+    assert_eq!(a.ask("u", &f1, 0, 0), "ok");
+    // A killed mount's locks stay until the MDS evicts its client.
+    let mut d = Locker::start();
+    assert_eq!(d.ask("w", &f2, 500, 1), "ok");
+    let mgs = fs.mgs();
+    assert_eq!(figure(&mds_param(&mgs, "mdt.*.locks"), "held"), 1);
+    // SAFETY: a signal to the second mount's process, found by its command line.
+    assert_eq!(unsafe { libc::kill(second_pid, libc::SIGKILL) }, 0);
+    d.kill();
+    assert_eq!(a.ask("w", &f1, 500, 1), "err 11");
+    // `mdt.*.exports`: a line per client, its id first.
+    let exports = mds_param(&mgs, "mdt.*.exports");
+    let dead = exports
+        .lines()
+        .find(|l| l.contains("locks=1"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the killed mount's client holding one lock: {exports}"));
+    mds_param(&mgs, &format!("mdt.mdt0.evict_client={dead}"));
+    assert_eq!(a.ask("w", &f1, 500, 1), "ok");
+    let locks = mds_param(&mgs, "mdt.*.locks");
+    assert!(figure(&locks, "deadlocks") == 1 && figure(&locks, "evicted") == 1, "{locks}");
+    let _ = Command::new("umount").arg("-l").arg(&second).status();
+}
+
+/// Processes of two mounts appending records to one file with O_APPEND: every record
+/// whole, none lost, each writer's in its order.
+#[test]
+fn appends_from_two_mounts_never_overlap() {
+    let fs = Up::start("appends");
+    let second = fs.mnt.parent().unwrap().join("mnt2");
+    second_mount(&fs, &second);
+    const APPENDER: &str = r#"
+import os, sys, time
+path, tag, secs = sys.argv[1], sys.argv[2], float(sys.argv[3])
+fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+n, end = 0, time.time() + secs
+while time.time() < end:
+    os.write(fd, f"{tag} {n:08d} ".encode() + b"x" * (40 + n % 4000) + b"\n")
+    n += 1
+os.close(fd)
+print(n)
+"#;
+    let writers: Vec<(String, std::process::Child)> = (0..4)
+        .map(|i| {
+            let (mnt, tag) = if i % 2 == 0 { (&fs.mnt, format!("a{i}")) } else { (&second, format!("b{i}")) };
+            let child = Command::new("python3")
+                .args(["-c", APPENDER])
+                .arg(mnt.join("log"))
+                .args([&tag, "2"])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            (tag, child)
+        })
+        .collect();
+    let mut want = std::collections::BTreeMap::new();
+    for (tag, child) in writers {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        want.insert(tag, String::from_utf8_lossy(&out.stdout).trim().parse::<usize>().unwrap());
+    }
+    let data = fs::read(fs.mnt.join("log")).unwrap();
+    assert_eq!(data.last(), Some(&b'\n'), "the file ends with a whole record");
+    let mut got: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for record in data[..data.len() - 1].split(|b| *b == b'\n') {
+        let text = String::from_utf8_lossy(record);
+        let mut words = text.split(' ');
+        let (tag, n, body) = (words.next().unwrap(), words.next().unwrap_or(""), words.next().unwrap_or(""));
+        let n: usize = n.parse().unwrap_or_else(|_| panic!("a torn record: {text:?}"));
+        assert_eq!(body.len(), 40 + n % 4000, "record {n} of {tag} whole");
+        assert!(body.bytes().all(|b| b == b'x') && words.next().is_none(), "a torn record: {text:?}");
+        let next = got.entry(tag.to_string()).or_default();
+        assert_eq!(*next, n, "{tag}'s records in order, none lost");
+        *next += 1;
+    }
+    assert_eq!(got, want, "every record of every writer");
+    let _ = Command::new("umount").arg("-l").arg(&second).status();
+}
+
 fn common_is_mounted(p: &Path) -> bool {
     let p = fs::canonicalize(p).unwrap();
     fs::read_to_string("/proc/self/mountinfo")

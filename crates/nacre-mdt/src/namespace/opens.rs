@@ -62,6 +62,11 @@ impl Namespace {
         lock(&self.opens).handles.get(&handle).is_some_and(|&(k, by, write)| k == fid.key() && by == owner && write)
     }
 
+    /// Is `handle` client `owner`'s open of `fid` (for any use)?
+    pub fn opened_by(&self, handle: u64, fid: Fid, owner: u64) -> bool {
+        lock(&self.opens).handles.get(&handle).is_some_and(|&(k, by, _)| k == fid.key() && by == owner)
+    }
+
     /// Open `fid` for reading and/or writing on behalf of client `owner`; returns a
     /// handle for `close_file`.
     pub fn open_file(&self, owner: u64, cred: &Cred, fid: Fid, read: bool, write: bool) -> Result<(u64, Attr)> {
