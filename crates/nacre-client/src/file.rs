@@ -588,6 +588,21 @@ impl File {
         s
     }
 
+    /// A write by someone without CAP_FSETID drops setuid, and setgid where it means
+    /// set-group-id (group execute), as Linux's `file_remove_privs`: what the kernel asks
+    /// of a direct write (`FUSE_WRITE_KILL_SUIDGID`), where it does not do it itself.
+    pub async fn kill_privs(&self) -> Result<()> {
+        let a = self.fs.getattr(&self.creds, self.fid).await?;
+        let sgid = mode::S_ISGID | 0o010;
+        let kill = if a.mode & sgid == sgid { mode::S_ISUID | mode::S_ISGID } else { mode::S_ISUID };
+        if a.mode & kill == 0 {
+            return Ok(());
+        }
+        let s =
+            self.through_handle(SetAttr { mask: set::MODE, mode: a.mode & mode::PERMS & !kill, ..SetAttr::default() });
+        self.fs.setattr(&self.creds, self.fid, s).await.map(|_| ())
+    }
+
     /// Truncate or extend the file to `size` (ftruncate(2): through this handle, so a
     /// write permission lost since the open does not matter).
     pub async fn set_len(&self, size: u64) -> Result<()> {
@@ -658,15 +673,23 @@ impl File {
         self.lock_as(owner, pid, kind, if wait { lock::WAIT } else { 0 }, start, end).await
     }
 
-    /// [`File::lock`] with the request's [`lock`] flags.
+    /// [`File::lock`] with the request's [`lock`] flags. A user's lock taken or dropped
+    /// is kept for replay after an MDS restart (the mount's own append locks are not:
+    /// they live for one write).
     async fn lock_as(&self, owner: u64, pid: u32, kind: u8, flags: u8, start: u64, end: u64) -> Result<()> {
         let r = Request::Lock { fid: self.fid, handle: self.handle, owner, pid, kind, flags, start, end };
         loop {
             match self.fs.md(mdt_of(self.fid)?, &self.creds, &r, &[]).await {
                 Err(e) if flags & lock::WAIT != 0 && e.errno == errno::ETIMEDOUT => continue,
-                done => return done.map(|_| ()),
+                Err(e) => return Err(e),
+                Ok(_) => break,
             }
         }
+        if flags & lock::APPEND == 0 {
+            let new = lock::Held { owner: (), write: kind == lock::WRITE, start, end, pid };
+            self.fs.locked(self.fid, self.handle, owner, new, kind == lock::UNLOCK).await;
+        }
+        Ok(())
     }
 
     /// What would conflict with a lock of `kind` over `start..=end` for `owner`
@@ -684,6 +707,7 @@ impl File {
     /// Let go of every lock `owner` holds on this file, and end its waits (a close).
     pub async fn unlock_all(&self, owner: u64) -> Result<()> {
         let r = Request::Unlock { fid: self.fid, owner };
+        self.fs.unlocked_all(self.fid, owner).await;
         self.fs.md(mdt_of(self.fid)?, &self.creds, &r, &[]).await.map(|_| ())
     }
 

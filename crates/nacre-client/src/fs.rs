@@ -14,7 +14,7 @@ use nacre_proto::dne::{DirDefault, DirStripe};
 use nacre_proto::fid::Fid;
 use nacre_proto::layout::Layout;
 use nacre_proto::mdt::{
-    Attr, Creds, DirEntry, LOOKUP_MANY_MAX, Looked, READDIR_MAX, Reply, Request, SetAttr, mode, set,
+    Attr, Creds, DirEntry, LOOKUP_MANY_MAX, Looked, READDIR_MAX, Reply, Request, SetAttr, lock, mode, set,
 };
 use nacre_proto::mgs::{Config, TargetKind};
 use nacre_proto::{mgs, ost};
@@ -80,6 +80,10 @@ pub(crate) struct Inner {
     /// Files open for writing through this mount, with their handles' count: their size
     /// is glimpsed from the objects.
     writers: Mutex<HashMap<Fid, usize>>,
+    /// The byte-range locks this mount's owners hold, by file and owner, as the MDS
+    /// keeps them: each is kept for replay after an MDS restart (see
+    /// [`FileSystem::locked`]).
+    locks: Mutex<HashMap<(Fid, u64), HeldLocks>>,
     /// Per file, held while its size changes (a truncate, or a close publishing the size
     /// the objects give), so a close cannot publish a size read before a truncate.
     sizing: Mutex<HashMap<Fid, Arc<tokio::sync::Mutex<()>>>>,
@@ -91,6 +95,19 @@ pub(crate) struct Inner {
     /// back: a statahead answer fetched across a change is not used.
     changes: AtomicU64,
     follower: Mutex<Option<tokio::task::AbortHandle>>,
+    /// The next key of lock state kept for replay.
+    lock_keys: AtomicU64,
+}
+
+/// The locks one owner of this mount holds on one file, as the MDS keeps them, and the
+/// keys of the lock requests kept for their replay.
+#[derive(Default)]
+struct HeldLocks {
+    held: Vec<lock::Held<()>>,
+    /// The handle the owner's last lock went through (any open one of the owner serves:
+    /// closing one lets go of all its locks).
+    handle: u64,
+    keys: Vec<u64>,
 }
 
 /// A mounted Nacre file system. Cheap to clone; all clones share the links and caches.
@@ -200,10 +217,12 @@ impl FileSystem {
             layouts: Mutex::new(HashMap::new()),
             dir_attrs: Mutex::new(HashMap::new()),
             writers: Mutex::new(HashMap::new()),
+            locks: Mutex::new(HashMap::new()),
             sizing: Mutex::new(HashMap::new()),
             caches: Caches::default(),
             statahead: Statahead::default(),
             changes: AtomicU64::new(0),
+            lock_keys: AtomicU64::new(0),
             follower: Mutex::new(None),
         });
         let fs = FileSystem { inner };
@@ -351,6 +370,45 @@ impl FileSystem {
                 import.keep_open(*handle, op, &body, &f);
             }
             return Ok((reply, f.bulk));
+        }
+    }
+
+    /// Owner `owner` of this mount took `new` (or, with `unlock`, dropped its range) on
+    /// `fid` through `handle`: what it holds now is kept for replay, a lock request per
+    /// record, so that an MDS that restarts gets every lock back from its holders during
+    /// recovery, after their opens.
+    pub(crate) async fn locked(&self, fid: Fid, handle: u64, owner: u64, new: lock::Held<()>, unlock: bool) {
+        let Ok((import, _)) = self.target_link(TargetKind::Mdt, mdt_of(fid).unwrap_or(0)).await else { return };
+        let mut all = lock(&self.inner.locks);
+        let mine = all.entry((fid, owner)).or_default();
+        lock::apply(&mut mine.held, new, unlock);
+        mine.handle = handle;
+        for key in mine.keys.drain(..) {
+            import.forget_state(key);
+        }
+        let creds = Creds::default();
+        for h in &mine.held {
+            let kind = if h.write { lock::WRITE } else { lock::READ };
+            let (start, end, pid) = (h.start, h.end, h.pid);
+            let r = Request::Lock { fid, handle, owner, pid, kind, flags: 0, start, end };
+            let (op, body) = r.encode(&creds);
+            let key = self.inner.lock_keys.fetch_add(1, Ordering::Relaxed);
+            import.keep_state(key, op, &body);
+            mine.keys.push(key);
+        }
+        if mine.held.is_empty() {
+            all.remove(&(fid, owner));
+        }
+    }
+
+    /// Owner `owner` let go of every lock it held on `fid` (a close): nothing of it is
+    /// replayed any more.
+    pub(crate) async fn unlocked_all(&self, fid: Fid, owner: u64) {
+        let Some(mine) = lock(&self.inner.locks).remove(&(fid, owner)) else { return };
+        if let Ok((import, _)) = self.target_link(TargetKind::Mdt, mdt_of(fid).unwrap_or(0)).await {
+            for key in mine.keys {
+                import.forget_state(key);
+            }
         }
     }
 

@@ -708,14 +708,20 @@ impl fuser::Filesystem for Nacre {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: fuser::WriteFlags,
+        write_flags: fuser::WriteFlags,
         _flags: fuser::OpenFlags,
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
         let data = data.to_vec();
+        // A direct write (O_DIRECT, O_APPEND) by someone without CAP_FSETID: the kernel
+        // leaves dropping setuid and setgid to the file system.
+        let kill_privs = write_flags.contains(fuser::WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         serve!(self, reply, |s| {
             let f = s.handle(fh)?;
+            if kill_privs {
+                f.kill_privs().await.map_err(|e| err(&e))?;
+            }
             // The file's write-behind and read-ahead are shared by its handles: a write
             // over bytes another handle left dirty sends those first, and drops what any
             // handle read ahead. An append goes after all that the others wrote.

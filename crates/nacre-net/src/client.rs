@@ -365,7 +365,11 @@ struct Kept {
     requests: BTreeMap<u64, KeptRequest>,
     bytes: usize,
     last_committed: u64,
+    /// Open state by its holder's key: the transno it follows, and the request.
     opens: BTreeMap<u64, (u64, KeptRequest)>,
+    /// State taken through open handles (locks), by its holder's key, as `opens`:
+    /// replayed after the opens.
+    states: BTreeMap<u64, (u64, KeptRequest)>,
 }
 
 impl Kept {
@@ -396,18 +400,25 @@ impl Kept {
 
     fn clear(&mut self) -> usize {
         self.bytes = 0;
-        std::mem::take(&mut self.opens).len() + std::mem::take(&mut self.requests).len()
+        std::mem::take(&mut self.opens).len()
+            + std::mem::take(&mut self.states).len()
+            + std::mem::take(&mut self.requests).len()
     }
 
-    /// What to replay, in order: (transno, is an open, key in its map, xid). An open
-    /// goes after the change it follows; an open whose request is also a change kept
-    /// (a create-open) is replayed by that change.
-    fn replay_order(&self) -> Vec<(u64, bool, u64, u64)> {
-        let mut order: Vec<(u64, bool, u64, u64)> = self.requests.iter().map(|(t, r)| (*t, false, *t, r.xid)).collect();
+    /// What to replay, in order: (transno, is open state, follows the opens, key in its
+    /// map, xid). Open state goes after the change it follows, and state taken through
+    /// an open (a lock) after the opens; an open whose request is also a change kept (a
+    /// create-open) is replayed by that change.
+    fn replay_order(&self) -> Vec<(u64, bool, bool, u64, u64)> {
+        let mut order: Vec<_> = self.requests.iter().map(|(t, r)| (*t, false, false, *t, r.xid)).collect();
         let changes: std::collections::HashSet<u64> = self.requests.values().map(|r| r.xid).collect();
         order.extend(
-            self.opens.iter().filter(|(_, (_, r))| !changes.contains(&r.xid)).map(|(k, (p, r))| (*p, true, *k, r.xid)),
+            self.opens
+                .iter()
+                .filter(|(_, (_, r))| !changes.contains(&r.xid))
+                .map(|(k, (p, r))| (*p, true, false, *k, r.xid)),
         );
+        order.extend(self.states.iter().map(|(k, (p, r))| (*p, true, true, *k, r.xid)));
         order.sort_unstable();
         order
     }
@@ -679,6 +690,24 @@ impl Import {
         k.opens.insert(key, (after, r));
     }
 
+    /// Keep state this client holds that no reply stands for (a lock it took), as
+    /// [`Import::keep_open`] keeps an open: the request `body` of `opcode` that takes it
+    /// again is replayed after a server restart, after the changes kept now and after
+    /// every open, until [`Import::forget_state`] with `key` (keys of their own, apart
+    /// from the opens').
+    pub fn keep_state(&self, key: u64, opcode: u16, body: &[u8]) {
+        let mut k = lock(&self.kept);
+        let after = k.requests.keys().next_back().copied().unwrap_or(0).max(k.last_committed);
+        let xid = self.next_xid.fetch_add(1, Ordering::Relaxed);
+        let r = KeptRequest { xid, opcode, job_id: 0, body: body.to_vec(), bulk: Vec::new(), reply: Vec::new() };
+        k.states.insert(key, (after, r));
+    }
+
+    /// The state kept as `key` by [`Import::keep_state`] was let go.
+    pub fn forget_state(&self, key: u64) {
+        lock(&self.kept).states.remove(&key);
+    }
+
     /// The state `key` was let go (the file closed): no more replay of its open.
     pub fn forget_open(&self, key: u64) {
         lock(&self.kept).opens.remove(&key);
@@ -715,10 +744,14 @@ impl Import {
     /// Replay each change and open kept, in order; the changes replayed go to `renewed`.
     async fn replay_each(&self, conn: &Conn, renewed: &mut Vec<(u64, KeptRequest)>) -> Result<(), RpcError> {
         let order = lock(&self.kept).replay_order();
-        for (transno, open, key, _) in order {
+        for (transno, open, late, key, _) in order {
             let (header, body, bulk) = {
                 let k = lock(&self.kept);
-                let r = if open { k.opens.get(&key).map(|(_, r)| r) } else { k.requests.get(&key) };
+                let r = match (open, late) {
+                    (true, false) => k.opens.get(&key).map(|(_, r)| r),
+                    (true, true) => k.states.get(&key).map(|(_, r)| r),
+                    (false, _) => k.requests.get(&key),
+                };
                 let Some(r) = r else { continue };
                 let body = Replay::encode(&r.body, &r.reply);
                 let header = FrameHeader {
@@ -741,7 +774,11 @@ impl Import {
                 // Held on: it stays kept, under its first reply (the same handle).
                 if reply.header.status != 0 {
                     self.counters.replay_failures.fetch_add(1, Ordering::Relaxed);
-                    k.opens.remove(&key);
+                    if late {
+                        k.states.remove(&key);
+                    } else {
+                        k.opens.remove(&key);
+                    }
                 }
                 continue;
             }
@@ -1095,7 +1132,9 @@ mod tests {
         // An open made after change 10; a create-open that is change 12 too.
         k.opens.insert(0xa, (10, req(2)));
         k.opens.insert(0xb, (12, req(3)));
-        let order: Vec<(u64, bool, u64)> = k.replay_order().into_iter().map(|(t, o, key, _)| (t, o, key)).collect();
-        assert_eq!(order, vec![(10, false, 10), (10, true, 0xa), (12, false, 12)]);
+        // A lock taken through the open, kept under a smaller key: after it all the same.
+        k.states.insert(0x1, (10, req(5)));
+        let order: Vec<(u64, bool, u64)> = k.replay_order().into_iter().map(|(t, o, _, key, _)| (t, o, key)).collect();
+        assert_eq!(order, vec![(10, false, 10), (10, true, 0xa), (10, true, 0x1), (12, false, 12)]);
     }
 }

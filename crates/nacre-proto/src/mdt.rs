@@ -224,6 +224,66 @@ pub mod lock {
     pub const FLAGS: u8 = WAIT | TEST | APPEND;
     /// The last byte of a lock "to the end of the file, however long it grows".
     pub const EOF: u64 = u64::MAX;
+
+    /// A lock held: bytes `start..=end` of one owner (whatever names owners on the side
+    /// that keeps it), read or write, with the pid its owner gave.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Held<O> {
+        pub owner: O,
+        pub write: bool,
+        pub start: u64,
+        pub end: u64,
+        pub pid: u32,
+    }
+
+    impl<O: PartialEq + Copy> Held<O> {
+        pub fn overlaps(&self, start: u64, end: u64) -> bool {
+            self.start <= end && start <= self.end
+        }
+
+        /// Locks of different owners conflict where they overlap and one is a write lock.
+        pub fn conflicts(&self, o: &Held<O>) -> bool {
+            self.owner != o.owner && self.overlaps(o.start, o.end) && (self.write || o.write)
+        }
+    }
+
+    /// Put `new` among `held` for its owner (or, with `unlock`, take its range away from
+    /// the owner's locks), as POSIX says: the owner's locks it overlaps lose that part
+    /// (split if need be), and those of the same kind it overlaps or touches merge with
+    /// it. Other owners' locks are left alone. Returns the change in the number of the
+    /// owner's records. The MDS keeps its locks this way, and a client what it holds.
+    pub fn apply<O: PartialEq + Copy>(held: &mut Vec<Held<O>>, new: Held<O>, unlock: bool) -> isize {
+        let before = held.len();
+        let mut kept = Vec::with_capacity(held.len() + 2);
+        let (mut start, mut end) = (new.start, new.end);
+        for h in held.drain(..) {
+            if h.owner != new.owner {
+                kept.push(h);
+                continue;
+            }
+            // Same-kind locks are kept apart by at least one byte, so one pass merges all.
+            let touches = h.start <= end.saturating_add(1) && start <= h.end.saturating_add(1);
+            if !unlock && h.write == new.write && touches {
+                (start, end) = (start.min(h.start), end.max(h.end));
+                continue;
+            }
+            if !h.overlaps(new.start, new.end) {
+                kept.push(h);
+                continue;
+            }
+            if h.start < new.start {
+                kept.push(Held { end: new.start - 1, ..h });
+            }
+            if h.end > new.end {
+                kept.push(Held { start: new.end + 1, ..h });
+            }
+        }
+        if !unlock {
+            kept.push(Held { start, end, ..new });
+        }
+        *held = kept;
+        held.len() as isize - before as isize
+    }
 }
 
 /// Supplementary groups a request may carry.

@@ -16,6 +16,7 @@ use std::sync::Mutex;
 
 use nacre_proto::fid::Fid;
 use nacre_proto::mdt::errno::{self, EAGAIN, EDEADLK, EINTR, ENOLCK};
+use nacre_proto::mdt::lock::{Held, apply};
 use tokio::sync::oneshot;
 
 /// Lock records one client may hold over all files of this MDS (a lock costs time in
@@ -42,26 +43,9 @@ pub struct Resource {
     pub append: bool,
 }
 
-/// One lock: bytes `start..=end`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lock {
-    pub owner: Owner,
-    pub write: bool,
-    pub start: u64,
-    pub end: u64,
-    /// The process the owner named, shown to whoever it conflicts with (`F_GETLK`).
-    pub pid: u32,
-}
-
-impl Lock {
-    fn overlaps(&self, start: u64, end: u64) -> bool {
-        self.start <= end && start <= self.end
-    }
-
-    fn conflicts(&self, o: &Lock) -> bool {
-        self.owner != o.owner && self.overlaps(o.start, o.end) && (self.write || o.write)
-    }
-}
+/// One lock: bytes `start..=end` of an [`Owner`], with the pid shown to whoever it
+/// conflicts with (`F_GETLK`).
+pub type Lock = Held<Owner>;
 
 /// Why a lock was not granted: an errno and a message naming the cause.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -363,43 +347,6 @@ impl Inner {
         }
         false
     }
-}
-
-/// Put `new` among `held` for its owner (or, with `unlock`, take its range away from
-/// the owner's locks): the owner's locks it overlaps lose that part (split if need be),
-/// and those of the same kind it overlaps or touches merge with it. Other owners' locks
-/// are left alone. Returns the change in the number of the owner's records.
-fn apply(held: &mut Vec<Lock>, new: Lock, unlock: bool) -> isize {
-    let before = held.len();
-    let mut kept = Vec::with_capacity(held.len() + 2);
-    let (mut start, mut end) = (new.start, new.end);
-    for h in held.drain(..) {
-        if h.owner != new.owner {
-            kept.push(h);
-            continue;
-        }
-        // Same-kind locks are kept apart by at least one byte, so one pass merges all.
-        let touches = h.start <= end.saturating_add(1) && start <= h.end.saturating_add(1);
-        if !unlock && h.write == new.write && touches {
-            (start, end) = (start.min(h.start), end.max(h.end));
-            continue;
-        }
-        if !h.overlaps(new.start, new.end) {
-            kept.push(h);
-            continue;
-        }
-        if h.start < new.start {
-            kept.push(Lock { end: new.start - 1, ..h });
-        }
-        if h.end > new.end {
-            kept.push(Lock { start: new.end + 1, ..h });
-        }
-    }
-    if !unlock {
-        kept.push(Lock { start, end, ..new });
-    }
-    *held = kept;
-    held.len() as isize - before as isize
 }
 
 /// A lock request's range as the kernel gives it (`start..=end`), checked.

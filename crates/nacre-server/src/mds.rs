@@ -770,6 +770,9 @@ impl Mds {
         if !self.ns.opened_by(handle, fid, req.client) {
             return fail(-errno::EBADF, format!("handle {handle} is not this client's open of {fid}"));
         }
+        // A replay takes again a lock its client held before the restart: it was granted
+        // then, so it waits for nothing now (a conflict means it was lost).
+        let flags = if req.replayed.is_some() { flags & !lock::WAIT } else { flags };
         let res = Resource { fid, append: flags & lock::APPEND != 0 };
         let want = Lock { owner: Owner { client: req.client, owner }, write: kind == lock::WRITE, start, end, pid };
         if flags & lock::TEST != 0 {

@@ -20,7 +20,7 @@ use nacre_net::server::{Server, ServerConfig};
 use nacre_net::transport::MemNetwork;
 use nacre_proto::fid::Fid;
 use nacre_proto::layout::Layout;
-use nacre_proto::mdt::{Attr, Creds, Reply, Request, errno, mode};
+use nacre_proto::mdt::{Attr, Creds, Reply, Request, errno, lock, mode};
 use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, Volume, VolumeOptions};
 use nacre_server::mds::Mds;
 use nacre_server::mdt::{Cred, Namespace, NamespaceOptions};
@@ -485,4 +485,55 @@ async fn open_files_stay_open_across_a_restart_even_unlinked() {
     a.call(Request::Close { handle: h2 }).await;
     assert!(mdt.ns.getattr(gone.fid).is_err(), "its last close removed it");
     a.call(Request::Close { handle: h1 }).await;
+}
+
+/// Locks come back after a restart: each client replays the lock requests of what it
+/// holds (as the mount keeps them), after its opens; a lock another client held is still
+/// in the way, and goes when its holder lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_are_taken_again_by_their_holders_after_a_restart() {
+    let (net, v) = (MemNetwork::new(), volume());
+    let mdt = Mdt::start(&net, &v, true).await;
+    let (a, b) = (Md::connect(&net, "a").await, Md::connect(&net, "b").await);
+    let f = a.create(Fid::ROOT, "f").await;
+    // b's first change (committed before its reply) makes the MDS wait for it after a
+    // restart.
+    b.mkdir(Fid::ROOT, "b").await;
+    a.imp.commit().await.unwrap();
+    let (ha, hb) = (a.open(f.fid).await, b.open(f.fid).await);
+    let lk = |handle, owner: u64, kind, flags, start, end| Request::Lock {
+        fid: f.fid,
+        handle,
+        owner,
+        pid: owner as u32,
+        kind,
+        flags,
+        start,
+        end,
+    };
+    // a holds a write lock on 0..=9 and b a read lock on 20..=29, each kept for replay.
+    for (md, r, key) in
+        [(&a, lk(ha, 1, lock::WRITE, 0, 0, 9), 1u64 << 63), (&b, lk(hb, 2, lock::READ, 0, 20, 29), 1 << 63)]
+    {
+        md.call(r.clone()).await;
+        let (op, body) = r.encode(&Creds::default());
+        md.imp.keep_state(key, op, &body);
+    }
+    mdt.crash();
+
+    let mdt = Mdt::start(&net, &v, false).await;
+    tokio::join!(a.call(Request::Getattr { fid: Fid::ROOT }), b.call(Request::Getattr { fid: Fid::ROOT }));
+    let status = mdt.status();
+    assert!(status.contains("COMPLETE") && status.contains("failed_replays: 0"), "{status}");
+    let locks = mdt.mds.get_param("mdt.mdt0.locks").pop().unwrap().1;
+    assert!(locks.starts_with("held 2\n"), "{locks}");
+    // Still in each other's way.
+    let e = b.try_call(lk(hb, 2, lock::WRITE, 0, 5, 5), &[]).await.unwrap_err().to_string();
+    assert!(e.contains(&format!("{}", -errno::EAGAIN)), "{e}");
+    let e = a.try_call(lk(ha, 1, lock::WRITE, 0, 25, 25), &[]).await.unwrap_err().to_string();
+    assert!(e.contains(&format!("{}", -errno::EAGAIN)), "{e}");
+    // a lets go: b takes it.
+    a.call(Request::Unlock { fid: f.fid, owner: 1 }).await;
+    a.imp.forget_state(1);
+    b.call(lk(hb, 2, lock::WRITE, 0, 5, 5)).await;
 }

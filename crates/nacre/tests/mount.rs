@@ -1062,6 +1062,10 @@ fn a_killed_mds_process_comes_back_and_the_mount_replays_what_it_had_not_committ
     mds_param(&fs.mgs(), "mdt.mdt0.commit_interval_ms=10000");
     let d = mnt.join("d");
     fs::create_dir(&d).unwrap();
+    // Files on the MDT alone: a removed file's OST objects would be destroyed in the
+    // background, and that change waits for its commit, which would commit the rest.
+    let out = nacre().args(["setstripe", "-E", "64K", "-L", "mdt"]).arg(&d).output().unwrap();
+    assert!(out.status.success(), "setstripe: {}", String::from_utf8_lossy(&out.stderr));
     let body = |i: usize| format!("file {i} written before the kill").into_bytes();
     for i in 0..20 {
         fs::write(d.join(format!("f{i}")), body(i)).unwrap();
@@ -1069,6 +1073,11 @@ fn a_killed_mds_process_comes_back_and_the_mount_replays_what_it_had_not_committ
     fs::rename(d.join("f0"), d.join("renamed")).unwrap();
     fs::remove_file(d.join("f1")).unwrap();
     let mut held = OpenOptions::new().read(true).write(true).open(d.join("f2")).unwrap();
+    // A lock held across the kill, and one taken and dropped before it.
+    let (mut holder, mut other) = (Locker::start(), Locker::start());
+    assert_eq!(holder.ask("w", &d.join("f3"), 0, 10), "ok");
+    assert_eq!(holder.ask("r", &d.join("f4"), 0, 10), "ok");
+    assert_eq!(holder.ask("u", &d.join("f4"), 0, 10), "ok");
     let commits = mds_param(&fs.mgs(), "mdt.*.commits");
     assert!(
         figure(&commits, "last_committed") + 20 < figure(&commits, "last_transno"),
@@ -1109,6 +1118,11 @@ fn a_killed_mds_process_comes_back_and_the_mount_replays_what_it_had_not_committ
     let status = mds_param(&fs.mgs(), "mdt.*.recovery_status");
     assert!(status.contains("status: COMPLETE") && status.contains("completed_clients: 1/1"), "{status}");
     assert!(figure(&status, "replayed_requests:") > 20, "the changes came back by replay: {status}");
+    // The lock came back with the mount's replay; the dropped one did not.
+    assert_eq!(other.ask("w", &d.join("f3"), 5, 1), "err 11");
+    assert_eq!(other.ask("w", &d.join("f4"), 5, 1), "ok");
+    assert_eq!(holder.ask("u", &d.join("f3"), 0, 0), "ok");
+    assert_eq!(other.ask("w", &d.join("f3"), 5, 1), "ok");
 }
 
 /// `nacre up --per-service` with two small OSTs, the MGS on `port`, mounted on `mnt`.
