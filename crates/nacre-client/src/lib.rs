@@ -37,5 +37,5 @@ pub use striping::FileLayout;
 pub fn process_creds() -> Creds {
     // SAFETY: getuid/getgid take nothing and cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    Creds { uid, gid, groups: Vec::new() }
+    Creds { uid, gid, groups: Vec::new(), umask: 0 }
 }

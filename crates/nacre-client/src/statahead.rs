@@ -339,7 +339,7 @@ mod tests {
         assert!(matches!(sa.probe(d, &c, "f7", 0), Probe::Hit(_)));
         assert!(matches!(sa.probe(d, &c, "f7", 0), Probe::Miss), "{} held", sa.held());
         // Other credentials never see these answers.
-        let other = Creds { uid: 1000, gid: 1000, groups: vec![] };
+        let other = Creds { uid: 1000, gid: 1000, ..Creds::default() };
         assert!(matches!(sa.probe(d, &other, "f9", 0), Probe::Miss));
         assert!(matches!(sa.probe(d, &c, "f9", 0), Probe::Hit(_)));
     }

@@ -283,7 +283,7 @@ async fn metadata_operations_and_their_errors() {
     let e = fs.create_open(&c, d.fid, "made-open", 0o644, None, OpenFlags::WRITE).await.err().unwrap();
     assert_eq!(e.errno, errno::EEXIST);
     // A non-root user: permission bits hold.
-    let user = Creds { uid: 1000, gid: 1000, groups: vec![] };
+    let user = Creds { uid: 1000, gid: 1000, ..Creds::default() };
     assert_eq!(fs.create(&user, d.fid, "mine", 0o644, None).await.unwrap_err().errno, errno::EACCES);
     assert_eq!(fs.open(&user, f1.fid, OpenFlags::WRITE).await.err().unwrap().errno, errno::EACCES);
     // Space over every target: one MDT and one OST.

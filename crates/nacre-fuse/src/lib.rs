@@ -254,7 +254,7 @@ impl Shared {
         {
             groups = line[7..].split_whitespace().filter_map(|g| g.parse().ok()).take(64).collect();
         }
-        Creds { uid, gid, groups }
+        Creds { uid, gid, groups, umask: 0 }
     }
 
     fn fid(&self, ino: INodeNo) -> Result<Fid, Errno> {
@@ -396,7 +396,12 @@ impl fuser::Filesystem for Nacre {
             | InitFlags::FUSE_ATOMIC_O_TRUNC
             // fcntl and flock locks go to the MDS, which holds them between all mounts.
             | InitFlags::FUSE_POSIX_LOCKS
-            | InitFlags::FUSE_FLOCK_LOCKS;
+            | InitFlags::FUSE_FLOCK_LOCKS
+            // POSIX ACLs: the kernel checks them (it reads them as xattrs); the MDT keeps
+            // them, and applies a directory's default ACL or else the umask to what is
+            // made (so the kernel leaves the umask to it).
+            | InitFlags::FUSE_POSIX_ACL
+            | InitFlags::FUSE_DONT_MASK;
         if self.shared.cfg.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
@@ -556,11 +561,11 @@ impl fuser::Filesystem for Nacre {
         parent: INodeNo,
         name: &OsStr,
         mode_bits: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let c = self.shared.creds(req);
+        let c = Creds { umask: umask & 0o777, ..self.shared.creds(req) };
         let name = name.to_owned();
         serve!(self, reply, |s| {
             let (dir, name) = (s.fid(parent)?, name_of(&name)?);
@@ -576,8 +581,8 @@ impl fuser::Filesystem for Nacre {
         })
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode_bits: u32, _umask: u32, reply: ReplyEntry) {
-        let c = self.shared.creds(req);
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode_bits: u32, umask: u32, reply: ReplyEntry) {
+        let c = Creds { umask: umask & 0o777, ..self.shared.creds(req) };
         let name = name.to_owned();
         serve!(self, reply, |s| {
             let a = s.fs.mkdir(&c, s.fid(parent)?, name_of(&name)?, mode_bits, -1, 0).await.map_err(|e| err(&e))?;
@@ -1067,11 +1072,11 @@ impl fuser::Filesystem for Nacre {
         parent: INodeNo,
         name: &OsStr,
         mode_bits: u32,
-        _umask: u32,
+        umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let c = self.shared.creds(req);
+        let c = Creds { umask: umask & 0o777, ..self.shared.creds(req) };
         let name = name.to_owned();
         let open = OpenFlags::from_posix(flags);
         serve!(self, reply, |s| {

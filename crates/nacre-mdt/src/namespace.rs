@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 
 use nacre_osd::SyncMode;
 use nacre_osd::backend::VolumeBackend;
+use nacre_proto::acl::{self, Acl};
 use nacre_proto::fid::{Fid, name_hash};
 use nacre_proto::layout::{Kind, Layout, Striping};
 use nacre_proto::mdt::{Attr, DirEntry, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX, errno, mode, now_ns};
@@ -147,6 +148,8 @@ pub struct Cred {
     pub gid: u32,
     /// Supplementary groups.
     pub groups: Vec<u32>,
+    /// Applied to what a create makes, unless its directory has a default ACL.
+    pub umask: u32,
 }
 
 impl Cred {
@@ -155,7 +158,7 @@ impl Cred {
     }
 
     pub fn user(uid: u32, gid: u32) -> Cred {
-        Cred { uid, gid, groups: Vec::new() }
+        Cred { uid, gid, groups: Vec::new(), umask: 0 }
     }
 
     fn in_group(&self, gid: u32) -> bool {
@@ -493,6 +496,18 @@ fn may(cred: &Cred, a: &Attr, want: u32) -> bool {
     bits & want == want
 }
 
+/// [`may`], by the inode's access ACL when it has one and the caller is neither root nor
+/// its owner (whom the mode's bits answer: an ACL's owner entry is those bits).
+fn may_acl(m: &Mem, cred: &Cred, a: &Attr, want: u32) -> bool {
+    if cred.uid == 0 || cred.uid == a.uid {
+        return may(cred, a, want);
+    }
+    match m.access_acl(a.fid.key()) {
+        Some(acl) => acl.permits(cred.uid, |g| cred.in_group(g), a.uid, a.gid, want),
+        None => may(cred, a, want),
+    }
+}
+
 fn denied(cred: &Cred, what: &str, a: &Attr) -> MdError {
     MdError::new(errno::EACCES, format!("uid {} may not {what} {} (mode {:o})", cred.uid, a.fid, a.mode & 0o7777))
 }
@@ -621,6 +636,11 @@ impl<'a> Tx<'a> {
     fn put_symlink(&self, fid: Fid, target: &[u8]) -> Result<()> {
         self.apply(Op::Symlink(fid.key(), Some(target.into())));
         Ok(())
+    }
+
+    /// [`may_acl`] within this change.
+    fn permits(&self, cred: &Cred, a: &Attr, want: u32) -> bool {
+        may_acl(&self.m(), cred, a, want)
     }
 
     fn put_xattr(&self, fid: Fid, name: &str, value: &[u8]) -> Result<()> {

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use nacre_mdt::{Cred, MdError, Namespace, NamespaceOptions, RenameMode, ReplyKey, SetAttr, Wait};
+use nacre_proto::acl;
 use nacre_proto::fid::Fid;
 use nacre_proto::layout::Layout;
 use nacre_proto::mdt::{Attr, errno, mode};
@@ -624,6 +625,83 @@ fn special_files_keep_their_type_and_device_number_through_a_restart() {
         ns.remove(&c, ROOT, n, false, None).unwrap();
     }
     assert_eq!(ns.statfs().unwrap().inodes, 1);
+}
+
+/// An ACL in its xattr form: (tag, perm, id) entries.
+fn acl_bytes(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let entries = entries.iter().map(|&(tag, perm, id)| acl::Entry { tag, perm, id }).collect();
+    acl::Acl { entries }.to_xattr()
+}
+
+#[test]
+fn posix_acls_grant_inherit_follow_chmod_and_survive_a_restart() {
+    use acl::{GROUP, GROUP_OBJ, MASK, OTHER, USER, USER_OBJ};
+    let (ns, v) = ns();
+    let c = root();
+    let (alice, bob) = (Cred::user(1000, 100), Cred::user(1001, 101));
+    ns.setattr(&c, ROOT, SetAttr { mode: Some(0o777), ..SetAttr::default() }, None).unwrap();
+    let f = ns.create(&alice, ROOT, "f", 0o600, None).unwrap();
+    assert_eq!(errno_of(ns.open_file(1, &bob, f.fid, true, false)), errno::EACCES);
+    // Bob may read and write by name, within the mask; the mode's group bits show the mask.
+    let a = acl_bytes(&[(USER_OBJ, 6, 0), (USER, 6, 1001), (GROUP_OBJ, 0, 0), (MASK, 6, 0), (OTHER, 0, 0)]);
+    assert_eq!(errno_of(ns.setxattr(&bob, f.fid, acl::ACCESS, &a, false, false, None)), errno::EPERM);
+    ns.setxattr(&alice, f.fid, acl::ACCESS, &a, false, false, None).unwrap();
+    assert_eq!(ns.getattr(f.fid).unwrap().mode, mode::S_IFREG | 0o660);
+    assert!(ns.open_file(1, &bob, f.fid, true, true).is_ok());
+    assert_eq!(errno_of(ns.open_file(1, &Cred::user(1002, 102), f.fid, true, false)), errno::EACCES);
+    // A chmod sets the mask: write is gone for bob, and the ACL says so.
+    ns.setattr(&alice, f.fid, SetAttr { mode: Some(0o640), ..SetAttr::default() }, None).unwrap();
+    assert_eq!(errno_of(ns.open_file(1, &bob, f.fid, false, true)), errno::EACCES);
+    let now = acl::Acl::from_xattr(&ns.getxattr(&bob, f.fid, acl::ACCESS).unwrap()).unwrap();
+    assert_eq!(now.mode_bits(), 0o640);
+    // An ACL the mode says all of is not kept.
+    ns.setxattr(
+        &alice,
+        f.fid,
+        acl::ACCESS,
+        &acl_bytes(&[(USER_OBJ, 7, 0), (GROUP_OBJ, 5, 0), (OTHER, 4, 0)]),
+        false,
+        false,
+        None,
+    )
+    .unwrap();
+    assert_eq!(errno_of(ns.getxattr(&c, f.fid, acl::ACCESS)), errno::ENODATA);
+    assert_eq!(ns.getattr(f.fid).unwrap().mode, mode::S_IFREG | 0o754);
+    // Bad ACLs: refused by name, nothing changed; no default ACL on a file.
+    let e = ns.setxattr(&alice, f.fid, acl::ACCESS, &acl_bytes(&[(USER_OBJ, 7, 0), (OTHER, 0, 0)]), false, false, None);
+    assert_eq!(errno_of(e), errno::EINVAL);
+    let e = ns.setxattr(&alice, f.fid, acl::DEFAULT, &a, false, false, None);
+    assert_eq!(errno_of(e), errno::EACCES);
+    assert_eq!(ns.getattr(f.fid).unwrap().mode, mode::S_IFREG | 0o754);
+    // A default ACL: new files and directories take it (limited by the mode asked for,
+    // the umask playing no part), subdirectories keep it as theirs; elsewhere the umask.
+    let d = ns.mkdir(&alice, ROOT, "d", 0o755, None).unwrap();
+    let def = acl_bytes(&[(USER_OBJ, 7, 0), (GROUP_OBJ, 5, 0), (GROUP, 7, 101), (MASK, 7, 0), (OTHER, 0, 0)]);
+    ns.setxattr(&alice, d.fid, acl::DEFAULT, &def, false, false, None).unwrap();
+    let masked = Cred { umask: 0o077, ..alice.clone() };
+    let g = ns.create(&masked, d.fid, "g", 0o666, None).unwrap();
+    assert_eq!(g.mode, mode::S_IFREG | 0o660, "owner rw, mask rw (group 101 rw), other none");
+    assert!(ns.open_file(1, &bob, g.fid, true, true).is_ok(), "bob's group 101 is named");
+    let sub = ns.mkdir(&masked, d.fid, "sub", 0o777, None).unwrap();
+    assert_eq!(ns.getxattr(&c, sub.fid, acl::DEFAULT).unwrap(), def);
+    assert_eq!(sub.mode & 0o777, 0o770);
+    let plain = ns.create(&masked, ROOT, "plain", 0o666, None).unwrap();
+    assert_eq!(plain.mode & 0o777, 0o600, "no default ACL: the umask");
+    assert_eq!(errno_of(ns.getxattr(&c, plain.fid, acl::ACCESS)), errno::ENODATA);
+    // All of it from the log, and from the image.
+    let want = |ns: &Namespace| {
+        let get = |fid| ns.getxattr(&c, fid, acl::ACCESS).ok();
+        (get(g.fid), get(sub.fid), ns.getxattr(&c, d.fid, acl::DEFAULT).ok(), ns.getattr(g.fid).unwrap().mode)
+    };
+    let before = want(&ns);
+    assert!(before.0.is_some() && before.1.is_some() && before.2.is_some());
+    drop(ns);
+    let ns = Namespace::open(v.clone(), NamespaceOptions::default()).unwrap();
+    assert_eq!(want(&ns), before);
+    ns.checkpoint().unwrap();
+    drop(ns);
+    let ns = Namespace::open(v, NamespaceOptions::default()).unwrap();
+    assert_eq!(want(&ns), before);
 }
 
 #[test]

@@ -277,7 +277,7 @@ mod tests {
 
     #[test]
     fn updates_round_trip() {
-        let c = Creds { uid: 5, gid: 6, groups: vec![7] };
+        let c = Creds { uid: 5, gid: 6, groups: vec![7], umask: 0o027 };
         let us = vec![
             Update::MakeInode { attr: Attr::default(), parent: Fid::ROOT, stripe: vec![1, 2], default: vec![] },
             Update::AddEntry {

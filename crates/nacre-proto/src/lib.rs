@@ -6,6 +6,7 @@
 //! missing, so a short or garbled body is an error and never a panic. Each message starts
 //! with a version byte; a receiver refuses versions it does not know.
 
+pub mod acl;
 pub mod dne;
 pub mod fid;
 pub mod layout;

@@ -299,11 +299,14 @@ pub struct Creds {
     pub uid: u32,
     pub gid: u32,
     pub groups: Vec<u32>,
+    /// The caller's umask, which a create applies unless its directory has a default
+    /// ACL (then the ACL decides, as on Linux).
+    pub umask: u32,
 }
 
 impl Creds {
     pub fn put(&self, e: Enc) -> Enc {
-        let mut e = e.u32(self.uid).u32(self.gid).u32(self.groups.len() as u32);
+        let mut e = e.u32(self.uid).u32(self.gid).u32(self.umask).u32(self.groups.len() as u32);
         for g in &self.groups {
             e = e.u32(*g);
         }
@@ -312,7 +315,10 @@ impl Creds {
 
     /// Credentials, with at most [`GROUPS_MAX`] supplementary groups.
     pub fn get(d: &mut Dec<'_>) -> Result<Creds, ProtoError> {
-        let (uid, gid, n) = (d.u32("uid")?, d.u32("gid")?, d.u32("group count")? as usize);
+        let (uid, gid, umask, n) = (d.u32("uid")?, d.u32("gid")?, d.u32("umask")?, d.u32("group count")? as usize);
+        if umask & !0o777 != 0 {
+            return Err(ProtoError::Invalid(format!("umask {umask:o}")));
+        }
         if n > GROUPS_MAX {
             return Err(ProtoError::Invalid(format!("{n} supplementary groups; at most {GROUPS_MAX}")));
         }
@@ -320,7 +326,7 @@ impl Creds {
         for _ in 0..n {
             groups.push(d.u32("group")?);
         }
-        Ok(Creds { uid, gid, groups })
+        Ok(Creds { uid, gid, groups, umask })
     }
 }
 
@@ -1108,7 +1114,7 @@ mod tests {
     #[test]
     fn requests_and_replies_round_trip_and_every_cut_is_an_error() {
         let f = Fid::new(0x2_0000_0400, 7);
-        let creds = Creds { uid: 1000, gid: 100, groups: vec![4, 27] };
+        let creds = Creds { uid: 1000, gid: 100, groups: vec![4, 27], umask: 0o022 };
         let all = [
             Request::Getattr { fid: f },
             Request::Lookup { dir: f, name: "a".into() },
@@ -1192,6 +1198,8 @@ mod tests {
             assert_eq!(Request::decode(op, &longer), Err(ProtoError::Trailing { extra: 1 }));
         }
         assert!(Request::decode(999, &[1]).unwrap_err().to_string().contains("not an MDS operation"));
+        let (op, body) = Request::Statfs.encode(&Creds { umask: 0o1022, ..Creds::default() });
+        assert!(Request::decode(op, &body).unwrap_err().to_string().contains("umask 1022"));
         let many = Creds { groups: vec![0; GROUPS_MAX + 1], ..Creds::default() };
         let (op, body) = Request::Statfs.encode(&many);
         assert!(Request::decode(op, &body).unwrap_err().to_string().contains("supplementary groups"));

@@ -58,7 +58,7 @@ pub fn update_digest(u: &Update) -> u32 {
 }
 
 fn creds(c: &Cred) -> Creds {
-    Creds { uid: c.uid, gid: c.gid, groups: c.groups.clone() }
+    Creds { uid: c.uid, gid: c.gid, groups: c.groups.clone(), umask: c.umask }
 }
 
 #[derive(Default)]

@@ -229,7 +229,7 @@ fn reply_key(h: &nacre_net::frame::FrameHeader, client: u64, body: &[u8], bulk: 
 }
 
 fn cred(c: Creds) -> Cred {
-    Cred { uid: c.uid, gid: c.gid, groups: c.groups }
+    Cred { uid: c.uid, gid: c.gid, groups: c.groups, umask: c.umask }
 }
 
 /// The change that makes regular file `name` in `dir` with `layout` (empty: inherited).

@@ -248,7 +248,7 @@ async fn operations_through_the_service() {
     let a = md.attr(Request::Setattr { fid: f.fid, set: s }).await.unwrap();
     assert_eq!((a.mode, a.size), (mode::S_IFREG | 0o600, 1 << 33));
     // Another user: denied by the new mode.
-    let bob = Md { imp: md.imp.clone(), creds: Creds { uid: 1001, gid: 1001, groups: vec![] } };
+    let bob = Md { imp: md.imp.clone(), creds: Creds { uid: 1001, gid: 1001, ..Creds::default() } };
     let e = bob.call(Request::Open { fid: f.fid, read: true, write: false, dom_read: 0 }).await.unwrap_err();
     assert_eq!(e.0, -errno::EACCES);
     // Symlinks, xattrs, rename, open/close, statfs.

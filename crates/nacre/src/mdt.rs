@@ -134,7 +134,7 @@ pub fn format(
     let ns = Namespace::format(Arc::new(vol), index, NamespaceOptions::default())?;
     if let Some(l) = root_layout {
         // The file system's default layout: the root's, which new directories pass on.
-        let root = Cred { uid: 0, gid: 0, groups: Vec::new() };
+        let root = Cred::root();
         ns.set_dir_layout(&root, Fid::ROOT, Some(l.clone()), None)?;
     }
     let s = ns.statfs()?;

@@ -51,7 +51,7 @@ impl Tx<'_> {
         if d.nlink == 0 {
             return Err(MdError::new(errno::ENOENT, format!("directory {dir} was removed")));
         }
-        if !may(cred, &d, W | X) {
+        if !self.permits(cred, &d, W | X) {
             return Err(denied(cred, "change entries of", &d));
         }
         self.not_striped(dir)?;
@@ -220,7 +220,7 @@ impl Tx<'_> {
         // lookup needs search permission only).
         let (d, dp) = self.get(dir)?;
         if mode::is_dir(d.mode)
-            && may(cred, &d, X)
+            && self.permits(cred, &d, X)
             && d.nlink > 0
             && let Some((f, _)) = self.lookup(dir, name)?
         {
@@ -237,6 +237,21 @@ impl Tx<'_> {
         // A setgid directory passes its group (and, to subdirectories, the bit) down.
         let gid = if d.mode & mode::S_ISGID != 0 { d.gid } else { cred.gid };
         let mut perms = mode_bits & mode::PERMS;
+        // A directory's default ACL decides the new inode's permissions (and becomes its
+        // access ACL, and a subdirectory's default); without one, the umask does.
+        let default = self.m().xattrs_of(dir.key()).find(|(n, _)| *n == acl::DEFAULT).map(|(_, v)| v.to_vec());
+        let inherited = match default.as_deref().map(Acl::from_xattr) {
+            Some(Ok(def)) if kind != mode::S_IFLNK => {
+                let (access, bits) = def.inherit(perms & 0o777);
+                perms = (perms & !0o777) | bits;
+                Some(access)
+            }
+            _ if kind == mode::S_IFLNK => None,
+            _ => {
+                perms &= !(cred.umask & 0o777);
+                None
+            }
+        };
         if kind == mode::S_IFDIR {
             // mkdir never takes setuid or setgid from the caller.
             perms &= !(mode::S_ISUID | mode::S_ISGID);
@@ -262,6 +277,12 @@ impl Tx<'_> {
             rdev: 0,
         };
         self.put(&a, if kind == mode::S_IFDIR { dir } else { Fid::default() })?;
+        if let Some(access) = inherited.filter(|acl| !acl.is_mode()) {
+            self.put_xattr(fid, acl::ACCESS, &access.to_xattr())?;
+        }
+        if let (mode::S_IFDIR, Some(def)) = (kind, &default) {
+            self.put_xattr(fid, acl::DEFAULT, def)?;
+        }
         if kind == mode::S_IFDIR
             && let Some(def) = self.dir_default_of(dir)?.and_then(|d| d.inherited())
         {
@@ -559,7 +580,7 @@ impl Namespace {
                     at = p;
                 }
                 // Its `..` changes: that needs write permission on it.
-                if !may(&cred, &a, W) {
+                if !tx.permits(&cred, &a, W) {
                     return Err(denied(&cred, "move", &a));
                 }
             }
@@ -629,7 +650,7 @@ impl Namespace {
         Box::new(move |tx| {
             let (mut a, p) = tx.get(fid)?;
             let owner = cred.uid == 0 || cred.uid == a.uid;
-            let writer = s.by_writer || may(&cred, &a, W);
+            let writer = s.by_writer || tx.permits(&cred, &a, W);
             if let Some(m) = s.mode {
                 // What the kernel sends for a writer that is not the owner (Linux's
                 // file_remove_privs on write and truncate): the mode less setuid and
@@ -710,6 +731,12 @@ impl Namespace {
                     m &= !mode::S_ISGID;
                 }
                 a.mode = (a.mode & mode::S_IFMT) | m;
+                // An access ACL follows a chmod (its owner, mask and other entries).
+                let acl = tx.m().access_acl(fid.key());
+                if let Some(mut acl) = acl {
+                    acl.chmod(m);
+                    tx.put_xattr(fid, acl::ACCESS, &acl.to_xattr())?;
+                }
             }
             if let Some(b) = s.ost_blocks {
                 // What the objects held last time is replaced by what they hold now.
@@ -793,9 +820,26 @@ impl Namespace {
         }
         let a = self.getattr(fid)?;
         self.xattr_access(cred, &a, name, W)?;
+        let acl = match name {
+            acl::ACCESS | acl::DEFAULT => {
+                Some(Acl::from_xattr(value).map_err(|e| MdError::new(errno::EINVAL, format!("{name} of {fid}: {e}")))?)
+            }
+            _ => None,
+        };
         let (name, value, weight) = (name.to_string(), value.to_vec(), value.len());
         let change: Change = Box::new(move |tx| {
             let (mut a, p) = tx.get(fid)?;
+            if let (Some(acl), acl::ACCESS) = (&acl, name.as_str()) {
+                // The mode follows the access ACL (its owner, mask or group, and other
+                // entries), and an ACL the mode says all of is not kept, as on Linux.
+                a.mode = (a.mode & !0o777) | acl.mode_bits();
+                a.ctime_ns = tx.now;
+                if acl.is_mode() {
+                    tx.del_xattr(fid, &name)?;
+                    tx.put(&a, p)?;
+                    return Ok(Answer::Done);
+                }
+            }
             let mut used = 0usize;
             let mut old = None;
             for (n, v) in tx.m().xattrs_of(fid.key()) {

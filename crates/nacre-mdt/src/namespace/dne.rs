@@ -53,8 +53,9 @@ pub struct Intent {
 /// entry).
 pub const STEPS_MAX: usize = nacre_proto::dne::DIR_STRIPES_MAX + 4;
 
-/// Version of a stored intent: 2 since the attributes its steps carry have `rdev`.
-const INTENT_VERSION: u8 = 2;
+/// Version of a stored intent: 2 since the attributes its steps carry have `rdev`, 3
+/// since the credentials they carry have a umask.
+const INTENT_VERSION: u8 = 3;
 
 impl Intent {
     pub fn encode(&self) -> Vec<u8> {
@@ -202,7 +203,7 @@ impl Tx<'_> {
         self.local(dir)?;
         let (d, _) = self.get(dir)?;
         if mode::is_dir(d.mode)
-            && may(cred, &d, 1)
+            && self.permits(cred, &d, 1)
             && d.nlink > 0
             && let Some((f, _)) = self.lookup(dir, name)?
         {
@@ -240,7 +241,7 @@ impl Tx<'_> {
                 Ok(Answer::Attr(a))
             }
             Update::AddEntry { creds, dir, name, fid, kind, dlink, replace } => {
-                let cred = Cred { uid: creds.uid, gid: creds.gid, groups: creds.groups.clone() };
+                let cred = Cred { uid: creds.uid, gid: creds.gid, groups: creds.groups.clone(), umask: creds.umask };
                 check_name(name)?;
                 self.local(*dir)?;
                 let (d, dp) = self.dir_for_change(&cred, *dir)?;
@@ -295,7 +296,7 @@ impl Tx<'_> {
                 Ok(Answer::Done)
             }
             Update::DelEntry { creds, dir, name, fid, kind, owner, dlink } => {
-                let cred = Cred { uid: creds.uid, gid: creds.gid, groups: creds.groups.clone() };
+                let cred = Cred { uid: creds.uid, gid: creds.gid, groups: creds.groups.clone(), umask: creds.umask };
                 self.local(*dir)?;
                 let (d, dp) = self.dir_for_change(&cred, *dir)?;
                 match self.lookup(*dir, name)? {

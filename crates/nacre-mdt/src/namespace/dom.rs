@@ -167,7 +167,7 @@ impl Namespace {
                 if !mode::is_reg(a.mode) {
                     return Err(MdError::new(errno::EISDIR, format!("{fid} is not a regular file: no data")));
                 }
-                if !by_writer && !may(&cred, &a, W) {
+                if !by_writer && !tx.permits(&cred, &a, W) {
                     return Err(denied(&cred, "write", &a));
                 }
                 Ok(Answer::Attr(tx.write_dom_at(fid, offset, stop, &data)?))
@@ -245,7 +245,7 @@ impl Namespace {
         if !mode::is_reg(a.mode) {
             return Err(MdError::new(errno::EISDIR, format!("{fid} is not a regular file: no data")));
         }
-        if !may(cred, &a, R) {
+        if !may_acl(&read(&self.mem), cred, &a, R) {
             return Err(denied(cred, "read", &a));
         }
         let end =

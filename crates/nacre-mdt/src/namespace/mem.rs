@@ -879,6 +879,13 @@ impl Mem {
         self.dirs.get(&dir).is_some_and(|d| !d.is_empty())
     }
 
+    /// The access ACL of inode `k`, if it has one (a malformed one counts as none: it
+    /// was checked when set).
+    pub fn access_acl(&self, k: u128) -> Option<nacre_proto::acl::Acl> {
+        let (_, v) = self.xattrs_of(k).find(|(n, _)| *n == nacre_proto::acl::ACCESS)?;
+        nacre_proto::acl::Acl::from_xattr(v).ok()
+    }
+
     /// The xattrs of inode `k`: (name, value).
     pub fn xattrs_of(&self, k: u128) -> impl Iterator<Item = (&str, &[u8])> {
         self.xattrs

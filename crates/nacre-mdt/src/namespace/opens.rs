@@ -199,7 +199,7 @@ impl Namespace {
         }
         let want = if read { R } else { 0 } | if write { W } else { 0 };
         if let Some(cred) = cred
-            && !may(cred, &a, want)
+            && !may_acl(&super::read(&self.mem), cred, &a, want)
         {
             return Err(denied(cred, "open", &a));
         }

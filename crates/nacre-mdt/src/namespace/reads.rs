@@ -34,7 +34,7 @@ impl Namespace {
         if !mode::is_dir(d.mode) {
             return Err(MdError::new(errno::ENOTDIR, format!("{dir} is not a directory")));
         }
-        if !may(cred, &d, X) {
+        if !may_acl(&m, cred, &d, X) {
             return Err(denied(cred, "search", &d));
         }
         if names.iter().any(|n| !matches!(n.as_ref(), "." | "..")) {
@@ -84,7 +84,7 @@ impl Namespace {
         if !mode::is_dir(d.mode) {
             return Err(MdError::new(errno::ENOTDIR, format!("{dir} is not a directory")));
         }
-        if !may(cred, &d, R) {
+        if !may_acl(&m, cred, &d, R) {
             return Err(denied(cred, "list", &d));
         }
         striped_here(&m, dir)?;
@@ -130,6 +130,17 @@ impl Namespace {
         if name.is_empty() || name.len() > XATTR_NAME_MAX {
             return Err(MdError::new(errno::ERANGE, format!("xattr name of {} bytes", name.len())));
         }
+        if name == acl::ACCESS || name == acl::DEFAULT {
+            // As Linux: anyone may read an ACL; its owner (or root) sets it, and only a
+            // directory has a default one.
+            if want & W != 0 && cred.uid != 0 && cred.uid != a.uid {
+                return Err(MdError::new(errno::EPERM, format!("uid {} does not own {}: no ACL", cred.uid, a.fid)));
+            }
+            if want & W != 0 && name == acl::DEFAULT && !mode::is_dir(a.mode) {
+                return Err(MdError::new(errno::EACCES, format!("{} is not a directory: no default ACL", a.fid)));
+            }
+            return Ok(());
+        }
         if name.starts_with("trusted.") || name.starts_with("security.") {
             if cred.uid != 0 && (want & W != 0 || name.starts_with("trusted.")) {
                 return Err(MdError::new(errno::EPERM, format!("uid {} may not touch {name}", cred.uid)));
@@ -146,7 +157,7 @@ impl Namespace {
                 format!("{} is neither a file nor a directory: no user xattrs", a.fid),
             ));
         }
-        if !may(cred, a, want) {
+        if !may_acl(&read(&self.mem), cred, a, want) {
             return Err(denied(cred, if want & W != 0 { "set xattrs of" } else { "read xattrs of" }, a));
         }
         Ok(())
