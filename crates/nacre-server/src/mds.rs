@@ -405,6 +405,20 @@ impl Mds {
         if READS.contains(&req.header.opcode) {
             return self.handle(req);
         }
+        // State only a replay can bring back (an open, a lock) makes its client one this
+        // MDS waits for after a restart, though it made no change: recorded (and on the
+        // drives) before the state is granted, once per client.
+        if req.replayed.is_none()
+            && matches!(req.header.opcode, mdt::MDS_OPEN | mdt::MDS_OPEN_AT | mdt::MDS_LOCK)
+            && !self.ns.knows_client(req.client)
+        {
+            let (ns, client) = (self.ns.clone(), req.client);
+            match tokio::task::spawn_blocking(move || ns.remember_client(client)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return fail(e.status(), e.message),
+                Err(e) => return fail(-errno::EIO, format!("recording client {client:016x}: {e}")),
+            }
+        }
         if matches!(req.header.opcode, mdt::MDS_LOCK | mdt::MDS_UNLOCK) {
             return self.serve_lock(&req).await;
         }

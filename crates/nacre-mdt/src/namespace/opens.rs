@@ -250,6 +250,19 @@ impl Namespace {
         Ok(())
     }
 
+    /// Make client `client` one this MDT waits for in recovery after a restart, before it
+    /// holds state only its replay can bring back (an open, a lock) without having made a
+    /// change: an answer record of its own (xid 0, pruned by its first change's), on the
+    /// drives before this returns. Nothing to do for a client known already. Blocking.
+    pub fn remember_client(&self, client: u64) -> Result<()> {
+        if self.knows_client(client) {
+            return Ok(());
+        }
+        let record = Stored { digest: 0, answer: Ok(Answer::Done) }.encode();
+        self.change(None, Box::new(move |tx| tx.put_reply(client, 0, &record).map(|()| Answer::Done)))?;
+        Ok(())
+    }
+
     /// Let go of client `client` (the transport evicted it, or it left): its open files
     /// are closed and its reply records deleted.
     pub fn forget_client(&self, client: u64) -> Result<()> {
