@@ -568,6 +568,15 @@ impl Drop for Server {
     }
 }
 
+/// Poll `run` once on the calling task; if it must wait, it goes on in a task of its own.
+async fn run_or_spawn(run: impl std::future::Future<Output = ()> + Send + 'static) {
+    let mut run = Box::pin(run);
+    let done = std::future::poll_fn(|cx| std::task::Poll::Ready(run.as_mut().poll(cx).is_ready())).await;
+    if !done {
+        tokio::spawn(run);
+    }
+}
+
 /// A weak handle on a running server (see [`Server::handle`]); every call on a stopped
 /// server answers `None` or an error.
 #[derive(Clone)]
@@ -1011,13 +1020,8 @@ impl Shared {
             };
             let Some(queued) = self.hold_for_recovery(queued) else { continue };
             if self.waits.contains(&queued.header.opcode) && queued.replayed.is_none() {
-                // Polled once here (a lock that conflicts with nothing is answered at
-                // once); if it must wait, it goes on in a task of its own.
-                let mut run = Box::pin(self.clone().run(queued, None));
-                let done = std::future::poll_fn(|cx| std::task::Poll::Ready(run.as_mut().poll(cx).is_ready())).await;
-                if !done {
-                    tokio::spawn(run);
-                }
+                // A lock that conflicts with nothing is answered at once.
+                run_or_spawn(self.clone().run(queued, None)).await;
                 continue;
             }
             let Some(queued) = self.run_here(queued).await else { continue };
@@ -1222,11 +1226,7 @@ impl Shared {
                 Err(_) => return Some(q),
             }
         };
-        let mut run = Box::pin(self.clone().run(q, Some(thread)));
-        let done = std::future::poll_fn(|cx| std::task::Poll::Ready(run.as_mut().poll(cx).is_ready())).await;
-        if !done {
-            tokio::spawn(run);
-        }
+        run_or_spawn(self.clone().run(q, Some(thread))).await;
         None
     }
 

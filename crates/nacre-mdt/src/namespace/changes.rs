@@ -239,7 +239,7 @@ impl Tx<'_> {
         let mut perms = mode_bits & mode::PERMS;
         // A directory's default ACL decides the new inode's permissions (and becomes its
         // access ACL, and a subdirectory's default); without one, the umask does.
-        let default = self.m().xattrs_of(dir.key()).find(|(n, _)| *n == acl::DEFAULT).map(|(_, v)| v.to_vec());
+        let default = self.m().xattr(dir.key(), acl::DEFAULT).map(<[u8]>::to_vec);
         let inherited = match default.as_deref().map(Acl::from_xattr) {
             Some(Ok(def)) if kind != mode::S_IFLNK => {
                 let (access, bits) = def.inherit(perms & 0o777);

@@ -879,11 +879,15 @@ impl Mem {
         self.dirs.get(&dir).is_some_and(|d| !d.is_empty())
     }
 
+    /// The value of xattr `name` of inode `k`, if it has it.
+    pub fn xattr(&self, k: u128, name: &str) -> Option<&[u8]> {
+        self.xattrs_of(k).find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+
     /// The access ACL of inode `k`, if it has one (a malformed one counts as none: it
     /// was checked when set).
     pub fn access_acl(&self, k: u128) -> Option<nacre_proto::acl::Acl> {
-        let (_, v) = self.xattrs_of(k).find(|(n, _)| *n == nacre_proto::acl::ACCESS)?;
-        nacre_proto::acl::Acl::from_xattr(v).ok()
+        nacre_proto::acl::Acl::from_xattr(self.xattr(k, nacre_proto::acl::ACCESS)?).ok()
     }
 
     /// The xattrs of inode `k`: (name, value).

@@ -174,7 +174,7 @@ impl Namespace {
             };
         }
         self.xattr_access(cred, &a, name, R)?;
-        match read(&self.mem).xattrs.get(&(fid.key(), Box::<str>::from(name))) {
+        match read(&self.mem).xattr(fid.key(), name) {
             Some(v) => Ok(v.to_vec()),
             None => Err(MdError::new(errno::ENODATA, format!("{fid} has no xattr {name}"))),
         }
