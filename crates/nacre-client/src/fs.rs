@@ -22,9 +22,11 @@ use nacre_proto::{mgs, ost};
 use crate::cache::Caches;
 use crate::error::{Error, Result, errno};
 use crate::file::{File, OpenFlags};
+use crate::leases::Leases;
 use crate::params::{Budget, Params, Tunables};
 use crate::statahead::{Fetch, Probe, Statahead, WAIT_MAX};
 use crate::striping::FileLayout;
+use nacre_proto::mdt::lease::Key as LeaseKey;
 
 /// How to mount.
 #[derive(Clone)]
@@ -65,6 +67,16 @@ const CACHE_MAX: usize = 65_536;
 /// How long a request refused with EINPROGRESS (an MDT busy finishing operations over
 /// several MDTs) is retried.
 const INPROGRESS_RETRY: Duration = Duration::from_secs(60);
+/// How long a revocation waits for the caches it voids to be invalidated before it is
+/// acknowledged anyway: an invalidation of the kernel's entries waits for the
+/// directory's lock, which a change of this mount may hold while the MDT waits for
+/// another mount, whose own change waits for this one.
+const INVALIDATE_WAIT: Duration = Duration::from_millis(100);
+
+/// Told of leases given up (revoked, or voided by an eviction or an MDT restart), to
+/// drop what was cached under them: a FUSE mount invalidates the kernel's entries and
+/// attributes. Runs on a blocking thread.
+pub type Revoker = Arc<dyn Fn(Vec<LeaseKey>) + Send + Sync>;
 
 pub(crate) struct Inner {
     pub(crate) client: Client,
@@ -97,6 +109,10 @@ pub(crate) struct Inner {
     follower: Mutex<Option<tokio::task::AbortHandle>>,
     /// The next key of lock state kept for replay.
     lock_keys: AtomicU64,
+    /// The leases held, once [`FileSystem::start_leases`] listens for callbacks.
+    leases: Leases,
+    revoker: std::sync::OnceLock<Revoker>,
+    lease_pollers: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 /// The locks one owner of this mount holds on one file, as the MDS keeps them, and the
@@ -224,6 +240,9 @@ impl FileSystem {
             changes: AtomicU64::new(0),
             lock_keys: AtomicU64::new(0),
             follower: Mutex::new(None),
+            leases: Leases::default(),
+            revoker: std::sync::OnceLock::new(),
+            lease_pollers: Mutex::new(Vec::new()),
         });
         let fs = FileSystem { inner };
         fs.apply_config(&cfg);
@@ -249,6 +268,9 @@ impl FileSystem {
     /// this tells every server the client is gone.
     pub async fn unmount(&self) {
         if let Some(t) = lock(&self.inner.follower).take() {
+            t.abort();
+        }
+        for t in lock(&self.inner.lease_pollers).drain(..) {
             t.abort();
         }
         let imports: Vec<Arc<Import>> = {
@@ -348,10 +370,16 @@ impl FileSystem {
         let started = tokio::time::Instant::now();
         let mut wait = Duration::from_millis(5);
         loop {
+            let asked = self.inner.revoker.get().map(|_| self.inner.leases.ask(import.restarts()));
             let f = import
                 .call(op, &body, bulk)
                 .await
                 .map_err(|e| Error::rpc(&TargetKind::Mdt.name(&self.inner.fsname, mdt), e))?;
+            if let Some(asked) = asked
+                && f.header.flags & nacre_net::frame::flags::LEASED != 0
+            {
+                self.keep_leases(mdt, asked, import.restarts(), r, &f);
+            }
             if f.header.status == -errno::EINPROGRESS && started.elapsed() < INPROGRESS_RETRY {
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(Duration::from_millis(500));
@@ -371,6 +399,88 @@ impl FileSystem {
             }
             return Ok((reply, f.bulk));
         }
+    }
+
+    /// Keep the leases a reply to `r` granted (see [`nacre_proto::mdt::lease::granted`]).
+    fn keep_leases(
+        &self,
+        mdt: u32,
+        asked: crate::leases::Asked,
+        restarts: u64,
+        r: &Request,
+        f: &nacre_net::frame::Frame,
+    ) {
+        let reply =
+            if f.header.status == 0 { Reply::decode(&f.body).map_err(|_| errno::EIO) } else { Err(-f.header.status) };
+        let keys = nacre_proto::mdt::lease::granted(r, reply.as_ref().map_err(|e| *e));
+        if !keys.is_empty() {
+            self.inner.leases.granted(mdt, asked, restarts, keys);
+        }
+    }
+
+    /// Listen for the MDTs' lease callbacks: from now on reads are granted leases, and
+    /// `revoker` is told of each one given up. Once; a second call changes nothing.
+    pub fn start_leases(&self, revoker: Revoker) {
+        if self.inner.revoker.set(revoker).is_err() {
+            return;
+        }
+        let (mdts, _) = self.targets();
+        let mut pollers = lock(&self.inner.lease_pollers);
+        for mdt in mdts {
+            let weak = Arc::downgrade(&self.inner);
+            pollers.push(tokio::spawn(poll_leases(weak, mdt)).abort_handle());
+        }
+    }
+
+    /// Does this mount hold a lease on `fid`'s attributes (so may answer them from a
+    /// cache until told otherwise)?
+    pub fn attr_leased(&self, fid: Fid) -> bool {
+        self.inner.leases.holds(&LeaseKey::Attr(fid))
+    }
+
+    /// Does this mount hold a lease on what `name` of `dir` leads to (or that it leads
+    /// nowhere)? In a striped directory the name's shard holds it.
+    pub fn name_leased(&self, dir: Fid, name: &str) -> bool {
+        let at = match lock(&self.inner.stripes).get(&dir) {
+            Some(Some(s)) => s.shards[s.shard_of(name)],
+            _ => dir,
+        };
+        self.inner.leases.holds(&LeaseKey::Name(at, name.to_string()))
+    }
+
+    /// Held (shared) from a lease check to the answer made under it, so no such answer
+    /// reaches the kernel after the lease's revocation was acted on.
+    pub fn lease_gate(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.inner.leases.gate()
+    }
+
+    /// Leases held now.
+    pub fn leases_held(&self) -> usize {
+        self.inner.leases.count()
+    }
+
+    /// Give up what this mount cached under `keys`: its own caches at once, then the
+    /// revoker's (a FUSE mount's kernel), waiting for those at most [`INVALIDATE_WAIT`].
+    async fn given_up(&self, keys: Vec<LeaseKey>) {
+        if keys.is_empty() {
+            return;
+        }
+        // Statahead answers fetched before this are not used.
+        self.inner.changes.fetch_add(2, Ordering::AcqRel);
+        {
+            let (mut dirs, mut layouts, mut stripes) =
+                (lock(&self.inner.dir_attrs), lock(&self.inner.layouts), lock(&self.inner.stripes));
+            for k in &keys {
+                if let LeaseKey::Attr(f) = k {
+                    dirs.remove(f);
+                    layouts.remove(f);
+                    stripes.remove(f);
+                }
+            }
+        }
+        let Some(r) = self.inner.revoker.get().cloned() else { return };
+        let job = tokio::task::spawn_blocking(move || r(keys));
+        let _ = tokio::time::timeout(INVALIDATE_WAIT, job).await;
     }
 
     /// Owner `owner` of this mount took `new` (or, with `unlock`, dropped its range) on
@@ -1284,6 +1394,61 @@ pub(crate) async fn all<T: 'static>(mut set: tokio::task::JoinSet<Result<T>>, wh
 }
 
 /// The MDT that owns `fid`.
+/// The callback channel of MDT `mdt` (a long poll): carry out each revocation, then
+/// acknowledge it with the next poll. When the MDT restarted or evicted this mount, or the
+/// channel fails, every lease of that MDT is given up (it may have revoked some unheard).
+async fn poll_leases(weak: std::sync::Weak<Inner>, mdt: u32) {
+    let on_mdt = move |f: Fid| f.mdt() == Some(mdt);
+    let mut acked = 0;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        let fs = FileSystem { inner };
+        let import = match fs.target_link(TargetKind::Mdt, mdt).await {
+            Ok((i, _)) => i,
+            Err(_) => {
+                drop(fs);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        let restarts = import.restarts();
+        let void = fs.inner.leases.epoch(mdt, restarts, on_mdt);
+        if !void.is_empty() {
+            acked = 0;
+            fs.given_up(void).await;
+        }
+        let r = fs.md(mdt, &Creds::default(), &Request::Leases { acked }, &[]).await;
+        if import.restarts() != restarts {
+            // Answered by a server that does not know the leases this poll acknowledged.
+            acked = 0;
+            continue;
+        }
+        match r {
+            Ok((Reply::Revoked(v), _)) => {
+                backoff = Duration::from_millis(100);
+                let Some(&(last, _)) = v.last() else { continue };
+                let keys: Vec<LeaseKey> = v.into_iter().map(|(_, k)| k).collect();
+                fs.inner.leases.revoke(&keys);
+                fs.given_up(keys).await;
+                acked = last;
+            }
+            other => {
+                if let Err(e) = other {
+                    eprintln!("nacre: the lease callbacks of MDT {mdt} failed ({e}); its leases are given up");
+                }
+                let void = fs.inner.leases.drop_mdt(mdt, on_mdt);
+                fs.given_up(void).await;
+                acked = 0;
+                drop(fs);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
 pub(crate) fn mdt_of(fid: Fid) -> Result<u32> {
     fid.mdt().ok_or_else(|| Error::new(errno::ESTALE, format!("{fid} belongs to no MDT")))
 }

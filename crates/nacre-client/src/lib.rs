@@ -18,14 +18,16 @@ mod cache;
 pub mod error;
 pub mod file;
 pub mod fs;
+mod leases;
 pub mod params;
 mod statahead;
 pub mod striping;
 
 pub use error::{Error, Result};
 pub use file::{File, OpenFlags};
-pub use fs::{FileSystem, MountOptions, StatFs, TargetUsage};
+pub use fs::{FileSystem, MountOptions, Revoker, StatFs, TargetUsage};
 pub use nacre_proto::fid::Fid;
+pub use nacre_proto::mdt::lease::Key as LeaseKey;
 pub use nacre_proto::mdt::{Attr, Creds, DirEntry, SetAttr};
 pub use params::Tunables;
 /// How long an attribute fetched ahead may answer a lookup (see `llite.*.statahead_max`).

@@ -99,6 +99,11 @@ impl Inodes {
         }
     }
 
+    /// The inode number `fid` has with the kernel, if any (no reference taken).
+    pub fn ino_of(&self, fid: Fid) -> Option<u64> {
+        derived(fid).or_else(|| self.lock().by_fid.get(&fid).copied())
+    }
+
     /// A number for a listing without attributes (no reference taken): the FID's own if
     /// the kernel holds it, else one derived from the FID (`d_ino` is only shown).
     pub fn peek_or_temp(&self, fid: Fid) -> u64 {

@@ -3,12 +3,16 @@
 //! Every request is answered from a task on the client's runtime, so slow ones (a large
 //! write, a create waiting on its MDT) do not hold up the others; the kernel side reads
 //! requests with several threads. Writes of up to 1 MiB come in one request; directory
-//! listings come with attributes (readdirplus); entries and attributes are cached by the
-//! kernel for `attr_timeout`. The kernel also checks permission bits against cached
-//! attributes (`default_permissions`); the MDS checks them again.
+//! listings come with attributes (readdirplus). The kernel also checks permission bits
+//! against cached attributes (`default_permissions`); the MDS checks them again.
 //!
-//! Locks (`flock`, `fcntl`) are the kernel's own: they hold between processes of one
-//! client machine, not between clients.
+//! Entries and attributes the MDS leased to this mount are cached by the kernel for
+//! `lease_timeout`; when the MDS revokes a lease (another mount changed what it covers)
+//! the kernel is told to drop them (FUSE's invalidate notifications) before the change
+//! is answered, so every mount sees a change on its next call. What comes without a lease
+//! is cached for `attr_timeout` (0 by default: asked again each time).
+//!
+//! Locks (`flock`, `fcntl`) go to the MDS, which holds them between all mounts.
 
 mod inodes;
 
@@ -24,7 +28,7 @@ use fuser::{
     ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 use nacre_client::error::errno;
-use nacre_client::{Attr, Creds, Error, Fid, File, FileSystem, OpenFlags, SetAttr};
+use nacre_client::{Attr, Creds, Error, Fid, File, FileSystem, LeaseKey, OpenFlags, SetAttr};
 use nacre_proto::layout::Layout;
 use nacre_proto::mdt::{lock, mode, set, xattr};
 
@@ -35,12 +39,23 @@ use inodes::Inodes;
 pub const LAYOUT_XATTR: &str = "lustre.lov";
 /// Largest write the kernel sends in one request.
 pub const MAX_WRITE: u32 = 1 << 20;
+/// How long the kernel trusts what is leased, by default: a lease lasts until revoked,
+/// this bounds the harm should a revocation ever go unheard.
+pub const LEASE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long an xattr found missing is remembered (a revocation of its inode's lease
+/// forgets it sooner).
+const ABSENT_TTL: Duration = Duration::from_secs(1);
 
 /// How the mount behaves.
 #[derive(Debug, Clone)]
 pub struct MountConfig {
-    /// How long the kernel trusts entries and attributes.
+    /// How long the kernel trusts entries and attributes the MDS gave no lease on.
     pub attr_timeout: Duration,
+    /// How long the kernel trusts entries and attributes under a lease (a revocation
+    /// ends it sooner).
+    pub lease_timeout: Duration,
+    /// Take leases from the MDS (listen for its callbacks).
+    pub leases: bool,
     /// Let the kernel gather writes in its page cache (`writeback_cache`).
     pub writeback_cache: bool,
     /// Requests from uid 0 act as `nobody` (65534), as NFS's root squash.
@@ -56,7 +71,9 @@ pub struct MountConfig {
 impl Default for MountConfig {
     fn default() -> MountConfig {
         MountConfig {
-            attr_timeout: Duration::from_secs(1),
+            attr_timeout: Duration::ZERO,
+            lease_timeout: LEASE_TIMEOUT,
+            leases: true,
             writeback_cache: false,
             root_squash: false,
             threads: 4,
@@ -105,18 +122,26 @@ pub fn mount(
     c.mount_options = options;
     c.n_threads = Some(cfg.threads.max(1));
     c.clone_fd = true;
-    let nacre = Nacre {
-        shared: Arc::new(Shared {
-            fs,
-            inodes: Inodes::new(),
-            open: Mutex::new(OpenFiles::default()),
-            cfg,
-            absent: AbsentXattrs::default(),
-            lockers: Mutex::new(std::collections::HashSet::new()),
-        }),
-        rt,
-    };
+    let leases = cfg.leases;
+    let shared = Arc::new(Shared {
+        fs,
+        inodes: Inodes::new(),
+        open: Mutex::new(OpenFiles::default()),
+        cfg,
+        absent: AbsentXattrs::default(),
+        lockers: Mutex::new(std::collections::HashSet::new()),
+    });
+    let nacre = Nacre { shared: shared.clone(), rt: rt.clone() };
     let session = fuser::spawn_mount(nacre, mountpoint, &c)?;
+    if leases {
+        let (weak, notifier) = (Arc::downgrade(&shared), session.notifier());
+        let _rt = rt.enter();
+        shared.fs.start_leases(Arc::new(move |keys: Vec<LeaseKey>| {
+            if let Some(s) = weak.upgrade() {
+                s.invalidate(&notifier, &keys);
+            }
+        }));
+    }
     Ok(Mount { session })
 }
 
@@ -174,6 +199,11 @@ impl AbsentXattrs {
             Some(e) => e.1 = until,
             None => names.push((name.to_string(), until)),
         }
+    }
+
+    /// Forget what is known missing of `ino` (its lease was revoked).
+    fn forget(&self, ino: u64) {
+        lock(&self.until).remove(&ino);
     }
 
     fn changed(&self, ino: u64, name: &str) {
@@ -240,6 +270,44 @@ fn name_of(name: &OsStr) -> Result<&str, Errno> {
 }
 
 impl Shared {
+    /// Tell the kernel to drop what it caches under `keys` (leases given up): an
+    /// inode's attributes (its pages stay: they are checked at open), a name's entry.
+    /// What the kernel does not hold is nothing to drop.
+    fn invalidate(&self, notifier: &fuser::Notifier, keys: &[LeaseKey]) {
+        for k in keys {
+            match k {
+                LeaseKey::Attr(fid) => {
+                    if let Some(ino) = self.inodes.ino_of(*fid) {
+                        self.absent.forget(ino);
+                        let _ = notifier.inval_inode(INodeNo(ino), -1, 0);
+                    }
+                }
+                LeaseKey::Name(dir, name) => {
+                    if let Some(ino) = self.inodes.ino_of(*dir) {
+                        let _ = notifier.inval_entry(INodeNo(ino), OsStr::new(name));
+                    }
+                }
+            }
+        }
+    }
+
+    /// How long the kernel may trust an answer: long under a lease, else `attr_timeout`.
+    /// Call it, and send the answer, under [`FileSystem::lease_gate`].
+    fn ttl(&self, leased: bool) -> Duration {
+        if leased { self.cfg.lease_timeout } else { self.cfg.attr_timeout }
+    }
+
+    /// [`Shared::ttl`] of `fid`'s attributes.
+    fn attr_ttl(&self, fid: Fid) -> Duration {
+        self.ttl(self.fs.attr_leased(fid))
+    }
+
+    /// [`Shared::ttl`] of an entry: `name` of `dir`, leading to `fid` (none: missing).
+    /// The kernel takes one time for the entry and its attributes.
+    fn entry_ttl(&self, dir: Fid, name: &str, fid: Option<Fid>) -> Duration {
+        self.ttl(self.fs.name_leased(dir, name) && fid.is_none_or(|f| self.fs.attr_leased(f)))
+    }
+
     /// The caller's credentials: its uid and gid, and its supplementary groups as
     /// /proc tells them (for group permission checks on the MDS).
     fn creds(&self, req: &Request) -> Creds {
@@ -356,6 +424,16 @@ impl Shared {
         self.entry_after(a, 0)
     }
 
+    /// The answer to a create, mkdir, symlink or link that made `name` of `dir` as `a`.
+    fn made(self: &Arc<Self>, dir: Fid, name: &str, a: &Attr) -> impl FnOnce(ReplyEntry) + use<> {
+        let (fa, g) = self.entry(a);
+        let (s, name, fid) = (self.clone(), name.to_string(), a.fid);
+        move |r: ReplyEntry| {
+            let _gate = s.fs.lease_gate();
+            r.entry(&s.entry_ttl(dir, &name, Some(fid)), &fa, g)
+        }
+    }
+
     fn entry_after(&self, a: &Attr, before: u64) -> (FileAttr, Generation) {
         let ino = self.inodes.remember(a.fid);
         (self.file_attr_after(ino, a, before), Generation(u64::from(a.fid.ver)))
@@ -420,7 +498,8 @@ impl fuser::Filesystem for Nacre {
             if let Some(a) = self.shared.fs.lookup_ready(&c, dir, n) {
                 let before = self.shared.dirty_size(a.fid);
                 let (fa, g) = self.shared.entry_after(&a, before);
-                reply.entry(&self.shared.cfg.attr_timeout, &fa, g);
+                let _gate = self.shared.fs.lease_gate();
+                reply.entry(&self.shared.entry_ttl(dir, n, Some(a.fid)), &fa, g);
                 return;
             }
         }
@@ -428,16 +507,24 @@ impl fuser::Filesystem for Nacre {
         serve!(self, reply, |s| {
             let dir = s.fid(parent)?;
             let before = s.dirty_sizes();
-            let ttl = s.cfg.attr_timeout;
-            let (fa, g) = match s.fs.lookup(&c, dir, name_of(&name)?).await {
-                Ok(a) => s.entry_after(&a, before.get(&a.fid).copied().unwrap_or(0)),
-                // A missing name is a negative entry: the kernel keeps it for the attribute
-                // timeout, so a create's lookup or a path search that misses asks once.
-                // This mount's own create, link or rename over it replaces it at once.
-                Err(e) if e.errno == errno::ENOENT => (negative_entry(), Generation(0)),
+            let n = name_of(&name)?.to_string();
+            let (fa, g, fid) = match s.fs.lookup(&c, dir, &n).await {
+                Ok(a) => {
+                    let (fa, g) = s.entry_after(&a, before.get(&a.fid).copied().unwrap_or(0));
+                    (fa, g, Some(a.fid))
+                }
+                // A missing name is a negative entry: the kernel keeps it while leased, so a
+                // create's lookup or a path search that misses asks once. This mount's own
+                // create, link or rename over it replaces it at once; another mount's
+                // revokes the lease.
+                Err(e) if e.errno == errno::ENOENT => (negative_entry(), Generation(0), None),
                 Err(e) => return Err(err(&e)),
             };
-            Ok(move |r: ReplyEntry| r.entry(&ttl, &fa, g))
+            let s = s.clone();
+            Ok(move |r: ReplyEntry| {
+                let _gate = s.fs.lease_gate();
+                r.entry(&s.entry_ttl(dir, &n, fid), &fa, g)
+            })
         })
     }
 
@@ -455,8 +542,11 @@ impl fuser::Filesystem for Nacre {
                 None => s.fs.getattr(&c, fid).await.map_err(|e| err(&e))?,
             };
             let fa = s.file_attr_after(ino.0, &a, before);
-            let ttl = s.cfg.attr_timeout;
-            Ok(move |r: ReplyAttr| r.attr(&ttl, &fa))
+            let s = s.clone();
+            Ok(move |r: ReplyAttr| {
+                let _gate = s.fs.lease_gate();
+                r.attr(&s.attr_ttl(fid), &fa)
+            })
         })
     }
 
@@ -542,8 +632,11 @@ impl fuser::Filesystem for Nacre {
             if let Some(size) = size {
                 fa.size = size;
             }
-            let ttl = s.cfg.attr_timeout;
-            Ok(move |r: ReplyAttr| r.attr(&ttl, &fa))
+            let s = s.clone();
+            Ok(move |r: ReplyAttr| {
+                let _gate = s.fs.lease_gate();
+                r.attr(&s.attr_ttl(fid), &fa)
+            })
         })
     }
 
@@ -575,9 +668,7 @@ impl fuser::Filesystem for Nacre {
                 _ => s.fs.mknod(&c, dir, name, mode_bits, rdev).await,
             }
             .map_err(|e| err(&e))?;
-            let (fa, g) = s.entry(&a);
-            let ttl = s.cfg.attr_timeout;
-            Ok(move |r: ReplyEntry| r.entry(&ttl, &fa, g))
+            Ok(s.made(dir, name, &a))
         })
     }
 
@@ -585,10 +676,9 @@ impl fuser::Filesystem for Nacre {
         let c = Creds { umask: umask & 0o777, ..self.shared.creds(req) };
         let name = name.to_owned();
         serve!(self, reply, |s| {
-            let a = s.fs.mkdir(&c, s.fid(parent)?, name_of(&name)?, mode_bits, -1, 0).await.map_err(|e| err(&e))?;
-            let (fa, g) = s.entry(&a);
-            let ttl = s.cfg.attr_timeout;
-            Ok(move |r: ReplyEntry| r.entry(&ttl, &fa, g))
+            let (dir, name) = (s.fid(parent)?, name_of(&name)?);
+            let a = s.fs.mkdir(&c, dir, name, mode_bits, -1, 0).await.map_err(|e| err(&e))?;
+            Ok(s.made(dir, name, &a))
         })
     }
 
@@ -614,10 +704,9 @@ impl fuser::Filesystem for Nacre {
         let c = self.shared.creds(req);
         let (name, target) = (link_name.to_owned(), target.as_os_str().as_bytes().to_vec());
         serve!(self, reply, |s| {
-            let a = s.fs.symlink(&c, s.fid(parent)?, name_of(&name)?, &target).await.map_err(|e| err(&e))?;
-            let (fa, g) = s.entry(&a);
-            let ttl = s.cfg.attr_timeout;
-            Ok(move |r: ReplyEntry| r.entry(&ttl, &fa, g))
+            let (dir, name) = (s.fid(parent)?, name_of(&name)?);
+            let a = s.fs.symlink(&c, dir, name, &target).await.map_err(|e| err(&e))?;
+            Ok(s.made(dir, name, &a))
         })
     }
 
@@ -650,10 +739,9 @@ impl fuser::Filesystem for Nacre {
         let c = self.shared.creds(req);
         let name = newname.to_owned();
         serve!(self, reply, |s| {
-            let a = s.fs.link(&c, s.fid(ino)?, s.fid(newparent)?, name_of(&name)?).await.map_err(|e| err(&e))?;
-            let (fa, g) = s.entry(&a);
-            let ttl = s.cfg.attr_timeout;
-            Ok(move |r: ReplyEntry| r.entry(&ttl, &fa, g))
+            let (dir, name) = (s.fid(newparent)?, name_of(&name)?);
+            let a = s.fs.link(&c, s.fid(ino)?, dir, name).await.map_err(|e| err(&e))?;
+            Ok(s.made(dir, name, &a))
         })
     }
 
@@ -916,9 +1004,9 @@ impl fuser::Filesystem for Nacre {
             let before = s.dirty_sizes();
             let (dots, entries, _) = s.list(&c, dir, offset).await?;
             let here = s.fs.getattr(&c, dir).await.map_err(|e| err(&e))?;
-            let ttl = s.cfg.attr_timeout;
             let s2 = s.clone();
             Ok(move |mut r: ReplyDirectoryPlus| {
+                let _gate = s2.fs.lease_gate();
                 let dot = s2.file_attr(ino.0, &here);
                 for (name, off) in dots {
                     // The dots carry no lookup reference: inode 0 tells the kernel so.
@@ -931,7 +1019,7 @@ impl fuser::Filesystem for Nacre {
                 }
                 for (e, a) in entries {
                     // A remote entry's attributes are on its own MDT: the kernel looks it up.
-                    let ttl = if a.nlink == 0 { Duration::ZERO } else { ttl };
+                    let ttl = if a.nlink == 0 { Duration::ZERO } else { s2.entry_ttl(dir, &e.name, Some(e.fid)) };
                     let i = s2.inodes.remember(e.fid);
                     let fa = s2.file_attr_after(i, &a, before.get(&a.fid).copied().unwrap_or(0));
                     if r.add(INodeNo(i), e.cookie, &e.name, &ttl, &fa, Generation(u64::from(e.fid.ver))) {
@@ -1031,7 +1119,7 @@ impl fuser::Filesystem for Nacre {
                 match s.fs.getxattr(&c, fid, name).await {
                     Ok(v) => v,
                     Err(e) if e.errno == errno::ENODATA => {
-                        s.absent.absent(ino.0, name, s.cfg.attr_timeout);
+                        s.absent.absent(ino.0, name, ABSENT_TTL);
                         return Err(Errno::ENODATA);
                     }
                     Err(e) => return Err(err(&e)),
@@ -1094,13 +1182,16 @@ impl fuser::Filesystem for Nacre {
             };
             let fh = s.add_handle(f);
             let (fa, g) = s.entry(&a);
-            let ttl = s.cfg.attr_timeout;
             if made {
                 // Made with no xattrs: its writes need not ask for file capabilities.
-                s.absent.absent(fa.ino.0, CAPS_XATTR, ttl);
+                s.absent.absent(fa.ino.0, CAPS_XATTR, ABSENT_TTL);
             }
             let how = fopen(open, s.cfg.writeback_cache);
-            Ok(move |r: ReplyCreate| r.created(&ttl, &fa, g, FileHandle(fh), how))
+            let (s, name) = (s.clone(), name.to_string());
+            Ok(move |r: ReplyCreate| {
+                let _gate = s.fs.lease_gate();
+                r.created(&s.entry_ttl(dir, &name, Some(a.fid)), &fa, g, FileHandle(fh), how)
+            })
         })
     }
 }

@@ -34,6 +34,7 @@ use nacre_osd::backend::VolumeBackend;
 use nacre_proto::acl::{self, Acl};
 use nacre_proto::fid::{Fid, name_hash};
 use nacre_proto::layout::{Kind, Layout, Striping};
+use nacre_proto::mdt::lease::Key as LeaseKey;
 use nacre_proto::mdt::{Attr, DirEntry, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX, errno, mode, now_ns};
 use nacre_proto::wire::Enc;
 
@@ -424,6 +425,8 @@ pub struct Namespace {
     opens: Mutex<Opens>,
     /// OST pools by name, as the MGS last said (`None`: not heard yet).
     ost_pools: Mutex<Option<BTreeMap<String, Vec<u32>>>>,
+    /// Who takes back the leases on what changes write (the MDS's lease table).
+    recaller: std::sync::OnceLock<Recaller>,
     /// Log writes, changes, checkpoints.
     pub stats: Arc<NamespaceStats>,
 }
@@ -518,11 +521,22 @@ fn denied(cred: &Cred, what: &str, a: &Attr) -> MdError {
 /// directory's are not kept). After a restart its replay fails if one of those was
 /// lost with its client (version-based recovery, as Lustre's): it would apply to a
 /// state its client never saw.
+///
+/// `recalled`: the lease revocations the change caused, as the [`Recaller`] numbered
+/// them (client, revocation): its answer waits for them to be carried out; `recall`
+/// the recall clock's value then (0: no recall).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Numbered {
     pub transno: u64,
     pub depends: Vec<u64>,
+    pub recall: u64,
+    pub recalled: Vec<(u64, u64)>,
 }
+
+/// Told of every change, once it is applied, with the client that asked for it (none for
+/// the MDT's own) and the lease keys it wrote; takes back the leases other clients hold on
+/// them and returns the recall clock and the revocations to wait for (see [`Numbered`]).
+pub type Recaller = Arc<dyn Fn(Option<u64>, &[LeaseKey]) -> (u64, Vec<(u64, u64)>) + Send + Sync>;
 
 /// One change under way: its reads and writes of the tables, the redo record of its
 /// writes, and their inverses.
@@ -546,6 +560,8 @@ pub struct Tx<'a> {
     /// The versions of the inodes this change changed, as it found them (what it
     /// depends on: see [`Numbered`]).
     depends: std::cell::RefCell<Vec<u64>>,
+    /// The lease keys its writes touched, each once.
+    touched: std::cell::RefCell<Vec<LeaseKey>>,
 }
 
 impl<'a> Tx<'a> {
@@ -565,6 +581,7 @@ impl<'a> Tx<'a> {
             pools_changed: Default::default(),
             replay_fid: None,
             depends: Default::default(),
+            touched: Default::default(),
         }
     }
 
@@ -575,6 +592,12 @@ impl<'a> Tx<'a> {
 
     /// Write: record `op` in the redo record, apply it, keep its inverse.
     fn apply(&self, op: Op) {
+        if let Some(k) = lease_key(&op) {
+            let mut t = self.touched.borrow_mut();
+            if !t.contains(&k) {
+                t.push(k);
+            }
+        }
         let mut l = self.log.borrow_mut();
         *l = op.encode(Enc(std::mem::take(&mut *l))).0;
         self.count.set(self.count.get() + 1);
@@ -591,6 +614,7 @@ impl<'a> Tx<'a> {
         }
         self.log.borrow_mut().clear();
         self.count.set(0);
+        self.touched.borrow_mut().clear();
         *self.pools.borrow_mut() = lock(&self.ns.pools).clone();
         self.pools_changed.borrow_mut().clear();
     }
@@ -830,6 +854,7 @@ impl Namespace {
             alloc: Mutex::new(FidAlloc { seq_k, next_oid, reserved: next_oid }),
             opens: Mutex::new(Opens::new()),
             ost_pools: Mutex::new(None),
+            recaller: Default::default(),
             stats,
         };
         // Files unlinked while open: clients that may reopen them by replay get the
@@ -838,6 +863,11 @@ impl Namespace {
             ns.remove_orphans()?;
         }
         Ok(ns)
+    }
+
+    /// Tell `r` of every change from now on (once; a second is ignored): see [`Recaller`].
+    pub fn set_recaller(&self, r: Recaller) {
+        let _ = self.recaller.set(r);
     }
 
     /// Remove the files unlinked while open that no handle holds (after a restart, once
@@ -989,7 +1019,7 @@ impl Namespace {
         }
         if tx.mutations() == 0 {
             self.wal.unreserve(reserved);
-            return Ok((r, Numbered { transno: self.wal.last_transno(), depends: Vec::new() }));
+            return Ok((r, Numbered { transno: self.wal.last_transno(), ..Numbered::default() }));
         }
         let mut alloc = tx.alloc;
         if alloc.seq_k != lock(&self.alloc).seq_k || alloc.next_oid > alloc.reserved {
@@ -1011,6 +1041,7 @@ impl Namespace {
         let committed = self.wal.last_committed();
         let mut depends = tx.depends.take();
         depends.retain(|&d| d > committed);
+        let touched = tx.touched.take();
         drop(tx);
         mem.versions.prune(committed);
         // Under the namespace's lock still: the next change starts from these.
@@ -1019,7 +1050,12 @@ impl Namespace {
         drop(mem);
         drop(opens);
         self.stats.changes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok((r, Numbered { transno, depends }))
+        // Applied: leases on what it wrote are taken back from now on.
+        let (recall, recalled) = match self.recaller.get() {
+            Some(recall) if !touched.is_empty() => recall(key.map(|k| k.client), &touched),
+            _ => (0, Vec::new()),
+        };
+        Ok((r, Numbered { transno, depends, recall, recalled }))
     }
 
     /// Run one change and wait until it is on the drives; with a reply key, a change
@@ -1231,5 +1267,29 @@ impl Namespace {
     /// Does this MDT keep answers for `client` (see [`Namespace::known_clients`])?
     pub fn knows_client(&self, client: u64) -> bool {
         read(&self.mem).replies.range((client, 0)..=(client, u64::MAX)).next().is_some()
+    }
+}
+
+/// The lease key an op writes, if leases cover it: an inode's attributes, xattrs, symlink
+/// target, layout, data on the MDT and directory stripes count as its attributes; an
+/// entry as its name.
+fn lease_key(op: &Op) -> Option<LeaseKey> {
+    match op {
+        Op::Inode(k, _)
+        | Op::Symlink(k, _)
+        | Op::Xattr(k, _, _)
+        | Op::Layout(k, _)
+        | Op::Dom(k, _, _)
+        | Op::DirStripe(k, _)
+        | Op::DirDefault(k, _) => Some(LeaseKey::Attr(Fid::from_key(*k))),
+        Op::Dirent { dir, name, .. } => Some(LeaseKey::Name(Fid::from_key(*dir), name.to_string())),
+        Op::Meta(..)
+        | Op::Orphan(..)
+        | Op::Reply(..)
+        | Op::Objects(..)
+        | Op::Pool(..)
+        | Op::Destroy(..)
+        | Op::Intent(..)
+        | Op::OstBlocks(..) => None,
     }
 }

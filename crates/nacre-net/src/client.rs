@@ -196,6 +196,7 @@ impl Client {
             link: tokio::sync::Mutex::new(Link { cookie: 0, generation: 0 }),
             conns: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
             rr: AtomicUsize::new(0),
             at: Mutex::new(AtState {
                 service: AtEstimate::new(cfg.at.at_history, now),
@@ -329,6 +330,9 @@ pub struct Import {
     conns: Mutex<Vec<Arc<Conn>>>,
     /// Bumped when the server hands out a new export in place of one it lost.
     generation: AtomicU64,
+    /// Connections made to a server that had lost this client's state (see
+    /// [`Import::restarts`]).
+    restarts: AtomicU64,
     rr: AtomicUsize,
     at: Mutex<AtState>,
     last_sent_ms: AtomicU64,
@@ -433,6 +437,13 @@ impl Drop for Import {
 }
 
 impl Import {
+    /// How many times this import connected to a server that had lost what it held in
+    /// memory for this client: evicted it, or restarted. What the client holds on the
+    /// server's word alone (leases) is void once it changes.
+    pub fn restarts(&self) -> u64 {
+        self.restarts.load(Ordering::Acquire)
+    }
+
     pub fn target(&self) -> Nid {
         lock(&self.target).clone()
     }
@@ -958,6 +969,10 @@ impl Import {
         }
         let r = ConnectReply::decode(&reply.body).map_err(RpcError::Protocol)?;
         self.counters.connects.fetch_add(1, Ordering::Relaxed);
+        if r.export_lost || r.recovering {
+            // The server has none of what it held for this client in memory (leases).
+            self.restarts.fetch_add(1, Ordering::Release);
+        }
         if r.export_lost && !r.recovering {
             // Evicted, or the server restarted without waiting for us: what we kept and
             // what is in flight is lost.

@@ -48,8 +48,11 @@ pub mod flags {
     /// `transno` is not the request's own but the last one the server had given, which
     /// the state may depend on (a file another client made); it is replayed after it.
     pub const AFTER: u16 = 1 << 6;
+    /// A reply that grants the client a lease on what it answered: the client may cache
+    /// it until the server calls it back (the service says what the lease covers).
+    pub const LEASED: u16 = 1 << 7;
     /// Every flag this version knows.
-    pub const KNOWN: u16 = REPLY | EARLY | RESEND | BULK_CHECKSUM | REPLAY | OPEN_STATE | AFTER;
+    pub const KNOWN: u16 = REPLY | EARLY | RESEND | BULK_CHECKSUM | REPLAY | OPEN_STATE | AFTER | LEASED;
 }
 
 /// The fixed header of a frame.

@@ -146,6 +146,9 @@ pub struct Reply {
     /// the service had given when it opened it; its replay waits for that change
     /// (`flags::AFTER`).
     pub after: u64,
+    /// The reply grants a lease on what it answered (`flags::LEASED`), success or not (a
+    /// name found missing).
+    pub leased: bool,
 }
 
 /// A service's request handler.
@@ -1299,6 +1302,7 @@ impl Shared {
             }
             (true, _) => FrameHeader { flags: header.flags | flags::OPEN_STATE, ..header },
         };
+        let header = if reply.leased { FrameHeader { flags: header.flags | flags::LEASED, ..header } } else { header };
         if replay {
             self.replayed(h.transno, &reply);
         }

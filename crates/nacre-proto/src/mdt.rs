@@ -5,6 +5,8 @@
 use crate::fid::Fid;
 use crate::wire::{Dec, Enc, ProtoError};
 
+pub mod lease;
+
 /// 2: attributes carry `rdev`, creates a device number.
 const VERSION: u8 = 2;
 
@@ -208,6 +210,9 @@ pub const MDS_LOOKUP_MANY: u16 = 326;
 pub const MDS_LOCK: u16 = 327;
 /// Every lock and lock wait of one owner on one file let go (a close).
 pub const MDS_UNLOCK: u16 = 328;
+/// A client's callback channel (a long poll): it acknowledges the lease revocations it
+/// has carried out and waits for the next ones (see [`lease`]).
+pub const MDS_LEASES: u16 = 329;
 
 /// Byte-range locks: the kinds of [`Request::Lock`] (`fcntl`'s `F_RDLCK`, `F_WRLCK`,
 /// `F_UNLCK`) and its flags.
@@ -486,6 +491,12 @@ pub enum Request {
         fid: Fid,
         owner: u64,
     },
+    /// The callback channel: every revocation up to `acked` is carried out; answered,
+    /// once there are any (or after a while, with none), with the next ones
+    /// ([`Reply::Revoked`]). The first one makes the client one that is granted leases.
+    Leases {
+        acked: u64,
+    },
     Readlink {
         fid: Fid,
     },
@@ -582,6 +593,7 @@ impl Request {
                 | Request::Getdirstripe { .. }
                 | Request::Lock { .. }
                 | Request::Unlock { .. }
+                | Request::Leases { .. }
         )
     }
 
@@ -634,6 +646,7 @@ impl Request {
                 fid.put(e).u64(*handle).u64(*owner).u32(*pid).u8(*kind).u8(*flags).u64(*start).u64(*end).done(),
             ),
             Request::Unlock { fid, owner } => (MDS_UNLOCK, fid.put(e).u64(*owner).done()),
+            Request::Leases { acked } => (MDS_LEASES, e.u64(*acked).done()),
             Request::Readlink { fid } => (MDS_READLINK, fid.put(e).done()),
             Request::Getxattr { fid, name } => (MDS_GETXATTR, s(fid.put(e), name).done()),
             Request::Setxattr { fid, name, value, flags } => {
@@ -669,6 +682,7 @@ impl Request {
             MDS_LOOKUP_MANY => "lookup-many",
             MDS_LOCK => "lock",
             MDS_UNLOCK => "unlock",
+            MDS_LEASES => "leases",
             MDS_READDIR => "readdir",
             MDS_CREATE => "create",
             MDS_CREATE_OPEN => "create-open",
@@ -796,6 +810,7 @@ impl Request {
                 Request::Lock { fid, handle, owner, pid, kind, flags, start: d.u64("start")?, end: d.u64("end")? }
             }
             MDS_UNLOCK => Request::Unlock { fid: Fid::get(&mut d, "fid")?, owner: d.u64("lock owner")? },
+            MDS_LEASES => Request::Leases { acked: d.u64("acknowledged revocation")? },
             MDS_READLINK => Request::Readlink { fid: Fid::get(&mut d, "fid")? },
             MDS_GETXATTR => Request::Getxattr { fid: Fid::get(&mut d, "fid")?, name: name_of(&mut d, "xattr name")? },
             MDS_SETXATTR => Request::Setxattr {
@@ -894,6 +909,9 @@ pub enum Reply {
         end: u64,
         pid: u32,
     },
+    /// Leases the client must give up, each numbered: it acknowledges them by the
+    /// highest number in its next [`Request::Leases`].
+    Revoked(Vec<(u64, lease::Key)>),
 }
 
 /// One name's answer in [`Reply::Looked`].
@@ -974,6 +992,7 @@ impl Reply {
             Reply::DirStripe { stripe, default } => e.u8(9).bytes(stripe).bytes(default).done(),
             Reply::Writing(a) => a.put(e.u8(10)).done(),
             Reply::Lock { kind, start, end, pid } => e.u8(12).u8(*kind).u64(*start).u64(*end).u32(*pid).done(),
+            Reply::Revoked(v) => lease::encode_revoked(e.u8(13), v).done(),
             Reply::Looked(v) => {
                 let mut e = e.u8(11).u32(v.len() as u32);
                 for l in v {
@@ -1009,6 +1028,7 @@ impl Reply {
             12 => {
                 Reply::Lock { kind: d.u8("lock kind")?, start: d.u64("start")?, end: d.u64("end")?, pid: d.u32("pid")? }
             }
+            13 => Reply::Revoked(lease::decode_revoked(&mut d)?),
             2 => {
                 let eof = d.u8("eof flag")? != 0;
                 let n = d.u32("entry count")?;
@@ -1167,6 +1187,7 @@ mod tests {
                 end: lock::EOF,
             },
             Request::Unlock { fid: f, owner: 7 },
+            Request::Leases { acked: 9 },
             Request::Readlink { fid: f },
             Request::Getxattr { fid: f, name: "user.a".into() },
             Request::Setxattr { fid: f, name: "user.a".into(), value: vec![1, 2], flags: xattr::CREATE },
@@ -1236,6 +1257,7 @@ mod tests {
             Reply::Looked(vec![Looked::Attr(a), Looked::Error(errno::ENOENT), Looked::Writing(a)]),
             Reply::Looked(vec![]),
             Reply::Lock { kind: lock::READ, start: 0, end: 99, pid: 7 },
+            Reply::Revoked(vec![(3, lease::Key::Attr(f)), (4, lease::Key::Name(f, "n".into()))]),
         ];
         for r in replies {
             let b = r.encode();

@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod dne;
+pub mod leases;
 pub mod locks;
 pub mod mds;
 pub mod mgs;

@@ -16,6 +16,7 @@ use nacre_proto::mdt::{self, Creds, READDIR_MAX, Request, errno, lock, mode, set
 use nacre_proto::param;
 
 use crate::dne::{Coordinator, coordinator_client, update_digest};
+use crate::leases::{Leases, Poll};
 use crate::locks::{Lock, LockTable, Owner, Resource};
 use crate::mdt::namespace::RenameMode;
 use crate::mdt::namespace::{Answer, NEEDS_COORDINATION};
@@ -51,8 +52,12 @@ const READS: [u16; 12] = [
 /// request never times out while it waits.
 const LOCK_WAIT_SLICE: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// How long a callback poll waits for a revocation before it is answered with none and
+/// its client polls again.
+const LEASE_POLL_SLICE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Operations counted in `md_stats`, by opcode.
-const OPS: [(u16, &str); 29] = [
+const OPS: [(u16, &str); 30] = [
     (mdt::MDS_GETATTR, "getattr"),
     (mdt::MDS_LOOKUP, "lookup"),
     (mdt::MDS_READDIR, "readdir"),
@@ -82,11 +87,22 @@ const OPS: [(u16, &str); 29] = [
     (mdt::MDS_LOOKUP_MANY, "lookup_many"),
     (mdt::MDS_LOCK, "lock"),
     (mdt::MDS_UNLOCK, "unlock"),
+    (mdt::MDS_LEASES, "leases"),
 ];
 
 /// The parameters `set_param` changes.
-const SETTABLE: &[&str] =
-    &["sync_on_reply", "memory_max", "commit_interval_ms", "recovery_time_soft", "recovery_time_hard", "evict_client"];
+const SETTABLE: &[&str] = &[
+    "sync_on_reply",
+    "memory_max",
+    "commit_interval_ms",
+    "recovery_time_soft",
+    "recovery_time_hard",
+    "lease_callback_timeout_ms",
+    "lease_contended_ms",
+    "lease_per_client_max",
+    "lease_max",
+    "evict_client",
+];
 
 pub struct Mds {
     name: String,
@@ -104,6 +120,21 @@ pub struct Mds {
     replay_from: AtomicU64,
     /// The byte-range locks of this MDT's files.
     locks: Arc<LockTable>,
+    /// What clients cache of this MDT, and its recall.
+    leases: Arc<Leases>,
+}
+
+/// A change's reply, and the lease recall it made: the clock then, and the revocations
+/// the reply waits for.
+struct Answered {
+    reply: Reply,
+    recall: u64,
+    recalled: Vec<(u64, u64)>,
+}
+
+/// Answer a change with `reply` alone (it recalled nothing, or failed).
+fn done(reply: Reply) -> Option<Answered> {
+    Some(Answered { reply, recall: 0, recalled: Vec::new() })
 }
 
 /// What the transport needs of the namespace: `last_committed` for every reply, and a
@@ -299,6 +330,9 @@ impl Mds {
     pub fn new(name: &str, ns: Arc<Namespace>) -> Arc<Mds> {
         let dne = Arc::new(Coordinator::new(ns.clone()));
         let replay_from = AtomicU64::new(ns.last_committed());
+        let leases = Arc::new(Leases::new());
+        let recaller = leases.clone();
+        ns.set_recaller(Arc::new(move |by, keys| recaller.recall(by, keys)));
         Arc::new(Mds {
             name: name.to_string(),
             ns,
@@ -309,6 +343,7 @@ impl Mds {
             replayed: Default::default(),
             replay_from,
             locks: Arc::new(LockTable::new()),
+            leases,
         })
     }
 
@@ -337,7 +372,7 @@ impl Mds {
             commits: Some(Arc::new(MdtCommits(self.ns.clone(), self.replayed.clone(), self.locks.clone()))),
             recovering: Some(Recovering { clients, last_committed: self.ns.last_committed() }),
             quick: READS.to_vec(),
-            waits: vec![mdt::MDS_LOCK, mdt::MDS_UNLOCK],
+            waits: vec![mdt::MDS_LOCK, mdt::MDS_UNLOCK, mdt::MDS_LEASES],
         }
     }
 
@@ -353,12 +388,13 @@ impl Mds {
     pub fn follow_evictions(self: &Arc<Self>, server: nacre_net::server::ServerHandle) {
         let _ = self.server.set(server.clone());
         let Some(mut rx) = server.evictions() else { return };
-        let (ns, locks) = (self.ns.clone(), self.locks.clone());
+        let (ns, locks, leases) = (self.ns.clone(), self.locks.clone(), self.leases.clone());
         tokio::spawn(async move {
             use tokio::sync::broadcast::error::RecvError;
             loop {
                 match rx.recv().await {
                     Ok(client) if !server.connected(client) => {
+                        leases.evict(client);
                         let held = locks.evict(client);
                         if held > 0 {
                             eprintln!("mds: client {client:016x} evicted: its {held} locks dropped");
@@ -422,11 +458,14 @@ impl Mds {
         if matches!(req.header.opcode, mdt::MDS_LOCK | mdt::MDS_UNLOCK) {
             return self.serve_lock(&req).await;
         }
+        if req.header.opcode == mdt::MDS_LEASES {
+            return self.serve_leases(&req).await;
+        }
         if req.replayed.is_some() && matches!(req.header.opcode, mdt::MDS_OPEN | mdt::MDS_OPEN_AT) {
             return self.reopen(&req).await;
         }
         if let Some(reply) = self.try_open(&req) {
-            return reply;
+            return self.opened_for_write(req.client, req.header.opcode, &req.body, reply).await;
         }
         let (header, client) = (req.header, req.client);
         if let Some(first) = &req.replayed
@@ -439,7 +478,7 @@ impl Mds {
         // are what tells a restarted MDS to wait for it in recovery.
         let known = self.ns.knows_client(client);
         let (reply, body) = match self.serve_change(&req).await {
-            Some(mut reply) => {
+            Some(Answered { mut reply, recall, recalled }) => {
                 if (reply.transno == 0 || !known) && !self.ns.sync_on_reply() {
                     // Not numbered (an operation over several MDTs), or the client's first:
                     // durable before it is answered, so never replayed.
@@ -447,14 +486,19 @@ impl Mds {
                         reply = fail(e.status(), e.message);
                     }
                 }
+                self.recalled(&recalled).await;
+                if recall != 0 {
+                    reply = self.lease_reply(client, recall, header.opcode, &req.body, reply);
+                }
                 (reply, req.body)
             }
             None => {
                 let (m, body) = (self.clone(), req.body.clone());
-                match tokio::task::spawn_blocking(move || m.handle(req)).await {
-                    Ok(r) => (r, body),
-                    Err(e) => (fail(-errno::EIO, format!("the request failed inside the server: {e}")), body),
-                }
+                let reply = match tokio::task::spawn_blocking(move || m.handle(req)).await {
+                    Ok(r) => r,
+                    Err(e) => fail(-errno::EIO, format!("the request failed inside the server: {e}")),
+                };
+                (self.opened_for_write(client, header.opcode, &body, reply).await, body)
             }
         };
         if reply.status == -NEEDS_COORDINATION {
@@ -462,6 +506,96 @@ impl Mds {
         }
         if replay && reply.status == 0 {
             self.replayed.lock().unwrap_or_else(|e| e.into_inner()).insert(header.transno);
+        }
+        reply
+    }
+
+    /// The callback channel of a client (see [`crate::leases`]): its acknowledgement is
+    /// taken, and the revocations after it answered, once there are any or after
+    /// [`LEASE_POLL_SLICE`] with none. It runs apart from the service slots
+    /// (`Service::waits`).
+    async fn serve_leases(&self, req: &Incoming) -> Reply {
+        let acked = match Request::decode(req.header.opcode, &req.body) {
+            Ok((_, Request::Leases { acked })) => acked,
+            Ok(_) => return fail(-errno::EIO, "not a lease poll".into()),
+            Err(e) => return fail(-EPROTO, format!("bad MDS request: {e}")),
+        };
+        self.count(req.header.opcode);
+        let deadline = tokio::time::Instant::now() + LEASE_POLL_SLICE;
+        loop {
+            match self.leases.poll(req.client, acked) {
+                Err(why) => return fail(-errno::EINVAL, why),
+                Ok(Poll::Revoked(v)) => return ok(mdt::Reply::Revoked(v)),
+                Ok(Poll::Wait(wake)) => {
+                    if tokio::time::timeout_at(deadline, wake.notified()).await.is_err() {
+                        return ok(mdt::Reply::Revoked(Vec::new()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Wait until the clients whose leases a change revoked have given them up; evict
+    /// those that do not answer within `lease_callback_timeout_ms` (their caches can no
+    /// longer be trusted, nor their locks kept), so the others are not held up longer.
+    async fn recalled(&self, revoked: &[(u64, u64)]) {
+        if revoked.is_empty() {
+            return;
+        }
+        for client in self.leases.acknowledged(revoked).await {
+            eprintln!(
+                "{}: client {client:016x} did not give up a lease within {:?}: evicted",
+                self.name,
+                self.leases.callback_timeout()
+            );
+            self.leases.evict(client);
+            if let Some(server) = self.server.get() {
+                server.evict(client);
+            }
+        }
+    }
+
+    /// `reply` to a request from `client` read after recall clock `since`, with the
+    /// leases it grants if the client listens for callbacks (see
+    /// [`mdt::lease::granted`]). A listing with a file some client writes is not leased
+    /// (its entries do not say so).
+    fn lease_reply(&self, client: u64, since: u64, opcode: u16, body: &[u8], mut reply: Reply) -> Reply {
+        if !self.leases.listens(client) || (reply.status != 0 && reply.status != -errno::ENOENT) {
+            return reply;
+        }
+        let Ok((_, r)) = Request::decode(opcode, body) else { return reply };
+        let answer = if reply.status == 0 {
+            match mdt::Reply::decode(&reply.body) {
+                Ok(a) => Ok(a),
+                Err(_) => return reply,
+            }
+        } else {
+            Err(-reply.status)
+        };
+        let keys = mdt::lease::granted(&r, answer.as_ref().map_err(|e| *e));
+        if let Ok(mdt::Reply::Entries { entries, .. }) = &answer
+            && !self.ns.open_for_write(entries.iter().map(|(e, _)| e.fid)).is_empty()
+        {
+            return reply;
+        }
+        reply.leased = self.leases.grant(client, &keys, since);
+        reply
+    }
+
+    /// An open for writing takes back the attribute leases other clients hold on the
+    /// file (its size will change on the OSTs) and waits for them; no one is granted one
+    /// until it closes (its reads answer `Writing`).
+    async fn opened_for_write(&self, client: u64, opcode: u16, body: &[u8], reply: Reply) -> Reply {
+        if reply.status != 0 || !matches!(opcode, mdt::MDS_OPEN | mdt::MDS_OPEN_AT) {
+            return reply;
+        }
+        let write = matches!(
+            Request::decode(opcode, body),
+            Ok((_, Request::Open { write: true, .. } | Request::OpenAt { write: true, .. }))
+        );
+        if let (true, Ok(mdt::Reply::Opened { attr, .. })) = (write, mdt::Reply::decode(&reply.body)) {
+            let (_, revoked) = self.leases.recall(Some(client), &[mdt::lease::Key::Attr(attr.fid)]);
+            self.recalled(&revoked).await;
         }
         reply
     }
@@ -630,6 +764,23 @@ impl Mds {
             let (bytes, inodes) = self.ns.memory_used();
             format!("bytes {bytes}\ninodes {inodes}\nbytes_per_inode {}", bytes / inodes.max(1))
         });
+        add("leases", &|| {
+            let (held, clients) = self.leases.counts();
+            let st = &self.leases.stats;
+            let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            format!(
+                "held {held}\nclients {clients}\ngranted {}\nrefused {}\nrevoked {}\nreclaimed {}\ncallback_timeouts {}",
+                n(&st.granted),
+                n(&st.refused),
+                n(&st.revoked),
+                n(&st.reclaimed),
+                n(&st.timeouts)
+            )
+        });
+        add("lease_callback_timeout_ms", &|| self.leases.callback_timeout().as_millis().to_string());
+        add("lease_contended_ms", &|| self.leases.contended().as_millis().to_string());
+        add("lease_per_client_max", &|| self.leases.per_client_max().to_string());
+        add("lease_max", &|| self.leases.total_max().to_string());
         add("memory_max", &|| self.ns.memory_max().to_string());
         add("sync_on_reply", &|| u8::from(self.ns.sync_on_reply()).to_string());
         add("commit_interval_ms", &|| self.ns.commit_interval().as_millis().to_string());
@@ -694,6 +845,35 @@ impl Mds {
                     return Err(format!("commit_interval_ms {v}: from 1 to 10000"));
                 }
                 self.ns.set_commit_interval(std::time::Duration::from_millis(v));
+                Ok(())
+            }
+            "lease_callback_timeout_ms" | "lease_contended_ms" => {
+                let v: u64 = value.parse().map_err(|_| format!("{leaf} {value:?} is not a number of milliseconds"))?;
+                let d = std::time::Duration::from_millis(v);
+                if leaf == "lease_contended_ms" {
+                    if v > 60_000 {
+                        return Err(format!("lease_contended_ms {v}: from 0 to 60000"));
+                    }
+                    self.leases.set_contended(d);
+                } else {
+                    // Within the transport's timeout, or the waiting change's client resends.
+                    if !(10..=60_000).contains(&v) {
+                        return Err(format!("lease_callback_timeout_ms {v}: from 10 to 60000"));
+                    }
+                    self.leases.set_callback_timeout(d);
+                }
+                Ok(())
+            }
+            "lease_per_client_max" | "lease_max" => {
+                let v: usize = value.parse().map_err(|_| format!("{leaf} {value:?} is not a number of leases"))?;
+                if !(1..=1 << 30).contains(&v) {
+                    return Err(format!("{leaf} {v}: from 1 to {}", 1 << 30));
+                }
+                if leaf == "lease_max" {
+                    self.leases.set_total_max(v);
+                } else {
+                    self.leases.set_per_client_max(v);
+                }
                 Ok(())
             }
             "recovery_time_soft" | "recovery_time_hard" => {
@@ -887,7 +1067,7 @@ impl Mds {
     /// awaits its answer there: no blocking thread per request. Opens and closes, which
     /// wait on the namespace's locks, take a blocking thread.
     /// `None` for every other request.
-    async fn serve_change(self: &Arc<Self>, req: &Incoming) -> Option<Reply> {
+    async fn serve_change(self: &Arc<Self>, req: &Incoming) -> Option<Answered> {
         if !matches!(
             req.header.opcode,
             mdt::MDS_CREATE
@@ -918,10 +1098,10 @@ impl Mds {
         };
         let (change, weight) = match r {
             Request::Create { dir, name, mode: m, .. } if m & mode::S_IFMT == mode::S_IFDIR => {
-                return Some(self.mkdir(req, key, &c, dir, &name, m & mode::PERMS, -1, 0).await);
+                return self.mkdir(req, key, &c, dir, &name, m & mode::PERMS, -1, 0).await;
             }
             Request::Mkdir { dir, name, mode: m, mdt: at, count } => {
-                return Some(self.mkdir(req, key, &c, dir, &name, m & mode::PERMS, at, count).await);
+                return self.mkdir(req, key, &c, dir, &name, m & mode::PERMS, at, count).await;
             }
             Request::Setdirdefault { dir, default } => {
                 let d = if default.is_empty() {
@@ -930,9 +1110,9 @@ impl Mds {
                     match nacre_proto::dne::DirDefault::decode(&default) {
                         Ok(d) => match d.validate(self.dne.mdts()) {
                             Ok(()) => Some(d),
-                            Err(e) => return Some(fail(-errno::EINVAL, format!("directory default: {e}"))),
+                            Err(e) => return done(fail(-errno::EINVAL, format!("directory default: {e}"))),
                         },
-                        Err(e) => return Some(fail(-errno::EINVAL, format!("directory default: {e}"))),
+                        Err(e) => return done(fail(-errno::EINVAL, format!("directory default: {e}"))),
                     }
                 };
                 (Namespace::set_dir_default_change(&c, dir, d), 0)
@@ -946,7 +1126,7 @@ impl Mds {
                 };
                 // Another MDT's step: committed before its answer (its coordinator keeps
                 // no replay list), so no transno.
-                return Some(match self.ns.submit(Some(key), Namespace::update_change(update), 0).await {
+                return done(match self.ns.submit(Some(key), Namespace::update_change(update), 0).await {
                     Ok(Answer::Attr(a)) => ok(mdt::Reply::Attr(a)),
                     Ok(_) => ok(mdt::Reply::Done),
                     Err(e) => fail(e.status(), e.message),
@@ -955,7 +1135,7 @@ impl Mds {
             Request::Create { dir, name, mode: m, target, layout, rdev } => {
                 if rdev != 0 && !mode::is_device(m) {
                     let t = m & mode::S_IFMT;
-                    return Some(fail(-errno::EINVAL, format!("a device number ({rdev:#x}) for file type {t:o}")));
+                    return done(fail(-errno::EINVAL, format!("a device number ({rdev:#x}) for file type {t:o}")));
                 }
                 let perms = m & mode::PERMS;
                 if !req.bulk.is_empty() {
@@ -971,7 +1151,7 @@ impl Mds {
                     };
                     match made {
                         Ok(v) => v,
-                        Err(e) => return Some(fail(e.status(), e.message)),
+                        Err(e) => return done(fail(e.status(), e.message)),
                     }
                 } else {
                     let change = match m & mode::S_IFMT {
@@ -986,7 +1166,7 @@ impl Mds {
                     };
                     match change {
                         Ok(change) => (change, 0),
-                        Err(e) => return Some(fail(e.status(), e.message)),
+                        Err(e) => return done(fail(e.status(), e.message)),
                     }
                 }
             }
@@ -996,12 +1176,12 @@ impl Mds {
                 let (create, replace) = (flags & xattr::CREATE != 0, flags & xattr::REPLACE != 0);
                 match self.ns.setxattr_change(&c, fid, &name, &value, create, replace) {
                     Ok(v) => v,
-                    Err(e) => return Some(fail(e.status(), e.message)),
+                    Err(e) => return done(fail(e.status(), e.message)),
                 }
             }
             Request::Removexattr { fid, name } => match self.ns.removexattr_change(&c, fid, &name) {
                 Ok(change) => (change, 0),
-                Err(e) => return Some(fail(e.status(), e.message)),
+                Err(e) => return done(fail(e.status(), e.message)),
             },
             Request::Setdirlayout { dir, layout } => {
                 let l = if layout.is_empty() { Ok(None) } else { Layout::decode(&layout).map(Some) };
@@ -1010,7 +1190,7 @@ impl Mds {
                     .and_then(|l| self.ns.set_dir_layout_change(&c, dir, l))
                 {
                     Ok(change) => (change, 0),
-                    Err(e) => return Some(fail(e.status(), e.message)),
+                    Err(e) => return done(fail(e.status(), e.message)),
                 }
             }
             Request::Rename { src_dir, src_name, dst_dir, dst_name, noreplace } => {
@@ -1019,7 +1199,7 @@ impl Mds {
             }
             Request::Setattr { fid, set } => match set_attr_by(&self.ns, req.client, fid, &set) {
                 Ok(s) => (Namespace::setattr_change(&c, fid, s), 0),
-                Err(e) => return Some(fail(e.status(), e.message)),
+                Err(e) => return done(fail(e.status(), e.message)),
             },
             Request::Unlink { dir, name, rmdir } => (Namespace::remove_change(&c, dir, &name, rmdir), 0),
             // Its checks read the layout: quick, from redb's cache.
@@ -1031,19 +1211,19 @@ impl Mds {
                 self.ns.writes_through(handle, fid, req.client),
             ) {
                 Ok(v) => v,
-                Err(e) => return Some(fail(e.status(), e.message)),
+                Err(e) => return done(fail(e.status(), e.message)),
             },
             Request::CreateOpen { dir, name, perms, layout, read, write } => {
                 let change = match create_change(&c, dir, &name, perms, &layout) {
                     Ok(change) => change,
-                    Err(e) => return Some(fail(e.status(), e.message)),
+                    Err(e) => return done(fail(e.status(), e.message)),
                 };
                 let first = first_answer(&req.replayed);
                 if let Some((fid, Some(handle))) = first
                     && req.header.transno <= self.replay_from.load(Ordering::Relaxed)
                 {
                     // Its create is on the drives: only its handle is lost.
-                    return Some(self.open_for(req.client, fid, read, write, Some(handle)).await);
+                    return done(self.open_for(req.client, fid, read, write, Some(handle)).await);
                 }
                 let change = match first {
                     Some((fid, _)) => Namespace::replaying(fid, change),
@@ -1051,12 +1231,13 @@ impl Mds {
                 };
                 let (a, n) = match self.ns.submit_numbered(key, change, 0).await {
                     (Ok(Answer::Attr(a)), n) => (a, n),
-                    (Ok(_), _) => return Some(fail(-errno::EIO, "create-open: the create gave no attributes".into())),
-                    (Err(e), _) => return Some(fail(e.status(), e.message)),
+                    (Ok(_), _) => return done(fail(-errno::EIO, "create-open: the create gave no attributes".into())),
+                    (Err(e), _) => return done(fail(e.status(), e.message)),
                 };
                 // A replay gets the handle it had.
                 let reply = self.open_for(req.client, a.fid, read, write, first.and_then(|(_, h)| h)).await;
-                return Some(depending(Reply { transno: n.transno, ..reply }, &n.depends));
+                let reply = depending(Reply { transno: n.transno, ..reply }, &n.depends);
+                return Some(Answered { reply, recall: n.recall, recalled: n.recalled });
             }
             _ => return None,
         };
@@ -1071,7 +1252,8 @@ impl Mds {
         {
             r = Ok(Answer::Attr(a));
         }
-        Some(numbered((r, n)))
+        let (recall, recalled) = (n.recall, n.recalled.clone());
+        Some(Answered { reply: numbered((r, n)), recall, recalled })
     }
 
     /// A mkdir: here and plain by the local path, else placed (`-i`), striped (`-c`)
@@ -1087,7 +1269,7 @@ impl Mds {
         perms: u32,
         at: i32,
         count: i32,
-    ) -> Reply {
+    ) -> Option<Answered> {
         let mut numbered_as = Numbered::default();
         let r = match self.dne.placement(dir, at, count).await {
             Ok(None) => {
@@ -1114,11 +1296,24 @@ impl Mds {
             },
             Err(e) => Err(e),
         };
-        numbered((r, numbered_as))
+        let (recall, recalled) = (numbered_as.recall, numbered_as.recalled.clone());
+        Some(Answered { reply: numbered((r, numbered_as)), recall, recalled })
     }
 
-    /// Serve one request (blocking).
+    /// Serve one request (blocking). A read's answer carries the leases it grants.
     pub fn handle(&self, req: Incoming) -> Reply {
+        let since = self.leases.clock();
+        let (client, opcode) = (req.client, req.header.opcode);
+        if !matches!(opcode, mdt::MDS_GETATTR | mdt::MDS_LOOKUP | mdt::MDS_LOOKUP_MANY | mdt::MDS_READDIR) {
+            return self.answer(req);
+        }
+        let body = req.body.clone();
+        let reply = self.answer(req);
+        self.lease_reply(client, since, opcode, &body, reply)
+    }
+
+    /// [`Mds::handle`], before leases.
+    fn answer(&self, req: Incoming) -> Reply {
         if req.header.opcode == param::OP_GET_PARAM {
             return match param::decode_get(&req.body) {
                 Ok(p) => Reply { status: 0, body: param::render(&self.get_param(&p)).into_bytes(), ..Reply::default() },
@@ -1208,7 +1403,9 @@ impl Mds {
             | Request::Mkdir { .. }
             | Request::Setdirdefault { .. }
             | Request::Update { .. } => fail(-errno::EIO, "changes are served by Mds::serve".into()),
-            Request::Lock { .. } | Request::Unlock { .. } => fail(-errno::EIO, "locks are served by Mds::serve".into()),
+            Request::Lock { .. } | Request::Unlock { .. } | Request::Leases { .. } => {
+                fail(-errno::EIO, "locks and lease polls are served by Mds::serve".into())
+            }
             Request::Statfs => answer(ns.statfs(), |s| mdt::Reply::StatFs {
                 inodes: s.inodes,
                 bytes_used: s.bytes_used,

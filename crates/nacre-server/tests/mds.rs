@@ -645,3 +645,138 @@ async fn an_evicted_client_loses_its_open_files_and_reply_records() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// A request's reply and whether it grants a lease.
+async fn leased(md: &Md, r: Request) -> (i32, bool) {
+    let (op, body) = r.encode(&md.creds);
+    let f = md.imp.call(op, &body, &[]).await.unwrap();
+    (f.header.status, f.header.flags & nacre_net::frame::flags::LEASED != 0)
+}
+
+/// One poll of a client's callback channel, acknowledging `acked`.
+async fn poll(md: &Md, acked: u64) -> Result<Vec<(u64, mdt::lease::Key)>, (i32, String)> {
+    match md.call(Request::Leases { acked }).await? {
+        Reply::Revoked(v) => Ok(v),
+        other => panic!("not revocations: {other:?}"),
+    }
+}
+
+/// Leases over the wire: granted only to clients that listen for callbacks, revoked from
+/// them by another client's change (which waits for the acknowledgement), by an open for
+/// writing, and on a missing name when it is made; an acknowledgement of a revocation
+/// never sent refused, changing nothing; a holder that never acknowledges evicted after
+/// the callback timeout, and the change it held up answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_are_revoked_before_a_change_answers_and_a_silent_holder_is_evicted() {
+    use mdt::lease::Key;
+    use std::time::Duration;
+    let (server, mds, net, a) = setup().await;
+    mds.set_param("mdt.mdt0.lease_contended_ms", "0").unwrap();
+    mds.set_param("mdt.mdt0.lease_callback_timeout_ms", "500").unwrap();
+    let connect = |name: &'static str| {
+        let (net, nid) = (net.clone(), server.nid());
+        async move {
+            let client = Client::new(Arc::new(net.transport(name)), ClientConfig::default());
+            let imp = client.connect(&nid).await.unwrap();
+            (Arc::new(Md { imp, creds: Creds::default() }), client.id())
+        }
+    };
+    let ((b, _), (c, c_id)) = (connect("c1").await, connect("c2").await);
+    let f = a.attr(Request::Create {
+        dir: Fid::ROOT,
+        name: "f".into(),
+        mode: mode::S_IFREG | 0o644,
+        target: vec![],
+        layout: vec![],
+        rdev: 0,
+    });
+    let f = f.await.unwrap().fid;
+    let getattr = Request::Getattr { fid: f };
+    assert_eq!(leased(&b, getattr.clone()).await, (0, false), "b does not listen yet");
+    // b listens: its first poll waits for a revocation.
+    let first = tokio::spawn({
+        let b = b.clone();
+        async move { poll(&b, 0).await }
+    });
+    while !mds.get_param("mdt.mdt0.leases")[0].1.contains("clients 1") {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(leased(&b, getattr.clone()).await, (0, true));
+    // a's chmod revokes b's lease, and is answered only once b has acknowledged it.
+    let chmod =
+        |m: u32| Request::Setattr { fid: f, set: mdt::SetAttr { mask: set::MODE, mode: m, ..Default::default() } };
+    let change = tokio::spawn({
+        let imp = a.imp.clone();
+        let (op, body) = chmod(0o600).encode(&Creds::default());
+        async move { imp.call(op, &body, &[]).await.unwrap().header.status }
+    });
+    assert_eq!(first.await.unwrap().unwrap(), vec![(1, Key::Attr(f))]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!change.is_finished(), "the chmod waits for b to give its lease up");
+    // A poll that acknowledges a revocation never sent is refused, and changes nothing.
+    let e = poll(&b, 7).await.unwrap_err();
+    assert_eq!(e.0, -errno::EINVAL);
+    assert!(e.1.contains("acknowledges revocation 7, but only 1 were sent"), "{}", e.1);
+    assert!(!change.is_finished());
+    let next = tokio::spawn({
+        let b = b.clone();
+        async move { poll(&b, 1).await }
+    });
+    assert_eq!(change.await.unwrap(), 0);
+    // Granted again, then taken by a's open for writing.
+    assert_eq!(leased(&b, getattr.clone()).await, (0, true));
+    let open = tokio::spawn({
+        let imp = a.imp.clone();
+        let (op, body) = Request::Open { fid: f, read: false, write: true, dom_read: 0 }.encode(&Creds::default());
+        async move { imp.call(op, &body, &[]).await.unwrap().header.status }
+    });
+    assert_eq!(next.await.unwrap().unwrap(), vec![(2, Key::Attr(f))]);
+    let next = tokio::spawn({
+        let b = b.clone();
+        async move { poll(&b, 2).await }
+    });
+    assert_eq!(open.await.unwrap(), 0);
+    assert_eq!(leased(&b, getattr.clone()).await, (0, false), "no attribute lease while a writes it");
+    // A missing name is leased; making it revokes the lease.
+    assert_eq!(leased(&b, Request::Lookup { dir: Fid::ROOT, name: "g".into() }).await, (-errno::ENOENT, true));
+    let create = tokio::spawn({
+        let imp = a.imp.clone();
+        let r = Request::Create {
+            dir: Fid::ROOT,
+            name: "g".into(),
+            mode: mode::S_IFREG | 0o644,
+            target: vec![],
+            layout: vec![],
+            rdev: 0,
+        };
+        let (op, body) = r.encode(&Creds::default());
+        async move { imp.call(op, &body, &[]).await.unwrap().header.status }
+    });
+    let v = next.await.unwrap().unwrap();
+    assert_eq!(v, vec![(3, Key::Name(Fid::ROOT, "g".into()))]);
+    let _listening = tokio::spawn({
+        let b = b.clone();
+        async move { poll(&b, 3).await }
+    });
+    assert_eq!(create.await.unwrap(), 0);
+    // c listens, takes a lease and never acknowledges its revocation: a's change waits
+    // the callback timeout, then c is evicted and the change answered.
+    let g = a.attr(Request::Lookup { dir: Fid::ROOT, name: "g".into() }).await.unwrap().fid;
+    let silent = tokio::spawn({
+        let c = c.clone();
+        async move { poll(&c, 0).await }
+    });
+    while !mds.get_param("mdt.mdt0.leases")[0].1.contains("clients 2") {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(leased(&c, Request::Getattr { fid: g }).await, (0, true));
+    let t = std::time::Instant::now();
+    let chmod_g = Request::Setattr { fid: g, set: mdt::SetAttr { mask: set::MODE, mode: 0o600, ..Default::default() } };
+    a.attr(chmod_g).await.unwrap();
+    let waited = t.elapsed();
+    assert!(waited >= Duration::from_millis(500) && waited < Duration::from_secs(5), "waited {waited:?}");
+    let leases = mds.get_param("mdt.mdt0.leases")[0].1.clone();
+    assert!(leases.contains("callback_timeouts 1") && leases.contains("clients 1"), "{leases}");
+    assert!(!server.handle().connected(c_id), "the silent client is evicted");
+    silent.abort();
+}

@@ -32,8 +32,9 @@ pub struct MountOpts {
     /// Requests from root act as nobody (65534).
     #[arg(long)]
     pub root_squash: bool,
-    /// Seconds the kernel trusts entries and attributes.
-    #[arg(long, default_value_t = 1.0)]
+    /// Seconds the kernel trusts entries and attributes the MDS gave no lease on (0: it
+    /// asks again each time; what is leased is trusted until another mount changes it).
+    #[arg(long, default_value_t = 0.0)]
     pub attr_timeout: f64,
 }
 
@@ -335,7 +336,7 @@ pub fn mount_helper(args: Vec<String>) -> CliResult {
     }
     let [source, dir] = <[String; 2]>::try_from(positional).map_err(|_| USAGE.to_string())?;
     let (mgs, fsname) = parse_source(&source)?;
-    let mut opts = MountOpts { attr_timeout: 1.0, ..MountOpts::default() };
+    let mut opts = MountOpts { attr_timeout: 0.0, ..MountOpts::default() };
     let mut timeout = MOUNT_TIMEOUT.as_secs_f64();
     for o in options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
         let (key, value) = o.split_once('=').map_or((o, None), |(k, v)| (k, Some(v)));

@@ -966,6 +966,92 @@ print(n)
     let _ = Command::new("umount").arg("-l").arg(&second).status();
 }
 
+/// Two mounts with leases: what the second caches (stats answered by the kernel, no
+/// request) it drops the moment the first changes it — a chmod, a write closed, a rename,
+/// an unlink, a name made where a lookup found none, an ACL — each seen on the very next
+/// call, with the MDS revoking a lease for each. A mount that stops answering callbacks
+/// (stopped) is evicted within the callback timeout instead of holding the change up, and
+/// once running again drops everything it cached and sees the change.
+#[test]
+fn leases_keep_two_mounts_coherent_and_a_silent_mount_is_evicted() {
+    let fs = Up::start("leases");
+    let mgs = fs.mgs();
+    // Leases even on what was just changed, so each step below runs under one.
+    mds_param(&mgs, "mdt.mdt0.lease_contended_ms=0");
+    let second = fs.mnt.parent().unwrap().join("mnt2");
+    let second_pid = second_mount(&fs, &second);
+    let (a, b) = (|n: &str| fs.mnt.join(n), |n: &str| second.join(n));
+    fs::write(a("f"), b"12345").unwrap();
+    let mode = |p: &Path| fs::metadata(p).map(|m| m.permissions().mode() & 0o7777).map_err(|e| e.raw_os_error());
+    let revoked = || figure(&mds_param(&mgs, "mdt.*.leases"), "revoked");
+    // Cached: repeated stats of the second mount cost the MDS nothing.
+    for _ in 0..2 {
+        // The first takes the leases (of the mount's root too, asked with the second).
+        assert_eq!(mode(&b("f")), Ok(0o644));
+    }
+    let asked = fs.mds_ops("getattr") + fs.mds_ops("lookup");
+    for _ in 0..100 {
+        assert_eq!(fs::metadata(b("f")).unwrap().len(), 5);
+    }
+    assert_eq!(fs.mds_ops("getattr") + fs.mds_ops("lookup"), asked, "stats under a lease ask nothing");
+    // Each change through the first mount is seen by the second at once.
+    let mut before = revoked();
+    let mut step = |what: &str, change: &dyn Fn(), check: &dyn Fn() -> bool| {
+        change();
+        assert!(check(), "{what}: the second mount still shows the old state");
+        let now = revoked();
+        assert!(now > before, "{what}: no lease was revoked (the check passed without one)");
+        before = now;
+    };
+    step("chmod", &|| fs::set_permissions(a("f"), fs::Permissions::from_mode(0o600)).unwrap(), &|| {
+        mode(&b("f")) == Ok(0o600)
+    });
+    step(
+        "a closed write",
+        &|| {
+            let mut f = fs::OpenOptions::new().append(true).open(a("f")).unwrap();
+            f.write_all(b"678").unwrap();
+        },
+        &|| fs::metadata(b("f")).unwrap().len() == 8 && fs::read(b("f")).unwrap() == b"12345678",
+    );
+    step("rename", &|| fs::rename(a("f"), a("g")).unwrap(), &|| mode(&b("f")) == Err(Some(libc::ENOENT)));
+    assert_eq!(fs::read(b("g")).unwrap(), b"12345678");
+    step("unlink", &|| fs::remove_file(a("g")).unwrap(), &|| mode(&b("g")) == Err(Some(libc::ENOENT)));
+    // A name the second mount found missing (a cached negative entry) made by the first.
+    assert_eq!(mode(&b("h")), Err(Some(libc::ENOENT)));
+    assert_eq!(mode(&b("h")), Err(Some(libc::ENOENT)));
+    step("create", &|| fs::write(a("h"), b"x").unwrap(), &|| mode(&b("h")) == Ok(0o644));
+    let acl = |p: &Path| {
+        let out = Command::new("getfacl").args(["-c", "-p"]).arg(p).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(!acl(&b("h")).contains("user:daemon"));
+    step(
+        "setfacl",
+        &|| assert!(Command::new("setfacl").args(["-m", "u:daemon:r"]).arg(a("h")).status().unwrap().success()),
+        &|| acl(&b("h")).contains("user:daemon:r--"),
+    );
+    // The second mount stops answering: the first's change waits at most the callback
+    // timeout, then the MDS evicts it.
+    mds_param(&mgs, "mdt.mdt0.lease_callback_timeout_ms=1000");
+    assert_eq!(mode(&b("h")), Ok(0o644));
+    // SAFETY: signals to the second mount's process, found by its command line.
+    assert_eq!(unsafe { libc::kill(second_pid, libc::SIGSTOP) }, 0);
+    let t = std::time::Instant::now();
+    fs::set_permissions(a("h"), fs::Permissions::from_mode(0o640)).unwrap();
+    let waited = t.elapsed();
+    assert_eq!(unsafe { libc::kill(second_pid, libc::SIGCONT) }, 0);
+    assert!(waited < std::time::Duration::from_secs(8), "the change waited {waited:?} for a stopped mount");
+    assert_eq!(figure(&mds_param(&mgs, "mdt.*.leases"), "callback_timeouts"), 1);
+    // Running again: evicted, it gives up what it cached and sees the change.
+    let t = std::time::Instant::now();
+    while mode(&b("h")) != Ok(0o640) {
+        assert!(t.elapsed() < std::time::Duration::from_secs(20), "the evicted mount kept a stale cache");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = Command::new("umount").arg("-l").arg(&second).status();
+}
+
 fn common_is_mounted(p: &Path) -> bool {
     let p = fs::canonicalize(p).unwrap();
     fs::read_to_string("/proc/self/mountinfo")
