@@ -713,11 +713,15 @@ impl FileSystem {
     /// writing (its size comes from a glimpse at the time; one open for writing here is
     /// glimpsed when its answer is used), nor a remote entry.
     async fn fetch_ahead(&self, c: &Creds, f: Fetch) {
+        // Listening for callbacks, only leased answers are kept: a revocation throws the
+        // rest away (it counts as a change), so none shows another mount's change late.
+        let exact = self.inner.revoker.get().is_some();
+        let leased = |name: &str, a: &Attr| !exact || (self.name_leased(f.dir, name) && self.attr_leased(a.fid));
         let found = self.looked(c, f.dir, &f.names).await.ok().map(|v| {
             (f.first..)
-                .zip(v)
-                .filter_map(|(i, l)| match l {
-                    Looked::Attr(a) if a.nlink > 0 => Some((i, a)),
+                .zip(f.names.iter().zip(v))
+                .filter_map(|(i, (name, l))| match l {
+                    Looked::Attr(a) if a.nlink > 0 && leased(name, &a) => Some((i, a)),
                     _ => None,
                 })
                 .collect()

@@ -36,6 +36,10 @@ pub struct MountOpts {
     /// asks again each time; what is leased is trusted until another mount changes it).
     #[arg(long, default_value_t = 0.0)]
     pub attr_timeout: f64,
+    /// Take no leases from the MDS: every entry and attribute is trusted for
+    /// `--attr-timeout` only (as NFS's `actimeo`), and no callbacks are heard.
+    #[arg(long)]
+    pub no_leases: bool,
 }
 
 impl MountOpts {
@@ -47,6 +51,9 @@ impl MountOpts {
         }
         if self.root_squash {
             v.push("--root-squash".into());
+        }
+        if self.no_leases {
+            v.push("--no-leases".into());
         }
         v
     }
@@ -114,6 +121,7 @@ async fn mount_checked(
         attr_timeout: std::time::Duration::from_secs_f64(o.attr_timeout.clamp(0.0, 3600.0)),
         writeback_cache: o.writeback_cache,
         root_squash: o.root_squash,
+        leases: !o.no_leases,
         source: format!("{SOURCE_PREFIX}{mgs}{CTL_MARK}{}", ctl.nid()),
         ..nacre_fuse::MountConfig::default()
     };
@@ -311,7 +319,8 @@ pub fn mount(a: MountArgs) -> CliResult {
 /// and fstab lines of type `nacre`. SOURCE is `MGS_NID:/FSNAME`
 /// (`10.0.0.1@tcp:9400:/nacre`); OPTIONS are mount(8)'s generic ones (taken as given:
 /// Nacre mounts are read-write, `_netdev` and `nofail` are for the boot's ordering) and
-/// Nacre's: `writeback_cache`, `root_squash`, `attr_timeout=SECONDS`, `timeout=SECONDS`.
+/// Nacre's: `writeback_cache`, `root_squash`, `noleases`, `attr_timeout=SECONDS`,
+/// `timeout=SECONDS`.
 pub fn mount_helper(args: Vec<String>) -> CliResult {
     const USAGE: &str = "usage: mount.nacre MGS_NID:/FSNAME DIR [-sfnv] [-o OPTIONS]";
     let (mut positional, mut options, mut fake) = (Vec::new(), Vec::new(), false);
@@ -348,6 +357,7 @@ pub fn mount_helper(args: Vec<String>) -> CliResult {
         match key {
             "writeback_cache" => opts.writeback_cache = true,
             "root_squash" => opts.root_squash = true,
+            "noleases" => opts.no_leases = true,
             "attr_timeout" => opts.attr_timeout = seconds(value)?,
             "timeout" => timeout = seconds(value)?,
             "ro" => return Err("option ro: Nacre mounts are read-write".into()),
@@ -357,7 +367,7 @@ pub fn mount_helper(args: Vec<String>) -> CliResult {
             k if k.starts_with("x-") || k == "comment" => {}
             _ => {
                 return Err(format!(
-                    "unknown option {o:?} (Nacre's: writeback_cache, root_squash, attr_timeout=S, timeout=S)"
+                    "unknown option {o:?} (Nacre's: writeback_cache, root_squash, noleases, attr_timeout=S, timeout=S)"
                 )
                 .into());
             }
