@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use nacre_proto::fid::Fid;
+use nacre_proto::mdt::lease::Key as LeaseKey;
 use nacre_proto::mdt::{Attr, Creds, Reply, Request, SetAttr, lock, mode, now_ns, set};
 use nacre_proto::ost;
 
@@ -134,6 +135,10 @@ impl File {
             return Err(Error::new(errno, format!("{} is not a regular file", attr.fid)));
         }
         let f = File::opened(fs, c, handle, attr, layout, flags);
+        if flags.write && f.fs.writers_of(f.fid) > 1 {
+            // Another handle here may keep the file's append lock, knowing the end.
+            f.fs.release_append(f.fid, None).await;
+        }
         if flags.truncate && flags.write {
             f.set_len(0).await?;
         } else if !first.is_empty() {
@@ -297,12 +302,37 @@ impl File {
     /// lock (a lock space of its own on the MDS, apart from the users' locks): the holder
     /// learns the end (the MDS's size, or the objects' while the file is open for writing
     /// anywhere), writes through, and lets go, so the next one finds its bytes.
+    ///
+    /// The one handle writing a file anywhere keeps the lock (`lock::CACHE`, a lease) on a
+    /// mount that takes leases: its next appends go at the end it knows, with no request
+    /// to the MDS, until the MDS calls the lock back (another mount appends, opens the
+    /// file for writing, or changes its attributes) or the handle closes.
     async fn append(&self, st: &mut State, data: &[u8]) -> Result<usize> {
+        let slot = self.fs.append_slot(self.fid);
+        let mut held = slot.lock().await;
+        let kept = *held == Some(self.handle) && self.fs.inner.leases.holds(&LeaseKey::Append(self.fid));
         let whole = |kind, flags| self.lock_as(self.handle, 0, kind, flags | lock::APPEND, 0, lock::EOF);
-        whole(lock::WRITE, lock::WAIT).await?;
+        if !kept {
+            if let Some(h) = held.take() {
+                // Called back meanwhile: let go of it before asking again.
+                let r = Request::Lock {
+                    fid: self.fid,
+                    handle: h,
+                    owner: h,
+                    pid: 0,
+                    kind: lock::UNLOCK,
+                    flags: lock::APPEND,
+                    start: 0,
+                    end: lock::EOF,
+                };
+                self.fs.md(mdt_of(self.fid)?, &self.creds, &r, &[]).await?;
+            }
+            let keep = self.fs.inner.revoker.get().is_some() && self.fs.writers_of(self.fid) == 1;
+            whole(lock::WRITE, lock::WAIT | if keep { lock::CACHE } else { 0 }).await?;
+        }
         let written = async {
             self.flush(st).await?;
-            let end = self.fs.getattr(&self.creds, self.fid).await?.size;
+            let end = if kept { st.size } else { self.fs.getattr(&self.creds, self.fid).await?.size };
             let len = data.len() as u64;
             let to = end.checked_add(len).filter(|&e| e <= FILE_SIZE_MAX).ok_or_else(|| {
                 Error::new(errno::EFBIG, format!("an append of {len} bytes at {end} passes the largest file size"))
@@ -318,6 +348,11 @@ impl File {
             Ok(data.len())
         }
         .await;
+        if written.is_ok() && self.fs.inner.leases.holds(&LeaseKey::Append(self.fid)) {
+            *held = Some(self.handle);
+            return written;
+        }
+        *held = None;
         let unlocked = whole(lock::UNLOCK, 0).await;
         let n = written?;
         unlocked?;
@@ -725,6 +760,7 @@ impl File {
         lock(&self.shared.chunks).stream(self.handle, None);
         if self.flags.write {
             self.fs.drop_writer(self.fid);
+            self.fs.release_append(self.fid, Some(self.handle)).await;
         }
         let closed = self.fs.md(mdt_of(self.fid)?, &self.creds, &Request::Close { handle: self.handle }, &[]).await;
         r.and(closed.map(|_| ()))
@@ -768,6 +804,7 @@ impl Drop for File {
             for w in waits {
                 behind::ended(w).await;
             }
+            fs.release_append(fid, Some(handle)).await;
             if let Ok(mdt) = mdt_of(fid) {
                 let _ = fs.md(mdt, &creds, &Request::Close { handle }, &[]).await;
             }

@@ -110,8 +110,11 @@ pub(crate) struct Inner {
     /// The next key of lock state kept for replay.
     lock_keys: AtomicU64,
     /// The leases held, once [`FileSystem::start_leases`] listens for callbacks.
-    leases: Leases,
-    revoker: std::sync::OnceLock<Revoker>,
+    pub(crate) leases: Leases,
+    pub(crate) revoker: std::sync::OnceLock<Revoker>,
+    /// The append locks this mount keeps (see `lock::CACHE`), per file: the handle that
+    /// took it, while kept. Its appends go one at a time under the slot.
+    appends: Mutex<HashMap<Fid, Arc<tokio::sync::Mutex<Option<u64>>>>>,
     lease_pollers: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
@@ -242,6 +245,7 @@ impl FileSystem {
             follower: Mutex::new(None),
             leases: Leases::default(),
             revoker: std::sync::OnceLock::new(),
+            appends: Mutex::new(HashMap::new()),
             lease_pollers: Mutex::new(Vec::new()),
         });
         let fs = FileSystem { inner };
@@ -467,6 +471,11 @@ impl FileSystem {
         }
         // Statahead answers fetched before this are not used.
         self.inner.changes.fetch_add(2, Ordering::AcqRel);
+        for k in &keys {
+            if let LeaseKey::Append(f) = k {
+                self.release_append(*f, None).await;
+            }
+        }
         {
             let (mut dirs, mut layouts, mut stripes) =
                 (lock(&self.inner.dir_attrs), lock(&self.inner.layouts), lock(&self.inner.stripes));
@@ -1311,6 +1320,39 @@ impl FileSystem {
 
     pub(crate) fn add_writer(&self, fid: Fid) {
         *lock(&self.inner.writers).entry(fid).or_default() += 1;
+    }
+
+    /// Handles of this mount open for writing `fid`.
+    pub(crate) fn writers_of(&self, fid: Fid) -> usize {
+        lock(&self.inner.writers).get(&fid).copied().unwrap_or(0)
+    }
+
+    /// The slot of `fid`'s kept append lock (see `Inner::appends`).
+    pub(crate) fn append_slot(&self, fid: Fid) -> Arc<tokio::sync::Mutex<Option<u64>>> {
+        lock(&self.inner.appends).entry(fid).or_default().clone()
+    }
+
+    /// Let go of the append lock this mount keeps on `fid` (only if `handle` took it,
+    /// when given), once the append under way is done.
+    pub(crate) async fn release_append(&self, fid: Fid, handle: Option<u64>) {
+        let Some(slot) = lock(&self.inner.appends).get(&fid).cloned() else { return };
+        let mut held = slot.lock().await;
+        if let Some(h) = *held
+            && handle.is_none_or(|want| want == h)
+        {
+            *held = None;
+            let (kind, flags, end) = (lock::UNLOCK, lock::APPEND, lock::EOF);
+            let r = Request::Lock { fid, handle: h, owner: h, pid: 0, kind, flags, start: 0, end };
+            if let Ok(mdt) = mdt_of(fid) {
+                let _ = self.md(mdt, &Creds::default(), &r, &[]).await;
+            }
+        }
+        drop(held);
+        let mut all = lock(&self.inner.appends);
+        // Ours and the table's: nobody else is appending.
+        if all.get(&fid).is_some_and(|s| Arc::ptr_eq(s, &slot) && Arc::strong_count(s) == 2) {
+            all.remove(&fid);
+        }
     }
 
     pub(crate) fn drop_writer(&self, fid: Fid) {

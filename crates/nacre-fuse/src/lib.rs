@@ -287,6 +287,8 @@ impl Shared {
                         let _ = notifier.inval_entry(INodeNo(ino), OsStr::new(name));
                     }
                 }
+                // The client library lets go of a kept append lock itself.
+                LeaseKey::Append(_) => {}
             }
         }
     }

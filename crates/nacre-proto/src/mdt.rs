@@ -226,7 +226,11 @@ pub mod lock {
     pub const TEST: u8 = 2;
     /// The mount's own serialization of O_APPEND writes: locks apart from the users'.
     pub const APPEND: u8 = 4;
-    pub const FLAGS: u8 = WAIT | TEST | APPEND;
+    /// With [`APPEND`]: keep the lock until the MDS calls it back (a lease on
+    /// [`super::lease::Key::Append`]), if the client's handle is the file's only one open
+    /// for writing, so its next appends need no request to the MDS.
+    pub const CACHE: u8 = 8;
+    pub const FLAGS: u8 = WAIT | TEST | APPEND | CACHE;
     /// The last byte of a lock "to the end of the file, however long it grows".
     pub const EOF: u64 = u64::MAX;
 
@@ -1235,7 +1239,7 @@ mod tests {
             Request::decode(op, &body).unwrap_err().to_string()
         };
         assert!(bad_lock(3, 0).contains("lock kind 3"), "{}", bad_lock(3, 0));
-        assert!(bad_lock(lock::READ, 8).contains("lock flags 0x8"), "{}", bad_lock(lock::READ, 8));
+        assert!(bad_lock(lock::READ, 16).contains("lock flags 0x10"), "{}", bad_lock(lock::READ, 16));
         let b = Reply::Looked(vec![Looked::Error(2); LOOKUP_MANY_MAX + 1]).encode();
         assert!(Reply::decode(&b).unwrap_err().to_string().contains("lookup answers"));
         let a = Attr { fid: f, mode: mode::S_IFDIR | 0o755, nlink: 2, ..Attr::default() };

@@ -234,7 +234,11 @@ impl Leases {
         }
         let now = Instant::now();
         let mut revoked = Vec::new();
-        for k in keys {
+        // A change to a file's attributes (its size) voids the end its cached append
+        // lock's holder knows.
+        let appends: Vec<Key> =
+            keys.iter().filter_map(|k| if let Key::Attr(f) = k { Some(Key::Append(*f)) } else { None }).collect();
+        for k in keys.iter().chain(&appends) {
             s.recalled.insert(k.clone(), (c, now, by));
             s.recalled_order.push_back((c, k.clone()));
             let others: Vec<u64> =

@@ -594,6 +594,7 @@ impl Mds {
             Ok((_, Request::Open { write: true, .. } | Request::OpenAt { write: true, .. }))
         );
         if let (true, Ok(mdt::Reply::Opened { attr, .. })) = (write, mdt::Reply::decode(&reply.body)) {
+            // An append lock kept by another mount goes too (Leases::recall).
             let (_, revoked) = self.leases.recall(Some(client), &[mdt::lease::Key::Attr(attr.fid)]);
             self.recalled(&revoked).await;
         }
@@ -961,6 +962,10 @@ impl Mds {
         if let Err(e) = crate::locks::check_range(start, end) {
             return fail(-e.errno, e.message);
         }
+        if flags & lock::CACHE != 0 && (flags & lock::APPEND == 0 || kind != lock::WRITE) {
+            return fail(-errno::EINVAL, "only an append write lock is kept until called back".into());
+        }
+        let since = self.leases.clock();
         if !self.ns.opened_by(handle, fid, req.client) {
             return fail(-errno::EBADF, format!("handle {handle} is not this client's open of {fid}"));
         }
@@ -986,11 +991,23 @@ impl Mds {
             self.locks.unlock(res, want.owner, start, end);
             return ok(mdt::Reply::Done);
         }
+        let cached = |mut reply: Reply| {
+            // Kept (a lease) only by the file's one writer: its end is all the end there is.
+            if flags & lock::CACHE != 0 && self.ns.sole_writer(handle, fid, req.client) {
+                reply.leased = self.leases.grant(req.client, &[mdt::lease::Key::Append(fid)], since);
+            }
+            reply
+        };
         let queued = match self.locks.lock(res, want, flags & lock::WAIT != 0) {
-            Ok(None) => return ok(mdt::Reply::Done),
+            Ok(None) => return cached(ok(mdt::Reply::Done)),
             Ok(Some(q)) => q,
             Err(e) => return fail(-e.errno, e.message),
         };
+        if res.append {
+            // A mount may keep the append lock it holds: call it back.
+            let (_, revoked) = self.leases.recall(None, &[mdt::lease::Key::Append(fid)]);
+            self.recalled(&revoked).await;
+        }
         let mut granted = queued.granted;
         let outcome = match tokio::time::timeout(LOCK_WAIT_SLICE, &mut granted).await {
             Ok(outcome) => outcome.map_err(|_| ()),
@@ -1004,7 +1021,7 @@ impl Mds {
             Err(_) => granted.try_recv().map_err(|_| ()),
         };
         match outcome {
-            Ok(Ok(())) => ok(mdt::Reply::Done),
+            Ok(Ok(())) => cached(ok(mdt::Reply::Done)),
             Ok(Err(e)) => fail(-e.errno, e.message),
             Err(_) => fail(-errno::ENOLCK, format!("the wait for a lock on {fid} was dropped")),
         }

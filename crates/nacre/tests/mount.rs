@@ -963,6 +963,43 @@ print(n)
         *next += 1;
     }
     assert_eq!(got, want, "every record of every writer");
+    // A lone appender keeps the append lock: 200 appends cost one lock request, not 400.
+    // Another mount's append calls it back and lands after them; then the first's
+    // appends go after that one.
+    mds_param(&fs.mgs(), "mdt.mdt0.lease_contended_ms=0");
+    let append = |path: &Path, records: &[&str]| {
+        let mut f = OpenOptions::new().append(true).create(true).open(path).unwrap();
+        for r in records {
+            f.write_all(r.as_bytes()).unwrap();
+        }
+    };
+    let locks = fs.mds_ops("lock");
+    let lone: Vec<String> = (0..200).map(|i| format!("lone {i:03}\n")).collect();
+    let lone: Vec<&str> = lone.iter().map(String::as_str).collect();
+    let path = fs.mnt.join("lone");
+    let writer = std::thread::scope(|sc| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let w = sc.spawn(move || {
+            let mut f = OpenOptions::new().append(true).create(true).open(path).unwrap();
+            for r in &lone {
+                f.write_all(r.as_bytes()).unwrap();
+            }
+            tx.send(()).unwrap();
+            // Still open (the lock kept) while the other mount appends.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            f.write_all(b"after\n").unwrap();
+        });
+        rx.recv().unwrap();
+        let kept = fs.mds_ops("lock") - locks;
+        append(&second.join("lone"), &["other\n"]);
+        w.join().unwrap();
+        kept
+    });
+    assert!(writer <= 2, "200 lone appends took {writer} lock requests");
+    let text = fs::read_to_string(fs.mnt.join("lone")).unwrap();
+    let mut want: String = (0..200).map(|i| format!("lone {i:03}\n")).collect();
+    want.push_str("other\nafter\n");
+    assert_eq!(text, want, "the other mount's append after the kept ones, the next after it");
     let _ = Command::new("umount").arg("-l").arg(&second).status();
 }
 

@@ -62,6 +62,14 @@ impl Namespace {
         lock(&self.opens).handles.get(&handle).is_some_and(|&(k, by, write)| k == fid.key() && by == owner && write)
     }
 
+    /// Is `handle` client `owner`'s open of `fid` for writing, and the only handle open
+    /// for writing `fid` on any client?
+    pub fn sole_writer(&self, handle: u64, fid: Fid, owner: u64) -> bool {
+        let o = lock(&self.opens);
+        o.writers.get(&fid.key()) == Some(&1)
+            && o.handles.get(&handle).is_some_and(|&(k, by, write)| k == fid.key() && by == owner && write)
+    }
+
     /// Is `handle` client `owner`'s open of `fid` (for any use)?
     pub fn opened_by(&self, handle: u64, fid: Fid, owner: u64) -> bool {
         lock(&self.opens).handles.get(&handle).is_some_and(|&(k, by, _)| k == fid.key() && by == owner)

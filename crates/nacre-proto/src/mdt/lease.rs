@@ -21,6 +21,9 @@ pub enum Key {
     Attr(Fid),
     /// What one name of a directory leads to, or that it leads nowhere.
     Name(Fid, String),
+    /// A file's append lock, kept by the one client writing the file, which appends at
+    /// the end it knows (see [`super::lock::CACHE`]).
+    Append(Fid),
 }
 
 impl Key {
@@ -28,6 +31,7 @@ impl Key {
         match self {
             Key::Attr(f) => f.put(e.u8(1)),
             Key::Name(d, n) => d.put(e.u8(2)).bytes(n.as_bytes()),
+            Key::Append(f) => f.put(e.u8(3)),
         }
     }
 
@@ -38,6 +42,7 @@ impl Key {
                 let dir = Fid::get(d, "lease directory")?;
                 Ok(Key::Name(dir, d.str("lease name", NAME_MAX)?.to_string()))
             }
+            3 => Ok(Key::Append(Fid::get(d, "lease fid")?)),
             k => Err(ProtoError::Invalid(format!("lease of unknown kind {k}"))),
         }
     }
@@ -45,7 +50,7 @@ impl Key {
     /// The inode the key is about (a name's directory).
     pub fn fid(&self) -> Fid {
         match self {
-            Key::Attr(f) | Key::Name(f, _) => *f,
+            Key::Attr(f) | Key::Name(f, _) | Key::Append(f) => *f,
         }
     }
 }
@@ -89,6 +94,11 @@ pub fn granted(req: &Request, answer: Result<&Reply, i32>) -> Vec<Key> {
         ) if a.nlink > 0 => keys.extend([name(dir, n), Key::Attr(a.fid)]),
         (Request::Setattr { fid, .. }, Ok(Reply::Attr(a))) if a.fid == *fid => keys.push(Key::Attr(*fid)),
         (Request::Unlink { dir, name: n, .. }, Ok(_)) => keys.push(name(dir, n)),
+        (Request::Lock { fid, kind: super::lock::WRITE, flags, .. }, Ok(Reply::Done))
+            if flags & super::lock::CACHE != 0 =>
+        {
+            keys.push(Key::Append(*fid))
+        }
         (Request::Readdir { dir, .. }, Ok(Reply::Entries { entries, .. })) => {
             for (e, a) in entries {
                 keys.push(name(dir, &e.name));
@@ -156,7 +166,11 @@ mod tests {
 
     #[test]
     fn revocations_round_trip_and_are_bounded() {
-        let v = vec![(1, Key::Attr(Fid::new(1, 2))), (2, Key::Name(Fid::new(1, 1), "a".into()))];
+        let v = vec![
+            (1, Key::Attr(Fid::new(1, 2))),
+            (2, Key::Name(Fid::new(1, 1), "a".into())),
+            (3, Key::Append(Fid::new(1, 2))),
+        ];
         let b = encode_revoked(Enc::new(1), &v).done();
         let mut d = Dec::new(&b, "test", 1).unwrap();
         assert_eq!(decode_revoked(&mut d).unwrap(), v);
