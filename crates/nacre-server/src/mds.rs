@@ -1320,17 +1320,15 @@ impl Mds {
     /// Serve one request (blocking). A read's answer carries the leases it grants.
     pub fn handle(&self, req: Incoming) -> Reply {
         let since = self.leases.clock();
-        let (client, opcode) = (req.client, req.header.opcode);
-        if !matches!(opcode, mdt::MDS_GETATTR | mdt::MDS_LOOKUP | mdt::MDS_LOOKUP_MANY | mdt::MDS_READDIR) {
-            return self.answer(req);
+        let reply = self.answer(&req);
+        if !matches!(req.header.opcode, mdt::MDS_GETATTR | mdt::MDS_LOOKUP | mdt::MDS_LOOKUP_MANY | mdt::MDS_READDIR) {
+            return reply;
         }
-        let body = req.body.clone();
-        let reply = self.answer(req);
-        self.lease_reply(client, since, opcode, &body, reply)
+        self.lease_reply(req.client, since, req.header.opcode, &req.body, reply)
     }
 
     /// [`Mds::handle`], before leases.
-    fn answer(&self, req: Incoming) -> Reply {
+    fn answer(&self, req: &Incoming) -> Reply {
         if req.header.opcode == param::OP_GET_PARAM {
             return match param::decode_get(&req.body) {
                 Ok(p) => Reply { status: 0, body: param::render(&self.get_param(&p)).into_bytes(), ..Reply::default() },
