@@ -201,9 +201,29 @@ impl Drop for ChangeCount<'_> {
     }
 }
 
+/// `f` of reply `r` to a `what`, or an error naming the kind of reply that came instead.
+/// (Only its kind: describing the whole reply on every call cost more than many a call.)
 fn expect<T>(what: &str, r: Reply, f: impl FnOnce(Reply) -> Option<T>) -> Result<T> {
-    let shown: String = format!("{r:?}").chars().take(200).collect();
-    f(r).ok_or_else(|| Error::protocol(what, format!("unexpected reply {shown}")))
+    let kind = reply_kind(&r);
+    f(r).ok_or_else(|| Error::protocol(what, format!("unexpected reply: {kind}")))
+}
+
+fn reply_kind(r: &Reply) -> &'static str {
+    match r {
+        Reply::Attr(_) => "attributes",
+        Reply::Writing(_) => "attributes of a file being written",
+        Reply::Entries { .. } => "directory entries",
+        Reply::Bytes(_) => "bytes",
+        Reply::Names(_) => "names",
+        Reply::Opened { .. } => "an open handle",
+        Reply::StatFs { .. } => "file system usage",
+        Reply::Done => "done",
+        Reply::Layout { .. } => "a layout",
+        Reply::DirStripe { .. } => "directory stripes",
+        Reply::Looked(_) => "lookup answers",
+        Reply::Lock { .. } => "a lock",
+        Reply::Revoked(_) => "lease revocations",
+    }
 }
 
 fn attr_of(what: &str, r: Reply) -> Result<Attr> {
@@ -379,11 +399,16 @@ impl FileSystem {
                 .call(op, &body, bulk)
                 .await
                 .map_err(|e| Error::rpc(&TargetKind::Mdt.name(&self.inner.fsname, mdt), e))?;
-            if let Some(asked) = asked
-                && f.header.flags & nacre_net::frame::flags::LEASED != 0
-            {
-                self.keep_leases(mdt, asked, import.restarts(), r, &f);
-            }
+            // Keep the leases the reply granted (see `nacre_proto::mdt::lease::granted`).
+            let leased = f.header.flags & nacre_net::frame::flags::LEASED != 0;
+            let keep = |answer: std::result::Result<&Reply, i32>| {
+                if let (Some(asked), true) = (asked, leased) {
+                    let keys = nacre_proto::mdt::lease::granted(r, answer);
+                    if !keys.is_empty() {
+                        self.inner.leases.granted(mdt, asked, import.restarts(), keys);
+                    }
+                }
+            };
             if f.header.status == -errno::EINPROGRESS && started.elapsed() < INPROGRESS_RETRY {
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(Duration::from_millis(500));
@@ -394,31 +419,16 @@ impl FileSystem {
                 import.forget_open(*handle);
             }
             if f.header.status != 0 {
+                keep(Err(-f.header.status));
                 return Err(Error::from_reply(f.header.status, &f.body));
             }
             let reply = Reply::decode(&f.body).map_err(|e| Error::protocol("MDS reply", e))?;
+            keep(Ok(&reply));
             if let Reply::Opened { handle, .. } = &reply {
                 // Replayed after an MDS restart for as long as the file is open.
                 import.keep_open(*handle, op, &body, &f);
             }
             return Ok((reply, f.bulk));
-        }
-    }
-
-    /// Keep the leases a reply to `r` granted (see [`nacre_proto::mdt::lease::granted`]).
-    fn keep_leases(
-        &self,
-        mdt: u32,
-        asked: crate::leases::Asked,
-        restarts: u64,
-        r: &Request,
-        f: &nacre_net::frame::Frame,
-    ) {
-        let reply =
-            if f.header.status == 0 { Reply::decode(&f.body).map_err(|_| errno::EIO) } else { Err(-f.header.status) };
-        let keys = nacre_proto::mdt::lease::granted(r, reply.as_ref().map_err(|e| *e));
-        if !keys.is_empty() {
-            self.inner.leases.granted(mdt, asked, restarts, keys);
         }
     }
 

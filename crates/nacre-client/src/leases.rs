@@ -1,9 +1,9 @@
 //! The leases this mount holds: what it may answer from its caches (the kernel's, through
 //! a FUSE mount) without asking the MDT, until the MDT revokes them.
 //!
-//! A lease is kept only if nothing could have revoked it before it was recorded: a reply
-//! that comes back across a revocation this mount carried out, or across a restart or
-//! eviction of its MDT (which forgets every lease), grants nothing. Whoever answers from a
+//! A lease is kept only if nothing could have revoked it before it was recorded: a key
+//! revoked after its request went out is not kept, and a reply that comes back across a
+//! restart or eviction of its MDT (which forgets every lease) grants nothing. Whoever answers from a
 //! lease holds the [`Leases::gate`] (shared) from the check to the answer; a revocation
 //! takes it (exclusive) after removing its keys and before invalidating, so no answer
 //! made under a lease reaches the kernel after that lease's invalidation.
@@ -15,18 +15,28 @@ use nacre_proto::fid::Fid;
 use nacre_proto::mdt::lease::Key;
 
 /// Where a reply's grant was asked: the MDT's restart count and this mount's revocation
-/// count when the request went out.
+/// counts when the request went out.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Asked {
     pub restarts: u64,
-    pub revocations: u64,
+    revoked: u64,
+    voided: u64,
 }
+
+/// Revoked keys remembered (with when) to tell a grant asked before their revocation.
+const REVOKED_KEPT: usize = 65_536;
 
 #[derive(Default)]
 struct State {
     held: HashSet<Key>,
-    /// Revocations carried out (and leases dropped wholesale) so far.
-    revocations: u64,
+    /// Keys revoked one by one so far, and the last revocation of each lately (by that
+    /// count); `revoked_floor`: those at or below it are no longer all remembered.
+    revoked: u64,
+    last_revoked: HashMap<Key, u64>,
+    revoked_order: std::collections::VecDeque<(u64, Key)>,
+    revoked_floor: u64,
+    /// Times every lease of an MDT was dropped at once (a restart, a failed channel).
+    voided: u64,
     /// Per MDT, its import's restart count as the callback channel last saw it: grants
     /// from another one are not kept until the channel has seen it too (and dropped what
     /// the restart voided).
@@ -46,18 +56,31 @@ impl Leases {
 
     /// Note before sending a request whose reply may grant leases.
     pub fn ask(&self, restarts: u64) -> Asked {
-        Asked { restarts, revocations: self.state().revocations }
+        let s = self.state();
+        Asked { restarts, revoked: s.revoked, voided: s.voided }
     }
 
     /// A reply from MDT `mdt` asked at `asked`, answered with its import at `restarts`,
-    /// granted `keys`: kept if nothing came between.
+    /// granted `keys`: those not revoked since are kept, none if the MDT restarted or
+    /// every lease was dropped meanwhile. Returns whether all were kept.
     pub fn granted(&self, mdt: u32, asked: Asked, restarts: u64, keys: Vec<Key>) -> bool {
         let mut s = self.state();
-        if asked.restarts != restarts || asked.revocations != s.revocations || s.epochs.get(&mdt) != Some(&restarts) {
+        if asked.restarts != restarts
+            || asked.voided != s.voided
+            || s.epochs.get(&mdt) != Some(&restarts)
+            || (asked.revoked != s.revoked && s.revoked_floor > asked.revoked)
+        {
             return false;
         }
-        s.held.extend(keys);
-        true
+        let n = keys.len();
+        let fresh: Vec<Key> = if asked.revoked == s.revoked {
+            keys
+        } else {
+            keys.into_iter().filter(|k| s.last_revoked.get(k).is_none_or(|&at| at <= asked.revoked)).collect()
+        };
+        let all = fresh.len() == n;
+        s.held.extend(fresh);
+        all
     }
 
     /// The callback channel of MDT `mdt` saw its import at `restarts`: if that is new,
@@ -67,7 +90,7 @@ impl Leases {
         if s.epochs.insert(mdt, restarts) == Some(restarts) {
             return Vec::new();
         }
-        s.revocations += 1;
+        s.voided += 1;
         let dropped: Vec<Key> = s.held.iter().filter(|k| on_mdt(k.fid())).cloned().collect();
         for k in &dropped {
             s.held.remove(k);
@@ -80,7 +103,7 @@ impl Leases {
     pub fn drop_mdt(&self, mdt: u32, on_mdt: impl Fn(Fid) -> bool) -> Vec<Key> {
         let mut s = self.state();
         s.epochs.remove(&mdt);
-        s.revocations += 1;
+        s.voided += 1;
         let dropped: Vec<Key> = s.held.iter().filter(|k| on_mdt(k.fid())).cloned().collect();
         for k in &dropped {
             s.held.remove(k);
@@ -91,9 +114,19 @@ impl Leases {
     /// The MDT revoked `keys`.
     pub fn revoke(&self, keys: &[Key]) {
         let mut s = self.state();
-        s.revocations += 1;
+        s.revoked += 1;
+        let at = s.revoked;
         for k in keys {
             s.held.remove(k);
+            s.last_revoked.insert(k.clone(), at);
+            s.revoked_order.push_back((at, k.clone()));
+        }
+        while s.revoked_order.len() > REVOKED_KEPT {
+            let Some((old, k)) = s.revoked_order.pop_front() else { break };
+            if s.last_revoked.get(&k) == Some(&old) {
+                s.last_revoked.remove(&k);
+            }
+            s.revoked_floor = s.revoked_floor.max(old);
         }
         drop(s);
         // Answers checked under a lease just dropped have reached the kernel.
@@ -127,11 +160,13 @@ mod tests {
         let asked = l.ask(1);
         assert!(l.granted(0, asked, 1, vec![a.clone()]));
         assert!(l.holds(&a));
-        // A revocation meanwhile: the grant asked before it is not kept.
+        // A revocation meanwhile: the key revoked is not kept from a grant asked before
+        // it, the others are.
         let asked = l.ask(1);
         l.revoke(std::slice::from_ref(&a));
-        assert!(!l.granted(0, asked, 1, vec![b.clone()]));
-        assert!(!l.holds(&a) && !l.holds(&b));
+        assert!(!l.granted(0, asked, 1, vec![a.clone(), b.clone()]));
+        assert!(!l.holds(&a) && l.holds(&b));
+        l.revoke(std::slice::from_ref(&b));
         // A restart (eviction) the channel has not seen yet: not kept either.
         let asked = l.ask(2);
         assert!(!l.granted(0, asked, 2, vec![b.clone()]));

@@ -578,6 +578,12 @@ pub enum Request {
 pub const LAYOUT_BYTES_MAX: usize = 64 << 10;
 
 impl Request {
+    /// A create of `name` in `dir` with `mode` (type and permission bits) and the layout
+    /// it inherits: [`Request::Create`] with no target, layout or device number.
+    pub fn create(dir: Fid, name: &str, mode: u32) -> Request {
+        Request::Create { dir, name: name.into(), mode, target: vec![], layout: vec![], rdev: 0 }
+    }
+
     /// Does this request change the namespace (and so get a reply record)?
     pub fn is_change(&self) -> bool {
         !matches!(

@@ -28,8 +28,9 @@ use std::time::{Duration, Instant};
 use nacre_proto::mdt::lease::{Key, REVOKED_MAX};
 use tokio::sync::{Notify, watch};
 
-/// Leases one client may hold by default (Lustre's `lru_size` plays this part).
-pub const PER_CLIENT_DEFAULT: usize = 65_536;
+/// Leases one client may hold by default (Lustre's `lru_size` plays this part): a
+/// listing of a large directory takes two per entry.
+pub const PER_CLIENT_DEFAULT: usize = 1 << 18;
 /// Leases of all clients together by default: about 200 bytes each.
 pub const TOTAL_DEFAULT: usize = 4 << 20;
 /// How long a change waits for a holder to acknowledge a revocation before evicting it.
@@ -84,6 +85,8 @@ struct State {
     /// Grants of reads begun at or before this clock value are refused: the recalls
     /// since then are no longer all remembered.
     floor: u64,
+    /// When the last recall that remembered its keys was.
+    last_recall: Option<Instant>,
 }
 
 impl State {
@@ -170,12 +173,16 @@ impl Leases {
             return false;
         }
         let contended = Duration::from_millis(self.contended_ms.load(Ordering::Relaxed));
+        // Nothing recalled since the read began, nor within the contended time: no key
+        // to look up (a listing grants two per entry).
+        let quiet = self.clock() == since && s.last_recall.is_none_or(|at| at.elapsed() >= contended);
         let stale = s.floor > since
-            || keys.iter().any(|k| {
-                s.recalled
-                    .get(k)
-                    .is_some_and(|(c, at, by)| *c > since || (*by != Some(client) && at.elapsed() < contended))
-            });
+            || !quiet
+                && keys.iter().any(|k| {
+                    s.recalled
+                        .get(k)
+                        .is_some_and(|(c, at, by)| *c > since || (*by != Some(client) && at.elapsed() < contended))
+                });
         if stale {
             drop(s);
             self.stats.refused.fetch_add(1, Ordering::Relaxed);
@@ -183,14 +190,14 @@ impl Leases {
         }
         for k in keys {
             let stamp = s.next_stamp;
-            s.next_stamp += 1;
             let Some(h) = s.clients.get_mut(&client) else { return false };
-            match h.held.insert(k.clone(), stamp) {
-                Some(old) => {
-                    s.order.remove(&old);
-                }
-                None => s.holders.entry(k.clone()).or_default().push(client),
+            if h.held.contains_key(k) {
+                // Held already: it keeps its place (the order is of first grants).
+                continue;
             }
+            h.held.insert(k.clone(), stamp);
+            s.next_stamp += 1;
+            s.holders.entry(k.clone()).or_default().push(client);
             s.order.insert(stamp, (client, k.clone()));
         }
         self.stats.granted.fetch_add(keys.len() as u64, Ordering::Relaxed);
@@ -233,6 +240,7 @@ impl Leases {
             return (c, Vec::new());
         }
         let now = Instant::now();
+        s.last_recall = Some(now);
         let mut revoked = Vec::new();
         // A change to a file's attributes (its size) voids the end its cached append
         // lock's holder knows.

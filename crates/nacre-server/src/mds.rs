@@ -1344,7 +1344,7 @@ impl Mds {
                 Err(e) => fail(-EPROTO, format!("bad set-param request: {e}")),
             };
         }
-        let (c, r, _) = match self.prepare(&req) {
+        let (c, r, _) = match self.prepare(req) {
             Ok(v) => v,
             Err(reply) => return reply,
         };

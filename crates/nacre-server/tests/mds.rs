@@ -138,14 +138,7 @@ async fn lock_requests_are_checked_and_waits_hold_no_service_slot() {
     while !mds.get_param("mdt.mdt0.locks")[0].1.contains("waiting 3") {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    let made = a.attr(Request::Create {
-        dir: Fid::ROOT,
-        name: "made".into(),
-        mode: mode::S_IFREG,
-        target: vec![],
-        layout: vec![],
-        rdev: 0,
-    });
+    let made = a.attr(Request::create(Fid::ROOT, "made", mode::S_IFREG));
     let made = tokio::time::timeout(std::time::Duration::from_secs(20), made).await;
     made.expect("a change goes through its one service slot while lock requests wait").unwrap();
     let test = a.call(lk(f, ha, 1, lock::WRITE, lock::TEST, 0, 0)).await.unwrap();
@@ -181,17 +174,7 @@ async fn lock_requests_are_checked_and_waits_hold_no_service_slot() {
 async fn operations_through_the_service() {
     let (_s, mds, _n, md) = setup().await;
     let root = Fid::ROOT;
-    let d = md
-        .attr(Request::Create {
-            dir: root,
-            name: "d".into(),
-            mode: mode::S_IFDIR | 0o755,
-            target: vec![],
-            layout: vec![],
-            rdev: 0,
-        })
-        .await
-        .unwrap();
+    let d = md.attr(Request::create(root, "d", mode::S_IFDIR | 0o755)).await.unwrap();
     assert!(mode::is_dir(d.mode));
     for i in 0..50 {
         md.attr(Request::Create {
@@ -228,17 +211,7 @@ async fn operations_through_the_service() {
     assert_eq!(names, want);
     let f = md.attr(Request::Lookup { dir: d.fid, name: "f7".into() }).await.unwrap();
     // Errors come back as negative errnos with a message that names the problem.
-    let e = md
-        .attr(Request::Create {
-            dir: d.fid,
-            name: "f7".into(),
-            mode: mode::S_IFREG | 0o644,
-            target: vec![],
-            layout: vec![],
-            rdev: 0,
-        })
-        .await
-        .unwrap_err();
+    let e = md.attr(Request::create(d.fid, "f7", mode::S_IFREG | 0o644)).await.unwrap_err();
     assert_eq!(e.0, -errno::EEXIST);
     assert!(e.1.contains("\"f7\" exists"), "{}", e.1);
     let e = md.call(Request::Unlink { dir: root, name: "d".into(), rmdir: true }).await.unwrap_err();
@@ -329,17 +302,7 @@ async fn operations_through_the_service() {
     // one refused with the rule it breaks.
     let lfs = |a: &str| nacre_proto::layout::Layout::from_lfs_args(&a.split_whitespace().collect::<Vec<_>>()).unwrap();
     md.call(Request::Setdirlayout { dir: d.fid, layout: lfs("-c 4 -S 2M").encode() }).await.unwrap();
-    let nf = md
-        .attr(Request::Create {
-            dir: d.fid,
-            name: "striped".into(),
-            mode: mode::S_IFREG | 0o644,
-            target: vec![],
-            layout: vec![],
-            rdev: 0,
-        })
-        .await
-        .unwrap();
+    let nf = md.attr(Request::create(d.fid, "striped", mode::S_IFREG | 0o644)).await.unwrap();
     let Reply::Layout { layout: b, objects } = md.call(Request::Getlayout { fid: nf.fid }).await.unwrap() else {
         panic!()
     };
@@ -399,17 +362,7 @@ async fn operations_through_the_service() {
     }
     md.call(Request::Unlink { dir: d.fid, name: "striped".into(), rmdir: false }).await.unwrap();
     // A listing of long names comes in pages that each fit one reply.
-    let long = md
-        .attr(Request::Create {
-            dir: root,
-            name: "long".into(),
-            mode: mode::S_IFDIR | 0o755,
-            target: vec![],
-            layout: vec![],
-            rdev: 0,
-        })
-        .await
-        .unwrap();
+    let long = md.attr(Request::create(root, "long", mode::S_IFDIR | 0o755)).await.unwrap();
     for i in 0..400 {
         let name = format!("{i:03}{}", "n".repeat(250));
         md.attr(Request::Create {
@@ -441,17 +394,7 @@ async fn operations_through_the_service() {
     assert!(pages > 1, "400 entries of 253-byte names cannot fit one 64 KiB reply");
     // Data on the MDT: a 3,901-byte file written and read back through the service.
     md.call(Request::Setdirlayout { dir: d.fid, layout: lfs("-E 64K -L mdt -E eof -c 1").encode() }).await.unwrap();
-    let small = md
-        .attr(Request::Create {
-            dir: d.fid,
-            name: "dom".into(),
-            mode: mode::S_IFREG | 0o644,
-            target: vec![],
-            layout: vec![],
-            rdev: 0,
-        })
-        .await
-        .unwrap();
+    let small = md.attr(Request::create(d.fid, "dom", mode::S_IFREG | 0o644)).await.unwrap();
     let body: Vec<u8> = (0..3901u32).map(|i| (i % 253) as u8).collect();
     let (op, req) = Request::DomWrite { fid: small.fid, offset: 0, handle: 0 }.encode(&md.creds);
     let f = md.imp.call(op, &req, &body).await.unwrap();
@@ -480,16 +423,7 @@ async fn the_mdt_knobs_are_read_and_set_over_the_wire() {
     let get = |leaf: &str| mds.get_param(&format!("mdt.mdt0.{leaf}"))[0].1.clone();
     assert_eq!(get("sync_on_reply"), "0", "replies before commit by default");
     // A client's first change is committed before its reply all the same.
-    md.call(Request::Create {
-        dir: Fid::ROOT,
-        name: "f".into(),
-        mode: mode::S_IFREG | 0o644,
-        target: vec![],
-        layout: vec![],
-        rdev: 0,
-    })
-    .await
-    .unwrap();
+    md.call(Request::create(Fid::ROOT, "f", mode::S_IFREG | 0o644)).await.unwrap();
     let commits = get("commits");
     let last =
         |what: &str| -> u64 { commits.lines().find_map(|l| l.strip_prefix(what)).unwrap().trim().parse().unwrap() };
@@ -506,16 +440,7 @@ async fn the_mdt_knobs_are_read_and_set_over_the_wire() {
     };
     assert_eq!(set("mdt.mdt0.sync_on_reply", "1").await.0, 0);
     assert_eq!(get("sync_on_reply"), "1");
-    md.call(Request::Create {
-        dir: Fid::ROOT,
-        name: "g".into(),
-        mode: mode::S_IFREG | 0o644,
-        target: vec![],
-        layout: vec![],
-        rdev: 0,
-    })
-    .await
-    .unwrap();
+    md.call(Request::create(Fid::ROOT, "g", mode::S_IFREG | 0o644)).await.unwrap();
     // Bad values are refused by name and change nothing.
     let (status, why) = set("mdt.mdt0.sync_on_reply", "maybe").await;
     assert!(status == -errno::EINVAL && why.contains("0 or 1"), "{status} {why}");
@@ -534,17 +459,7 @@ async fn the_mdt_knobs_are_read_and_set_over_the_wire() {
     assert_eq!(set("mdt.mdt0.memory_max", "1048576").await.0, 0);
     assert_eq!(get("memory_max"), "1048576");
     mds.namespace().set_memory_max(100);
-    let e = md
-        .call(Request::Create {
-            dir: Fid::ROOT,
-            name: "h".into(),
-            mode: mode::S_IFREG | 0o644,
-            target: vec![],
-            layout: vec![],
-            rdev: 0,
-        })
-        .await
-        .unwrap_err();
+    let e = md.call(Request::create(Fid::ROOT, "h", mode::S_IFREG | 0o644)).await.unwrap_err();
     assert!(e.0 == -errno::ENOSPC && e.1.contains("memory_max"), "{e:?}");
 }
 
@@ -553,15 +468,7 @@ async fn a_lost_reply_creates_once() {
     let (server, _mds, _n, md) = setup().await;
     server.faults().add(&format!("drop opcode={} count=1", mdt::MDS_CREATE)).unwrap();
     let imp = md.imp.clone();
-    let (op, body) = Request::Create {
-        dir: Fid::ROOT,
-        name: "once".into(),
-        mode: mode::S_IFREG | 0o644,
-        target: vec![],
-        layout: vec![],
-        rdev: 0,
-    }
-    .encode(&Creds::default());
+    let (op, body) = Request::create(Fid::ROOT, "once", mode::S_IFREG | 0o644).encode(&Creds::default());
     // The client resends after its deadline; the answer is the first one, not EEXIST.
     let f = tokio::time::timeout(std::time::Duration::from_secs(120), imp.call(op, &body, &[])).await.unwrap().unwrap();
     assert_eq!(f.header.status, 0, "{}", String::from_utf8_lossy(&f.body));
@@ -584,14 +491,7 @@ async fn a_change_resent_after_a_restart_gets_its_stored_answer() {
     let v = volume();
     let ns = Arc::new(Namespace::format(v.clone(), 0, NamespaceOptions::default()).unwrap());
     let mds = Mds::new("mdt0", ns);
-    let create = Request::Create {
-        dir: Fid::ROOT,
-        name: "f".into(),
-        mode: mode::S_IFREG | 0o644,
-        target: vec![],
-        layout: vec![],
-        rdev: 0,
-    };
+    let create = Request::create(Fid::ROOT, "f", mode::S_IFREG | 0o644);
     let first = mds.serve(incoming(42, 5, 5, &create)).await;
     assert_eq!(first.status, 0);
     let rename = Request::Rename {
@@ -623,17 +523,7 @@ async fn an_evicted_client_loses_its_open_files_and_reply_records() {
     mds.follow_evictions(server.handle());
     let client = Client::new(Arc::new(net.transport("c9")), ClientConfig::default());
     let md = Md { imp: client.connect(&server.nid()).await.unwrap(), creds: Creds::default() };
-    let f = md
-        .attr(Request::Create {
-            dir: Fid::ROOT,
-            name: "held".into(),
-            mode: mode::S_IFREG | 0o644,
-            target: vec![],
-            layout: vec![],
-            rdev: 0,
-        })
-        .await
-        .unwrap();
+    let f = md.attr(Request::create(Fid::ROOT, "held", mode::S_IFREG | 0o644)).await.unwrap();
     md.call(Request::Open { fid: f.fid, read: true, write: true, dom_read: 0 }).await.unwrap();
     md.call(Request::Unlink { dir: Fid::ROOT, name: "held".into(), rmdir: false }).await.unwrap();
     let ns = mds.namespace().clone();
@@ -683,14 +573,7 @@ async fn leases_are_revoked_before_a_change_answers_and_a_silent_holder_is_evict
         }
     };
     let ((b, _), (c, c_id)) = (connect("c1").await, connect("c2").await);
-    let f = a.attr(Request::Create {
-        dir: Fid::ROOT,
-        name: "f".into(),
-        mode: mode::S_IFREG | 0o644,
-        target: vec![],
-        layout: vec![],
-        rdev: 0,
-    });
+    let f = a.attr(Request::create(Fid::ROOT, "f", mode::S_IFREG | 0o644));
     let f = f.await.unwrap().fid;
     let getattr = Request::Getattr { fid: f };
     assert_eq!(leased(&b, getattr.clone()).await, (0, false), "b does not listen yet");
@@ -742,14 +625,7 @@ async fn leases_are_revoked_before_a_change_answers_and_a_silent_holder_is_evict
     assert_eq!(leased(&b, Request::Lookup { dir: Fid::ROOT, name: "g".into() }).await, (-errno::ENOENT, true));
     let create = tokio::spawn({
         let imp = a.imp.clone();
-        let r = Request::Create {
-            dir: Fid::ROOT,
-            name: "g".into(),
-            mode: mode::S_IFREG | 0o644,
-            target: vec![],
-            layout: vec![],
-            rdev: 0,
-        };
+        let r = Request::create(Fid::ROOT, "g", mode::S_IFREG | 0o644);
         let (op, body) = r.encode(&Creds::default());
         async move { imp.call(op, &body, &[]).await.unwrap().header.status }
     });

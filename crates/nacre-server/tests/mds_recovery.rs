@@ -404,17 +404,7 @@ async fn requests_during_recovery_wait_for_its_end() {
     let mdt = Mdt::start(&net, &v, false).await;
     // A new client is held off until recovery ends.
     let c = Md::connect(&net, "c").await;
-    let e = c.try_call(
-        Request::Create {
-            dir: Fid::ROOT,
-            name: "answered".into(),
-            mode: mode::S_IFREG | 0o644,
-            target: vec![],
-            layout: vec![],
-            rdev: 0,
-        },
-        &[],
-    );
+    let e = c.try_call(Request::create(Fid::ROOT, "answered", mode::S_IFREG | 0o644), &[]);
     let e = e.await;
     assert!(
         matches!(&e, Err(RpcError::Protocol(m)) if m.starts_with(&format!("-{}", errno::EEXIST))),

@@ -51,14 +51,7 @@ fn targets_register_with_the_mgs_and_set_param_p_stores_parameters() {
         let os = client.connect(&ost.parse().unwrap()).await.unwrap();
         let started = std::time::Instant::now();
         let attr = loop {
-            let r = Request::Create {
-                dir: nacre_proto::fid::Fid::ROOT,
-                name: "f".into(),
-                mode: mode::S_IFREG | 0o644,
-                target: vec![],
-                layout: vec![],
-                rdev: 0,
-            };
+            let r = Request::create(nacre_proto::fid::Fid::ROOT, "f", mode::S_IFREG | 0o644);
             let (op, body) = r.encode(&Creds::default());
             let f = md.call(op, &body, &[]).await.unwrap();
             if f.header.status == 0 {
