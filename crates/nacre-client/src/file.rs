@@ -311,24 +311,14 @@ impl File {
         let slot = self.fs.append_slot(self.fid);
         let mut held = slot.lock().await;
         let kept = *held == Some(self.handle) && self.fs.inner.leases.holds(&LeaseKey::Append(self.fid));
-        let whole = |kind, flags| self.lock_as(self.handle, 0, kind, flags | lock::APPEND, 0, lock::EOF);
         if !kept {
             if let Some(h) = held.take() {
                 // Called back meanwhile: let go of it before asking again.
-                let r = Request::Lock {
-                    fid: self.fid,
-                    handle: h,
-                    owner: h,
-                    pid: 0,
-                    kind: lock::UNLOCK,
-                    flags: lock::APPEND,
-                    start: 0,
-                    end: lock::EOF,
-                };
-                self.fs.md(mdt_of(self.fid)?, &self.creds, &r, &[]).await?;
+                self.fs.unlock_append(self.fid, h, &self.creds).await?;
             }
             let keep = self.fs.inner.revoker.get().is_some() && self.fs.writers_of(self.fid) == 1;
-            whole(lock::WRITE, lock::WAIT | if keep { lock::CACHE } else { 0 }).await?;
+            let flags = lock::APPEND | lock::WAIT | if keep { lock::CACHE } else { 0 };
+            self.lock_as(self.handle, 0, lock::WRITE, flags, 0, lock::EOF).await?;
         }
         let written = async {
             self.flush(st).await?;
@@ -353,7 +343,7 @@ impl File {
             return written;
         }
         *held = None;
-        let unlocked = whole(lock::UNLOCK, 0).await;
+        let unlocked = self.fs.unlock_append(self.fid, self.handle, &self.creds).await;
         let n = written?;
         unlocked?;
         Ok(n)
@@ -709,8 +699,8 @@ impl File {
     }
 
     /// [`File::lock`] with the request's [`lock`] flags. A user's lock taken or dropped
-    /// is kept for replay after an MDS restart (the mount's own append locks are not:
-    /// they live for one write).
+    /// is kept for replay after an MDS restart (the mount's own append locks are not: a
+    /// restart voids a kept one, and the next append takes it again).
     async fn lock_as(&self, owner: u64, pid: u32, kind: u8, flags: u8, start: u64, end: u64) -> Result<()> {
         let r = Request::Lock { fid: self.fid, handle: self.handle, owner, pid, kind, flags, start, end };
         loop {

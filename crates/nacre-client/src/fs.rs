@@ -468,11 +468,6 @@ impl FileSystem {
         self.inner.leases.gate()
     }
 
-    /// Leases held now.
-    pub fn leases_held(&self) -> usize {
-        self.inner.leases.count()
-    }
-
     /// Give up what this mount cached under `keys`: its own caches at once, then the
     /// revoker's (a FUSE mount's kernel), waiting for those at most [`INVALIDATE_WAIT`].
     async fn given_up(&self, keys: Vec<LeaseKey>) {
@@ -1342,6 +1337,13 @@ impl FileSystem {
         lock(&self.inner.appends).entry(fid).or_default().clone()
     }
 
+    /// Drop the append lock that `handle` (its owner) holds on `fid`.
+    pub(crate) async fn unlock_append(&self, fid: Fid, handle: u64, c: &Creds) -> Result<()> {
+        let (kind, flags, end) = (lock::UNLOCK, lock::APPEND, lock::EOF);
+        let r = Request::Lock { fid, handle, owner: handle, pid: 0, kind, flags, start: 0, end };
+        self.md(mdt_of(fid)?, c, &r, &[]).await.map(|_| ())
+    }
+
     /// Let go of the append lock this mount keeps on `fid` (only if `handle` took it,
     /// when given), once the append under way is done.
     pub(crate) async fn release_append(&self, fid: Fid, handle: Option<u64>) {
@@ -1351,11 +1353,8 @@ impl FileSystem {
             && handle.is_none_or(|want| want == h)
         {
             *held = None;
-            let (kind, flags, end) = (lock::UNLOCK, lock::APPEND, lock::EOF);
-            let r = Request::Lock { fid, handle: h, owner: h, pid: 0, kind, flags, start: 0, end };
-            if let Ok(mdt) = mdt_of(fid) {
-                let _ = self.md(mdt, &Creds::default(), &r, &[]).await;
-            }
+            // Lost with the lock if it fails: the MDS drops it with the handle's client.
+            let _ = self.unlock_append(fid, h, &Creds::default()).await;
         }
         drop(held);
         let mut all = lock(&self.inner.appends);

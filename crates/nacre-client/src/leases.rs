@@ -137,10 +137,6 @@ impl Leases {
         self.state().held.contains(key)
     }
 
-    pub fn count(&self) -> usize {
-        self.state().held.len()
-    }
-
     /// Held (shared) by whoever answers from a lease, from the check to the answer.
     pub fn gate(&self) -> std::sync::RwLockReadGuard<'_, ()> {
         self.gate.read().unwrap_or_else(|e| e.into_inner())

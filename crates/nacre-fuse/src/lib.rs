@@ -429,10 +429,33 @@ impl Shared {
     /// The answer to a create, mkdir, symlink or link that made `name` of `dir` as `a`.
     fn made(self: &Arc<Self>, dir: Fid, name: &str, a: &Attr) -> impl FnOnce(ReplyEntry) + use<> {
         let (fa, g) = self.entry(a);
-        let (s, name, fid) = (self.clone(), name.to_string(), a.fid);
+        self.entry_answer(dir, name, Some(a.fid), fa, g)
+    }
+
+    /// Answer with entry `name` of `dir` (leading to `fid`; none: missing), for as long as
+    /// its leases say, decided under the lease gate.
+    fn entry_answer(
+        self: &Arc<Self>,
+        dir: Fid,
+        name: &str,
+        fid: Option<Fid>,
+        fa: FileAttr,
+        g: Generation,
+    ) -> impl FnOnce(ReplyEntry) + use<> {
+        let (s, name) = (self.clone(), name.to_string());
         move |r: ReplyEntry| {
             let _gate = s.fs.lease_gate();
-            r.entry(&s.entry_ttl(dir, &name, Some(fid)), &fa, g)
+            r.entry(&s.entry_ttl(dir, &name, fid), &fa, g)
+        }
+    }
+
+    /// Answer with `fid`'s attributes, for as long as its lease says, decided under the
+    /// lease gate.
+    fn attr_answer(self: &Arc<Self>, fid: Fid, fa: FileAttr) -> impl FnOnce(ReplyAttr) + use<> {
+        let s = self.clone();
+        move |r: ReplyAttr| {
+            let _gate = s.fs.lease_gate();
+            r.attr(&s.attr_ttl(fid), &fa)
         }
     }
 
@@ -522,11 +545,7 @@ impl fuser::Filesystem for Nacre {
                 Err(e) if e.errno == errno::ENOENT => (negative_entry(), Generation(0), None),
                 Err(e) => return Err(err(&e)),
             };
-            let s = s.clone();
-            Ok(move |r: ReplyEntry| {
-                let _gate = s.fs.lease_gate();
-                r.entry(&s.entry_ttl(dir, &n, fid), &fa, g)
-            })
+            Ok(s.entry_answer(dir, &n, fid, fa, g))
         })
     }
 
@@ -544,11 +563,7 @@ impl fuser::Filesystem for Nacre {
                 None => s.fs.getattr(&c, fid).await.map_err(|e| err(&e))?,
             };
             let fa = s.file_attr_after(ino.0, &a, before);
-            let s = s.clone();
-            Ok(move |r: ReplyAttr| {
-                let _gate = s.fs.lease_gate();
-                r.attr(&s.attr_ttl(fid), &fa)
-            })
+            Ok(s.attr_answer(fid, fa))
         })
     }
 
@@ -634,11 +649,7 @@ impl fuser::Filesystem for Nacre {
             if let Some(size) = size {
                 fa.size = size;
             }
-            let s = s.clone();
-            Ok(move |r: ReplyAttr| {
-                let _gate = s.fs.lease_gate();
-                r.attr(&s.attr_ttl(fid), &fa)
-            })
+            Ok(s.attr_answer(fid, fa))
         })
     }
 

@@ -98,13 +98,19 @@ impl State {
         h.sent += 1;
         h.pending.push_back((h.sent, key.clone()));
         h.wake.notify_one();
+        let seq = h.sent;
+        self.unhold(key, client);
+        Some(seq)
+    }
+
+    /// `client` no longer holds `key`.
+    fn unhold(&mut self, key: &Key, client: u64) {
         if let Some(v) = self.holders.get_mut(key) {
             v.retain(|c| *c != client);
             if v.is_empty() {
                 self.holders.remove(key);
             }
         }
-        Some(h.sent)
     }
 
     /// Forget `client` and every lease it holds.
@@ -112,12 +118,7 @@ impl State {
         let Some(h) = self.clients.remove(&client) else { return 0 };
         for (key, stamp) in &h.held {
             self.order.remove(stamp);
-            if let Some(v) = self.holders.get_mut(key) {
-                v.retain(|c| *c != client);
-                if v.is_empty() {
-                    self.holders.remove(key);
-                }
-            }
+            self.unhold(key, client);
         }
         h.held.len()
     }
