@@ -423,6 +423,9 @@ pub struct Namespace {
     memory_max: std::sync::atomic::AtomicU64,
     alloc: Mutex<FidAlloc>,
     opens: Mutex<Opens>,
+    /// Changes from async code take their turn here, where a task waits without holding
+    /// its runtime thread, before the namespace's locks, where a thread would sleep.
+    turn: tokio::sync::Mutex<()>,
     /// OST pools by name, as the MGS last said (`None`: not heard yet).
     ost_pools: Mutex<Option<BTreeMap<String, Vec<u32>>>>,
     /// Who takes back the leases on what changes write (the MDS's lease table).
@@ -531,6 +534,9 @@ pub struct Numbered {
     pub depends: Vec<u64>,
     pub recall: u64,
     pub recalled: Vec<(u64, u64)>,
+    /// The change's answer is the first this MDT keeps for its client (it knew no answer
+    /// of that client's before): see [`Namespace::knows_client`].
+    pub first: bool,
 }
 
 /// Told of every change, once it is applied, with the client that asked for it (none for
@@ -574,7 +580,7 @@ impl<'a> Tx<'a> {
             alloc: *lock(&ns.alloc),
             now: now_ns(),
             opens,
-            log: Default::default(),
+            log: std::cell::RefCell::new(mem::empty_record()),
             count: Default::default(),
             undo: Default::default(),
             pools: std::cell::RefCell::new(lock(&ns.pools).clone()),
@@ -612,7 +618,7 @@ impl<'a> Tx<'a> {
         for u in undo.into_iter().rev() {
             m.undo(u);
         }
-        self.log.borrow_mut().clear();
+        self.log.borrow_mut().truncate(mem::RECORD_HEADER);
         self.count.set(0);
         self.touched.borrow_mut().clear();
         *self.pools.borrow_mut() = lock(&self.ns.pools).clone();
@@ -631,7 +637,9 @@ impl<'a> Tx<'a> {
 
     /// The change's redo record.
     fn seal(&self) -> Vec<u8> {
-        mem::encode_record(&self.log.borrow(), self.count.get())
+        let mut record = self.log.take();
+        mem::seal_record(&mut record, self.count.get());
+        record
     }
 
     fn put(&self, a: &Attr, parent: Fid) -> Result<()> {
@@ -853,6 +861,7 @@ impl Namespace {
             memory_max: std::sync::atomic::AtomicU64::new(opts.memory_max),
             alloc: Mutex::new(FidAlloc { seq_k, next_oid, reserved: next_oid }),
             opens: Mutex::new(Opens::new()),
+            turn: tokio::sync::Mutex::new(()),
             ost_pools: Mutex::new(None),
             recaller: Default::default(),
             stats,
@@ -982,6 +991,7 @@ impl Namespace {
         let mut tx = Tx::new(&mut mem, self, &opens.counts);
         let stored = key.and_then(|k| tx.m().replies.get(&(k.client, k.xid)).map(|v| (k, Stored::decode(v))));
         let mut answer = None;
+        let mut first = false;
         if let Some((k, stored)) = stored {
             match stored? {
                 Stored { digest, answer: a } if digest == k.digest => {
@@ -1006,6 +1016,7 @@ impl Namespace {
                 if let Some(k) = key
                     && !r.as_ref().is_err_and(|e| e.errno == NEEDS_COORDINATION)
                 {
+                    first = tx.m().replies.range((k.client, 0)..=(k.client, u64::MAX)).next().is_none();
                     tx.put_reply(k.client, k.xid, &Stored { digest: k.digest, answer: r.clone() }.encode())?;
                     self.prune_replies(&tx, k)?;
                 }
@@ -1019,7 +1030,7 @@ impl Namespace {
         }
         if tx.mutations() == 0 {
             self.wal.unreserve(reserved);
-            return Ok((r, Numbered { transno: self.wal.last_transno(), ..Numbered::default() }));
+            return Ok((r, Numbered { transno: self.wal.last_transno(), first, ..Numbered::default() }));
         }
         let mut alloc = tx.alloc;
         if alloc.seq_k != lock(&self.alloc).seq_k || alloc.next_oid > alloc.reserved {
@@ -1055,7 +1066,7 @@ impl Namespace {
             Some(recall) if !touched.is_empty() => recall(key.map(|k| k.client), &touched),
             _ => (0, Vec::new()),
         };
-        Ok((r, Numbered { transno, depends, recall, recalled }))
+        Ok((r, Numbered { transno, depends, recall, recalled, first }))
     }
 
     /// Run one change and wait until it is on the drives; with a reply key, a change
@@ -1212,7 +1223,10 @@ impl Namespace {
     ) -> (Result<Answer>, Numbered) {
         let reserved = Self::reservation(weight);
         let ran = match self.wal.reserve(reserved, false) {
-            Ok(true) => self.run_change(key, change, reserved),
+            Ok(true) => {
+                let _turn = self.turn.lock().await;
+                self.run_change(key, change, reserved)
+            }
             Ok(false) => {
                 let ns = self.clone();
                 tokio::task::spawn_blocking(move || {

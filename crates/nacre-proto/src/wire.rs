@@ -35,8 +35,12 @@ impl std::error::Error for ProtoError {}
 pub struct Enc(pub Vec<u8>);
 
 impl Enc {
+    /// A message of version `version`, with room for the common ones (an attribute
+    /// reply, a create): growing from one byte cost several reallocations per message.
     pub fn new(version: u8) -> Enc {
-        Enc(vec![version])
+        let mut v = Vec::with_capacity(128);
+        v.push(version);
+        Enc(v)
     }
     pub fn u8(mut self, v: u8) -> Enc {
         self.0.push(v);

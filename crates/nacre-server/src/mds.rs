@@ -130,11 +130,18 @@ struct Answered {
     reply: Reply,
     recall: u64,
     recalled: Vec<(u64, u64)>,
+    /// The first answer kept for its client (see [`Numbered::first`]).
+    first: bool,
 }
 
 /// Answer a change with `reply` alone (it recalled nothing, or failed).
 fn done(reply: Reply) -> Option<Answered> {
-    Some(Answered { reply, recall: 0, recalled: Vec::new() })
+    Some(Answered { reply, recall: 0, recalled: Vec::new(), first: false })
+}
+
+/// Answer a numbered change with `reply`.
+fn answered(reply: Reply, n: Numbered) -> Option<Answered> {
+    Some(Answered { reply, recall: n.recall, recalled: n.recalled, first: n.first })
 }
 
 /// What the transport needs of the namespace: `last_committed` for every reply, and a
@@ -228,8 +235,7 @@ fn first_answer(replayed: &Option<Vec<u8>>) -> Option<(Fid, Option<u64>)> {
 
 /// A change's reply, with the transno the client keeps it under until it is committed
 /// and, after its body, what the change depended on.
-fn numbered(r: (Result<Answer, MdError>, Numbered)) -> Reply {
-    let (r, n) = r;
+fn numbered(r: Result<Answer, MdError>, n: &Numbered) -> Reply {
     let reply = match r {
         Ok(Answer::Attr(a)) => ok(mdt::Reply::Attr(a)),
         // A resend of an operation over several MDTs: the coordinator answers it.
@@ -474,12 +480,11 @@ impl Mds {
             return fail(-errno::EOVERFLOW, why);
         }
         let replay = req.replayed.is_some();
-        // A client's first change is committed before its reply: the answers kept for it
-        // are what tells a restarted MDS to wait for it in recovery.
-        let known = self.ns.knows_client(client);
         let (reply, body) = match self.serve_change(&req).await {
-            Some(Answered { mut reply, recall, recalled }) => {
-                if (reply.transno == 0 || !known) && !self.ns.sync_on_reply() {
+            Some(Answered { mut reply, recall, recalled, first }) => {
+                // A client's first change is committed before its reply: the answers kept
+                // for it are what tells a restarted MDS to wait for it in recovery.
+                if (reply.transno == 0 || first) && !self.ns.sync_on_reply() {
                     // Not numbered (an operation over several MDTs), or the client's first:
                     // durable before it is answered, so never replayed.
                     if let Err(e) = self.ns.committed_all().await {
@@ -1254,7 +1259,7 @@ impl Mds {
                 // A replay gets the handle it had.
                 let reply = self.open_for(req.client, a.fid, read, write, first.and_then(|(_, h)| h)).await;
                 let reply = depending(Reply { transno: n.transno, ..reply }, &n.depends);
-                return Some(Answered { reply, recall: n.recall, recalled: n.recalled });
+                return answered(reply, n);
             }
             _ => return None,
         };
@@ -1269,8 +1274,7 @@ impl Mds {
         {
             r = Ok(Answer::Attr(a));
         }
-        let (recall, recalled) = (n.recall, n.recalled.clone());
-        Some(Answered { reply: numbered((r, n)), recall, recalled })
+        answered(numbered(r, &n), n)
     }
 
     /// A mkdir: here and plain by the local path, else placed (`-i`), striped (`-c`)
@@ -1313,8 +1317,7 @@ impl Mds {
             },
             Err(e) => Err(e),
         };
-        let (recall, recalled) = (numbered_as.recall, numbered_as.recalled.clone());
-        Some(Answered { reply: numbered((r, numbered_as)), recall, recalled })
+        answered(numbered(r, &numbered_as), numbered_as)
     }
 
     /// Serve one request (blocking). A read's answer carries the leases it grants.

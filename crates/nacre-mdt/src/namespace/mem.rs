@@ -534,10 +534,28 @@ impl Op {
 
 /// A redo record: its ops, in order.
 pub fn encode_record(ops: &[u8], count: u32) -> Vec<u8> {
-    let mut r = Enc::new(1).u32(count).done();
+    let mut r = empty_record();
     r.extend_from_slice(ops);
+    seal_record(&mut r, count);
     r
 }
+
+/// A redo record with no ops yet: a change appends its ops (see [`Op::encode`]) and
+/// [`seal_record`] writes their count, so the record is never copied.
+pub fn empty_record() -> Vec<u8> {
+    let mut r = Vec::with_capacity(512);
+    r.push(1);
+    r.extend_from_slice(&0u32.to_le_bytes());
+    r
+}
+
+/// Write the count of the ops appended to `rec`, made by [`empty_record`].
+pub fn seal_record(rec: &mut [u8], count: u32) {
+    rec[1..RECORD_HEADER].copy_from_slice(&count.to_le_bytes());
+}
+
+/// Bytes of a redo record before its ops: its version and their count.
+pub const RECORD_HEADER: usize = 5;
 
 /// The ops of a redo record.
 pub fn decode_record(rec: &[u8]) -> Result<Vec<Op>> {
