@@ -18,7 +18,7 @@ mod up;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-/// The system's allocator, counting the heap's growth when `nacre bench mdt` asks.
+/// mimalloc, counting the heap's growth when `nacre bench mdt` asks.
 #[global_allocator]
 static ALLOCATOR: heap::Counting = heap::Counting;
 
