@@ -104,6 +104,8 @@ pub struct File {
     /// When the last write through this handle was made (ns since the epoch; 0: none).
     written_at: AtomicI64,
     closed: AtomicBool,
+    /// See [`File::opened_as`].
+    opened_as: (u64, i64),
 }
 
 impl File {
@@ -184,7 +186,13 @@ impl File {
             size_hint: AtomicU64::new(attr.size),
             written_at: AtomicI64::new(0),
             closed: AtomicBool::new(false),
+            opened_as: (attr.size, attr.mtime_ns),
         }
+    }
+
+    /// The file's size and mtime as its open found them on the MDT.
+    pub fn opened_as(&self) -> (u64, i64) {
+        self.opened_as
     }
 
     pub fn fid(&self) -> Fid {

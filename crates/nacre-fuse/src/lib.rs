@@ -130,6 +130,7 @@ pub fn mount(
         cfg,
         absent: AbsentXattrs::default(),
         lockers: Mutex::new(std::collections::HashSet::new()),
+        pages: KeptPages::default(),
     });
     let nacre = Nacre { shared: shared.clone(), rt: rt.clone() };
     let session = fuser::spawn_mount(nacre, mountpoint, &c)?;
@@ -164,6 +165,47 @@ struct Shared {
     /// it since: a close (flush, release) of one lets go of its locks on the MDS; other
     /// closes cost no request.
     lockers: Mutex<std::collections::HashSet<(Fid, u64)>>,
+    pages: KeptPages,
+}
+
+/// Files whose pages the kernel may keep from one open to the next (`FOPEN_KEEP_CACHE`),
+/// so that reading an unchanged file again costs no request. A file's entry is its size
+/// and mtime as an open found them while this mount held a lease on its attributes; the
+/// lease's revocation (another mount changed the file, or will write it) drops the entry.
+/// An open keeps the pages only if it finds the entry, the same size and mtime, and the
+/// lease still held; any other open lets the kernel drop them (and, leased and not for
+/// writing, makes the entry afresh). Without leases no open keeps them.
+#[derive(Default)]
+struct KeptPages {
+    files: Mutex<std::collections::HashMap<Fid, (u64, i64)>>,
+}
+
+/// Files whose kept pages are remembered at most (then the memory starts over: the next
+/// open of each drops its pages once).
+const KEPT_PAGES_MAX: usize = 65_536;
+
+impl KeptPages {
+    /// Whether an open of `fid` that found it as `stamp` (size, mtime) keeps its pages.
+    /// Call under the lease gate, with `leased` read under it.
+    fn open(&self, fid: Fid, stamp: (u64, i64), leased: bool, write: bool) -> bool {
+        let mut files = lock(&self.files);
+        let keep = leased && files.get(&fid) == Some(&stamp);
+        if leased && !write {
+            if files.len() >= KEPT_PAGES_MAX {
+                files.clear();
+            }
+            files.insert(fid, stamp);
+        } else {
+            // Written through this open: its size and mtime change.
+            files.remove(&fid);
+        }
+        keep
+    }
+
+    /// `fid` may have changed: the next open drops its pages.
+    fn forget(&self, fid: Fid) {
+        lock(&self.files).remove(&fid);
+    }
 }
 
 /// Xattrs known missing, by inode and name, until the attribute timeout: the kernel asks
@@ -271,12 +313,14 @@ fn name_of(name: &OsStr) -> Result<&str, Errno> {
 
 impl Shared {
     /// Tell the kernel to drop what it caches under `keys` (leases given up): an
-    /// inode's attributes (its pages stay: they are checked at open), a name's entry.
+    /// inode's attributes (its pages stay until the next open, which drops them: see
+    /// [`KeptPages`]), a name's entry.
     /// What the kernel does not hold is nothing to drop.
     fn invalidate(&self, notifier: &fuser::Notifier, keys: &[LeaseKey]) {
         for k in keys {
             match k {
                 LeaseKey::Attr(fid) => {
+                    self.pages.forget(*fid);
                     if let Some(ino) = self.inodes.ino_of(*fid) {
                         self.absent.forget(ino);
                         let _ = notifier.inval_inode(INodeNo(ino), -1, 0);
@@ -773,8 +817,15 @@ impl fuser::Filesystem for Nacre {
                     h.resized(0).await;
                 }
             }
+            let keep = s.cfg.leases && {
+                let _gate = s.fs.lease_gate();
+                s.pages.open(fid, f.opened_as(), s.fs.attr_leased(fid), flags.write)
+            };
             let fh = s.add_handle(f);
-            let how = fopen(flags, s.cfg.writeback_cache);
+            let mut how = fopen(flags, s.cfg.writeback_cache);
+            if keep {
+                how |= FopenFlags::FOPEN_KEEP_CACHE;
+            }
             Ok(move |r: ReplyOpen| r.opened(FileHandle(fh), how))
         })
     }

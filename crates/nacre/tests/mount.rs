@@ -1003,6 +1003,58 @@ print(n)
     let _ = Command::new("umount").arg("-l").arg(&second).status();
 }
 
+/// Read requests the OSTs served, over every OST of the file system.
+fn ost_reads(mgs: &str) -> u64 {
+    let get = |server: &str, p: &str| {
+        let out = nacre().args(["get-param", "--server", server, p]).output().unwrap();
+        assert!(out.status.success(), "get-param {p}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let targets = get(mgs, "mgs.*.targets");
+    let osts: Vec<String> = targets
+        .lines()
+        .filter(|l| l.starts_with("nacre-OST"))
+        .map(|l| l.split_whitespace().nth(1).unwrap().split(',').next().unwrap().to_string())
+        .collect();
+    assert!(!osts.is_empty(), "no OST in {targets}");
+    osts.iter().map(|nid| figure(&get(nid, "obdfilter.*.stats"), "read_samples")).sum()
+}
+
+/// A file read again, unchanged, is read from the kernel's pages: the open keeps them
+/// (FOPEN_KEEP_CACHE) while the mount holds a lease on the file's attributes. A change
+/// from another mount revokes the lease, and the next open drops the pages: the new bytes
+/// are read, never the old.
+#[test]
+fn an_unchanged_file_is_read_again_from_the_kernels_pages_until_another_mount_changes_it() {
+    let fs = Up::start("kept-pages");
+    let mgs = fs.mgs();
+    mds_param(&mgs, "mdt.mdt0.lease_contended_ms=0");
+    let second = fs.mnt.parent().unwrap().join("mnt2");
+    second_mount(&fs, &second);
+    let (a, b) = (fs.mnt.join("f"), second.join("f"));
+    // Past the first 64 KiB (on the MDT): on the OSTs.
+    let mut data: Vec<u8> = (0..4u32 << 20).map(|i| (i * 7 + i / 4093) as u8).collect();
+    fs::write(&a, &data).unwrap();
+    // The first read fetches the bytes and makes the lease and the pages' entry; the
+    // next opens keep the pages.
+    assert!(fs::read(&b).unwrap() == data, "the second mount read other bytes");
+    let before = ost_reads(&mgs);
+    for _ in 0..3 {
+        assert!(fs::read(&b).unwrap() == data, "the second mount read other bytes from its pages");
+    }
+    assert_eq!(ost_reads(&mgs), before, "an unchanged file was read from the OSTs again");
+    // The first mount changes bytes in the middle (same size): the second reads them.
+    {
+        let mut f = fs::OpenOptions::new().write(true).open(&a).unwrap();
+        f.seek(SeekFrom::Start(3 << 20)).unwrap();
+        f.write_all(b"changed by the first mount").unwrap();
+    }
+    data[3 << 20..(3 << 20) + 26].copy_from_slice(b"changed by the first mount");
+    assert!(fs::read(&b).unwrap() == data, "the second mount kept its old pages after a change");
+    assert!(ost_reads(&mgs) > before, "the changed file was not read from the OSTs");
+    let _ = Command::new("umount").arg("-l").arg(&second).status();
+}
+
 /// Two mounts with leases: what the second caches (stats answered by the kernel, no
 /// request) it drops the moment the first changes it — a chmod, a write closed, a rename,
 /// an unlink, a name made where a lookup found none, an ACL — each seen on the very next
