@@ -1003,6 +1003,18 @@ print(n)
     let _ = Command::new("umount").arg("-l").arg(&second).status();
 }
 
+/// A file system with a second mount, both taking leases even on what was just changed
+/// (so each step of a test runs under one): the file system, its MGS, the second mount's
+/// folder and the process serving it.
+fn leased_pair(name: &str) -> (Up, String, PathBuf, i32) {
+    let fs = Up::start(name);
+    let mgs = fs.mgs();
+    mds_param(&mgs, "mdt.mdt0.lease_contended_ms=0");
+    let second = fs.mnt.parent().unwrap().join("mnt2");
+    let pid = second_mount(&fs, &second);
+    (fs, mgs, second, pid)
+}
+
 /// Read requests the OSTs served, over every OST of the file system.
 fn ost_reads(mgs: &str) -> u64 {
     let get = |server: &str, p: &str| {
@@ -1026,11 +1038,7 @@ fn ost_reads(mgs: &str) -> u64 {
 /// are read, never the old.
 #[test]
 fn an_unchanged_file_is_read_again_from_the_kernels_pages_until_another_mount_changes_it() {
-    let fs = Up::start("kept-pages");
-    let mgs = fs.mgs();
-    mds_param(&mgs, "mdt.mdt0.lease_contended_ms=0");
-    let second = fs.mnt.parent().unwrap().join("mnt2");
-    second_mount(&fs, &second);
+    let (fs, mgs, second, _) = leased_pair("kept-pages");
     let (a, b) = (fs.mnt.join("f"), second.join("f"));
     // Past the first 64 KiB (on the MDT): on the OSTs.
     let mut data: Vec<u8> = (0..4u32 << 20).map(|i| (i * 7 + i / 4093) as u8).collect();
@@ -1063,12 +1071,7 @@ fn an_unchanged_file_is_read_again_from_the_kernels_pages_until_another_mount_ch
 /// once running again drops everything it cached and sees the change.
 #[test]
 fn leases_keep_two_mounts_coherent_and_a_silent_mount_is_evicted() {
-    let fs = Up::start("leases");
-    let mgs = fs.mgs();
-    // Leases even on what was just changed, so each step below runs under one.
-    mds_param(&mgs, "mdt.mdt0.lease_contended_ms=0");
-    let second = fs.mnt.parent().unwrap().join("mnt2");
-    let second_pid = second_mount(&fs, &second);
+    let (fs, mgs, second, second_pid) = leased_pair("leases");
     let (a, b) = (|n: &str| fs.mnt.join(n), |n: &str| second.join(n));
     fs::write(a("f"), b"12345").unwrap();
     let mode = |p: &Path| fs::metadata(p).map(|m| m.permissions().mode() & 0o7777).map_err(|e| e.raw_os_error());
