@@ -1448,7 +1448,6 @@ pub(crate) async fn all<T: 'static>(mut set: tokio::task::JoinSet<Result<T>>, wh
     first.map_or(Ok(out), Err)
 }
 
-/// The MDT that owns `fid`.
 /// The callback channel of MDT `mdt` (a long poll): carry out each revocation, then
 /// acknowledge it with the next poll. When the MDT restarted or evicted this mount, or the
 /// channel fails, every lease of that MDT is given up (it may have revoked some unheard).
@@ -1463,8 +1462,7 @@ async fn poll_leases(weak: std::sync::Weak<Inner>, mdt: u32) {
             Ok((i, _)) => i,
             Err(_) => {
                 drop(fs);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                back_off(&mut backoff).await;
                 continue;
             }
         };
@@ -1497,13 +1495,19 @@ async fn poll_leases(weak: std::sync::Weak<Inner>, mdt: u32) {
                 fs.given_up(void).await;
                 acked = 0;
                 drop(fs);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                back_off(&mut backoff).await;
             }
         }
     }
 }
 
+/// Wait `backoff` before trying again, and twice as long the next time (up to 5 s).
+async fn back_off(backoff: &mut Duration) {
+    tokio::time::sleep(*backoff).await;
+    *backoff = (*backoff * 2).min(Duration::from_secs(5));
+}
+
+/// The MDT that owns `fid`.
 pub(crate) fn mdt_of(fid: Fid) -> Result<u32> {
     fid.mdt().ok_or_else(|| Error::new(errno::ESTALE, format!("{fid} belongs to no MDT")))
 }

@@ -43,6 +43,19 @@ struct State {
     epochs: HashMap<u32, u64>,
 }
 
+impl State {
+    /// Drop every lease of an MDT (`on_mdt` says which inodes are its) at once; returns
+    /// the keys dropped.
+    fn void(&mut self, on_mdt: impl Fn(Fid) -> bool) -> Vec<Key> {
+        self.voided += 1;
+        let dropped: Vec<Key> = self.held.iter().filter(|k| on_mdt(k.fid())).cloned().collect();
+        for k in &dropped {
+            self.held.remove(k);
+        }
+        dropped
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Leases {
     state: Mutex<State>,
@@ -90,12 +103,7 @@ impl Leases {
         if s.epochs.insert(mdt, restarts) == Some(restarts) {
             return Vec::new();
         }
-        s.voided += 1;
-        let dropped: Vec<Key> = s.held.iter().filter(|k| on_mdt(k.fid())).cloned().collect();
-        for k in &dropped {
-            s.held.remove(k);
-        }
-        dropped
+        s.void(on_mdt)
     }
 
     /// Drop every lease of MDT `mdt` (its channel failed: it may have revoked some
@@ -103,12 +111,7 @@ impl Leases {
     pub fn drop_mdt(&self, mdt: u32, on_mdt: impl Fn(Fid) -> bool) -> Vec<Key> {
         let mut s = self.state();
         s.epochs.remove(&mdt);
-        s.voided += 1;
-        let dropped: Vec<Key> = s.held.iter().filter(|k| on_mdt(k.fid())).cloned().collect();
-        for k in &dropped {
-            s.held.remove(k);
-        }
-        dropped
+        s.void(on_mdt)
     }
 
     /// The MDT revoked `keys`.

@@ -173,7 +173,7 @@ impl Leases {
         if !s.clients.contains_key(&client) {
             return false;
         }
-        let contended = Duration::from_millis(self.contended_ms.load(Ordering::Relaxed));
+        let contended = self.contended();
         // Nothing recalled since the read began, nor within the contended time: no key
         // to look up (a listing grants two per entry).
         let quiet = self.clock() == since && s.last_recall.is_none_or(|at| at.elapsed() >= contended);

@@ -11,9 +11,9 @@
 //! lock pairs the same within the noise.
 
 use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use mimalloc::MiMalloc;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 /// Whether allocations are counted now.
 static COUNTING: AtomicBool = AtomicBool::new(false);

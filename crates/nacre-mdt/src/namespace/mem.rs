@@ -532,19 +532,14 @@ impl Op {
     }
 }
 
-/// A redo record: its ops, in order.
-pub fn encode_record(ops: &[u8], count: u32) -> Vec<u8> {
-    let mut r = empty_record();
-    r.extend_from_slice(ops);
-    seal_record(&mut r, count);
-    r
-}
+/// The version of a redo record's format.
+const RECORD_VERSION: u8 = 1;
 
 /// A redo record with no ops yet: a change appends its ops (see [`Op::encode`]) and
 /// [`seal_record`] writes their count, so the record is never copied.
 pub fn empty_record() -> Vec<u8> {
     let mut r = Vec::with_capacity(512);
-    r.push(1);
+    r.push(RECORD_VERSION);
     r.extend_from_slice(&0u32.to_le_bytes());
     r
 }
@@ -559,7 +554,7 @@ pub const RECORD_HEADER: usize = 5;
 
 /// The ops of a redo record.
 pub fn decode_record(rec: &[u8]) -> Result<Vec<Op>> {
-    let mut d = Dec::new(rec, "metadata log record", 1)?;
+    let mut d = Dec::new(rec, "metadata log record", RECORD_VERSION)?;
     let n = d.u32("mutation count")?;
     let mut ops = Vec::with_capacity((n as usize).min(1 << 16));
     for _ in 0..n {
@@ -968,11 +963,12 @@ mod tests {
             Op::OstBlocks(5, Some(8)),
             Op::Reply(1, 2, None),
         ];
-        let mut e = Enc(Vec::new());
+        let mut e = Enc(empty_record());
         for op in &ops {
             e = op.encode(e);
         }
-        let rec = encode_record(&e.0, ops.len() as u32);
+        let mut rec = e.done();
+        seal_record(&mut rec, ops.len() as u32);
         assert_eq!(decode_record(&rec).unwrap(), ops);
 
         let mut m = Mem::default();
