@@ -11,7 +11,9 @@
 //! A step that fails with an errno undoes the steps before it; a step that cannot reach
 //! its MDT waits and is sent again, as Lustre's DNE waits for the recovery of an MDT.
 //!
-//! Intents open when the MDS stops are run again when it starts ([`Coordinator::recover`]).
+//! An intent is on this MDT's drives before its first step leaves, so that no step
+//! another MDT keeps can outlive it in a crash; intents open when the MDS stops are run
+//! again when it starts ([`Coordinator::recover`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -246,7 +248,18 @@ impl Coordinator {
     /// Run an intent to its end: its steps in order, the undos of those done if one
     /// fails; then end it, giving the client's record the answer.
     async fn run(&self, intent: Intent, tx: watch::Sender<Option<Result<Answer>>>) -> Result<Answer> {
-        let mut answer = Ok(Answer::Done);
+        // The intent is on the drives before any step leaves: a step that another MDT
+        // commits must never outlive, in a crash of this one, the intent that would undo
+        // it or finish it. (Its begin was answered, and may be only in memory.)
+        let mut answer = match self.ns.committed_all().await {
+            Ok(()) => Ok(Answer::Done),
+            Err(e) => {
+                lock(&self.running).remove(&intent.id);
+                lock(&self.ids).remove(&intent.id);
+                let _ = tx.send(Some(Err(e.clone())));
+                return Err(e);
+            }
+        };
         for (i, s) in intent.steps.iter().enumerate() {
             match self.exec(intent.id, i, false, s.mdt, &s.update).await {
                 Ok(a) if intent.reply == Some(i as u32) => answer = Ok(a),

@@ -104,6 +104,9 @@ fn remote_mkdirs_survive_a_crash_of_either_mdt() {
         .output()
         .unwrap());
     let (_mgs, mgs) = serve(&["mgs", "serve", "--listen", "127.0.0.1@tcp:0"], &mgs_dir);
+    // Commits far apart, so that a crash finds changes answered and not yet on the drives:
+    // a step sent to another MDT before what it depends on is committed shows.
+    ok(nacre().args(["set-param", "-P", "--server", &mgs, "mdt.*.commit_interval_ms=400"]).output().unwrap());
     let mdt0 = ["mdt", "serve", "--listen", "127.0.0.1@tcp:0", "--fsname", "dne", "--mgs", &mgs];
     let mdt1 = ["mdt", "serve", "--name", "mdt1", "--listen", "127.0.0.1@tcp:0", "--fsname", "dne", "--mgs", &mgs];
     let (mut p0, mut n0) = serve(&mdt0, &d0);
