@@ -6,7 +6,11 @@
 //! - small writes: `threads` writers interleaving 47,008-byte pieces (IO500's ior-hard
 //!   transfer) into one shared object;
 //! - raw index writes: `threads` writers of 48 KiB (one journal record of 47,008 bytes)
-//!   straight to the mirrored index volume, the reference for the small writes.
+//!   straight to the mirrored index volume, the reference for the small writes;
+//! - random 4 KiB reads: `threads` readers (the queue depth), each reading aligned 4 KiB
+//!   blocks at random places of the objects, against the same on the raw volume;
+//! - small objects: 10,000 objects of 3,901 bytes (IO500's mdtest file), the space they
+//!   take from the target over their bytes, and all of it given back when they go.
 //!
 //! A small write is acknowledged once its record is on the mirrored volume, and its chunk
 //! is later destaged as one full stripe; so the sustained small-write rate can be no
@@ -166,6 +170,128 @@ fn small_writes(t: &Target, oid: u64, o: &OstBenchOptions) -> Result<f64, BenchE
     Ok((total * SMALL_WRITE_BYTES as u64) as f64 / secs / 1e9)
 }
 
+/// How long each random-read phase reads.
+const RAND_READ_SECS: f64 = 1.0;
+/// Bytes of each random read (IO500's ior-rnd4K).
+const RAND_READ_BYTES: usize = 4096;
+/// Small objects the space phase makes, and their size (IO500's mdtest file).
+const SMALL_OBJECTS: u64 = 10_000;
+const SMALL_OBJECT_BYTES: usize = 3_901;
+
+/// `threads` readers of random aligned 4 KiB blocks for [`RAND_READ_SECS`]: reader `j`
+/// calls `read(j, k, buf)` for its `k`-th read, which reads and checks one block. Returns
+/// reads per second.
+fn rand_reads<F>(threads: usize, read: F) -> Result<f64, BenchError>
+where
+    F: Fn(usize, u64, &mut [u8]) -> Result<(), BenchError> + Sync,
+{
+    let done: Vec<std::sync::atomic::AtomicU64> = (0..threads).map(|_| Default::default()).collect();
+    let secs = timed(
+        threads,
+        |_| AlignedBuf::zeroed(RAND_READ_BYTES),
+        |j, buf| {
+            let start = Instant::now();
+            let mut k = 0;
+            while start.elapsed().as_secs_f64() < RAND_READ_SECS {
+                read(j, k, buf)?;
+                k += 1;
+            }
+            done[j].store(k, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        },
+    )?;
+    let reads: u64 = done.iter().map(|d| d.load(std::sync::atomic::Ordering::Relaxed)).sum();
+    Ok(reads as f64 / secs)
+}
+
+/// The `k`-th random block of reader `j` among `blocks` (a fixed mix, so rounds and the
+/// raw and object phases draw alike).
+fn rand_block(j: usize, k: u64, blocks: u64) -> u64 {
+    let mut x = (j as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ k.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 31;
+    x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
+    (x ^ (x >> 29)) % blocks.max(1)
+}
+
+/// Random 4 KiB reads of the raw volume's first `size` bytes, as `raw` wrote them.
+fn raw_rand_reads(v: &Volume, o: &OstBenchOptions, salt: u64) -> Result<f64, BenchError> {
+    let per = o.size / o.threads as u64 / o.brw * o.brw;
+    let blocks = per * o.threads as u64 / RAND_READ_BYTES as u64;
+    rand_reads(o.threads, |j, k, buf| {
+        let off = rand_block(j, k, blocks) * RAND_READ_BYTES as u64;
+        v.read(off, buf)?;
+        check(buf, off, salt)
+    })
+}
+
+/// Random 4 KiB reads spread over the objects `objects` wrote.
+fn object_rand_reads(t: &Target, oids: &[u64], o: &OstBenchOptions, salt: u64) -> Result<f64, BenchError> {
+    let per = o.size / o.threads as u64 / o.brw * o.brw;
+    let blocks = per / RAND_READ_BYTES as u64;
+    let objects = o.threads as u64;
+    rand_reads(o.threads, |j, k, buf| {
+        let b = rand_block(j, k, blocks * objects);
+        let (oid, off) = (oids[(b / blocks) as usize], (b % blocks) * RAND_READ_BYTES as u64);
+        let got = t.read(oid, off, buf).map_err(|e| BenchError::Bad(e.to_string()))?;
+        if got != buf.len() {
+            return Err(BenchError::Verify(format!("object {oid:#x}: short read at {off}")));
+        }
+        check(buf, (oid << 40) | off, salt)
+    })
+}
+
+/// What [`small_objects`] found.
+struct SmallSpace {
+    /// Target space the objects took over their bytes.
+    ratio: f64,
+    /// Bytes per object.
+    per_object: f64,
+    /// Objects made per second (create, write).
+    per_s: f64,
+    /// Whether all of it came back when they were destroyed.
+    given_back: bool,
+}
+
+/// [`SMALL_OBJECTS`] objects of [`SMALL_OBJECT_BYTES`], written by `threads` writers,
+/// read back, then destroyed.
+fn small_objects(t: &Target, o: &OstBenchOptions) -> Result<SmallSpace, BenchError> {
+    let bad = |e: nacre_osd::OsdError| BenchError::Bad(e.to_string());
+    let free = |t: &Target| t.statfs().map(|s| s.free_bytes).map_err(bad);
+    let before = free(t)?;
+    let oids: Vec<u64> = t.create(SMALL_OBJECTS as u32).map_err(bad)?.collect();
+    let body =
+        |oid: u64| -> Vec<u8> { (0..SMALL_OBJECT_BYTES as u64).map(|i| (oid.wrapping_add(i) % 251) as u8).collect() };
+    let secs = timed(
+        o.threads,
+        |_| (),
+        |j, _| {
+            for &oid in oids.iter().skip(j).step_by(o.threads) {
+                t.write(oid, 0, &body(oid)).map_err(bad)?;
+            }
+            Ok(())
+        },
+    )?;
+    t.destage_all().map_err(bad)?;
+    let taken = before.saturating_sub(free(t)?);
+    let mut buf = vec![0u8; SMALL_OBJECT_BYTES + 1];
+    for &oid in &oids {
+        let n = t.read(oid, 0, &mut buf).map_err(bad)?;
+        if n != SMALL_OBJECT_BYTES || buf[..n] != body(oid)[..] {
+            return Err(BenchError::Verify(format!("small object {oid:#x} reads back different")));
+        }
+    }
+    for &oid in &oids {
+        t.destroy(oid).map_err(bad)?;
+    }
+    let bytes = (SMALL_OBJECTS * SMALL_OBJECT_BYTES as u64) as f64;
+    Ok(SmallSpace {
+        ratio: ratio(taken as f64, bytes),
+        per_object: taken as f64 / SMALL_OBJECTS as f64,
+        per_s: SMALL_OBJECTS as f64 / secs,
+        given_back: free(t)? == before,
+    })
+}
+
 /// Run the bench; prints progress and a table, returns the figures.
 pub fn run_ost_bench(o: &OstBenchOptions, out: &mut dyn std::io::Write) -> Result<Value, BenchError> {
     if o.threads == 0 || (o.size / o.threads as u64) < o.brw {
@@ -208,10 +334,13 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
     // more IO threads per drive did not help on these file drives.
     let meta = Arc::new(create(&make_drives(&index_dir, 4, 1 << 30)?, Level::Raid10, 256 << 10)?);
     let mut f: [Vec<f64>; 7] = Default::default();
+    // Random 4 KiB reads per second: the raw volume's, the objects'.
+    let (mut raw_rand, mut obj_rand) = (Vec::new(), Vec::new());
     for round in 0..o.rounds.max(1) {
         let salt = 0x5eed + round as u64;
         f[0].push(raw(&data, o, true, salt)?);
         f[1].push(raw(&data, o, false, salt)?);
+        raw_rand.push(raw_rand_reads(&data, o, salt)?);
         // Before the format: the target's index lives on this volume.
         f[6].push(raw_index_small(&meta, o)?);
         let t = Target::format(data.clone(), meta.clone(), TargetOptions::default())
@@ -220,6 +349,7 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
         f[2].push(objects(&t, &oids, o, true, salt)?);
         f[3].push(objects(&t, &oids, o, true, salt + 1)?);
         f[4].push(objects(&t, &oids, o, false, salt + 1)?);
+        obj_rand.push(object_rand_reads(&t, &oids, o, salt + 1)?);
         let before = t.stats();
         f[5].push(small_writes(&t, oids[o.threads], o)?);
         let after = t.stats();
@@ -239,7 +369,7 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
         }
         let _ = writeln!(
             out,
-            "round {}: raw write {:.2} read {:.2} index 48K {:.3} | object write {:.2} rewrite {:.2} read {:.2} | 47,008-byte writes {:.3} GB/s",
+            "round {}: raw write {:.2} read {:.2} index 48K {:.3} | object write {:.2} rewrite {:.2} read {:.2} | 47,008-byte writes {:.3} GB/s | random 4 KiB reads: raw {:.0}/s, objects {:.0}/s",
             round + 1,
             f[0][round],
             f[1][round],
@@ -247,7 +377,9 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
             f[2][round],
             f[3][round],
             f[4][round],
-            f[5][round]
+            f[5][round],
+            raw_rand[round],
+            obj_rand[round]
         );
     }
     // Memory under many objects: the index lives on the volume, so creating 100,000
@@ -255,6 +387,18 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
     // than redb's bounded cache.
     let t = Target::format(data.clone(), meta.clone(), TargetOptions::default())
         .map_err(|e| BenchError::Bad(e.to_string()))?;
+    let small = small_objects(&t, o)?;
+    let _ = writeln!(
+        out,
+        "{SMALL_OBJECTS} objects of {SMALL_OBJECT_BYTES} bytes: {:.0} bytes of target space each ({:.2}x their bytes), {:.0} made/s; {} when destroyed",
+        small.per_object,
+        small.ratio,
+        small.per_s,
+        if small.given_back { "all space given back" } else { "SPACE NOT GIVEN BACK" }
+    );
+    if !small.given_back {
+        return Err(BenchError::Verify("destroying the small objects did not give back their space".into()));
+    }
     let rss_before = rss_mib().0;
     let started = Instant::now();
     for _ in 0..MANY_OBJECTS / 1024 {
@@ -274,18 +418,32 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
     // Each small-write byte goes once to the journal and once more in a full stripe.
     let bound = if b[6] > 0.0 && b[0] > 0.0 { 1.0 / (1.0 / b[6] + 1.0 / b[0]) } else { 0.0 };
     let (bound_ratio, small_vs_bound) = (ratio(bound, b[2]), ratio(b[5], bound));
+    let (raw_rand, obj_rand) = (peak(&raw_rand), peak(&obj_rand));
+    let rand_ratio = ratio(obj_rand, raw_rand);
     let _ = writeln!(out, "\n| phase | GB/s (best of {}) | ratio | target |\n|---|---:|---:|---:|", o.rounds);
     let _ = writeln!(out, "| raw volume write | {:.2} | | |", b[0]);
     let _ = writeln!(out, "| raw volume read | {:.2} | | |", b[1]);
     let _ = writeln!(out, "| object write | {:.2} | {write_ratio:.3} of raw write | ≥ 0.9 |", b[2]);
     let _ = writeln!(out, "| object rewrite | {:.2} | {rewrite_ratio:.3} of raw write | |", b[3]);
     let _ = writeln!(out, "| object read | {:.2} | {read_ratio:.3} of raw read | ≥ 0.9 |", b[4]);
-    let _ = writeln!(out, "| 47,008-byte writes | {:.3} | {small_ratio:.3} of object write | ≥ 0.3 |", b[5]);
+    let _ = writeln!(out, "| 47,008-byte writes | {:.3} | {small_ratio:.3} of object write | ≥ 0.5 |", b[5]);
     let _ =
         writeln!(out, "| raw index volume, 48 KiB writes | {:.3} | {:.3} of object write | |", b[6], ratio(b[6], b[2]));
     let _ = writeln!(
         out,
         "| bound for journaled small writes | {bound:.3} | {bound_ratio:.3} of object write | small writes reach {small_vs_bound:.3} of it |"
+    );
+    let _ = writeln!(
+        out,
+        "\n| random 4 KiB reads, queue depth {} | reads/s (best of {}) | ratio | target |\n|---|---:|---:|---:|",
+        o.threads, o.rounds
+    );
+    let _ = writeln!(out, "| raw volume | {raw_rand:.0} | | |");
+    let _ = writeln!(out, "| objects | {obj_rand:.0} | {rand_ratio:.3} of raw | ≥ 0.7 |");
+    let _ = writeln!(
+        out,
+        "\nsmall objects: {:.2}x their bytes of target space (target ≤ 2, with the MDT's share)",
+        small.ratio
     );
     Ok(json!({
         "bench": "ost",
@@ -308,6 +466,12 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
         "small_write_bound_gbps": bound,
         "small_write_bound_ratio": bound_ratio,
         "small_write_vs_bound": small_vs_bound,
+        "raw_rand_read_iops": raw_rand,
+        "rand_read_iops": obj_rand,
+        "rand_read_vs_volume_ratio": rand_ratio,
+        "small_file_space_ratio": small.ratio,
+        "small_object_bytes_each": small.per_object,
+        "small_objects_per_s": small.per_s,
         "objects_created": objects,
         "create_per_s": create_rate,
         "rss_before_objects_mib": rss_before,
