@@ -14,6 +14,7 @@
 //! what the cache was filled under: close-to-open).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
@@ -32,6 +33,78 @@ struct Slot {
     fetch: Fetch,
     /// Its share of `max_read_ahead_mb` (none for a chunk a read needed when it was spent).
     permit: Option<OwnedSemaphorePermit>,
+    /// A read has needed it (a chunk read ahead and dropped unused was wasted).
+    used: bool,
+}
+
+/// What a read continues (see the read-ahead state of `file`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pattern {
+    Random,
+    Sequential,
+    Strided,
+}
+
+/// The mount's read-ahead counters (`llite.*.read_ahead_stats`, as Lustre's).
+#[derive(Default)]
+pub(crate) struct ReadAheadStats {
+    /// Reads whose chunks were all there or on their way when they came.
+    pub hits: AtomicU64,
+    /// Reads that had to start an RPC of their own.
+    pub misses: AtomicU64,
+    pub sequential: AtomicU64,
+    pub strided: AtomicU64,
+    /// Reads that continued no stream (random, backward, a stride wider than a chunk):
+    /// each fetched what it asked.
+    pub random: AtomicU64,
+    /// Chunks fetched ahead of every read, and their bytes.
+    pub chunks_ahead: AtomicU64,
+    pub bytes_ahead: AtomicU64,
+    /// Chunks read ahead and dropped before any read needed them.
+    pub discarded: AtomicU64,
+}
+
+impl ReadAheadStats {
+    pub(crate) fn count(&self, p: Pattern) {
+        match p {
+            Pattern::Random => &self.random,
+            Pattern::Sequential => &self.sequential,
+            Pattern::Strided => &self.strided,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One counter per line, as `get-param` shows multi-line values.
+    pub(crate) fn render(&self) -> String {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "hits {}\nmisses {}\nsequential_reads {}\nstrided_reads {}\nrandom_reads {}\nchunks_read_ahead {}\nbytes_read_ahead {}\nchunks_discarded {}\n",
+            g(&self.hits),
+            g(&self.misses),
+            g(&self.sequential),
+            g(&self.strided),
+            g(&self.random),
+            g(&self.chunks_ahead),
+            g(&self.bytes_ahead),
+            g(&self.discarded)
+        )
+    }
+
+    /// Back to zero (a write to `read_ahead_stats`).
+    pub(crate) fn clear(&self) {
+        for a in [
+            &self.hits,
+            &self.misses,
+            &self.sequential,
+            &self.strided,
+            &self.random,
+            &self.chunks_ahead,
+            &self.bytes_ahead,
+            &self.discarded,
+        ] {
+            a.store(0, Ordering::Relaxed);
+        }
+    }
 }
 
 pub(crate) struct Chunks {
@@ -41,6 +114,7 @@ pub(crate) struct Chunks {
     /// Where each handle reading sequentially is (by MDT handle): a chunk behind all of
     /// them is done with.
     streams: HashMap<u64, u64>,
+    stats: Arc<ReadAheadStats>,
 }
 
 /// What the handles of one file on this mount share: its read-ahead chunks and its
@@ -54,6 +128,7 @@ pub(crate) struct Shared {
 #[derive(Default)]
 pub(crate) struct Caches {
     files: Mutex<HashMap<Fid, Weak<Shared>>>,
+    pub stats: Arc<ReadAheadStats>,
 }
 
 /// Entries `Caches` keeps before it sweeps out those of closed files.
@@ -68,7 +143,7 @@ impl Caches {
         if let Some(s) = files.get(&attr.fid).and_then(Weak::upgrade) {
             let mut g = lock(&s.chunks);
             if g.stamp != stamp {
-                g.slots.clear();
+                g.clear();
                 g.stamp = stamp;
             }
             drop(g);
@@ -78,7 +153,12 @@ impl Caches {
             files.retain(|_, w| w.strong_count() > 0);
         }
         let s = Arc::new(Shared {
-            chunks: Mutex::new(Chunks { stamp, slots: BTreeMap::new(), streams: HashMap::new() }),
+            chunks: Mutex::new(Chunks {
+                stamp,
+                slots: BTreeMap::new(),
+                streams: HashMap::new(),
+                stats: self.stats.clone(),
+            }),
             behind: Mutex::new(WriteBehind::default()),
         });
         files.insert(attr.fid, Arc::downgrade(&s));
@@ -87,24 +167,49 @@ impl Caches {
 }
 
 impl Chunks {
-    /// Drop every chunk (the file changed on this mount).
+    /// Drop every chunk (the file changed on this mount, or was found changed).
     pub(crate) fn clear(&mut self) {
-        self.slots.clear();
+        while let Some((&at, _)) = self.slots.first_key_value() {
+            self.remove(at);
+        }
     }
 
-    /// The fetch of the chunk at `at`, if there is one.
-    pub(crate) fn get(&self, at: u64) -> Option<Fetch> {
-        self.slots.get(&at).map(|s| s.fetch.clone())
+    /// Drop the chunk at `at`, counting it if it was read ahead for nothing.
+    fn remove(&mut self, at: u64) {
+        if let Some(s) = self.slots.remove(&at)
+            && !s.used
+        {
+            self.stats.discarded.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
-    pub(crate) fn insert(&mut self, at: u64, fetch: Fetch, permit: Option<OwnedSemaphorePermit>) {
-        self.slots.insert(at, Slot { fetch, permit });
+    /// The fetch of the chunk at `at`, if there is one; `read`: a read needs it now.
+    pub(crate) fn get(&mut self, at: u64, read: bool) -> Option<Fetch> {
+        let s = self.slots.get_mut(&at)?;
+        s.used |= read;
+        Some(s.fetch.clone())
+    }
+
+    /// Whether chunks for every byte of `[from, to)` are here or on their way.
+    pub(crate) fn covers(&self, from: u64, to: u64, chunk: u64) -> bool {
+        let mut c = from / chunk * chunk;
+        while c < to {
+            if !self.slots.contains_key(&c) {
+                return false;
+            }
+            c += chunk;
+        }
+        true
+    }
+
+    pub(crate) fn insert(&mut self, at: u64, fetch: Fetch, permit: Option<OwnedSemaphorePermit>, read: bool) {
+        self.slots.insert(at, Slot { fetch, permit, used: read });
     }
 
     /// Remove the chunk at `at` if it is still `fetch` (not one fetched again since).
     pub(crate) fn remove_if(&mut self, at: u64, fetch: &Fetch) {
         if self.slots.get(&at).is_some_and(|s| s.fetch.same_channel(fetch)) {
-            self.slots.remove(&at);
+            self.remove(at);
         }
     }
 
@@ -112,7 +217,7 @@ impl Chunks {
     /// was spent, and has read it.
     pub(crate) fn remove_unbudgeted(&mut self, at: u64) {
         if self.slots.get(&at).is_some_and(|s| s.permit.is_none()) {
-            self.slots.remove(&at);
+            self.remove(at);
         }
     }
 
@@ -135,7 +240,7 @@ impl Chunks {
             if s.saturating_add(chunk) > before {
                 break;
             }
-            self.slots.remove(&s);
+            self.remove(s);
         }
     }
 

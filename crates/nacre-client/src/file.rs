@@ -18,7 +18,7 @@ use nacre_proto::mdt::{Attr, Creds, Reply, Request, SetAttr, lock, mode, now_ns,
 use nacre_proto::ost;
 
 use crate::behind::{self, Taken};
-use crate::cache::{self, fetched, spawn_fetch};
+use crate::cache::{self, Pattern, fetched, spawn_fetch};
 use crate::error::{Error, Result, errno};
 use crate::fs::{FileSystem, all, lock, mdt_of};
 use crate::striping::{FileLayout, Piece, Place};
@@ -64,12 +64,65 @@ impl OpenFlags {
     }
 }
 
-/// This handle's sequential stream (the chunks it reads ahead are the file's, shared).
+/// This handle's access pattern, as Lustre's read-ahead state: reads that follow one
+/// another (sequential) or repeat one forward step no longer than a chunk (strided, as
+/// ior-hard's tasks read) make a stream. Read-ahead starts on a stream's second read (its
+/// first at the start of the file) and its window doubles with each read that goes past
+/// the stream's head, up to `max_read_ahead_per_file_mb`; any other read (random,
+/// backward, a stride wider than a chunk) ends the stream and fetches what it asked,
+/// nothing more. The chunks read ahead are the file's, shared by its handles.
 #[derive(Default)]
 struct ReadAhead {
-    /// Where the next sequential read starts.
+    /// Where the last read started, and the furthest end of the stream's reads.
+    last: u64,
     next: u64,
+    /// The last read's length.
+    len: u64,
+    /// The step from the start of the read before the last to the last's (0: none).
+    step: u64,
+    /// Reads in a row that kept the pattern (0: no stream).
+    run: u32,
     window: u64,
+}
+
+/// Reads in a row a pattern needs before read-ahead starts.
+const STREAM_READS: u32 = 2;
+
+impl ReadAhead {
+    /// Note a read of `len` bytes at `offset` (chunks of `chunk` bytes); what it continues.
+    fn note(&mut self, offset: u64, len: u64, chunk: u64) -> Pattern {
+        // The kernel sends a stream's reads several at once, so they may come out of
+        // order: once a stream runs, a read that starts within a few reads of its head
+        // (or within the window, once reading ahead) continues it. Before, only a read at
+        // or a little past the last one's end does: reads going backward are no stream.
+        let window = if self.run >= STREAM_READS { self.window } else { 0 };
+        let slack = len.max(self.len).saturating_mul(4).max(window);
+        let behind = if self.run > 0 { slack } else { 0 };
+        let step = offset.wrapping_sub(self.last);
+        // A read past the head by the step the last one took (a gap each time).
+        let strided = offset > self.next && offset > self.last && step == self.step && step <= chunk;
+        let sequential =
+            !strided && offset.saturating_add(behind) >= self.next && offset <= self.next.saturating_add(slack);
+        self.step = if offset > self.last { step } else { 0 };
+        self.last = offset;
+        self.len = len;
+        let pattern = if sequential {
+            Pattern::Sequential
+        } else if strided {
+            Pattern::Strided
+        } else {
+            Pattern::Random
+        };
+        if pattern == Pattern::Random {
+            self.run = 0;
+            self.window = 0;
+            self.next = offset + len;
+        } else {
+            self.run = self.run.saturating_add(1);
+            self.next = self.next.max(offset + len);
+        }
+        pattern
+    }
 }
 
 #[derive(Default)]
@@ -156,7 +209,7 @@ impl File {
         if data.len() as u64 != size || size > self.fs.inner.params.rpc_bytes() {
             return;
         }
-        lock(&self.shared.chunks).insert(0, cache::ready(Bytes::copy_from_slice(data)), None);
+        lock(&self.shared.chunks).insert(0, cache::ready(Bytes::copy_from_slice(data)), None, true);
     }
 
     /// A file the MDT has opened as `handle` (by an open, or a create-open), with its
@@ -468,10 +521,14 @@ impl File {
             return None;
         }
         let end = offset.saturating_add(len as u64).min(st.size);
-        let fetch = lock(&self.shared.chunks).get(0)?;
+        let fetch = lock(&self.shared.chunks).get(0, true)?;
         let got = fetch.borrow();
         let Some(Ok(bytes)) = got.as_ref() else { return None };
-        (bytes.len() as u64 >= end).then(|| bytes[offset as usize..end as usize].to_vec())
+        let out = (bytes.len() as u64 >= end).then(|| bytes[offset as usize..end as usize].to_vec());
+        if out.is_some() {
+            self.fs.inner.caches.stats.hits.fetch_add(1, Ordering::Relaxed);
+        }
+        out
     }
 
     /// Read up to `len` bytes at `offset`; fewer at the end of the file.
@@ -521,37 +578,38 @@ impl File {
     ) -> Result<Vec<u8>> {
         let chunk = self.fs.inner.params.rpc_bytes();
         let end = offset + len;
-        // The kernel sends a stream's reads several at once, so they may come out of
-        // order: a read near the stream's head continues it.
-        let near = st.ra.window.max(chunk);
-        let in_stream = offset.saturating_add(near) >= st.ra.next && offset <= st.ra.next.saturating_add(near);
-        if in_stream {
-            if end > st.ra.next {
-                st.ra.window = (st.ra.window * 2).clamp(chunk, per_file.max(chunk));
-            }
-            st.ra.next = st.ra.next.max(end);
-        } else {
-            st.ra.window = 0;
-            st.ra.next = end;
-        }
-        if st.ra.window == 0 {
+        let head = st.ra.next;
+        let pattern = st.ra.note(offset, len, chunk);
+        let stats = &self.fs.inner.caches.stats;
+        stats.count(pattern);
+        let streaming = st.ra.run >= STREAM_READS;
+        if !streaming && !lock(&self.shared.chunks).covers(offset, end, chunk) {
+            // Not (yet) a stream, and not in chunks already here (read ahead by another
+            // handle, or sent with the open): what was asked, and nothing else.
+            stats.misses.fetch_add(1, Ordering::Relaxed);
             lock(&self.shared.chunks).stream(self.handle, None);
             return read_range(&self.fs, &self.creds, self.fid, layout, offset, len).await;
         }
-        // Start the chunks this read needs and those of the window after it that no
-        // handle has asked for yet.
+        if streaming && (end > head || st.ra.window == 0) {
+            st.ra.window = (st.ra.window * 2).clamp(chunk, per_file.max(chunk));
+        }
+        let near = st.ra.window.max(chunk);
+        // Start the chunks this read needs and, on a stream, those of the window after it
+        // that no handle has asked for yet.
         let size = st.size;
-        let ahead = end.saturating_add(st.ra.window).min(size);
+        let ahead = if streaming { end.saturating_add(st.ra.window) } else { end }.min(size);
         let mut needed = Vec::new();
+        let mut waited = false;
         {
             let mut chunks = lock(&self.shared.chunks);
-            chunks.stream(self.handle, Some(st.ra.next));
+            chunks.stream(self.handle, streaming.then_some(st.ra.next));
             let mut c = offset / chunk * chunk;
             while c < ahead {
                 let is_needed = c < end;
-                let fetch = match chunks.get(c) {
+                let fetch = match chunks.get(c, is_needed) {
                     Some(f) => f,
                     None => {
+                        waited |= is_needed;
                         let n = chunk.min(size - c);
                         let budget = &self.fs.inner.params.read_ahead;
                         let permit = budget.try_take(n).or_else(|| {
@@ -567,7 +625,11 @@ impl File {
                             spawn_fetch(
                                 async move { read_range(&fs, &creds, fid, &layout, c, n).await.map(Bytes::from) },
                             );
-                        chunks.insert(c, f.clone(), permit);
+                        if !is_needed {
+                            stats.chunks_ahead.fetch_add(1, Ordering::Relaxed);
+                            stats.bytes_ahead.fetch_add(n, Ordering::Relaxed);
+                        }
+                        chunks.insert(c, f.clone(), permit, is_needed);
                         f
                     }
                 };
@@ -577,6 +639,7 @@ impl File {
                 c += chunk;
             }
         }
+        if waited { &stats.misses } else { &stats.hits }.fetch_add(1, Ordering::Relaxed);
         let mut out = vec![0u8; len as usize];
         for (c, fetch) in needed {
             // A chunk holds `want` bytes, or it is short (read when the file was
@@ -919,12 +982,11 @@ pub(crate) async fn read_range(
     offset: u64,
     len: u64,
 ) -> Result<Vec<u8>> {
-    let pieces = layout.plan(offset, len, fs.inner.params.rpc_bytes())?;
+    let mut pieces = layout.plan(offset, len, fs.inner.params.rpc_bytes())?;
     let checksums = fs.inner.params.checksums();
-    let mut set = tokio::task::JoinSet::new();
-    for p in pieces {
+    let read = |p: Piece| {
         let (fs, c) = (fs.clone(), c.clone());
-        set.spawn(async move {
+        async move {
             let mut data = Vec::with_capacity(p.len as usize);
             match p.place {
                 Place::Mdt => {
@@ -964,10 +1026,24 @@ pub(crate) async fn read_range(
                 }
             }
             Ok::<_, Error>((p, data))
-        });
-    }
+        }
+    };
+    // One piece (a small read) runs here: a task of its own would cost a thread wakeup
+    // each way. Several run as tasks, so that one failing cannot cut the others' RPCs
+    // in the middle (see `all`).
+    let got = if pieces.len() == 1
+        && let Some(p) = pieces.pop()
+    {
+        vec![read(p).await?]
+    } else {
+        let mut set = tokio::task::JoinSet::new();
+        for p in pieces {
+            set.spawn(read(p));
+        }
+        all(set, "read").await?
+    };
     let mut out = vec![0u8; len as usize];
-    for (p, data) in all(set, "read").await? {
+    for (p, data) in got {
         let mut at = 0usize;
         for &(fo, n) in &p.spans {
             let dst = (fo - offset) as usize;

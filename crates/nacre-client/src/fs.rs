@@ -1395,6 +1395,10 @@ impl FileSystem {
                 }
             }
         }
+        let ra = format!("llite.{}.read_ahead_stats", self.inner.fsname);
+        if nacre_net::glob::glob(pattern, &ra) {
+            out.push((ra, self.inner.caches.stats.render()));
+        }
         out
     }
 
@@ -1412,6 +1416,11 @@ impl FileSystem {
     }
 
     fn set_knob(&self, _scope: &str, knob: &str, value: &str) -> Result<()> {
+        if knob == "read_ahead_stats" {
+            // As Lustre's: any write clears the counters.
+            self.inner.caches.stats.clear();
+            return Ok(());
+        }
         self.inner.params.set(knob, value).map_err(|m| Error::new(errno::EINVAL, m))?;
         if knob == "max_rpcs_in_flight" {
             let n = self.inner.params.rpcs_in_flight.load(Ordering::Relaxed);

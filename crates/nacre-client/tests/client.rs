@@ -864,3 +864,114 @@ async fn an_unlink_leaves_its_directory_attributes_for_one_getattr() {
     fs.rmdir(&c, d.fid, "sub").await.unwrap();
     assert_eq!(fs.fresh_dir_attr(d.fid).unwrap().nlink, 2, "rmdir too: the subdirectory's link is gone");
 }
+
+/// The mount's `read_ahead_stats` counter `name`.
+fn ra_stat(fs: &FileSystem, name: &str) -> u64 {
+    let text = fs.get_param("llite.*.read_ahead_stats").pop().unwrap().1;
+    text.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).unwrap().parse().unwrap()
+}
+
+/// Read-ahead follows what a stream does: random reads, backward reads and strides wider
+/// than a chunk fetch exactly what they ask (the OSTs read 4 KiB for a 4 KiB read);
+/// sequential and strided streams are read ahead in chunks, the OSTs reading each byte
+/// about once. Every read returns what was written, and `read_ahead_stats` counts each
+/// kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_ahead_follows_sequential_and_strided_streams_and_stays_out_of_random_ones() {
+    const CHUNK: u64 = 256 << 10;
+    let t = TestFs::start(1, 2).await;
+    let fs = t.mount("c1").await;
+    fs.set_param("osc.*.max_pages_per_rpc", &(CHUNK / 4096).to_string()).unwrap();
+    let c = Creds::default();
+    let a = fs.create(&c, Fid::ROOT, "f", 0o644, Some(&lfs("-c 2 -S 1M"))).await.unwrap();
+    let f = fs.open(&c, a.fid, OpenFlags::WRITE).await.unwrap();
+    let data = pattern(21, 16 << 20);
+    write_in(&f, 0, &data, &[1 << 20]).await;
+    f.close().await.unwrap();
+    let b = fs.create(&c, Fid::ROOT, "g", 0o644, Some(&lfs("-c 2 -S 1M"))).await.unwrap();
+    let f = fs.open(&c, b.fid, OpenFlags::WRITE).await.unwrap();
+    write_in(&f, 0, &data, &[1 << 20]).await;
+    f.close().await.unwrap();
+    let size = data.len() as u64;
+    let check = |got: &[u8], at: u64, what: &str| {
+        assert!(got == &data[at as usize..at as usize + got.len()], "{what} read at {at} differs");
+    };
+
+    // Random 4 KiB reads, never next to each other: 4 KiB from the OSTs each.
+    let r = fs.open(&c, a.fid, OpenFlags::READ).await.unwrap();
+    let (before, random0, ahead0) =
+        (t.ost_read_bytes(), ra_stat(&fs, "random_reads"), ra_stat(&fs, "chunks_read_ahead"));
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let blocks = size / 4096;
+    for _ in 0..200 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let at = (x % blocks) * 4096;
+        let got = r.read(at, 4096).await.unwrap();
+        assert_eq!(got.len(), 4096);
+        check(&got, at, "random");
+    }
+    assert_eq!(t.ost_read_bytes() - before, 200 * 4096, "random reads fetch what they ask");
+    assert!(ra_stat(&fs, "random_reads") - random0 >= 195, "nearly every read is random");
+    assert_eq!(ra_stat(&fs, "chunks_read_ahead"), ahead0, "nothing read ahead of random reads");
+    r.close().await.unwrap();
+
+    // Backward 4 KiB reads from the end: the same.
+    let r = fs.open(&c, a.fid, OpenFlags::READ).await.unwrap();
+    let before = t.ost_read_bytes();
+    for i in 1..=64 {
+        let at = size - i * 4096;
+        check(&r.read(at, 4096).await.unwrap(), at, "backward");
+    }
+    assert_eq!(t.ost_read_bytes() - before, 64 * 4096, "backward reads fetch what they ask");
+    assert_eq!(ra_stat(&fs, "chunks_read_ahead"), ahead0);
+    r.close().await.unwrap();
+
+    // A stride wider than a chunk: what is asked.
+    let r = fs.open(&c, a.fid, OpenFlags::READ).await.unwrap();
+    let before = t.ost_read_bytes();
+    for i in 0..12 {
+        let at = i * (CHUNK + 8192);
+        check(&r.read(at, 8192).await.unwrap(), at, "wide stride");
+    }
+    assert_eq!(t.ost_read_bytes() - before, 12 * 8192, "a wide stride fetches what it asks");
+    assert_eq!(ra_stat(&fs, "chunks_read_ahead"), ahead0);
+    r.close().await.unwrap();
+
+    // A strided stream (one handle reading every third 47,008-byte block, as one of
+    // ior-hard's tasks): read ahead too, every byte right.
+    const T: u64 = 47_008;
+    let r = fs.open(&c, a.fid, OpenFlags::READ).await.unwrap();
+    let strided0 = ra_stat(&fs, "strided_reads");
+    let mut at = 0;
+    while at + T <= size {
+        check(&r.read(at, T as usize).await.unwrap(), at, "strided");
+        at += 3 * T;
+    }
+    assert!(ra_stat(&fs, "strided_reads") - strided0 >= size / (3 * T) - 3, "the stride is seen");
+    assert!(ra_stat(&fs, "chunks_read_ahead") > ahead0, "a strided stream is read ahead");
+    let ahead1 = ra_stat(&fs, "chunks_read_ahead");
+    r.close().await.unwrap();
+
+    // Sequential 64 KiB reads: read ahead, each byte from the OSTs about once.
+    // (On a file of its own: the strided stream's chunks would answer it.)
+    let r = fs.open(&c, b.fid, OpenFlags::READ).await.unwrap();
+    let (before, seq0, hits0) = (t.ost_read_bytes(), ra_stat(&fs, "sequential_reads"), ra_stat(&fs, "hits"));
+    let mut at = 0;
+    while at < size {
+        let got = r.read(at, 64 << 10).await.unwrap();
+        check(&got, at, "sequential");
+        at += got.len() as u64;
+    }
+    let read = t.ost_read_bytes() - before;
+    assert!((size..=size + CHUNK).contains(&read), "the OSTs read {read} bytes for a sequential read of {size}");
+    assert!(ra_stat(&fs, "sequential_reads") - seq0 >= size / (64 << 10) - 1);
+    assert!(ra_stat(&fs, "chunks_read_ahead") > ahead1, "a stream is read ahead");
+    assert!(ra_stat(&fs, "hits") - hits0 >= size / (64 << 10) * 3 / 4, "most stream reads find their chunk there");
+    r.close().await.unwrap();
+
+    // Writing to read_ahead_stats clears it.
+    fs.set_param("llite.*.read_ahead_stats", "clear").unwrap();
+    assert_eq!(ra_stat(&fs, "hits") + ra_stat(&fs, "random_reads"), 0);
+}

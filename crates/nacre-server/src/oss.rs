@@ -8,6 +8,7 @@
 //! as a negative errno with a message naming the problem.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -50,6 +51,8 @@ pub struct Oss {
     brw_size: std::sync::atomic::AtomicU32,
     /// The server this OSS runs on, once attached (transport statistics and policy).
     server: std::sync::Mutex<Option<nacre_net::server::ServerHandle>>,
+    /// Small reads running on runtime threads (see [`Oss::inline_read`]).
+    inline_reads: AtomicUsize,
 }
 
 fn crc32c(b: &[u8]) -> u32 {
@@ -112,6 +115,7 @@ impl Oss {
             brw_size: std::sync::atomic::AtomicU32::new(cfg.brw_size),
             cfg,
             server: std::sync::Mutex::new(None),
+            inline_reads: AtomicUsize::new(0),
         })
     }
 
@@ -247,12 +251,34 @@ impl Oss {
         Arc::new(move |req: Incoming| {
             let oss = oss.clone();
             Box::pin(async move {
+                if let Some(_slot) = oss.inline_read(&req) {
+                    return oss.handle(req);
+                }
                 match tokio::task::spawn_blocking(move || oss.handle(req)).await {
                     Ok(r) => r,
                     Err(e) => fail(errno::EIO, format!("the request failed inside the server: {e}")),
                 }
             })
         })
+    }
+
+    /// A slot to serve `req` where it arrived, if it is a small read and a runtime
+    /// thread is left for everything else. A 4 KiB read costs a drive read of about
+    /// 90 µs here; handing it to a blocking thread and back cost two thread wakeups more,
+    /// and ior-rnd4K ran 30% slower. At least one runtime thread never blocks on a drive,
+    /// so pings and other connections are served whatever the drives do.
+    fn inline_read(&self, req: &Incoming) -> Option<InlineRead<'_>> {
+        if req.header.opcode != ost::OST_READ
+            || !matches!(Request::decode(req.header.opcode, &req.body), Ok(Request::Read { len, .. }) if len <= INLINE_READ_MAX)
+        {
+            return None;
+        }
+        let most = tokio::runtime::Handle::try_current().map_or(0, |h| h.metrics().num_workers().saturating_sub(1));
+        let running = &self.inline_reads;
+        running
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < most).then_some(n + 1))
+            .ok()
+            .map(|_| InlineRead(running))
     }
 
     fn target(&self, i: u32) -> Result<&(String, Arc<Target>, TargetStats), Reply> {
@@ -407,5 +433,17 @@ impl Oss {
                 Err(e) => osd_fail(e),
             },
         }
+    }
+}
+
+/// Reads of at most this many bytes may run on the transport's thread.
+const INLINE_READ_MAX: u32 = 64 << 10;
+
+/// A read running on a runtime thread; the count goes down when it ends.
+struct InlineRead<'a>(&'a AtomicUsize);
+
+impl Drop for InlineRead<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }

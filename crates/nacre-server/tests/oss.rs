@@ -227,3 +227,99 @@ async fn concurrent_writers_to_disjoint_ranges_of_one_object_all_land() {
     }
     assert!(t.check().unwrap().is_clean());
 }
+
+/// A drive whose reads wait while its gate is shut (a drive that stalls).
+struct Stalling {
+    inner: Arc<MemDrive>,
+    shut: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+}
+
+impl BlockDevice for Stalling {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let (m, cv) = &*self.shut;
+        let mut shut = m.lock().unwrap();
+        while *shut {
+            shut = cv.wait(shut).unwrap();
+        }
+        drop(shut);
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        self.inner.sync()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn path(&self) -> &std::path::Path {
+        self.inner.path()
+    }
+}
+
+/// Small reads run on the transport's threads, but never on all of them: with every data
+/// drive stalled and more small reads waiting than the server has threads, it still
+/// answers pings, and the reads return the right bytes once the drives move again. (The
+/// server has a runtime of its own, so that its blocked threads cannot stall the test.)
+#[test]
+fn small_reads_on_stalled_drives_leave_the_server_answering() {
+    let shut = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
+    let data: Vec<Arc<dyn BlockDevice>> = (0..6)
+        .map(|i| {
+            Arc::new(Stalling { inner: MemDrive::new(&format!("d{i}"), 8 << 20), shut: shut.clone() })
+                as Arc<dyn BlockDevice>
+        })
+        .collect();
+    let mut d = CreateOptions::new("ost0", Level::Raid6);
+    d.strip_bytes = 16 << 10;
+    d.assume_clean = true;
+    let meta: Vec<Arc<dyn BlockDevice>> =
+        (0..2).map(|i| MemDrive::new(&format!("m{i}"), 32 << 20) as Arc<dyn BlockDevice>).collect();
+    let mut m = CreateOptions::new("ost0-index", Level::Raid1);
+    m.strip_bytes = 64 << 10;
+    m.assume_clean = true;
+    let t = Arc::new(
+        Target::format(
+            Arc::new(Volume::create(data, &d, &run).unwrap()),
+            Arc::new(Volume::create(meta, &m, &run).unwrap()),
+            TargetOptions::default(),
+        )
+        .unwrap(),
+    );
+    let runtime = || tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (server_rt, client_rt) = (runtime(), runtime());
+    let net = MemNetwork::new();
+    let oss = Oss::new(vec![t], OssConfig::default());
+    let transport = Arc::new(net.transport("oss0"));
+    let server = server_rt
+        .block_on(Server::start(transport, &"oss0@mem".parse().unwrap(), oss.handler(), ServerConfig::default()))
+        .unwrap();
+    let nid = server.nid();
+    client_rt.block_on(async {
+        let imp = Client::new(Arc::new(net.transport("c0")), ClientConfig::default()).connect(&nid).await.unwrap();
+        let c = Arc::new(Ost { imp, checksums: true });
+        let (oid, _) = c.create(1).await.unwrap();
+        let body = bytes(5, 1 << 20);
+        c.write(oid, 0, &body).await.unwrap();
+        *shut.0.lock().unwrap() = true;
+        let reads: Vec<_> = (0..4u64)
+            .map(|i| {
+                let c = c.clone();
+                tokio::spawn(async move { c.read(oid, i * 8192, 4096).await.unwrap() })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        assert!(reads.iter().all(|r| !r.is_finished()), "the drives are stalled");
+        let pinged = tokio::time::timeout(std::time::Duration::from_secs(5), c.imp.ping()).await;
+        *shut.0.lock().unwrap() = false;
+        shut.1.notify_all();
+        assert!(matches!(pinged, Ok(Ok(()))), "a stalled drive held every server thread: {pinged:?}");
+        for (i, r) in reads.into_iter().enumerate() {
+            let at = i * 8192;
+            assert!(r.await.unwrap() == body[at..at + 4096], "read {i}");
+        }
+    });
+    drop(server);
+}
