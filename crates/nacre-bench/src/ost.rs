@@ -4,7 +4,9 @@
 //! - raw write / read: `threads` streams of `brw`-byte IOs straight to the volume;
 //! - object write / rewrite / read: the same streams into one object per thread;
 //! - small writes: `threads` writers interleaving 47,008-byte pieces (IO500's ior-hard
-//!   transfer) into one shared object;
+//!   transfer) into one shared object, answered before commit (the OSS's write-back; the
+//!   clock stops when the last commit is on the drives), and again each written to the
+//!   drives before it returns (the journal);
 //! - raw index writes: `threads` writers of 48 KiB (one journal record of 47,008 bytes)
 //!   straight to the mirrored index volume, the reference for the small writes;
 //! - random 4 KiB reads: `threads` readers (the queue depth), each reading aligned 4 KiB
@@ -26,7 +28,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use nacre_osd::{Target, TargetOptions};
+use nacre_osd::{Target, TargetOptions, WriteBack, WriteBackOptions};
 use nacre_raid::align::AlignedBuf;
 use nacre_raid::{Level, Volume};
 use serde_json::{Value, json};
@@ -139,7 +141,9 @@ fn objects(t: &Target, oids: &[u64], o: &OstBenchOptions, write: bool, salt: u64
 }
 
 /// Interleaved 47,008-byte writes into one object; returns GB/s, after checking the object.
-fn small_writes(t: &Target, oid: u64, o: &OstBenchOptions) -> Result<f64, BenchError> {
+/// Through `wb`, each is answered before commit and the clock stops once the last commit
+/// has put every byte on the drives; without, each is on the drives when it returns.
+fn small_writes(t: &Target, wb: Option<&WriteBack>, oid: u64, o: &OstBenchOptions) -> Result<f64, BenchError> {
     let pieces_per_thread = small_pieces_per_thread(o);
     // Piece i is a window into one pattern (built before the clock starts): distinct per
     // piece, and nothing is computed per byte while timing.
@@ -148,17 +152,32 @@ fn small_writes(t: &Target, oid: u64, o: &OstBenchOptions) -> Result<f64, BenchE
         let at = ((i * 7) % 251) as usize;
         &pattern[at..at + SMALL_WRITE_BYTES]
     };
+    let bad = |e: nacre_osd::OsdError| BenchError::Bad(e.to_string());
+    let last_done = std::sync::atomic::AtomicUsize::new(0);
     let secs = timed(
         o.threads,
         |_| (),
         |j, _| {
             for k in 0..pieces_per_thread {
                 let i = k * o.threads as u64 + j as u64;
-                t.write(oid, i * SMALL_WRITE_BYTES as u64, piece(i)).map_err(|e| BenchError::Bad(e.to_string()))?;
+                let at = i * SMALL_WRITE_BYTES as u64;
+                match wb {
+                    Some(wb) => wb.write(0, j as u64 + 1, oid, at, piece(i), None).map(drop).map_err(bad)?,
+                    None => t.write(oid, at, piece(i)).map_err(bad)?,
+                }
+            }
+            // The last writer to finish waits for the commit of everything.
+            if last_done.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1 == o.threads
+                && let Some(wb) = wb
+            {
+                wb.commit().map_err(bad)?;
             }
             Ok(())
         },
     )?;
+    if let Some(wb) = wb {
+        wb.commit().map_err(bad)?;
+    }
     let total = pieces_per_thread * o.threads as u64;
     let mut buf = vec![0u8; SMALL_WRITE_BYTES];
     for i in 0..total {
@@ -333,7 +352,8 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
     // with 1 MiB strips 0.231-0.238, RAID10 0.271-0.272; more journal batches in flight or
     // more IO threads per drive did not help on these file drives.
     let meta = Arc::new(create(&make_drives(&index_dir, 4, 1 << 30)?, Level::Raid10, 256 << 10)?);
-    let mut f: [Vec<f64>; 7] = Default::default();
+    // f[7]: 47,008-byte writes each on the drives before it returns (the journal).
+    let mut f: [Vec<f64>; 8] = Default::default();
     // Random 4 KiB reads per second: the raw volume's, the objects'.
     let (mut raw_rand, mut obj_rand) = (Vec::new(), Vec::new());
     for round in 0..o.rounds.max(1) {
@@ -350,12 +370,28 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
         f[3].push(objects(&t, &oids, o, true, salt + 1)?);
         f[4].push(objects(&t, &oids, o, false, salt + 1)?);
         obj_rand.push(object_rand_reads(&t, &oids, o, salt + 1)?);
+        let t = Arc::new(t);
+        let wb =
+            WriteBack::new(vec![t.clone()], WriteBackOptions::default()).map_err(|e| BenchError::Bad(e.to_string()))?;
+        f[5].push(small_writes(&t, Some(&wb), oids[o.threads], o)?);
+        let w = wb.stats();
+        drop(wb);
+        let _ = writeln!(
+            out,
+            "  small writes answered before commit: {} held, {} commits of {} extents ({:.0} KiB each), {} waits for room",
+            w.held,
+            w.commits,
+            w.committed_extents,
+            w.committed_bytes as f64 / w.committed_extents.max(1) as f64 / 1024.0,
+            w.waits
+        );
+        let sync_oid = t.create(1).map_err(|e| BenchError::Bad(e.to_string()))?.start;
         let before = t.stats();
-        f[5].push(small_writes(&t, oids[o.threads], o)?);
+        f[7].push(small_writes(&t, None, sync_oid, o)?);
         let after = t.stats();
         let _ = writeln!(
             out,
-            "  small writes: {} journaled in {} batches, {} chunks destaged in {:.0} ms of destage time; {:.0} ms in appends of {:.0} ms",
+            "  small writes each on the drives before its answer: {} journaled in {} batches, {} chunks destaged in {:.0} ms of destage time; {:.0} ms in appends of {:.0} ms",
             after.journaled - before.journaled,
             after.journal_batches - before.journal_batches,
             after.destaged - before.destaged,
@@ -369,7 +405,7 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
         }
         let _ = writeln!(
             out,
-            "round {}: raw write {:.2} read {:.2} index 48K {:.3} | object write {:.2} rewrite {:.2} read {:.2} | 47,008-byte writes {:.3} GB/s | random 4 KiB reads: raw {:.0}/s, objects {:.0}/s",
+            "round {}: raw write {:.2} read {:.2} index 48K {:.3} | object write {:.2} rewrite {:.2} read {:.2} | 47,008-byte writes {:.3} GB/s ({:.3} each on the drives before its answer) | random 4 KiB reads: raw {:.0}/s, objects {:.0}/s",
             round + 1,
             f[0][round],
             f[1][round],
@@ -378,6 +414,7 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
             f[3][round],
             f[4][round],
             f[5][round],
+            f[7][round],
             raw_rand[round],
             obj_rand[round]
         );
@@ -417,7 +454,8 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
         (ratio(b[2], b[0]), ratio(b[4], b[1]), ratio(b[3], b[0]), ratio(b[5], b[2]));
     // Each small-write byte goes once to the journal and once more in a full stripe.
     let bound = if b[6] > 0.0 && b[0] > 0.0 { 1.0 / (1.0 / b[6] + 1.0 / b[0]) } else { 0.0 };
-    let (bound_ratio, small_vs_bound) = (ratio(bound, b[2]), ratio(b[5], bound));
+    let (bound_ratio, small_vs_bound) = (ratio(bound, b[2]), ratio(b[7], bound));
+    let small_sync_ratio = ratio(b[7], b[2]);
     let (raw_rand, obj_rand) = (peak(&raw_rand), peak(&obj_rand));
     let rand_ratio = ratio(obj_rand, raw_rand);
     let _ = writeln!(out, "\n| phase | GB/s (best of {}) | ratio | target |\n|---|---:|---:|---:|", o.rounds);
@@ -426,12 +464,21 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
     let _ = writeln!(out, "| object write | {:.2} | {write_ratio:.3} of raw write | ≥ 0.9 |", b[2]);
     let _ = writeln!(out, "| object rewrite | {:.2} | {rewrite_ratio:.3} of raw write | |", b[3]);
     let _ = writeln!(out, "| object read | {:.2} | {read_ratio:.3} of raw read | ≥ 0.9 |", b[4]);
-    let _ = writeln!(out, "| 47,008-byte writes | {:.3} | {small_ratio:.3} of object write | ≥ 0.5 |", b[5]);
+    let _ = writeln!(
+        out,
+        "| 47,008-byte writes, answered before commit | {:.3} | {small_ratio:.3} of object write | ≥ 0.5 |",
+        b[5]
+    );
+    let _ = writeln!(
+        out,
+        "| 47,008-byte writes, each on the drives before its answer | {:.3} | {small_sync_ratio:.3} of object write | |",
+        b[7]
+    );
     let _ =
         writeln!(out, "| raw index volume, 48 KiB writes | {:.3} | {:.3} of object write | |", b[6], ratio(b[6], b[2]));
     let _ = writeln!(
         out,
-        "| bound for journaled small writes | {bound:.3} | {bound_ratio:.3} of object write | small writes reach {small_vs_bound:.3} of it |"
+        "| bound for journaled small writes | {bound:.3} | {bound_ratio:.3} of object write | journaled ones reach {small_vs_bound:.3} of it |"
     );
     let _ = writeln!(
         out,
@@ -458,6 +505,8 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
         "rewrite_gbps": b[3],
         "read_gbps": b[4],
         "small_write_gbps": b[5],
+        "small_write_sync_gbps": b[7],
+        "small_write_sync_ratio": small_sync_ratio,
         "write_ratio": write_ratio,
         "read_ratio": read_ratio,
         "rewrite_ratio": rewrite_ratio,

@@ -40,19 +40,24 @@ pub struct OpenFlags {
     pub append: bool,
     /// Cut the file to nothing at open (`O_TRUNC`).
     pub truncate: bool,
-    /// No write-behind or read-ahead: each call goes to the servers (`O_DIRECT`).
+    /// No write-behind or read-ahead: each call goes to the servers (`O_DIRECT`), and a
+    /// write returns once it is on the drives.
     pub direct: bool,
+    /// Each write returns once it is on the drives (`O_SYNC`, `O_DSYNC`).
+    pub sync: bool,
 }
 
 impl OpenFlags {
-    pub const READ: OpenFlags = OpenFlags { read: true, write: false, append: false, truncate: false, direct: false };
-    pub const WRITE: OpenFlags = OpenFlags { read: false, write: true, append: false, truncate: false, direct: false };
+    pub const READ: OpenFlags =
+        OpenFlags { read: true, write: false, append: false, truncate: false, direct: false, sync: false };
+    pub const WRITE: OpenFlags =
+        OpenFlags { read: false, write: true, append: false, truncate: false, direct: false, sync: false };
     pub const READ_WRITE: OpenFlags =
-        OpenFlags { read: true, write: true, append: false, truncate: false, direct: false };
+        OpenFlags { read: true, write: true, append: false, truncate: false, direct: false, sync: false };
 
     /// From open(2) flags (Linux values).
     pub fn from_posix(flags: i32) -> OpenFlags {
-        use libc::{O_ACCMODE, O_APPEND, O_DIRECT, O_RDWR, O_TRUNC, O_WRONLY};
+        use libc::{O_ACCMODE, O_APPEND, O_DIRECT, O_DSYNC, O_RDWR, O_SYNC, O_TRUNC, O_WRONLY};
         let acc = flags & O_ACCMODE;
         OpenFlags {
             read: acc != O_WRONLY,
@@ -60,6 +65,7 @@ impl OpenFlags {
             append: flags & O_APPEND != 0,
             truncate: flags & O_TRUNC != 0,
             direct: flags & O_DIRECT != 0,
+            sync: flags & (O_SYNC | O_DSYNC) != 0,
         }
     }
 }
@@ -314,9 +320,12 @@ impl File {
         self.written_at.fetch_max(now_ns(), Ordering::Relaxed);
         let through =
             || write_range(&self.fs, &self.creds, self.handle, self.fid, &layout, offset, Bytes::copy_from_slice(data));
-        if self.flags.direct {
+        if self.flags.direct || self.flags.sync {
             self.flush(&mut st).await?;
-            return through().await.map(|_| data.len());
+            through().await?;
+            // The OSTs answer small writes before they commit them.
+            self.commit_osts(&layout, offset, len).await?;
+            return Ok(data.len());
         }
         let budget = &self.fs.inner.params.dirty;
         let unit = self.flush_unit(&layout);
@@ -734,6 +743,28 @@ impl File {
             self.publish_size(&mut st).await?;
         }
         self.fs.commit_fid(self.fid).await
+    }
+
+    /// Wait until the targets holding `[offset, offset + len)` (OSTs, and the MDT for
+    /// DoM bytes) have committed everything they answered.
+    async fn commit_osts(&self, layout: &FileLayout, offset: u64, len: u64) -> Result<()> {
+        let pieces = layout.plan(offset, len, self.fs.inner.params.rpc_bytes())?;
+        let mut osts: Vec<u32> = pieces
+            .iter()
+            .filter_map(|p| match p.place {
+                Place::Object { ost, .. } => Some(ost),
+                Place::Mdt => None,
+            })
+            .collect();
+        osts.sort_unstable();
+        osts.dedup();
+        for o in osts {
+            self.fs.ost_call(o, &ost::Request::Sync { target: 0 }, &[]).await?;
+        }
+        if pieces.iter().any(|p| matches!(p.place, Place::Mdt)) {
+            self.fs.commit_fid(self.fid).await?;
+        }
+        Ok(())
     }
 
     /// Tell the MDT the size the objects give (it keeps the larger of that and its own)

@@ -975,3 +975,31 @@ async fn read_ahead_follows_sequential_and_strided_streams_and_stays_out_of_rand
     fs.set_param("llite.*.read_ahead_stats", "clear").unwrap();
     assert_eq!(ra_stat(&fs, "hits") + ra_stat(&fs, "random_reads"), 0);
 }
+
+/// The OSTs answer small writes before they commit them; a write through an O_SYNC or
+/// O_DIRECT handle returns only once its bytes are on the OST's drives, and an fsync
+/// commits what plain handles wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_and_direct_writes_return_once_on_the_drives() {
+    let t = TestFs::start(1, 1).await;
+    let fs = t.mount("c1").await;
+    let c = Creds::default();
+    let on_drives = |t: &TestFs| t.osts.iter().map(|o| o.stats().write_bytes).sum::<u64>();
+    for (name, flags) in [
+        ("sync", OpenFlags { sync: true, ..OpenFlags::READ_WRITE }),
+        ("direct", OpenFlags { direct: true, ..OpenFlags::READ_WRITE }),
+        ("plain", OpenFlags::READ_WRITE),
+    ] {
+        let a = fs.create(&c, Fid::ROOT, name, 0o644, Some(&lfs("-c 1"))).await.unwrap();
+        let f = fs.open(&c, a.fid, flags).await.unwrap();
+        let before = on_drives(&t);
+        let data = pattern(31, 8192);
+        assert_eq!(f.write(4096, &data).await.unwrap(), 8192);
+        if name == "plain" {
+            f.fsync().await.unwrap();
+        }
+        assert!(on_drives(&t) - before >= 8192, "{name}: the write is on the drives when it returns");
+        assert!(f.read(4096, 8192).await.unwrap() == data, "{name}");
+        f.close().await.unwrap();
+    }
+}

@@ -12,8 +12,10 @@ mod journal;
 mod locks;
 pub mod object;
 pub mod target;
+pub mod writeback;
 
 pub use backend::SyncMode;
 pub use error::{OsdError, Result};
 pub use object::{ObjectAttr, SetAttr};
 pub use target::{CheckReport, StatFs, Target, TargetOptions, TargetStats};
+pub use writeback::{WriteBack, WriteBackOptions, WriteBackStats};

@@ -1339,6 +1339,39 @@ impl Target {
         })
     }
 
+    /// Set (or with `None` remove) values the service over this target keeps in its
+    /// index, under keys it names (`wb.` for the write-back's), in one durable
+    /// transaction.
+    pub fn put_service_values(&self, values: &[(&str, Option<u64>)]) -> Result<()> {
+        let txn = self.db.begin_write()?;
+        {
+            let mut m = txn.open_table(META)?;
+            for (k, v) in values {
+                match v {
+                    Some(v) => m.insert(*k, *v)?,
+                    None => m.remove(*k)?,
+                };
+            }
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// The service values whose keys start with `prefix`.
+    pub fn service_values(&self, prefix: &str) -> Result<Vec<(String, u64)>> {
+        let txn = self.db.begin_read()?;
+        let m = txn.open_table(META)?;
+        let mut out = Vec::new();
+        for e in m.range(prefix..)? {
+            let (k, v) = e?;
+            if !k.value().starts_with(prefix) {
+                break;
+            }
+            out.push((k.value().to_string(), v.value()));
+        }
+        Ok(out)
+    }
+
     /// Make everything written so far durable on the drives (Lustre's OST sync).
     pub fn sync(&self) -> Result<()> {
         self.data.flush()?;

@@ -538,3 +538,52 @@ fn concurrent_small_writers_never_share_blocks() {
     assert_eq!(used, space);
     assert!(t.check().unwrap().is_clean(), "{:?}", t.check().unwrap().problems);
 }
+
+/// The write-back holds at most `max_bytes`: writers that find it full wait for the
+/// committer, and every byte they wrote reads back, before and after the commit; a
+/// target opened again has `last_committed` and the writers' clients.
+#[test]
+fn held_writes_stay_within_their_memory_bound_and_all_land() {
+    use nacre_osd::{WriteBack, WriteBackOptions};
+    let drives = Drives::new(64 << 20);
+    let t = Arc::new(drives.format());
+    let oids: Vec<u64> = t.create(4).unwrap().collect();
+    const MAX: u64 = 256 << 10;
+    let opts = WriteBackOptions { max_bytes: MAX, commit_interval: std::time::Duration::from_secs(60) };
+    let wb = WriteBack::new(vec![t.clone()], opts).unwrap();
+    std::thread::scope(|s| {
+        for (j, &oid) in oids.iter().enumerate() {
+            let wb = &wb;
+            s.spawn(move || {
+                for k in 0..64u64 {
+                    // Pieces in a shuffled order, each 12,000 bytes.
+                    let i = (k * 37) % 64;
+                    wb.write(0, 100 + j as u64, oid, i * 12_000, &pattern(oid, i * 12_000, 12_000, 5), None).unwrap();
+                    let held = wb.stats().bytes;
+                    assert!(held <= MAX, "{held} bytes held, at most {MAX}");
+                }
+            });
+        }
+    });
+    let st = wb.stats();
+    assert!(st.waits > 0 && st.commits > 0, "writers waited for the committer: {st:?}");
+    let read = |oid: u64| {
+        let mut buf = vec![0u8; 64 * 12_000 + 10];
+        let n = wb.read(0, oid, 0, &mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    };
+    for &oid in &oids {
+        assert!(read(oid) == pattern(oid, 0, 64 * 12_000, 5), "object {oid} before the last commit");
+    }
+    let last = wb.commit().unwrap();
+    assert_eq!(last, 4 * 64, "every write committed");
+    for &oid in &oids {
+        assert!(read_all(&t, oid) == pattern(oid, 0, 64 * 12_000, 5), "object {oid} on the drives");
+    }
+    drop(wb);
+    drop(t);
+    let wb = WriteBack::new(vec![Arc::new(drives.open().unwrap())], WriteBackOptions::default()).unwrap();
+    assert_eq!(wb.last_committed(), 4 * 64);
+    assert_eq!(wb.known_clients(), &[100, 101, 102, 103]);
+}

@@ -199,8 +199,11 @@ impl Local {
         };
         let mut osses = Vec::new();
         for (i, t) in osts {
-            let oss = Oss::new(vec![t], OssConfig::default());
-            let server = serve(format!("ost{i}"), oss.handler(), Service::default()).await?;
+            let oss = Oss::new(vec![t], OssConfig::default()).map_err(|e| format!("ost{i}: {e}"))?;
+            if !recover {
+                oss.forget_clients().map_err(|e| format!("ost{i}: {e}"))?;
+            }
+            let server = serve(format!("ost{i}"), oss.handler(), oss.service()).await?;
             oss.attach(server.handle());
             register(TargetKind::Ost, i, server.nid()).await?;
             servers.push(server);

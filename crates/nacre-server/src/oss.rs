@@ -6,14 +6,18 @@
 //! `brw_size`; a write that carries a CRC-32C is verified before anything is written, and a
 //! read computes one when asked, so that data is checked end to end. Every error goes back
 //! as a negative errno with a message naming the problem.
+//!
+//! Small writes are answered before commit (see [`nacre_osd::writeback`]): the reply
+//! carries a transno the client keeps the write under until `last_committed` covers it,
+//! and a restarted OSS waits for its clients to replay what it lost.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
-use nacre_net::server::{Handler, Incoming, Reply};
-use nacre_osd::{ObjectAttr, OsdError, SetAttr, Target};
+use nacre_net::server::{Commits, Handler, Incoming, Recovering, Reply, Service};
+use nacre_osd::{ObjectAttr, OsdError, SetAttr, Target, WriteBack, WriteBackOptions};
 use nacre_proto::ost::{self, Attr, Request, StatFs, set};
 use nacre_proto::param;
 
@@ -35,11 +39,48 @@ pub struct OssConfig {
     pub brw_size: u32,
     /// Largest batch of objects one create makes (`precreate_batch` asks for 1024).
     pub create_batch_max: u32,
+    /// Small writes held before commit.
+    pub writeback: WriteBackOptions,
 }
 
 impl Default for OssConfig {
     fn default() -> Self {
-        OssConfig { brw_size: 16 << 20, create_batch_max: nacre_osd::target::CREATE_BATCH_MAX }
+        OssConfig {
+            brw_size: 16 << 20,
+            create_batch_max: nacre_osd::target::CREATE_BATCH_MAX,
+            writeback: WriteBackOptions::default(),
+        }
+    }
+}
+
+/// The OSS's commits, for its server.
+struct OssCommits(Arc<Oss>);
+
+impl Commits for OssCommits {
+    fn last_committed(&self) -> u64 {
+        self.0.wb.last_committed()
+    }
+
+    fn commit(&self) -> nacre_net::transport::BoxFuture<'static, u64> {
+        let oss = self.0.clone();
+        Box::pin(async move {
+            let o = oss.clone();
+            match tokio::task::spawn_blocking(move || o.wb.commit()).await {
+                Ok(Err(e)) => eprintln!("oss: a commit asked for failed: {e}"),
+                Err(e) => eprintln!("oss: a commit asked for failed: {e}"),
+                Ok(Ok(_)) => {}
+            }
+            oss.wb.last_committed()
+        })
+    }
+
+    fn forget(&self, client: u64) -> nacre_net::transport::BoxFuture<'static, ()> {
+        let oss = self.0.clone();
+        Box::pin(async move {
+            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || oss.wb.forget_client(client)).await {
+                eprintln!("oss: letting go of client {client:016x}: {e}");
+            }
+        })
     }
 }
 
@@ -53,6 +94,8 @@ pub struct Oss {
     server: std::sync::Mutex<Option<nacre_net::server::ServerHandle>>,
     /// Small reads running on runtime threads (see [`Oss::inline_read`]).
     inline_reads: AtomicUsize,
+    /// Small writes answered before commit (see [`nacre_osd::writeback`]).
+    wb: WriteBack,
 }
 
 fn crc32c(b: &[u8]) -> u32 {
@@ -103,20 +146,47 @@ fn attr_reply(r: Result<ObjectAttr, OsdError>) -> Reply {
 
 impl Oss {
     /// Serve `targets`, named `ost0`, `ost1`, … in order.
-    pub fn new(targets: Vec<Arc<Target>>, cfg: OssConfig) -> Arc<Oss> {
+    pub fn new(targets: Vec<Arc<Target>>, cfg: OssConfig) -> Result<Arc<Oss>, OsdError> {
         let named = targets.into_iter().enumerate().map(|(i, t)| (format!("ost{i}"), t)).collect();
         Oss::named(named, cfg)
     }
 
     /// Serve targets under the given names.
-    pub fn named(targets: Vec<(String, Arc<Target>)>, cfg: OssConfig) -> Arc<Oss> {
-        Arc::new(Oss {
+    pub fn named(targets: Vec<(String, Arc<Target>)>, cfg: OssConfig) -> Result<Arc<Oss>, OsdError> {
+        let wb = WriteBack::new(targets.iter().map(|(_, t)| t.clone()).collect(), cfg.writeback)?;
+        Ok(Arc::new(Oss {
             targets: targets.into_iter().map(|(n, t)| (n, t, TargetStats::default())).collect(),
             brw_size: std::sync::atomic::AtomicU32::new(cfg.brw_size),
             cfg,
             server: std::sync::Mutex::new(None),
             inline_reads: AtomicUsize::new(0),
-        })
+            wb,
+        }))
+    }
+
+    /// What this OSS adds to its server: `last_committed` and commits, and, when its
+    /// targets name clients answered before commit when it last stopped, a recovery that
+    /// waits for them to replay their writes (see `nacre_net::recovery`).
+    pub fn service(self: &Arc<Self>) -> Service {
+        Service {
+            commits: Some(Arc::new(OssCommits(self.clone()))),
+            recovering: Some(Recovering {
+                clients: self.wb.known_clients().to_vec(),
+                last_committed: self.wb.last_committed(),
+            }),
+            ..Service::default()
+        }
+    }
+
+    /// Forget the clients from before this start instead of waiting for them (a file
+    /// system started afresh, whose mounts cannot come back).
+    pub fn forget_clients(&self) -> Result<(), OsdError> {
+        self.wb.forget_known()
+    }
+
+    /// The write-back, for tests and benches.
+    pub fn writeback(&self) -> &WriteBack {
+        &self.wb
     }
 
     /// Tell the OSS which server runs it, for `ost.OSS.ost_io.*` parameters.
@@ -166,6 +236,26 @@ impl Oss {
                         self.brw_size.store(v, std::sync::atomic::Ordering::Relaxed);
                         Ok(())
                     }
+                    // One write-back for the whole server: its targets share it.
+                    "commit_interval_ms" => {
+                        let v: u64 = value
+                            .parse()
+                            .map_err(|_| format!("commit_interval_ms {value:?} is not a number of milliseconds"))?;
+                        if !(1..=60_000).contains(&v) {
+                            return Err(format!("commit_interval_ms {v}: from 1 to 60000"));
+                        }
+                        self.wb.set_commit_interval(std::time::Duration::from_millis(v));
+                        Ok(())
+                    }
+                    "writeback_max_mb" => {
+                        let v: u64 =
+                            value.parse().map_err(|_| format!("writeback_max_mb {value:?} is not a number of MiB"))?;
+                        if !(1..=65_536).contains(&v) {
+                            return Err(format!("writeback_max_mb {v}: from 1 to 65536"));
+                        }
+                        self.wb.set_max_bytes(v << 20);
+                        Ok(())
+                    }
                     "job_stats" | "client_stats" if value == "clear" => {
                         stats.clear();
                         Ok(())
@@ -194,6 +284,24 @@ impl Oss {
             };
             add("brw_size", &|| self.brw_size().to_string());
             add("brw_stats", &|| stats.brw_stats());
+            add("commit_interval_ms", &|| self.wb.commit_interval().as_millis().to_string());
+            add("writeback_max_mb", &|| (self.wb.max_bytes() >> 20).to_string());
+            add("writeback", &|| {
+                let w = self.wb.stats();
+                format!(
+                    "held {}\nheld_bytes {}\nthrough {}\ncommits {}\ncommitted_bytes {}\ncommitted_extents {}\nwaits {}\nbytes {}\nlast_transno {}\nlast_committed {}",
+                    w.held,
+                    w.held_bytes,
+                    w.through,
+                    w.commits,
+                    w.committed_bytes,
+                    w.committed_extents,
+                    w.waits,
+                    w.bytes,
+                    w.last_transno,
+                    w.last_committed
+                )
+            });
             add("job_stats", &|| stats.job_stats());
             add("client_stats", &|| stats.client_stats());
             // Asked of the target only if a matching parameter needs it, and once.
@@ -323,7 +431,7 @@ impl Oss {
             | Request::Statfs { target }
             | Request::LastId { target, .. } => *target,
         };
-        let (_, t, stats) = match self.target(target) {
+        let (_, _, stats) = match self.target(target) {
             Ok(t) => t,
             Err(reply) => return reply,
         };
@@ -339,14 +447,15 @@ impl Oss {
             Request::Sync { .. } => Op::Sync,
             Request::Statfs { .. } | Request::LastId { .. } => Op::Statfs,
         };
-        let reply = self.serve(t, r, &req);
+        let reply = self.serve(target as usize, r, &req);
         if reply.status == 0 {
             stats.record(req.header.job_id, req.client, op, started.elapsed());
         }
         reply
     }
 
-    fn serve(&self, t: &Target, r: Request, req: &Incoming) -> Reply {
+    fn serve(&self, ti: usize, r: Request, req: &Incoming) -> Reply {
+        let (wb, t) = (&self.wb, &self.targets[ti].1);
         match r {
             Request::Create { count, group, .. } => {
                 if count == 0 || count > self.cfg.create_batch_max {
@@ -360,7 +469,7 @@ impl Oss {
                     Err(e) => osd_fail(e),
                 }
             }
-            Request::Destroy { oid, .. } => match t.destroy(oid) {
+            Request::Destroy { oid, .. } => match wb.flushed(ti, oid, |t| t.destroy(oid)) {
                 Ok(()) => Reply::default(),
                 Err(e) => osd_fail(e),
             },
@@ -369,7 +478,7 @@ impl Oss {
                     return fail(errno::EINVAL, format!("read of {len} bytes exceeds brw_size {}", self.brw_size()));
                 }
                 let mut buf = vec![0u8; len as usize];
-                match t.read(oid, offset, &mut buf) {
+                match wb.read(ti, oid, offset, &mut buf) {
                     Ok(n) => {
                         buf.truncate(n);
                         let crc = checksum.then(|| crc32c(&buf));
@@ -402,16 +511,22 @@ impl Oss {
                         );
                     }
                 }
-                match t.write(oid, offset, data) {
-                    Ok(()) => attr_reply(t.getattr(oid)),
+                let replay = req.replayed.is_some().then_some(req.header.transno);
+                match wb.write(ti, req.client, oid, offset, data, replay) {
+                    Ok(transno) => Reply { transno, ..attr_reply(wb.getattr(ti, oid)) },
                     Err(e) => osd_fail(e),
                 }
             }
-            Request::Punch { oid, start, end, .. } => attr_reply(t.punch(oid, start, end)),
-            Request::Truncate { oid, size, .. } => attr_reply(t.truncate(oid, size)),
-            Request::Getattr { oid, .. } => attr_reply(t.getattr(oid)),
-            Request::Setattr { oid, set, .. } => attr_reply(t.setattr(oid, &from_wire(&set))),
-            Request::Sync { .. } => match t.sync() {
+            Request::Punch { oid, start, end, .. } => attr_reply(wb.flushed(ti, oid, |t| t.punch(oid, start, end))),
+            Request::Truncate { oid, size, .. } => attr_reply(wb.flushed(ti, oid, |t| t.truncate(oid, size))),
+            // A glimpse (size and space, for `stat` and for the size a close publishes):
+            // held writes are committed first, so that the space is what they take.
+            Request::Getattr { oid, .. } => attr_reply(wb.flushed(ti, oid, |t| t.getattr(oid))),
+            Request::Setattr { oid, set, .. } => attr_reply(
+                wb.getattr(ti, oid).and_then(|_| t.setattr(oid, &from_wire(&set)).and_then(|_| wb.getattr(ti, oid))),
+            ),
+            // What was answered before commit is on the drives when a sync is answered.
+            Request::Sync { .. } => match wb.commit().and_then(|_| t.sync()) {
                 Ok(()) => Reply::default(),
                 Err(e) => osd_fail(e),
             },

@@ -42,7 +42,7 @@ fn lfs(a: &str) -> Layout {
 /// An OSS of `n` fresh OSTs on the in-memory network, and the MDS's import of it.
 async fn oss_with(n: usize) -> (Server, Arc<Import>) {
     let net = MemNetwork::new();
-    let oss = Oss::new((0..n).map(ost).collect(), OssConfig::default());
+    let oss = Oss::new((0..n).map(ost).collect(), OssConfig::default()).unwrap();
     let server = Server::start(
         Arc::new(net.transport("oss")),
         &"oss@mem".parse().unwrap(),

@@ -80,7 +80,7 @@ impl Ost {
 
 async fn setup(t: Arc<Target>, checksums: bool) -> (Server, MemNetwork, Ost) {
     let net = MemNetwork::new();
-    let oss = Oss::new(vec![t], OssConfig { brw_size: 4 << 20, ..OssConfig::default() });
+    let oss = Oss::new(vec![t], OssConfig { brw_size: 4 << 20, ..OssConfig::default() }).unwrap();
     let cfg = ServerConfig::default();
     let server =
         Server::start(Arc::new(net.transport("oss0")), &"oss0@mem".parse().unwrap(), oss.handler(), cfg).await.unwrap();
@@ -291,7 +291,7 @@ fn small_reads_on_stalled_drives_leave_the_server_answering() {
     let runtime = || tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let (server_rt, client_rt) = (runtime(), runtime());
     let net = MemNetwork::new();
-    let oss = Oss::new(vec![t], OssConfig::default());
+    let oss = Oss::new(vec![t], OssConfig::default()).unwrap();
     let transport = Arc::new(net.transport("oss0"));
     let server = server_rt
         .block_on(Server::start(transport, &"oss0@mem".parse().unwrap(), oss.handler(), ServerConfig::default()))
@@ -322,4 +322,148 @@ fn small_reads_on_stalled_drives_leave_the_server_answering() {
         }
     });
     drop(server);
+}
+
+/// An OSS serving `t` with its commits and recovery, on `oss0@mem` (again after a stop:
+/// the old listener goes when its task is next polled).
+async fn serve_recovering(net: &MemNetwork, t: &Arc<Target>, interval: std::time::Duration) -> (Server, Arc<Oss>) {
+    let cfg = OssConfig {
+        writeback: nacre_osd::WriteBackOptions { commit_interval: interval, ..Default::default() },
+        ..OssConfig::default()
+    };
+    let oss = Oss::new(vec![t.clone()], cfg).unwrap();
+    let scfg = ServerConfig {
+        recovery_time_soft: std::time::Duration::from_secs(5),
+        recovery_time_hard: std::time::Duration::from_secs(20),
+        ..ServerConfig::default()
+    };
+    for _ in 0..100 {
+        let tr = Arc::new(net.transport("oss0"));
+        if let Ok(s) =
+            Server::start_service(tr, &"oss0@mem".parse().unwrap(), oss.handler(), scfg.clone(), oss.service()).await
+        {
+            return (s, oss);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("the stopped OSS still listens");
+}
+
+/// A client of `oss0@mem` from endpoint `name`.
+async fn ost_client(net: &MemNetwork, name: &str) -> Ost {
+    let imp = Client::new(Arc::new(net.transport(name)), ClientConfig::default())
+        .connect(&"oss0@mem".parse().unwrap())
+        .await
+        .unwrap();
+    Ost { imp, checksums: true }
+}
+
+/// Small writes are answered before commit: another client reads them at once; a glimpse
+/// and a sync commit them (`last_committed` passes their transnos); a truncate after them
+/// cuts what they wrote, now and after a commit. The write-back's knobs are checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_writes_are_answered_before_commit_and_read_at_once() {
+    let t = target(8 << 20);
+    let net = MemNetwork::new();
+    let (_s, oss) = serve_recovering(&net, &t, std::time::Duration::from_secs(60)).await;
+    let (a, b) = (ost_client(&net, "a").await, ost_client(&net, "b").await);
+    let (oid, _) = a.create(1).await.unwrap();
+    let body = bytes(9, 47_008 * 8);
+    for i in (0..8).rev() {
+        let at = i * 47_008;
+        a.write(oid, at as u64, &body[at..at + 47_008]).await.unwrap();
+    }
+    let wb = oss.writeback().stats();
+    assert_eq!((wb.held, wb.commits), (8, 0), "held, none committed: {wb:?}");
+    assert!(a.imp.uncommitted() >= 8, "the client keeps what is not committed");
+    assert!(b.read(oid, 0, body.len() as u32).await.unwrap() == body, "another client reads held writes");
+    assert_eq!(t.getattr(oid).unwrap().size, 0, "nothing is on the drives yet");
+    // A glimpse commits the object's held writes first: the space it gives is theirs.
+    let attr = b.attr(Request::Getattr { target: 0, oid }).await.unwrap();
+    assert_eq!(attr.size, body.len() as u64);
+    assert!(attr.space >= body.len() as u64, "{attr:?}");
+    assert_eq!(t.getattr(oid).unwrap().size, body.len() as u64);
+    // The write-back's figures and knobs.
+    let text = |p: &str| oss.get_param(p).into_iter().map(|(_, v)| v).collect::<Vec<_>>().join("\n");
+    assert!(text("obdfilter.ost0.writeback").contains("held 8\n"), "{}", text("obdfilter.ost0.writeback"));
+    oss.set_param("obdfilter.ost0.commit_interval_ms", "30000").unwrap();
+    assert_eq!(text("obdfilter.ost0.commit_interval_ms"), "30000");
+    oss.set_param("obdfilter.ost0.writeback_max_mb", "64").unwrap();
+    assert_eq!(text("obdfilter.ost0.writeback_max_mb"), "64");
+    for (k, v) in [("commit_interval_ms", "0"), ("writeback_max_mb", "lots")] {
+        let e = oss.set_param(&format!("obdfilter.ost0.{k}"), v).unwrap_err();
+        assert!(e.contains(k), "{e}");
+    }
+    // A sync commits everything answered.
+    a.call(Request::Sync { target: 0 }, &[]).await.unwrap();
+    let wb = oss.writeback().stats();
+    assert!(wb.last_committed >= 8 && wb.commits >= 1, "{wb:?}");
+    assert_eq!(t.getattr(oid).unwrap().size, body.len() as u64);
+    // Two extents at most reached the target: the pieces met.
+    assert!(wb.committed_extents <= 2, "{wb:?}");
+    // Held writes, then a truncate: cut, also once committed.
+    a.write(oid, 400_000, &bytes(3, 10_000)).await.unwrap();
+    b.attr(Request::Truncate { target: 0, oid, size: 100_000 }).await.unwrap();
+    oss.writeback().commit().unwrap();
+    let back = a.read(oid, 0, 1 << 20).await.unwrap();
+    assert!(back.len() == 100_000 && back == body[..100_000], "the truncate cut the held write");
+}
+
+/// An OSS that dies with writes answered and not committed: its clients replay them when
+/// it starts again, and every acknowledged byte reads back; a replay of a write already
+/// committed is acknowledged and not run again, so it cannot undo a later write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oss_killed_with_clients_alive_gets_every_answered_write_back_by_replay() {
+    let t = target(8 << 20);
+    let net = MemNetwork::new();
+    let (server, oss) = serve_recovering(&net, &t, std::time::Duration::from_secs(60)).await;
+    let (a, b) = (ost_client(&net, "a").await, ost_client(&net, "b").await);
+    let (oid, _) = a.create(2).await.unwrap();
+    // Committed: a's first piece and b's overwrite of its first half.
+    let mut want = vec![0u8; 200_000];
+    let first = bytes(1, 60_000);
+    a.write(oid, 0, &first).await.unwrap();
+    want[..60_000].copy_from_slice(&first);
+    let over = bytes(2, 30_000);
+    b.write(oid, 0, &over).await.unwrap();
+    want[..30_000].copy_from_slice(&over);
+    a.call(Request::Sync { target: 0 }, &[]).await.unwrap();
+    // Answered, not committed: pieces from both clients, one over another.
+    for (i, c) in [&a, &b, &a, &b].into_iter().enumerate() {
+        let at = 50_000 + i * 30_000;
+        let piece = bytes(10 + i as u64, 40_000);
+        c.write(oid, at as u64, &piece).await.unwrap();
+        want[at..at + 40_000].copy_from_slice(&piece);
+    }
+    let want = &want[..180_000];
+    assert!(a.imp.uncommitted() >= 2 && b.imp.uncommitted() >= 2);
+    // The crash: the held writes are gone from the server.
+    oss.writeback().crash();
+    drop(server);
+    drop(oss);
+    assert!(t.getattr(oid).unwrap().size < want.len() as u64, "the crash lost the held writes");
+    let (_server, oss) = serve_recovering(&net, &t, std::time::Duration::from_secs(60)).await;
+    assert_eq!(oss.writeback().known_clients().len(), 2, "both clients are waited for");
+    // Their next requests reconnect and replay first.
+    let (ra, rb) = tokio::join!(a.read(oid, 0, 200_000), b.read(oid, 0, 200_000));
+    assert!(ra.unwrap() == want, "client a reads every answered write");
+    assert!(rb.unwrap() == want, "client b reads every answered write");
+    oss.writeback().commit().unwrap();
+    let mut back = vec![0u8; 200_000];
+    let n = t.read(oid, 0, &mut back).unwrap();
+    assert!(back[..n] == *want, "and it is on the drives");
+    // A late replay of a's first write (transno 1, committed since, and overwritten by
+    // b's): acknowledged, not run.
+    let (opcode, body) = Request::Write { target: 0, oid, offset: 0, len: 60_000, crc: None }.encode();
+    let replay = nacre_net::server::Incoming {
+        header: nacre_net::frame::FrameHeader { opcode, xid: 99, transno: 1, ..Default::default() },
+        body,
+        bulk: first.clone().into(),
+        peer: "a@mem".parse().unwrap(),
+        client: 1,
+        replayed: Some(Vec::new()),
+    };
+    let r = oss.handler()(replay).await;
+    assert_eq!((r.status, r.transno), (0, 1), "{}", String::from_utf8_lossy(&r.body));
+    assert!(a.read(oid, 0, 200_000).await.unwrap() == want, "the old replay changed nothing");
 }

@@ -215,8 +215,9 @@ pub fn run(cmd: OstCommand) -> CliResult {
         }
         OstCommand::Serve { dir, name, listen, join, index } => {
             let t = Arc::new(open(&dir, &name)?);
-            let oss = nacre_server::oss::Oss::named(vec![(name.clone(), t)], nacre_server::oss::OssConfig::default());
-            crate::service::serve_forever(&listen, oss.handler(), Default::default(), &name, |handle, nid| async move {
+            let oss = nacre_server::oss::Oss::named(vec![(name.clone(), t)], nacre_server::oss::OssConfig::default())?;
+            let service = oss.service();
+            crate::service::serve_forever(&listen, oss.handler(), service, &name, |handle, nid| async move {
                 oss.attach(handle);
                 if let Some(mgs) = &join.mgs {
                     crate::mgs::register(mgs, &join.fsname, nacre_proto::mgs::TargetKind::Ost, index, &nid).await?;
