@@ -246,8 +246,8 @@ struct Shared {
 pub struct WriteBack {
     shared: Arc<Shared>,
     committer: Option<JoinHandle<()>>,
-    /// Clients answered before commit that the targets knew at start.
-    known: Vec<u64>,
+    /// Clients answered before commit that the targets knew at start (until forgotten).
+    known: Mutex<Vec<u64>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -303,7 +303,7 @@ impl WriteBack {
             .map_err(|e| OsdError::Invalid(format!("cannot start the commit thread: {e}")))?;
         let mut known: Vec<u64> = known.into_iter().collect();
         known.sort_unstable();
-        Ok(WriteBack { shared, committer: Some(committer), known })
+        Ok(WriteBack { shared, committer: Some(committer), known: Mutex::new(known) })
     }
 
     pub fn targets(&self) -> &[Arc<Target>] {
@@ -317,8 +317,8 @@ impl WriteBack {
 
     /// Clients that were answered before commit when the server last stopped: a restart
     /// waits for them to replay.
-    pub fn known_clients(&self) -> &[u64] {
-        &self.known
+    pub fn known_clients(&self) -> Vec<u64> {
+        lock(&self.known).clone()
     }
 
     pub fn set_max_bytes(&self, b: u64) {
@@ -469,8 +469,9 @@ impl WriteBack {
     /// Forget every client from before this start (a file system started afresh, whose
     /// clients cannot come back).
     pub fn forget_known(&self) -> Result<()> {
-        for &c in &self.known {
+        for c in self.known_clients() {
             self.forget_client(c)?;
+            lock(&self.known).retain(|&k| k != c);
         }
         Ok(())
     }

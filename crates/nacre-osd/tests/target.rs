@@ -585,5 +585,12 @@ fn held_writes_stay_within_their_memory_bound_and_all_land() {
     drop(t);
     let wb = WriteBack::new(vec![Arc::new(drives.open().unwrap())], WriteBackOptions::default()).unwrap();
     assert_eq!(wb.last_committed(), 4 * 64);
-    assert_eq!(wb.known_clients(), &[100, 101, 102, 103]);
+    assert_eq!(wb.known_clients(), vec![100, 101, 102, 103]);
+    // A file system started afresh forgets them, in its index too.
+    wb.forget_known().unwrap();
+    assert!(wb.known_clients().is_empty());
+    drop(wb);
+    let wb = WriteBack::new(vec![Arc::new(drives.open().unwrap())], WriteBackOptions::default()).unwrap();
+    assert!(wb.known_clients().is_empty(), "forgotten for good");
+    assert_eq!(wb.last_committed(), 4 * 64);
 }

@@ -170,10 +170,7 @@ impl Oss {
     pub fn service(self: &Arc<Self>) -> Service {
         Service {
             commits: Some(Arc::new(OssCommits(self.clone()))),
-            recovering: Some(Recovering {
-                clients: self.wb.known_clients().to_vec(),
-                last_committed: self.wb.last_committed(),
-            }),
+            recovering: Some(Recovering { clients: self.wb.known_clients(), last_committed: self.wb.last_committed() }),
             ..Service::default()
         }
     }
