@@ -175,9 +175,6 @@ fn small_writes(t: &Target, wb: Option<&WriteBack>, oid: u64, o: &OstBenchOption
             Ok(())
         },
     )?;
-    if let Some(wb) = wb {
-        wb.commit().map_err(bad)?;
-    }
     let total = pieces_per_thread * o.threads as u64;
     let mut buf = vec![0u8; SMALL_WRITE_BYTES];
     for i in 0..total {

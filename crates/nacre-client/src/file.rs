@@ -592,11 +592,18 @@ impl File {
         let stats = &self.fs.inner.caches.stats;
         stats.count(pattern);
         let streaming = st.ra.run >= STREAM_READS;
-        if !streaming && !lock(&self.shared.chunks).covers(offset, end, chunk) {
-            // Not (yet) a stream, and not in chunks already here (read ahead by another
-            // handle, or sent with the open): what was asked, and nothing else.
+        // Not (yet) a stream, and not in chunks already here (read ahead by another
+        // handle, or sent with the open): what was asked, and nothing else.
+        let alone = !streaming && {
+            let mut chunks = lock(&self.shared.chunks);
+            let alone = !chunks.covers(offset, end, chunk);
+            if alone {
+                chunks.stream(self.handle, None);
+            }
+            alone
+        };
+        if alone {
             stats.misses.fetch_add(1, Ordering::Relaxed);
-            lock(&self.shared.chunks).stream(self.handle, None);
             return read_range(&self.fs, &self.creds, self.fid, layout, offset, len).await;
         }
         if streaming && (end > head || st.ra.window == 0) {
@@ -732,12 +739,8 @@ impl File {
         if !st.written && landed == st.landed_synced {
             return self.fs.commit_fid(self.fid).await;
         }
-        let mut osts: Vec<u32> = self.layout().await?.objects.iter().flatten().map(|(o, _)| *o).collect();
-        osts.sort_unstable();
-        osts.dedup();
-        for o in osts {
-            self.fs.ost_call(o, &ost::Request::Sync { target: 0 }, &[]).await?;
-        }
+        let osts = self.layout().await?.objects.iter().flatten().map(|(o, _)| *o).collect();
+        self.sync_osts(osts).await?;
         st.landed_synced = landed;
         if st.written {
             self.publish_size(&mut st).await?;
@@ -745,22 +748,28 @@ impl File {
         self.fs.commit_fid(self.fid).await
     }
 
+    /// Ask each of `osts` (once) to commit everything it answered, and wait.
+    async fn sync_osts(&self, mut osts: Vec<u32>) -> Result<()> {
+        osts.sort_unstable();
+        osts.dedup();
+        for o in osts {
+            self.fs.ost_call(o, &ost::Request::Sync { target: 0 }, &[]).await?;
+        }
+        Ok(())
+    }
+
     /// Wait until the targets holding `[offset, offset + len)` (OSTs, and the MDT for
     /// DoM bytes) have committed everything they answered.
     async fn commit_osts(&self, layout: &FileLayout, offset: u64, len: u64) -> Result<()> {
         let pieces = layout.plan(offset, len, self.fs.inner.params.rpc_bytes())?;
-        let mut osts: Vec<u32> = pieces
+        let osts = pieces
             .iter()
             .filter_map(|p| match p.place {
                 Place::Object { ost, .. } => Some(ost),
                 Place::Mdt => None,
             })
             .collect();
-        osts.sort_unstable();
-        osts.dedup();
-        for o in osts {
-            self.fs.ost_call(o, &ost::Request::Sync { target: 0 }, &[]).await?;
-        }
+        self.sync_osts(osts).await?;
         if pieces.iter().any(|p| matches!(p.place, Place::Mdt)) {
             self.fs.commit_fid(self.fid).await?;
         }

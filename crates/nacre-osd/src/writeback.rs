@@ -198,6 +198,15 @@ struct State {
     broken: Option<String>,
 }
 
+impl State {
+    /// What is held of object `oid` on target `t`, oldest first: a failed commit's, the
+    /// running commit's, then what waits for the next.
+    fn held(&self, t: usize, oid: u64) -> impl Iterator<Item = &Extents> {
+        let snaps = self.failed.iter().chain(self.committing.iter());
+        snaps.filter_map(move |s| s.objects.get(&(t, oid))).chain(self.objects.get(&(t, oid)))
+    }
+}
+
 /// Counters for `get-param`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WriteBackStats {
@@ -488,8 +497,7 @@ impl WriteBack {
                 let st = lock(&self.shared.st);
                 let mut layers = Vec::new();
                 let mut held_end = 0;
-                let snaps = st.failed.iter().chain(st.committing.iter());
-                for e in snaps.filter_map(|s| s.objects.get(&(t, oid))).chain(st.objects.get(&(t, oid))) {
+                for e in st.held(t, oid) {
                     held_end = held_end.max(e.end());
                     layers.push(e.part(offset, end));
                 }
@@ -513,14 +521,8 @@ impl WriteBack {
 
     /// The attributes of `oid`, its size and mtime counting held writes.
     pub fn getattr(&self, t: usize, oid: u64) -> Result<ObjectAttr> {
-        let (end, mtime) = {
-            let st = lock(&self.shared.st);
-            let snaps = st.failed.iter().chain(st.committing.iter());
-            snaps
-                .filter_map(|s| s.objects.get(&(t, oid)))
-                .chain(st.objects.get(&(t, oid)))
-                .fold((0, 0), |(e, m), x| (e.max(x.end()), m.max(x.mtime_ns)))
-        };
+        let (end, mtime) =
+            lock(&self.shared.st).held(t, oid).fold((0, 0), |(e, m), x| (e.max(x.end()), m.max(x.mtime_ns)));
         let mut a = self.target(t)?.getattr(oid)?;
         a.size = a.size.max(end);
         a.mtime_ns = a.mtime_ns.max(mtime);

@@ -519,9 +519,9 @@ impl Oss {
             // A glimpse (size and space, for `stat` and for the size a close publishes):
             // held writes are committed first, so that the space is what they take.
             Request::Getattr { oid, .. } => attr_reply(wb.flushed(ti, oid, |t| t.getattr(oid))),
-            Request::Setattr { oid, set, .. } => attr_reply(
-                wb.getattr(ti, oid).and_then(|_| t.setattr(oid, &from_wire(&set)).and_then(|_| wb.getattr(ti, oid))),
-            ),
+            Request::Setattr { oid, set, .. } => {
+                attr_reply(t.setattr(oid, &from_wire(&set)).and_then(|_| wb.getattr(ti, oid)))
+            }
             // What was answered before commit is on the drives when a sync is answered.
             Request::Sync { .. } => match wb.commit().and_then(|_| t.sync()) {
                 Ok(()) => Reply::default(),
