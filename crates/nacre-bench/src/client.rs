@@ -2,8 +2,10 @@
 //! system (MGS, one MDT on RAID10, OSTs on RAID6, drive files in `dir`) served over
 //! loopback TCP from this process; `clients` tasks of one mount create, stat and remove
 //! empty files (each in its own directory), then write and read back one file each in
-//! 1 MiB calls. The reference is the local file system doing the same with as many
-//! threads, in the same run; rounds interleave and keep the best of each.
+//! 1 MiB calls, then write one file each in 47,008-byte blocks, every other one (what one
+//! of two nodes writes of an ior-hard file: no block touches the next, so they reach the
+//! OSTs as many extents per RPC). The reference is the local file system doing the same
+//! with as many threads, in the same run; rounds interleave and keep the best of each.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -86,6 +88,15 @@ struct Rates {
     unlink: f64,
     write: f64,
     read: f64,
+    strided: f64,
+}
+
+/// ior-hard's block.
+const BLOCK: usize = 47_008;
+
+/// Blocks each client writes in the strided phase: about `io_bytes`.
+fn strided_blocks(o: &ClientBenchOptions) -> usize {
+    (o.io_bytes as usize / BLOCK).max(1)
 }
 
 /// Run `f(client)` for every client at once; the seconds it took all.
@@ -184,13 +195,34 @@ async fn nacre_round(fs: &FileSystem, o: &ClientBenchOptions, round: usize) -> R
     for (i, d) in dirs.iter().enumerate() {
         fs.unlink(&c, *d, &format!("io{i}")).await.map_err(bad)?;
     }
-    Ok(Rates { create, stat, unlink, write, read })
+    // Every other 47,008-byte block of a file per client, then fsync.
+    let blocks = strided_blocks(o);
+    let (fs2, dirs2, body2) = (fs.clone(), dirs.clone(), body.clone());
+    let strided = (blocks * BLOCK * o.clients) as f64
+        / each(o.clients, move |i| {
+            let (fs, dir, body) = (fs2.clone(), dirs2[i], body2.clone());
+            async move {
+                let c = Creds::default();
+                let fid = fs.create(&c, dir, "hard", 0o644, None).await.map_err(bad)?.fid;
+                let f = fs.open(&c, fid, OpenFlags::WRITE).await.map_err(bad)?;
+                for k in 0..blocks {
+                    f.write((2 * k * BLOCK) as u64, &body[..BLOCK]).await.map_err(bad)?;
+                }
+                f.fsync().await.map_err(bad)?;
+                f.close().await.map_err(bad)?;
+                fs.unlink(&c, dir, "hard").await.map_err(bad)
+            }
+        })
+        .await?;
+    Ok(Rates { create, stat, unlink, write, read, strided })
 }
 
 /// The local reference of sequential IO: a file per thread, 1 MiB writes then fsync,
-/// then reads (from the page cache: the figure is the local ceiling, not a disk's).
-fn local_io(root: &Path, o: &ClientBenchOptions) -> Result<(f64, f64), BenchError> {
+/// then reads (from the page cache: the figure is the local ceiling, not a disk's), then
+/// the strided 47,008-byte writes and fsync.
+fn local_io(root: &Path, o: &ClientBenchOptions) -> Result<(f64, f64, f64), BenchError> {
     use std::io::{Read, Write};
+    use std::os::unix::fs::FileExt;
     let base = root.join(format!("nacre-bench-client-io-{}", std::process::id()));
     std::fs::create_dir_all(&base)?;
     let chunk = 1usize << 20;
@@ -221,8 +253,17 @@ fn local_io(root: &Path, o: &ClientBenchOptions) -> Result<(f64, f64), BenchErro
         }
         Ok(())
     })?;
+    let blocks = strided_blocks(o);
+    let strided = run(&|p| {
+        let f = std::fs::File::create(p.with_extension("hard"))?;
+        for k in 0..blocks {
+            f.write_all_at(&body[..BLOCK], (2 * k * BLOCK) as u64)?;
+        }
+        f.sync_all()
+    })? * (blocks * BLOCK) as f64
+        / (calls * chunk) as f64;
     let _ = std::fs::remove_dir_all(&base);
-    Ok((write, read))
+    Ok((write, read, strided))
 }
 
 pub fn run_client_bench(o: &ClientBenchOptions, out: &mut dyn std::io::Write) -> Result<Value, BenchError> {
@@ -252,29 +293,32 @@ async fn run_in(o: &ClientBenchOptions, work: &Path, out: &mut dyn std::io::Writ
     let opts = MountOptions { transport: Arc::new(TcpTransport), ..MountOptions::default() };
     let fs = FileSystem::mount(local.mgs(), opts).await.map_err(bad)?;
     let md = MdsBenchOptions { files: o.files, clients: o.clients, ..MdsBenchOptions::new(o.dir.clone()) };
-    let mut f: [Vec<f64>; 10] = Default::default();
+    let mut f: [Vec<f64>; 12] = Default::default();
     let mut local_dirs = Vec::new();
     for round in 0..o.rounds.max(1) {
         let n = nacre_round(&fs, o, round).await?;
         let (l, base) = tokio::task::block_in_place(|| local_round(&o.local_dir, &md, false))?;
         local_dirs.push(base);
-        let (lw, lr) = tokio::task::block_in_place(|| local_io(&o.local_dir, o))?;
+        let (lw, lr, ls) = tokio::task::block_in_place(|| local_io(&o.local_dir, o))?;
         let _ = writeln!(
             out,
-            "round {}: nacre create {:.0}/s stat {:.0}/s unlink {:.0}/s write {:.0} MiB/s read {:.0} MiB/s | local create {:.0}/s stat {:.0}/s write {:.0} MiB/s read {:.0} MiB/s",
+            "round {}: nacre create {:.0}/s stat {:.0}/s unlink {:.0}/s write {:.0} MiB/s read {:.0} MiB/s strided {:.0} MiB/s | local create {:.0}/s stat {:.0}/s write {:.0} MiB/s read {:.0} MiB/s strided {:.0} MiB/s",
             round + 1,
             n.create,
             n.stat,
             n.unlink,
             n.write / 1048576.0,
             n.read / 1048576.0,
+            n.strided / 1048576.0,
             l.create,
             l.stat,
             lw / 1048576.0,
-            lr / 1048576.0
+            lr / 1048576.0,
+            ls / 1048576.0
         );
-        for (i, v) in
-            [n.create, n.stat, n.unlink, n.write, n.read, l.create, l.stat, 0.0, lw, lr].into_iter().enumerate()
+        for (i, v) in [n.create, n.stat, n.unlink, n.write, n.read, l.create, l.stat, 0.0, lw, lr, n.strided, ls]
+            .into_iter()
+            .enumerate()
         {
             f[i].push(v);
         }
@@ -293,7 +337,11 @@ async fn run_in(o: &ClientBenchOptions, work: &Path, out: &mut dyn std::io::Writ
     for (name, n, l) in [("create /s", b[0], b[5]), ("stat /s", b[1], b[6]), ("unlink /s", b[2], b[7])] {
         let _ = writeln!(out, "| {name} | {n:.0} | {l:.0} | {:.3} |", ratio(n, l));
     }
-    for (name, n, l) in [("write MiB/s (fsync)", b[3], b[8]), ("read MiB/s", b[4], b[9])] {
+    for (name, n, l) in [
+        ("write MiB/s (fsync)", b[3], b[8]),
+        ("read MiB/s", b[4], b[9]),
+        ("strided 47,008 B write MiB/s (fsync)", b[10], b[11]),
+    ] {
         let _ = writeln!(out, "| {name} | {:.0} | {:.0} | {:.3} |", mib(n), mib(l), ratio(n, l));
     }
     Ok(json!({
@@ -319,5 +367,10 @@ async fn run_in(o: &ClientBenchOptions, work: &Path, out: &mut dyn std::io::Writ
         "unlink_ratio": ratio(b[2], b[7]),
         "write_ratio": ratio(b[3], b[8]),
         "read_ratio": ratio(b[4], b[9]),
+        "strided_write_mib_s": mib(b[10]),
+        "local_strided_write_mib_s": mib(b[11]),
+        "strided_write_ratio": ratio(b[10], b[11]),
+        // Strided small writes over 1 MiB sequential writes, both Nacre's.
+        "strided_over_sequential": ratio(b[10], b[3]),
     }))
 }

@@ -162,7 +162,7 @@ fn small_writes(t: &Target, wb: Option<&WriteBack>, oid: u64, o: &OstBenchOption
                 let i = k * o.threads as u64 + j as u64;
                 let at = i * SMALL_WRITE_BYTES as u64;
                 match wb {
-                    Some(wb) => wb.write(0, j as u64 + 1, oid, at, piece(i), None).map(drop).map_err(bad)?,
+                    Some(wb) => wb.write(0, j as u64 + 1, oid, &[(at, piece(i))], None).map(drop).map_err(bad)?,
                     None => t.write(oid, at, piece(i)).map_err(bad)?,
                 }
             }

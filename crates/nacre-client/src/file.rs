@@ -8,6 +8,7 @@
 //! opens the file afterwards sees all of it. While a file is open for writing here, its
 //! size comes from its objects (a glimpse).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
@@ -921,9 +922,9 @@ pub(crate) fn read_on_open(fs: &FileSystem, flags: OpenFlags) -> u32 {
     if flags.read && !flags.direct && reads_ahead { READ_ON_OPEN_MAX } else { 0 }
 }
 
-/// Send a write-back's extents, all in parallel, once the write-backs it follows have
-/// ended; a failure is kept for the file's handles to report.
-/// `handle` is the writing handle on whose behalf they go (for DoM writes' permission).
+/// Send a write-back's extents once the write-backs it follows have ended; a failure is
+/// kept for the file's handles to report. `handle` is the writing handle on whose behalf
+/// they go (for DoM writes' permission).
 fn send(
     fs: FileSystem,
     creds: Creds,
@@ -937,19 +938,17 @@ fn send(
         for w in taken.after {
             behind::ended(w).await;
         }
-        let mut set = tokio::task::JoinSet::new();
+        let mut extents = Vec::with_capacity(taken.extents.len());
+        let mut permits = Vec::with_capacity(taken.extents.len());
         for (offset, x) in taken.extents {
-            let (fs, creds, layout) = (fs.clone(), creds.clone(), layout.clone());
-            set.spawn(async move {
-                let r = write_range(&fs, &creds, handle, fid, &layout, offset, Bytes::from(x.data)).await;
-                drop(x.permit);
-                r
-            });
+            extents.push((offset, Bytes::from(x.data)));
+            permits.push(x.permit);
         }
-        match all(set, "write-back").await {
-            Ok(_) => lock(&shared.behind).landed_one(),
+        match write_extents(&fs, &creds, handle, fid, &layout, &extents).await {
+            Ok(()) => lock(&shared.behind).landed_one(),
             Err(e) => lock(&shared.behind).failed(e),
         }
+        drop(permits);
         let _ = taken.done.send(true);
     });
 }
@@ -982,34 +981,95 @@ pub(crate) async fn write_range(
     offset: u64,
     data: Bytes,
 ) -> Result<()> {
-    let pieces = layout.plan(offset, data.len() as u64, fs.inner.params.rpc_bytes())?;
+    write_extents(fs, c, handle, fid, layout, &[(offset, data)]).await
+}
+
+/// Write `extents` (file offset and bytes; in offset order, none overlapping) of the file
+/// through `handle`. The pieces each object gets, contiguous or not, are gathered into as
+/// few RPCs as `max_pages_per_rpc` and [`ost::NIOBUFS_MAX`] allow, as Lustre's niobufs:
+/// the scattered blocks of one ior-hard task, or random small writes, go to each object in
+/// a few full RPCs rather than one each. Every RPC runs in parallel.
+pub(crate) async fn write_extents(
+    fs: &FileSystem,
+    c: &Creds,
+    handle: u64,
+    fid: Fid,
+    layout: &FileLayout,
+    extents: &[(u64, Bytes)],
+) -> Result<()> {
+    let rpc_bytes = fs.inner.params.rpc_bytes();
+    let mut dom = Vec::new();
+    let mut objects: BTreeMap<(u32, u64), Vec<(u64, Bytes)>> = BTreeMap::new();
+    for (offset, data) in extents {
+        for p in layout.plan(*offset, data.len() as u64, rpc_bytes)? {
+            let bytes = gather(&p, *offset, data);
+            match p.place {
+                Place::Mdt => dom.push((p.offset, bytes)),
+                Place::Object { ost, oid } => objects.entry((ost, oid)).or_default().push((p.offset, bytes)),
+            }
+        }
+    }
     let checksums = fs.inner.params.checksums();
     let mut set = tokio::task::JoinSet::new();
-    for p in pieces {
-        let bytes = gather(&p, offset, &data);
+    for (offset, bytes) in dom {
         let (fs, c) = (fs.clone(), c.clone());
         set.spawn(async move {
-            match p.place {
-                Place::Mdt => {
-                    let mdt = mdt_of(fid)?;
-                    let mut at = 0u64;
-                    while at < p.len {
-                        let n = DOM_RPC_MAX.min(p.len - at);
-                        let part = bytes.slice(at as usize..(at + n) as usize);
-                        fs.md(mdt, &c, &Request::DomWrite { fid, offset: p.offset + at, handle }, &part).await?;
-                        at += n;
-                    }
-                    Ok(())
-                }
-                Place::Object { ost, oid } => {
-                    let crc = checksums.then(|| crc32c(&bytes));
-                    let r = ost::Request::Write { target: 0, oid, offset: p.offset, len: p.len as u32, crc };
-                    fs.ost_call(ost, &r, &bytes).await.map(|_| ())
-                }
+            let mdt = mdt_of(fid)?;
+            let mut at = 0usize;
+            while at < bytes.len() {
+                let part = bytes.slice(at..bytes.len().min(at + DOM_RPC_MAX as usize));
+                fs.md(mdt, &c, &Request::DomWrite { fid, offset: offset + at as u64, handle }, &part).await?;
+                at += part.len();
             }
+            Ok(())
         });
     }
+    for ((ost, oid), mut pieces) in objects {
+        // Extents in file order can reach an object out of its order (a later stripe of
+        // a wide layout first).
+        pieces.sort_unstable_by_key(|(offset, _)| *offset);
+        for rpc in niobuf_rpcs(pieces, rpc_bytes) {
+            let fs = fs.clone();
+            set.spawn(async move {
+                let niobufs = rpc
+                    .iter()
+                    .map(|(offset, b)| ost::Niobuf {
+                        offset: *offset,
+                        len: b.len() as u32,
+                        crc: checksums.then(|| crc32c(b)),
+                    })
+                    .collect();
+                let bulk = match &rpc[..] {
+                    [(_, b)] => b.clone(),
+                    _ => Bytes::from(rpc.iter().flat_map(|(_, b)| b.iter().copied()).collect::<Vec<u8>>()),
+                };
+                fs.ost_call(ost, &ost::Request::Write { target: 0, oid, niobufs }, &bulk).await.map(|_| ())
+            });
+        }
+    }
     all(set, "write").await.map(|_| ())
+}
+
+/// One object's pieces (in offset order) cut into RPCs of at most `rpc_bytes` of data and
+/// [`ost::NIOBUFS_MAX`] extents; a piece is never cut (the layout made it one RPC long
+/// at most).
+fn niobuf_rpcs(pieces: Vec<(u64, Bytes)>, rpc_bytes: u64) -> Vec<Vec<(u64, Bytes)>> {
+    let mut rpcs: Vec<Vec<(u64, Bytes)>> = Vec::new();
+    let mut bytes = 0u64;
+    for (offset, b) in pieces {
+        let len = b.len() as u64;
+        match rpcs.last_mut() {
+            Some(rpc) if rpc.len() < ost::NIOBUFS_MAX && bytes + len <= rpc_bytes => {
+                rpc.push((offset, b));
+                bytes += len;
+            }
+            _ => {
+                rpcs.push(vec![(offset, b)]);
+                bytes = len;
+            }
+        }
+    }
+    rpcs
 }
 
 /// Read `len` bytes at `offset` of the file, every piece in parallel; holes and bytes

@@ -733,15 +733,60 @@ async fn interleaved_writers_on_a_spent_budget_still_land_every_byte() {
     assert!(sent > 0);
 }
 
-/// The OST syncs served so far (their `client_stats`).
-fn ost_syncs(t: &TestFs) -> u64 {
+/// The OST requests of `kind` (`sync`, `write_bytes`, ...) served so far (their
+/// `client_stats`).
+fn ost_served(t: &TestFs, kind: &str) -> u64 {
+    let prefix = format!("{kind}: {{ samples: ");
     t.local
         .osses()
         .iter()
         .flat_map(|o| o.get_param("obdfilter.*.client_stats"))
         .flat_map(|(_, v)| v.lines().map(str::to_string).collect::<Vec<_>>())
-        .filter_map(|l| l.trim().strip_prefix("sync: { samples: ")?.strip_suffix(" }")?.parse::<u64>().ok())
+        .filter_map(|l| l.trim().strip_prefix(prefix.as_str())?.split([',', ' ']).next()?.parse::<u64>().ok())
         .sum()
+}
+
+fn ost_syncs(t: &TestFs) -> u64 {
+    ost_served(t, "sync")
+}
+
+/// ior-hard from two nodes: each mount holds every other 47,008-byte block of one file,
+/// so its dirty extents never meet. Each object's share goes in RPCs of many extents
+/// (niobufs), not one RPC per block, and a third mount reads back every byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_mounts_writing_interleaved_blocks_send_many_extents_per_rpc() {
+    const T: usize = 47_008;
+    const SEGMENTS: usize = 48;
+    let t = TestFs::start(1, 3).await;
+    let (a, b) = (t.mount("a").await, t.mount("b").await);
+    let c = Creds::default();
+    let f = a.create(&c, Fid::ROOT, "hard", 0o644, Some(&lfs("-c 2 -S 1M"))).await.unwrap();
+    let data = Arc::new(pattern(17, 2 * SEGMENTS * T));
+    let before = ost_served(&t, "write_bytes");
+    let mut writers = Vec::new();
+    for (rank, fs) in [a.clone(), b.clone()].into_iter().enumerate() {
+        let (c, data) = (c.clone(), data.clone());
+        writers.push(tokio::spawn(async move {
+            let h = fs.open(&c, f.fid, OpenFlags::WRITE).await.unwrap();
+            for seg in 0..SEGMENTS {
+                let off = (seg * 2 + rank) * T;
+                h.write(off as u64, &data[off..off + T]).await.unwrap();
+            }
+            h.fsync().await.unwrap();
+            h.close().await.unwrap();
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let rpcs = ost_served(&t, "write_bytes") - before;
+    // 96 blocks; each mount's 2.2 MB reach two objects, in RPCs of 4 MiB at most, each
+    // block cut in two where it crosses a stripe.
+    assert!(rpcs <= 8, "the OSTs took {rpcs} write RPCs for {} blocks", 2 * SEGMENTS);
+    let r = t.mount("reader").await;
+    let h = r.open(&c, f.fid, OpenFlags::READ).await.unwrap();
+    assert!(h.read(0, data.len()).await.unwrap() == data[..], "every block as written");
+    h.close().await.unwrap();
 }
 
 /// The write-behind is the file's: an fsync through a handle that wrote nothing still

@@ -370,14 +370,17 @@ impl WriteBack {
         self.shared.targets.get(t).ok_or_else(|| OsdError::Invalid(format!("no target {t}")))
     }
 
-    /// Write `data` at `offset` of object `oid` on target `t` for `client`. Returns the
-    /// transno the client keeps it under until `last_committed` covers it, or 0 when it
-    /// is on the drives already. `replay`: the transno of a write answered before a
-    /// restart, sent again; at or below `last_committed` it is only acknowledged.
-    pub fn write(&self, t: usize, client: u64, oid: u64, offset: u64, data: &[u8], replay: Option<u64>) -> Result<u64> {
+    /// Write `pieces` (offset, bytes: in offset order, none overlapping) to object `oid`
+    /// on target `t` for `client`, as one change. Returns the transno the client keeps
+    /// it under until `last_committed` covers it, or 0 when it is on the drives already.
+    /// `replay`: the transno of a write answered before a restart, sent again; at or
+    /// below `last_committed` it is only acknowledged.
+    pub fn write(&self, t: usize, client: u64, oid: u64, pieces: &[(u64, &[u8])], replay: Option<u64>) -> Result<u64> {
         let target = self.target(t)?.clone();
-        if offset.checked_add(data.len() as u64).is_none_or(|e| e > target.max_object_bytes()) {
-            return Err(OsdError::TooLarge { offset, len: data.len() as u64, max: target.max_object_bytes() });
+        for &(offset, data) in pieces {
+            if offset.checked_add(data.len() as u64).is_none_or(|e| e > target.max_object_bytes()) {
+                return Err(OsdError::TooLarge { offset, len: data.len() as u64, max: target.max_object_bytes() });
+            }
         }
         if let Some(r) = replay
             && r <= self.last_committed()
@@ -386,22 +389,25 @@ impl WriteBack {
         }
         // It must exist now: the answer says it was written.
         target.getattr(oid)?;
+        let len: u64 = pieces.iter().map(|(_, d)| d.len() as u64).sum();
+        // Whole chunks are whole-stripe writes already: holding them would only cost
+        // memory. Many small pieces in one request are held, to be joined.
         let through = replay.is_none()
-            && (data.len() as u64 >= target.chunk_bytes() || {
+            && (pieces.iter().all(|(_, d)| d.len() as u64 >= target.chunk_bytes()) || {
                 let st = lock(&self.shared.st);
-                st.broken.is_some() || !self.room_on(&target, &st, data.len() as u64)?
+                st.broken.is_some() || !self.room_on(&target, &st, len)?
             });
         if through {
-            return self.write_through(t, oid, offset, data);
+            return self.write_through(t, oid, pieces);
         }
         self.remember(t, client)?;
         let s = &self.shared;
         let mut st = lock(&s.st);
         let mut waited = false;
-        while st.busy.contains(&(t, oid)) || (st.bytes > 0 && st.bytes + data.len() as u64 > self.max_bytes()) {
+        while st.busy.contains(&(t, oid)) || (st.bytes > 0 && st.bytes + len > self.max_bytes()) {
             if st.broken.is_some() && replay.is_none() {
                 drop(st);
-                return self.write_through(t, oid, offset, data);
+                return self.write_through(t, oid, pieces);
             }
             if !waited && !st.busy.contains(&(t, oid)) {
                 s.counters.waits.fetch_add(1, Ordering::Relaxed);
@@ -422,12 +428,12 @@ impl WriteBack {
             }
         };
         let e = st.objects.entry((t, oid)).or_default();
-        let replaced = e.insert(offset, data);
+        let replaced: u64 = pieces.iter().map(|&(offset, data)| e.insert(offset, data)).sum();
         e.mtime_ns = e.mtime_ns.max(now_ns());
-        st.bytes = st.bytes + data.len() as u64 - replaced;
+        st.bytes = st.bytes + len - replaced;
         st.since.get_or_insert_with(Instant::now);
         s.counters.held.fetch_add(1, Ordering::Relaxed);
-        s.counters.held_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        s.counters.held_bytes.fetch_add(len, Ordering::Relaxed);
         if st.bytes >= self.max_bytes() / COMMIT_AT {
             s.work.notify_one();
         }
@@ -435,9 +441,9 @@ impl WriteBack {
     }
 
     /// A write straight to the drives, ordered after the object's held writes.
-    fn write_through(&self, t: usize, oid: u64, offset: u64, data: &[u8]) -> Result<u64> {
+    fn write_through(&self, t: usize, oid: u64, pieces: &[(u64, &[u8])]) -> Result<u64> {
         self.shared.counters.through.fetch_add(1, Ordering::Relaxed);
-        self.flushed(t, oid, |tg| tg.write(oid, offset, data)).map(|()| 0)
+        self.flushed(t, oid, |tg| pieces.iter().try_for_each(|&(offset, data)| tg.write(oid, offset, data))).map(|()| 0)
     }
 
     /// Is there room on `target` for `len` bytes more, beyond what is held? Held bytes are

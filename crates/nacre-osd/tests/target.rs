@@ -558,7 +558,8 @@ fn held_writes_stay_within_their_memory_bound_and_all_land() {
                 for k in 0..64u64 {
                     // Pieces in a shuffled order, each 12,000 bytes.
                     let i = (k * 37) % 64;
-                    wb.write(0, 100 + j as u64, oid, i * 12_000, &pattern(oid, i * 12_000, 12_000, 5), None).unwrap();
+                    wb.write(0, 100 + j as u64, oid, &[(i * 12_000, &pattern(oid, i * 12_000, 12_000, 5))], None)
+                        .unwrap();
                     let held = wb.stats().bytes;
                     assert!(held <= MAX, "{held} bytes held, at most {MAX}");
                 }

@@ -1,10 +1,16 @@
 //! The OST service's messages: object create (in precreated batches), destroy, read, write
-//! (data in the frame's bulk, with an optional CRC-32C), punch, truncate, getattr,
-//! setattr, sync and statfs. Every request names the target on the server.
+//! (data in the frame's bulk, as one or more extents of one object, each with an optional
+//! CRC-32C), punch, truncate, getattr, setattr, sync and statfs. Every request names the
+//! target on the server.
 
 use crate::wire::{Dec, Enc, ProtoError};
 
-const VERSION: u8 = 1;
+/// Version 2: a write carries a list of extents (niobufs), not one.
+const VERSION: u8 = 2;
+
+/// Extents one write may carry at most: a full RPC of 4 KiB pieces at the default
+/// `max_pages_per_rpc` (Lustre's `PTLRPC_MAX_BRW_PAGES` bounds its niobufs the same way).
+pub const NIOBUFS_MAX: usize = 1024;
 
 pub const OST_CREATE: u16 = 100;
 pub const OST_DESTROY: u16 = 101;
@@ -44,6 +50,15 @@ pub struct Attr {
     pub parent: [u64; 2],
 }
 
+/// One extent of a write (Lustre's `niobuf_remote`): `len` bytes of the bulk, taken in
+/// order, go to `offset` of the object; `crc` is their CRC-32C when checksums are on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Niobuf {
+    pub offset: u64,
+    pub len: u32,
+    pub crc: Option<u32>,
+}
+
 /// Attributes to set: the fields whose bit is in `mask`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SetAttr {
@@ -81,13 +96,12 @@ pub enum Request {
         len: u32,
         checksum: bool,
     },
-    /// The data is the frame's bulk; `crc` is its CRC-32C when checksums are on.
+    /// The data is the frame's bulk, the extents' bytes one after the other. The extents
+    /// are in offset order and do not overlap (the decoder refuses any other list).
     Write {
         target: u32,
         oid: u64,
-        offset: u64,
-        len: u32,
-        crc: Option<u32>,
+        niobufs: Vec<Niobuf>,
     },
     Punch {
         target: u32,
@@ -159,10 +173,12 @@ impl Request {
             Request::Read { target, oid, offset, len, checksum } => {
                 (OST_READ, e.u32(*target).u64(*oid).u64(*offset).u32(*len).u8(*checksum as u8).done())
             }
-            Request::Write { target, oid, offset, len, crc } => (
-                OST_WRITE,
-                e.u32(*target).u64(*oid).u64(*offset).u32(*len).u8(crc.is_some() as u8).u32(crc.unwrap_or(0)).done(),
-            ),
+            Request::Write { target, oid, niobufs } => {
+                let e = niobufs.iter().fold(e.u32(*target).u64(*oid).u32(niobufs.len() as u32), |e, n| {
+                    e.u64(n.offset).u32(n.len).u8(n.crc.is_some() as u8).u32(n.crc.unwrap_or(0))
+                });
+                (OST_WRITE, e.done())
+            }
             Request::Punch { target, oid, start, end } => {
                 (OST_PUNCH, e.u32(*target).u64(*oid).u64(*start).u64(*end).done())
             }
@@ -205,12 +221,7 @@ impl Request {
                 len: d.u32("length")?,
                 checksum: d.u8("checksum flag")? != 0,
             },
-            OST_WRITE => {
-                let (oid, offset, len) = (d.u64("object")?, d.u64("offset")?, d.u32("length")?);
-                let has = d.u8("checksum flag")? != 0;
-                let crc = d.u32("checksum")?;
-                Request::Write { target, oid, offset, len, crc: has.then_some(crc) }
-            }
+            OST_WRITE => Request::Write { target, oid: d.u64("object")?, niobufs: get_niobufs(&mut d)? },
             OST_PUNCH => Request::Punch { target, oid: d.u64("object")?, start: d.u64("start")?, end: d.u64("end")? },
             OST_TRUNCATE => Request::Truncate { target, oid: d.u64("object")?, size: d.u64("size")? },
             OST_GETATTR => Request::Getattr { target, oid: d.u64("object")? },
@@ -229,6 +240,42 @@ impl Request {
         d.end()?;
         Ok(r)
     }
+}
+
+/// A write's extents: 1 to [`NIOBUFS_MAX`] of them, none empty, in offset order, none
+/// overlapping the next or running past the largest offset.
+fn get_niobufs(d: &mut Dec<'_>) -> Result<Vec<Niobuf>, ProtoError> {
+    let count = d.u32("extent count")? as usize;
+    if count == 0 || count > NIOBUFS_MAX {
+        return Err(ProtoError::Invalid(format!("a write of {count} extents (1 to {NIOBUFS_MAX})")));
+    }
+    let mut v: Vec<Niobuf> = Vec::with_capacity(count);
+    for i in 0..count {
+        let (offset, len) = (d.u64("extent offset")?, d.u32("extent length")?);
+        let has = d.u8("checksum flag")? != 0;
+        let crc = d.u32("checksum")?;
+        let end = offset.checked_add(len as u64);
+        if len == 0 || end.is_none() {
+            return Err(ProtoError::Invalid(format!("extent {i} of a write: {len} bytes at {offset}")));
+        }
+        if let Some(p) = v.last()
+            && p.offset + p.len as u64 > offset
+        {
+            return Err(ProtoError::Invalid(format!(
+                "extent {i} of a write ({len} bytes at {offset}) is before the end of extent {} ({} bytes at {})",
+                i - 1,
+                p.len,
+                p.offset
+            )));
+        }
+        v.push(Niobuf { offset, len, crc: has.then_some(crc) });
+    }
+    Ok(v)
+}
+
+/// Bytes the extents of a write carry.
+pub fn niobufs_bytes(n: &[Niobuf]) -> u64 {
+    n.iter().map(|n| n.len as u64).sum()
 }
 
 /// The reply to `create`: the first new object and how many.
@@ -306,8 +353,20 @@ mod tests {
             Request::Create { target: 1, count: 1024, group: 3 },
             Request::Destroy { target: 0, oid: 5 },
             Request::Read { target: 2, oid: 7, offset: 1 << 40, len: 1 << 24, checksum: true },
-            Request::Write { target: 2, oid: 7, offset: 3, len: 47_008, crc: Some(0xdead_beef) },
-            Request::Write { target: 2, oid: 7, offset: 3, len: 1, crc: None },
+            Request::Write {
+                target: 2,
+                oid: 7,
+                niobufs: vec![Niobuf { offset: 3, len: 47_008, crc: Some(0xdead_beef) }],
+            },
+            Request::Write {
+                target: 2,
+                oid: 7,
+                niobufs: vec![
+                    Niobuf { offset: 3, len: 1, crc: None },
+                    Niobuf { offset: 4, len: 4096, crc: Some(9) },
+                    Niobuf { offset: 1 << 30, len: 1, crc: None },
+                ],
+            },
             Request::Punch { target: 0, oid: 1, start: 2, end: 3 },
             Request::Truncate { target: 0, oid: 1, size: 99 },
             Request::Getattr { target: 0, oid: 1 },
@@ -326,8 +385,8 @@ mod tests {
             longer.push(0);
             assert_eq!(Request::decode(op, &longer), Err(ProtoError::Trailing { extra: 1 }));
             let mut newer = body.clone();
-            newer[0] = 2;
-            assert!(matches!(Request::decode(op, &newer), Err(ProtoError::Version { got: 2, .. })));
+            newer[0] = 3;
+            assert!(matches!(Request::decode(op, &newer), Err(ProtoError::Version { got: 3, .. })));
         }
         assert!(Request::decode(999, &[1]).unwrap_err().to_string().contains("not an OST operation"));
         let (op, mut body) = Request::Setattr { target: 0, oid: 1, set: SetAttr::default() }.encode();
@@ -338,5 +397,32 @@ mod tests {
         assert_eq!(decode_created(&encode_created(5, 7)), Ok((5, 7)));
         let s = StatFs { total_bytes: 1, free_bytes: 2, objects: 3, chunk_bytes: 4 };
         assert_eq!(decode_statfs(&encode_statfs(&s)), Ok(s));
+    }
+
+    #[test]
+    fn a_write_with_a_bad_extent_list_is_refused_by_name() {
+        let n = |offset, len| Niobuf { offset, len, crc: None };
+        let write = |niobufs: Vec<Niobuf>| {
+            let (op, body) = Request::Write { target: 0, oid: 1, niobufs }.encode();
+            Request::decode(op, &body).map_err(|e| e.to_string())
+        };
+        let cases = [
+            (vec![], "a write of 0 extents"),
+            (vec![n(0, 10), n(5, 10)], "extent 1 of a write (10 bytes at 5) is before the end of extent 0"),
+            (vec![n(100, 1), n(0, 1)], "extent 1 of a write (1 bytes at 0) is before the end of extent 0"),
+            (vec![n(0, 1), n(0, 1)], "before the end of extent 0"),
+            (vec![n(0, 0)], "extent 0 of a write: 0 bytes at 0"),
+            (vec![n(u64::MAX, 2)], "2 bytes at 18446744073709551615"),
+            ((0..=NIOBUFS_MAX as u64).map(|i| n(i * 2, 1)).collect(), "a write of 1025 extents (1 to 1024)"),
+        ];
+        for (list, why) in cases {
+            let got = write(list.clone()).unwrap_err();
+            assert!(got.contains(why), "{list:?}: {got}");
+        }
+        // Touching extents are fine (the writer may not have joined them).
+        let ok = vec![n(0, 10), n(10, 10), n(4096, 1)];
+        assert_eq!(niobufs_bytes(&ok), 21);
+        assert!(write(ok).is_ok());
+        assert!(write((0..NIOBUFS_MAX as u64).map(|i| n(i * 2, 1)).collect()).is_ok());
     }
 }

@@ -3,9 +3,10 @@
 //! Each request names a target by its index on this server. Target operations block (they
 //! do volume IO), so they run on tokio's blocking pool; the transport bounds how many are
 //! held at once (`req_buffers_max`, `threads_max`). Bulk data is checked against
-//! `brw_size`; a write that carries a CRC-32C is verified before anything is written, and a
-//! read computes one when asked, so that data is checked end to end. Every error goes back
-//! as a negative errno with a message naming the problem.
+//! `brw_size`; a write carries one or more extents of an object (niobufs), each checked
+//! against its CRC-32C before anything is written, and a read computes one when asked, so
+//! that data is checked end to end. Every error goes back as a negative errno with a
+//! message naming the problem.
 //!
 //! Small writes are answered before commit (see [`nacre_osd::writeback`]): the reply
 //! carries a transno the client keeps the write under until `last_committed` covers it,
@@ -386,6 +387,43 @@ impl Oss {
             .map(|_| InlineRead(running))
     }
 
+    /// A write's extents cut from its bulk, every check passed before anything is
+    /// written: the bulk holds exactly their bytes, no more than `brw_size` in all, and
+    /// each piece matches its checksum (one bad piece refuses the whole write).
+    fn pieces<'a>(&self, oid: u64, niobufs: &[ost::Niobuf], bulk: &'a [u8]) -> Result<Vec<(u64, &'a [u8])>, Reply> {
+        let len = ost::niobufs_bytes(niobufs);
+        if bulk.len() as u64 != len {
+            return Err(fail(
+                errno::EPROTO,
+                format!("write announces {len} bytes in {} extents, the bulk holds {}", niobufs.len(), bulk.len()),
+            ));
+        }
+        if len > self.brw_size() as u64 {
+            return Err(fail(errno::EINVAL, format!("write of {len} bytes exceeds brw_size {}", self.brw_size())));
+        }
+        let mut at = 0usize;
+        let mut pieces = Vec::with_capacity(niobufs.len());
+        for (i, n) in niobufs.iter().enumerate() {
+            let data = &bulk[at..at + n.len as usize];
+            at += n.len as usize;
+            if let Some(want) = n.crc {
+                let got = crc32c(data);
+                if got != want {
+                    return Err(fail(
+                        errno::EBADMSG,
+                        format!(
+                            "checksum mismatch on write to object {oid:#x} at {} (extent {i} of {}): sent {want:#010x}, received {got:#010x}",
+                            n.offset,
+                            niobufs.len()
+                        ),
+                    ));
+                }
+            }
+            pieces.push((n.offset, data));
+        }
+        Ok(pieces)
+    }
+
     fn target(&self, i: u32) -> Result<&(String, Arc<Target>, TargetStats), Reply> {
         self.targets.get(i as usize).ok_or_else(|| {
             fail(errno::ENODEV, format!("no target {i} on this server ({} targets)", self.targets.len()))
@@ -437,7 +475,7 @@ impl Oss {
             Request::Create { .. } => Op::Create,
             Request::Destroy { .. } => Op::Destroy,
             Request::Read { len, .. } => Op::Read(*len as u64),
-            Request::Write { len, .. } => Op::Write(*len as u64),
+            Request::Write { niobufs, .. } => Op::Write(ost::niobufs_bytes(niobufs)),
             Request::Punch { .. } | Request::Truncate { .. } => Op::Punch,
             Request::Getattr { .. } => Op::Getattr,
             Request::Setattr { .. } => Op::Setattr,
@@ -489,27 +527,13 @@ impl Oss {
                     Err(e) => osd_fail(e),
                 }
             }
-            Request::Write { oid, offset, len, crc, .. } => {
-                let data = &req.bulk[..];
-                if data.len() != len as usize {
-                    return fail(errno::EPROTO, format!("write announces {len} bytes, the bulk holds {}", data.len()));
-                }
-                if len > self.brw_size() {
-                    return fail(errno::EINVAL, format!("write of {len} bytes exceeds brw_size {}", self.brw_size()));
-                }
-                if let Some(want) = crc {
-                    let got = crc32c(data);
-                    if got != want {
-                        return fail(
-                            errno::EBADMSG,
-                            format!(
-                                "checksum mismatch on write to object {oid:#x} at {offset}: sent {want:#010x}, received {got:#010x}"
-                            ),
-                        );
-                    }
-                }
+            Request::Write { oid, niobufs, .. } => {
+                let pieces = match self.pieces(oid, &niobufs, &req.bulk) {
+                    Ok(p) => p,
+                    Err(reply) => return reply,
+                };
                 let replay = req.replayed.is_some().then_some(req.header.transno);
-                match wb.write(ti, req.client, oid, offset, data, replay) {
+                match wb.write(ti, req.client, oid, &pieces, replay) {
                     Ok(transno) => Reply { transno, ..attr_reply(wb.getattr(ti, oid)) },
                     Err(e) => osd_fail(e),
                 }

@@ -8,12 +8,17 @@ use nacre_net::client::{Client, ClientConfig, Import};
 use nacre_net::server::{Server, ServerConfig};
 use nacre_net::transport::MemNetwork;
 use nacre_osd::{Target, TargetOptions};
-use nacre_proto::ost::{self, Attr, Request, SetAttr, set};
+use nacre_proto::ost::{self, Attr, Niobuf, Request, SetAttr, set};
 use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, Volume, VolumeOptions};
 use nacre_server::oss::{Oss, OssConfig, errno};
 
 fn crc32c(b: &[u8]) -> u32 {
     crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, b) as u32
+}
+
+/// A write of one extent.
+fn write_req(oid: u64, offset: u64, len: u32, crc: Option<u32>) -> Request {
+    Request::Write { target: 0, oid, niobufs: vec![Niobuf { offset, len, crc }] }
 }
 
 fn target(data_drive_bytes: u64) -> Arc<Target> {
@@ -57,7 +62,7 @@ impl Ost {
 
     async fn write(&self, oid: u64, offset: u64, data: &[u8]) -> Result<Attr, Fail> {
         let crc = self.checksums.then(|| crc32c(data));
-        let f = self.call(Request::Write { target: 0, oid, offset, len: data.len() as u32, crc }, data).await?;
+        let f = self.call(write_req(oid, offset, data.len() as u32, crc), data).await?;
         Ok(ost::decode_attr(&f.body).unwrap())
     }
 
@@ -149,7 +154,7 @@ async fn refusals_carry_their_errno_and_reason_and_change_nothing() {
     // A corrupted bulk: the checksum catches it before anything is written.
     let data = b"XXXXXXX".to_vec();
     let crc = crc32c(b"keep me");
-    let e = c.call(Request::Write { target: 0, oid, offset: 0, len: 7, crc: Some(crc) }, &data).await.unwrap_err();
+    let e = c.call(write_req(oid, 0, 7, Some(crc)), &data).await.unwrap_err();
     assert_eq!(e.0, errno::EBADMSG);
     assert!(e.1.contains("checksum mismatch"), "{}", e.1);
     assert_eq!(c.read(oid, 0, 7).await.unwrap(), b"keep me");
@@ -158,13 +163,8 @@ async fn refusals_carry_their_errno_and_reason_and_change_nothing() {
         (Request::Getattr { target: 0, oid: oid + 99 }, vec![], -2, "no object"),
         (Request::Create { target: 0, count: 0, group: 0 }, vec![], errno::EINVAL, "create of 0"),
         (Request::Read { target: 0, oid, offset: 0, len: 5 << 20, checksum: false }, vec![], errno::EINVAL, "brw_size"),
-        (Request::Write { target: 0, oid, offset: 0, len: 9, crc: None }, vec![1; 3], errno::EPROTO, "announces 9"),
-        (
-            Request::Write { target: 0, oid, offset: u64::MAX - 1, len: 3, crc: None },
-            vec![1; 3],
-            -27,
-            "maximum object size",
-        ),
+        (write_req(oid, 0, 9, None), vec![1; 3], errno::EPROTO, "announces 9"),
+        (write_req(oid, u64::MAX - 1, 1, None), vec![1; 1], -27, "maximum object size"),
         (Request::Punch { target: 0, oid, start: 9, end: 3 }, vec![], errno::EINVAL, "punch from 9"),
     ];
     for (r, bulk, want, text) in cases {
@@ -194,6 +194,80 @@ async fn refusals_carry_their_errno_and_reason_and_change_nothing() {
     );
     assert_eq!(c.read(oid, 0, 7).await.unwrap(), b"keep me");
     assert_eq!(c.attr(Request::Getattr { target: 0, oid }).await.unwrap().size, 7);
+    assert!(t.check().unwrap().is_clean());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_of_many_extents_lands_each_and_one_bad_extent_refuses_it_all() {
+    let t = target(8 << 20);
+    let (_s, _n, c) = setup(t.clone(), true).await;
+    let (oid, _) = c.create(1).await.unwrap();
+    let old = bytes(9, 300_000);
+    c.write(oid, 0, &old).await.unwrap();
+    // Three scattered pieces in one RPC, as a client sends one ior-hard task's blocks.
+    let pieces: Vec<(u64, Vec<u8>)> =
+        vec![(1_000, bytes(1, 4096)), (100_000, bytes(2, 47_008)), (250_000, bytes(3, 7))];
+    let niobufs = |bad: Option<usize>| -> Vec<Niobuf> {
+        pieces
+            .iter()
+            .enumerate()
+            .map(|(i, (o, d))| Niobuf {
+                offset: *o,
+                len: d.len() as u32,
+                crc: Some(crc32c(d) ^ (bad == Some(i)) as u32),
+            })
+            .collect()
+    };
+    let bulk: Vec<u8> = pieces.iter().flat_map(|(_, d)| d.clone()).collect();
+    // Refused, each for its reason, with nothing written.
+    let too_far = {
+        let mut n = niobufs(None);
+        n[2].offset = t.max_object_bytes() - 3;
+        n
+    };
+    let swapped = {
+        let mut n = niobufs(None);
+        n.swap(0, 1);
+        n
+    };
+    let cases: Vec<(Vec<Niobuf>, Vec<u8>, i32, &str)> = vec![
+        (niobufs(Some(1)), bulk.clone(), errno::EBADMSG, "(extent 1 of 3)"),
+        (niobufs(None), bulk[1..].to_vec(), errno::EPROTO, "announces 51111 bytes in 3 extents, the bulk holds 51110"),
+        (too_far, bulk.clone(), -27, "maximum object size"),
+        (
+            swapped,
+            bulk.clone(),
+            errno::EPROTO,
+            "extent 1 of a write (4096 bytes at 1000) is before the end of extent 0",
+        ),
+    ];
+    for (n, bulk, want, text) in cases {
+        let e = c.call(Request::Write { target: 0, oid, niobufs: n.clone() }, &bulk).await.unwrap_err();
+        assert_eq!(e.0, want, "{n:?}: {}", e.1);
+        assert!(e.1.contains(text), "{n:?}: {}", e.1);
+        assert!(c.read(oid, 0, 300_000).await.unwrap() == old, "{n:?} changed the object");
+    }
+    let many: Vec<Niobuf> =
+        (0..=ost::NIOBUFS_MAX as u64).map(|i| Niobuf { offset: i * 8192, len: 1, crc: None }).collect();
+    let e = c.call(Request::Write { target: 0, oid, niobufs: many }, &vec![7; 1025]).await.unwrap_err();
+    assert!(e.0 == errno::EPROTO && e.1.contains("a write of 1025 extents (1 to 1024)"), "{e:?}");
+    let big: Vec<Niobuf> = (0..2).map(|i| Niobuf { offset: i << 22, len: 3 << 20, crc: None }).collect();
+    let e = c.call(Request::Write { target: 0, oid, niobufs: big }, &vec![7; 6 << 20]).await.unwrap_err();
+    assert!(e.0 == errno::EINVAL && e.1.contains("6291456 bytes exceeds brw_size"), "{e:?}");
+    assert!(c.read(oid, 0, 300_000).await.unwrap() == old);
+    // Accepted: each piece where it was sent, the bytes between them untouched.
+    let a = c.attr(Request::Getattr { target: 0, oid }).await.unwrap();
+    c.call(Request::Write { target: 0, oid, niobufs: niobufs(None) }, &bulk).await.unwrap();
+    let mut want = old.clone();
+    for (o, d) in &pieces {
+        want[*o as usize..*o as usize + d.len()].copy_from_slice(d);
+    }
+    assert!(c.read(oid, 0, 300_000).await.unwrap() == want);
+    assert_eq!(c.attr(Request::Getattr { target: 0, oid }).await.unwrap().size, a.size);
+    c.call(Request::Sync { target: 0 }, &[]).await.unwrap();
+    let mut back = vec![0u8; 300_000];
+    assert_eq!(t.read(oid, 0, &mut back).unwrap(), 300_000);
+    assert!(back == want, "and so on the drives");
     assert!(t.check().unwrap().is_clean());
 }
 
@@ -454,7 +528,7 @@ async fn an_oss_killed_with_clients_alive_gets_every_answered_write_back_by_repl
     assert!(back[..n] == *want, "and it is on the drives");
     // A late replay of a's first write (transno 1, committed since, and overwritten by
     // b's): acknowledged, not run.
-    let (opcode, body) = Request::Write { target: 0, oid, offset: 0, len: 60_000, crc: None }.encode();
+    let (opcode, body) = write_req(oid, 0, 60_000, None).encode();
     let replay = nacre_net::server::Incoming {
         header: nacre_net::frame::FrameHeader { opcode, xid: 99, transno: 1, ..Default::default() },
         body,

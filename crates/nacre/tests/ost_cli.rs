@@ -45,8 +45,8 @@ fn served_target_counts_jobs_and_get_param_reads_them() {
         let (first, _) = ost::decode_created(&imp.call(op, &body, &[]).await.unwrap().body).unwrap();
         let data = vec![9u8; 1 << 20];
         for i in 0..3u64 {
-            let (op, body) =
-                Request::Write { target: 0, oid: first, offset: i << 20, len: 1 << 20, crc: None }.encode();
+            let niobufs = vec![ost::Niobuf { offset: i << 20, len: 1 << 20, crc: None }];
+            let (op, body) = Request::Write { target: 0, oid: first, niobufs }.encode();
             let f = imp.send(RpcRequest { job_id: 4242, ..RpcRequest::new(op, &body, &data) }).await.unwrap();
             assert_eq!(f.header.status, 0, "{}", String::from_utf8_lossy(&f.body));
         }
