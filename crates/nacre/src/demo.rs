@@ -10,8 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use nacre_bench::io500::report::{Run, compare};
 use nacre_bench::io500::{Io500Options, Io500Report};
-use serde_json::{Map, Value, json};
+use serde_json::json;
 
 use crate::io500::{Api, Target, run_on};
 use crate::service::CliResult;
@@ -220,46 +221,15 @@ pub fn demo(a: DemoArgs) -> CliResult {
     }
 
     println!("\n== side by side ({} tasks, stonewall {} s, {} cores)", a.tasks, a.stonewall, cores());
-    let local_report = &runs.iter().find(|r| r.0 == "local").ok_or("no local run")?.2;
-    let mut header = format!("{:22}", "phase");
-    for (k, _, _) in &runs {
-        header += &format!("{k:>13}");
+    let mut pairs = vec![("mount", "local"), ("native", "local")];
+    if runs.iter().any(|r| r.0 == "passthrough") {
+        pairs.push(("mount", "passthrough"));
     }
-    header += &format!("{:>14}{:>14}", "mount/local", "native/local");
-    let pt = runs.iter().find(|r| r.0 == "passthrough").map(|r| &r.2);
-    if pt.is_some() {
-        header += &format!("{:>12}", "mount/pt");
-    }
-    println!("{header}");
-    let by = |key: &str| runs.iter().find(|r| r.0 == key).map(|r| &r.2);
+    let listed: Vec<Run<'_>> = runs.iter().map(|(k, _, r)| (*k, &r.results[..], &r.score)).collect();
+    let (table, compared) = compare(&listed, &pairs);
+    print!("{table}");
+    let score = |key: &str| runs.iter().find(|r| r.0 == key).map_or(0.0, |r| r.2.score.total);
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
-    let mut phases = Map::new();
-    for lr in &local_report.results {
-        let mut line = format!("{:22}", lr.name);
-        let mut fig = Map::new();
-        for (k, _, r) in &runs {
-            let v = r.phase(lr.name).map_or(0.0, |p| p.value);
-            line += &format!("{v:>13.3}");
-            fig.insert((*k).to_string(), json!(v));
-        }
-        let value = |key: &str| by(key).and_then(|r| r.phase(lr.name)).map_or(0.0, |p| p.value);
-        line += &format!("{:>14.3}{:>14.3}", ratio(value("mount"), lr.value), ratio(value("native"), lr.value));
-        if pt.is_some() {
-            line += &format!("{:>12.3}", ratio(value("mount"), value("passthrough")));
-        }
-        println!("{line} {}", lr.unit.as_str());
-        phases.insert(lr.name.to_string(), Value::Object(fig));
-    }
-    let score = |key: &str| by(key).map_or(0.0, |r| r.score.total);
-    let mut line = format!("{:22}", "SCORE");
-    for (k, _, _) in &runs {
-        line += &format!("{:>13.3}", score(k));
-    }
-    line += &format!("{:>14.3}{:>14.3}", ratio(score("mount"), score("local")), ratio(score("native"), score("local")));
-    if pt.is_some() {
-        line += &format!("{:>12.3}", ratio(score("mount"), score("passthrough")));
-    }
-    println!("{line}");
 
     // Every run removed its files: the folders are empty before the file system stops.
     let left_mount = leftovers(&mnt)?;
@@ -281,7 +251,8 @@ pub fn demo(a: DemoArgs) -> CliResult {
         "tasks": a.tasks,
         "stonewall_s": a.stonewall,
         "cores": cores(),
-        "phases": phases,
+        "phases": compared["phases"],
+        "ratios": compared["ratios"],
         "score_mount": score("mount"),
         "score_native": score("native"),
         "score_local": score("local"),
@@ -289,7 +260,7 @@ pub fn demo(a: DemoArgs) -> CliResult {
         "ratio_native": ratio(score("native"), score("local")),
         "left_behind": 0,
     });
-    if pt.is_some() {
+    if pairs.len() > 2 {
         j["score_passthrough"] = json!(score("passthrough"));
         j["ratio_mount_passthrough"] = json!(ratio(score("mount"), score("passthrough")));
     }

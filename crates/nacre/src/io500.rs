@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use nacre_bench::io500::native::Native;
+use nacre_bench::io500::report::{Run, compare};
 use nacre_bench::io500::{self, Io500Options, Io500Report, NacreLayouts, Posix, Storage, WithLayouts};
 use nacre_client::{FileSystem, MountOptions};
 use nacre_net::nid::Nid;
@@ -72,6 +73,12 @@ pub struct Io500Args {
     /// Also write the figures and settings, as JSON, to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Run the same phases, with the same sizes, on another folder after this one (a
+    /// local file system, a FUSE passthrough mount), as `NAME=DIR`; each phase is printed
+    /// beside it with its ratio, and the JSON holds the reference's figures and the
+    /// ratios. Repeatable.
+    #[arg(long = "reference", value_parser = parse_reference)]
+    pub references: Vec<(String, PathBuf)>,
     /// Phases not to run (io500.ini's `run = FALSE`), e.g. `--skip ior-hard-write`: the
     /// phases reading what a skipped one makes go with it; the score is over the others.
     #[arg(long, value_delimiter = ',')]
@@ -385,12 +392,61 @@ pub fn run_on(t: &Target, o: &Io500Options, dir: &Path, what: &str) -> Res<Io500
     Ok(report)
 }
 
+/// `--reference NAME=DIR`.
+fn parse_reference(s: &str) -> Result<(String, PathBuf), String> {
+    let (name, dir) = s.split_once('=').ok_or_else(|| format!("--reference {s}: NAME=DIR"))?;
+    if name.is_empty() || name == "run" || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        return Err(format!("--reference {s}: a name of letters, digits, _ and -, other than `run`"));
+    }
+    if dir.is_empty() {
+        return Err(format!("--reference {s}: no folder"));
+    }
+    Ok((name.to_string(), PathBuf::from(dir)))
+}
+
 pub fn io500(a: Io500Args) -> CliResult {
-    let o = a.options()?;
+    let mut o = a.options()?;
     let t = Target::open(a.api, &a.dir, a.mgs.as_ref())?;
+    let mut refs = Vec::new();
+    for (i, (name, dir)) in a.references.iter().enumerate() {
+        if a.references[..i].iter().any(|(n, _)| n == name) {
+            return Err(format!("--reference {name}: named twice").into());
+        }
+        refs.push((name.as_str(), dir, Target::open(Api::Posix, dir, None)?));
+    }
+    // One set of sizes for every run, so that the figures compare: what fits everywhere.
+    if !refs.is_empty() {
+        for (dir, r) in std::iter::once((&a.dir, &t)).chain(refs.iter().map(|(_, d, r)| (*d, r))) {
+            for note in fit(&mut o, &r.room(dir)?) {
+                println!("scaled to fit {}: {note}", dir.display());
+            }
+        }
+    }
     let report = run_on(&t, &o, &a.dir, &a.dir.display().to_string())?;
     let mut j = report.json();
     j["dir"] = a.dir.display().to_string().into();
+    if !refs.is_empty() {
+        let mut reports = Vec::new();
+        for (name, dir, r) in &refs {
+            println!("\n== reference {name}: {}", dir.display());
+            reports.push((*name, run_on(r, &o, dir, &format!("reference {name} ({})", dir.display()))?));
+        }
+        let mut runs: Vec<Run<'_>> = vec![("run", &report.results[..], &report.score)];
+        runs.extend(reports.iter().map(|(n, r)| (*n, &r.results[..], &r.score)));
+        let pairs: Vec<(&str, &str)> = reports.iter().map(|(n, _)| ("run", *n)).collect();
+        let (table, compared) = compare(&runs, &pairs);
+        println!("\n== side by side\n{table}");
+        j["references"] = reports
+            .iter()
+            .map(|(n, r)| {
+                let mut v = r.json();
+                v["dir"] = refs.iter().find(|x| x.0 == *n).map_or(String::new(), |x| x.1.display().to_string()).into();
+                ((*n).to_string(), v)
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into();
+        j["ratios"] = compared["ratios"].clone();
+    }
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_string_pretty(&j)? + "\n").map_err(|e| format!("{}: {e}", p.display()))?;
     }

@@ -1496,21 +1496,32 @@ const IO500_TINY: [&str; 14] = [
 
 /// `nacre io500` through the mount (POSIX) and through the library (native) on the same
 /// file system: every phase verified, io500.sh's layouts set, nothing left, and the
-/// `--json` file holding what the last line says.
+/// `--json` file holding what the last line says. The native run has a reference run on
+/// a local folder beside it, with each phase's ratio.
 #[test]
 fn io500_runs_through_the_mount_and_natively() {
     let fs = Up::start("io500");
     let json_file = fs.mnt.parent().unwrap().join("io500.json");
+    let local = scratch("io500-reference");
     for api in ["posix", "native"] {
-        let out = nacre()
-            .args(["io500", "--api", api, "--dir"])
-            .arg(&fs.mnt)
-            .args(IO500_TINY)
-            .arg("--json")
-            .arg(&json_file)
-            .output()
-            .unwrap();
+        let mut cmd = nacre();
+        cmd.args(["io500", "--api", api, "--dir"]).arg(&fs.mnt).args(IO500_TINY).arg("--json").arg(&json_file);
+        if api == "native" {
+            cmd.arg("--reference").arg(format!("local={}", local.display()));
+        }
+        let out = cmd.output().unwrap();
         let j = json_of(&out, api);
+        if api == "native" {
+            let r = &j["references"]["local"];
+            assert_eq!(r["phases"].as_array().unwrap().len(), 13, "{j}");
+            assert_eq!(r["dir"], local.display().to_string());
+            let ratios = j["ratios"]["run/local"].as_object().unwrap();
+            assert_eq!(ratios.len(), 13 + 3, "every phase, bandwidth, md and score: {j}");
+            assert!(ratios.values().all(|v| v.as_f64().unwrap() > 0.0), "{j}");
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(text.contains("== side by side") && text.contains("run/local"), "{text}");
+            assert_eq!(fs::read_dir(&local).unwrap().count(), 0, "the reference run removed its files");
+        }
         assert_eq!(j["api"], api);
         let phases = j["phases"].as_array().unwrap();
         assert_eq!(phases.len(), 13, "{j}");
@@ -1520,7 +1531,8 @@ fn io500_runs_through_the_mount_and_natively() {
         let file: serde_json::Value = serde_json::from_str(&fs::read_to_string(&json_file).unwrap()).unwrap();
         assert_eq!(file, j);
         let text = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(text.lines().filter(|l| l.starts_with("[RESULT]")).count(), 12, "{text}");
+        let runs = if api == "native" { 2 } else { 1 };
+        assert_eq!(text.lines().filter(|l| l.starts_with("[RESULT]")).count(), 12 * runs, "{text}");
         assert_eq!(fs::read_dir(&fs.mnt).unwrap().count(), 0, "{api}: the run removed its files");
     }
     // Bad input: named, and nothing is made.
@@ -1533,7 +1545,16 @@ fn io500_runs_through_the_mount_and_natively() {
     fs::write(&cfg, "stonewal = 3\n").unwrap();
     let out = nacre().args(["io500", "--dir"]).arg(&fs.mnt).arg("--config").arg(&cfg).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field `stonewal`"), "{out:?}");
+    for (args, why) in [
+        (vec!["--reference", "nodir"], "--reference nodir: NAME=DIR"),
+        (vec!["--reference", "run=/tmp"], "other than `run`"),
+        (vec!["--reference", "a=/tmp", "--reference", "a=/var/tmp"], "--reference a: named twice"),
+    ] {
+        let out = nacre().args(["io500", "--dir"]).arg(&fs.mnt).args(&args).output().unwrap();
+        assert!(String::from_utf8_lossy(&out.stderr).contains(why), "{args:?}: {out:?}");
+    }
     assert_eq!(fs::read_dir(&fs.mnt).unwrap().count(), 0);
+    fs::remove_dir_all(&local).unwrap();
 }
 
 /// `nacre demo`, small: up, IO500 three ways, the table, down, nothing left.

@@ -79,7 +79,7 @@ impl PhaseResult {
 }
 
 /// IO500's score.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Score {
     /// GiB/s: the geometric mean of the scored bandwidth phases.
     pub bandwidth: f64,
@@ -119,6 +119,69 @@ impl Score {
     pub fn json(&self) -> Value {
         json!({ "bandwidth_gib_s": self.bandwidth, "iops_kiops": self.iops, "total": self.total })
     }
+}
+
+/// One run of a comparison: its name, its phases and its score.
+pub type Run<'a> = (&'a str, &'a [PhaseResult], &'a Score);
+
+/// The ratio `a / b` (0 when `b` is not positive: nothing to compare with).
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 { a / b } else { 0.0 }
+}
+
+/// Runs side by side: a text table (a line per phase of the first run, in its order, with
+/// every run's figure, then the ratio of each pair `(a, b)` as `a/b`; last the scores) and
+/// the same as JSON: `phases` (phase → run → figure), `scores` (run → score) and `ratios`
+/// (`a/b` → phase, `bandwidth`, `md` and `score` → ratio). A phase a run lacks counts 0.
+pub fn compare(runs: &[Run<'_>], pairs: &[(&str, &str)]) -> (String, Value) {
+    use std::fmt::Write;
+    let value = |run: &str, phase: &str| {
+        runs.iter().find(|r| r.0 == run).and_then(|r| r.1.iter().find(|p| p.name == phase)).map_or(0.0, |p| p.value)
+    };
+    let score = |run: &str| runs.iter().find(|r| r.0 == run).map(|r| *r.2);
+    let mut text = format!("{:22}", "phase");
+    for (name, ..) in runs {
+        let _ = write!(text, "{name:>14}");
+    }
+    for (a, b) in pairs {
+        let _ = write!(text, "{:>16}", format!("{a}/{b}"));
+    }
+    text.push('\n');
+    let (mut phases, mut ratios) = (serde_json::Map::new(), serde_json::Map::new());
+    let first = runs.first().map_or(&[][..], |r| r.1);
+    for p in first {
+        let _ = write!(text, "{:22}", p.name);
+        let mut fig = serde_json::Map::new();
+        for (name, ..) in runs {
+            let v = value(name, p.name);
+            let _ = write!(text, "{v:>14.3}");
+            fig.insert((*name).to_string(), json!(v));
+        }
+        for (a, b) in pairs {
+            let r = ratio(value(a, p.name), value(b, p.name));
+            let _ = write!(text, "{r:>16.3}");
+            let e = ratios.entry(format!("{a}/{b}")).or_insert_with(|| json!({}));
+            e[p.name] = json!(r);
+        }
+        let _ = writeln!(text, " {}", p.unit.as_str());
+        phases.insert(p.name.to_string(), Value::Object(fig));
+    }
+    let _ = write!(text, "{:22}", "SCORE");
+    let mut scores = serde_json::Map::new();
+    for (name, _, s) in runs {
+        let _ = write!(text, "{:>14.3}", s.total);
+        scores.insert((*name).to_string(), s.json());
+    }
+    for (a, b) in pairs {
+        let (x, y) = (score(a).unwrap_or_default(), score(b).unwrap_or_default());
+        let _ = write!(text, "{:>16.3}", ratio(x.total, y.total));
+        let e = ratios.entry(format!("{a}/{b}")).or_insert_with(|| json!({}));
+        e["bandwidth"] = json!(ratio(x.bandwidth, y.bandwidth));
+        e["md"] = json!(ratio(x.iops, y.iops));
+        e["score"] = json!(ratio(x.total, y.total));
+    }
+    text.push('\n');
+    (text, json!({ "phases": phases, "scores": scores, "ratios": ratios }))
 }
 
 #[cfg(test)]
@@ -171,6 +234,35 @@ mod tests {
         assert_eq!(s.bandwidth, 0.0);
         assert_eq!(s.iops, 4.0);
         assert_eq!(s.total, 0.0);
+    }
+
+    #[test]
+    fn runs_side_by_side_with_the_ratios_of_each_pair() {
+        let a = [phase("ior-easy-write", Unit::GiBs, 2.0, true), phase("find", Unit::KIops, 10.0, true)];
+        let b = [phase("ior-easy-write", Unit::GiBs, 4.0, true), phase("find", Unit::KIops, 5.0, true)];
+        let c = [phase("find", Unit::KIops, 0.0, true)];
+        let (sa, sb, sc) = (Score::of(&a), Score::of(&b), Score::of(&c));
+        let (text, j) = compare(
+            &[("nacre", &a, &sa), ("local", &b, &sb), ("broken", &c, &sc)],
+            &[("nacre", "local"), ("nacre", "broken")],
+        );
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert!(lines[0].contains("nacre/local") && lines[0].contains("nacre/broken"), "{text}");
+        assert!(
+            lines[1].starts_with("ior-easy-write") && lines[1].contains("0.500") && lines[1].ends_with("GiB/s"),
+            "{text}"
+        );
+        assert!(lines[2].starts_with("find") && lines[2].contains("2.000"), "{text}");
+        assert!(lines[3].starts_with("SCORE"), "{text}");
+        assert_eq!(j["phases"]["find"]["local"], json!(5.0));
+        assert_eq!(j["phases"]["ior-easy-write"]["broken"], json!(0.0), "a phase a run lacks counts 0");
+        let r = &j["ratios"]["nacre/local"];
+        assert_eq!((r["ior-easy-write"].as_f64(), r["find"].as_f64()), (Some(0.5), Some(2.0)));
+        let near = |k: &str, want: f64| (r[k].as_f64().unwrap() - want).abs() < 1e-12;
+        assert!(near("bandwidth", 0.5) && near("md", 2.0) && near("score", 1.0), "geometric means: {r}");
+        assert_eq!(j["ratios"]["nacre/broken"]["find"], json!(0.0), "nothing to compare with");
+        assert_eq!(j["scores"]["local"]["bandwidth_gib_s"], json!(4.0));
     }
 
     #[test]
