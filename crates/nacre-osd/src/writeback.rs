@@ -17,6 +17,14 @@
 //! write already, and holding it would only cost the client memory. Memory is bounded
 //! (`max_bytes`): a write that finds it full waits for the committer.
 //!
+//! **Partial chunks.** A background commit writes the whole chunks it holds and holds the
+//! partial ones over for a later commit, a few times at most and within half of
+//! `max_bytes`: the piece a slower writer has not sent yet often makes the chunk whole,
+//! and a whole chunk is one full-stripe write where a partial one goes through the
+//! journal. `last_committed` then stops below the oldest write held over, so that a
+//! restart has it replayed with everything after it. A commit someone waits for (`sync`,
+//! a truncate, a glimpse) writes everything.
+//!
 //! **Order.** Whatever changes an object other than a held write (a truncate, punch,
 //! destroy, or a write that goes straight through) runs with the object's older writes
 //! committed first and with later writes to it waiting: a write answered before a
@@ -54,6 +62,14 @@ const RUN_BYTES: u64 = 16 << 20;
 const COMMIT_AT: u64 = 2;
 /// Writes a commit runs at once.
 const COMMIT_STREAMS: usize = 8;
+/// How many background commits may hold a partial chunk over (at the default interval,
+/// 0.6 s at most).
+const KEEP_COMMITS_MAX: u32 = 10;
+/// Held-over partial chunks take at most `1 / KEPT_SHARE` of `max_bytes`.
+const KEPT_SHARE: u64 = 2;
+/// How long the committer keeps its run buffers (`COMMIT_STREAMS` of about `RUN_BYTES`
+/// at most) with no commit.
+const BUFFERS_KEPT_IDLE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy)]
 pub struct WriteBackOptions {
@@ -70,75 +86,129 @@ impl Default for WriteBackOptions {
     }
 }
 
+/// One held piece: its bytes, the transno of the write that brought them, and how many
+/// commits have held it over as part of a partial chunk.
+struct Held {
+    data: Vec<u8>,
+    transno: u64,
+    kept: u32,
+}
+
+impl Held {
+    fn end(&self, at: u64) -> u64 {
+        at + self.data.len() as u64
+    }
+}
+
 /// The held pieces of one object: non-overlapping, by offset. Pieces are kept as they
 /// came (a later one cuts what it covers out of earlier ones) and joined only when
 /// committed, so that a write never copies its neighbours.
 #[derive(Default)]
 struct Extents {
-    map: BTreeMap<u64, Vec<u8>>,
+    map: BTreeMap<u64, Held>,
     /// When the last held write came (for the object's mtime).
     mtime_ns: i64,
 }
 
 impl Extents {
     fn end(&self) -> u64 {
-        self.map.iter().next_back().map_or(0, |(o, v)| o + v.len() as u64)
+        self.map.iter().next_back().map_or(0, |(&o, h)| h.end(o))
     }
 
     /// The pieces that overlap `[off, end)`, by start.
-    fn overlapping(&self, off: u64, end: u64) -> impl Iterator<Item = (&u64, &Vec<u8>)> {
+    fn overlapping(&self, off: u64, end: u64) -> impl Iterator<Item = (&u64, &Held)> {
         let first = self.map.range(..=off).next_back().map_or(off, |(&s, _)| s);
-        self.map.range(first..end).filter(move |(s, v)| **s + v.len() as u64 > off)
+        self.map.range(first..end).filter(move |(s, h)| h.end(**s) > off)
     }
 
-    /// Hold `data` at `off` over what was held; returns the bytes held before in that
-    /// range (now replaced).
-    fn insert(&mut self, off: u64, data: &[u8]) -> u64 {
-        let end = off + data.len() as u64;
+    /// Take the pieces out of `[off, end)`, cutting those that cross its edges (their
+    /// outer parts stay). Returns what was taken, by offset.
+    fn take(&mut self, off: u64, end: u64) -> Vec<(u64, Held)> {
         let hit: Vec<u64> = self.overlapping(off, end).map(|(&s, _)| s).collect();
-        let mut replaced = 0;
+        let mut out = Vec::with_capacity(hit.len());
         for s in hit {
-            let Some(mut v) = self.map.remove(&s) else { continue };
-            let v_end = s + v.len() as u64;
-            replaced += v_end.min(end) - s.max(off);
-            if v_end > end {
-                self.map.insert(end, v[(end - s) as usize..].to_vec());
+            let Some(mut h) = self.map.remove(&s) else { continue };
+            let h_end = h.end(s);
+            if h_end > end {
+                let tail = h.data.split_off((end - s) as usize);
+                self.map.insert(end, Held { data: tail, ..h });
             }
             if s < off {
-                v.truncate((off - s) as usize);
-                self.map.insert(s, v);
+                let inner = h.data.split_off((off - s) as usize);
+                self.map.insert(s, Held { data: std::mem::replace(&mut h.data, inner), ..h });
+                out.push((off, h));
+            } else {
+                out.push((s, h));
             }
         }
-        self.map.insert(off, data.to_vec());
+        out
+    }
+
+    /// Hold `data` at `off` for write `transno`, over what was held; returns the bytes
+    /// held before in that range (now replaced).
+    fn insert(&mut self, off: u64, data: &[u8], transno: u64) -> u64 {
+        let end = off + data.len() as u64;
+        let replaced = self.take(off, end).iter().map(|(_, h)| h.data.len() as u64).sum();
+        self.map.insert(off, Held { data: data.to_vec(), transno, kept: 0 });
         replaced
+    }
+
+    /// Hold `h` at `off` under what is held: only the parts of it that no piece covers
+    /// (newer writes that came while it was away). Returns the bytes it added.
+    fn insert_under(&mut self, off: u64, mut h: Held) -> u64 {
+        let end = h.end(off);
+        let covered: Vec<(u64, u64)> =
+            self.overlapping(off, end).map(|(&s, x)| (s.max(off), x.end(s).min(end))).collect();
+        let mut added = 0;
+        // The gaps between the covered ranges, last first, so that cutting the tail off
+        // leaves the earlier offsets in place.
+        let mut gaps = Vec::new();
+        let mut at = off;
+        for (lo, hi) in covered {
+            if lo > at {
+                gaps.push((at, lo));
+            }
+            at = at.max(hi);
+        }
+        if at < end {
+            gaps.push((at, end));
+        }
+        for (lo, hi) in gaps.into_iter().rev() {
+            let mut part = h.data.split_off((lo - off) as usize);
+            part.truncate((hi - lo) as usize);
+            added += part.len() as u64;
+            self.map.insert(lo, Held { data: part, ..h });
+        }
+        added
     }
 
     /// Copy what is held of `[off, off + buf.len())` into `buf`.
     fn overlay(&self, off: u64, buf: &mut [u8]) {
         let end = off + buf.len() as u64;
-        for (&s, v) in self.overlapping(off, end) {
-            let (lo, hi) = (s.max(off), (s + v.len() as u64).min(end));
-            buf[(lo - off) as usize..(hi - off) as usize].copy_from_slice(&v[(lo - s) as usize..(hi - s) as usize]);
+        for (&s, h) in self.overlapping(off, end) {
+            let (lo, hi) = (s.max(off), h.end(s).min(end));
+            buf[(lo - off) as usize..(hi - off) as usize]
+                .copy_from_slice(&h.data[(lo - s) as usize..(hi - s) as usize]);
         }
     }
 
     /// What is held of `[off, end)`, as pieces of their own.
     fn part(&self, off: u64, end: u64) -> Extents {
         let mut out = Extents { map: BTreeMap::new(), mtime_ns: self.mtime_ns };
-        for (&s, v) in self.overlapping(off, end) {
-            let (lo, hi) = (s.max(off), (s + v.len() as u64).min(end));
-            out.map.insert(lo, v[(lo - s) as usize..(hi - s) as usize].to_vec());
+        for (&s, h) in self.overlapping(off, end) {
+            let (lo, hi) = (s.max(off), h.end(s).min(end));
+            let data = h.data[(lo - s) as usize..(hi - s) as usize].to_vec();
+            out.map.insert(lo, Held { data, ..*h });
         }
         out
     }
 
-    /// The pieces joined where they touch, in runs of at most about `most` bytes cut at
-    /// multiples of `chunk` (so that a long run is whole stripes).
-    fn runs(&self, most: u64, chunk: u64) -> Vec<(u64, Vec<u8>)> {
-        // First where each run starts and ends, then each built in one allocation.
+    /// Where the pieces, joined where they touch, make runs of at most about `most` bytes
+    /// cut at multiples of `chunk` (so that a long run is whole stripes): `(start, end)`.
+    fn spans(&self, most: u64, chunk: u64) -> Vec<(u64, u64)> {
         let mut spans: Vec<(u64, u64)> = Vec::new();
-        for (&s, v) in &self.map {
-            let e = s + v.len() as u64;
+        for (&s, h) in &self.map {
+            let e = h.end(s);
             match spans.last_mut() {
                 Some((start, end)) if *end == s && *end - *start < most => *end = e,
                 _ => spans.push((s, e)),
@@ -153,16 +223,15 @@ impl Extents {
             }
         }
         spans
-            .into_iter()
-            .map(|(start, end)| {
-                let mut run = Vec::with_capacity((end - start) as usize);
-                for (&s, v) in self.overlapping(start, end) {
-                    let (lo, hi) = (s.max(start), (s + v.len() as u64).min(end));
-                    run.extend_from_slice(&v[(lo - s) as usize..(hi - s) as usize]);
-                }
-                (start, run)
-            })
-            .collect()
+    }
+
+    /// The bytes of span `[start, end)` (one of [`Extents::spans`]) into `run`.
+    fn fill(&self, start: u64, end: u64, run: &mut Vec<u8>) {
+        run.clear();
+        for (&s, h) in self.overlapping(start, end) {
+            let (lo, hi) = (s.max(start), h.end(s).min(end));
+            run.extend_from_slice(&h.data[(lo - s) as usize..(hi - s) as usize]);
+        }
     }
 }
 
@@ -219,6 +288,8 @@ pub struct WriteBackStats {
     pub commits: u64,
     pub committed_bytes: u64,
     pub committed_extents: u64,
+    /// Bytes of partial chunks that commits held over for a later one.
+    pub kept_bytes: u64,
     /// Writes that waited for room.
     pub waits: u64,
     /// Bytes held now.
@@ -235,6 +306,7 @@ struct Counters {
     commits: AtomicU64,
     committed_bytes: AtomicU64,
     committed_extents: AtomicU64,
+    kept_bytes: AtomicU64,
     waits: AtomicU64,
 }
 
@@ -249,6 +321,8 @@ struct Shared {
     max_bytes: AtomicU64,
     interval_us: AtomicU64,
     counters: Counters,
+    /// Run buffers of earlier commits, kept for the next (see [`Shared::write_out`]).
+    buffers: Mutex<Vec<Vec<u8>>>,
 }
 
 /// The write-back of one OSS over its targets (see the module).
@@ -304,6 +378,7 @@ impl WriteBack {
             max_bytes: AtomicU64::new(opts.max_bytes.max(1)),
             interval_us: AtomicU64::new(opts.commit_interval.as_micros() as u64),
             counters: Counters::default(),
+            buffers: Mutex::new(Vec::new()),
         });
         let s = shared.clone();
         let committer = std::thread::Builder::new()
@@ -359,6 +434,7 @@ impl WriteBack {
             commits: g(&c.commits),
             committed_bytes: g(&c.committed_bytes),
             committed_extents: g(&c.committed_extents),
+            kept_bytes: g(&c.kept_bytes),
             waits: g(&c.waits),
             bytes: st.bytes,
             last_transno: st.next - 1,
@@ -428,7 +504,7 @@ impl WriteBack {
             }
         };
         let e = st.objects.entry((t, oid)).or_default();
-        let replaced: u64 = pieces.iter().map(|&(offset, data)| e.insert(offset, data)).sum();
+        let replaced: u64 = pieces.iter().map(|&(offset, data)| e.insert(offset, data, transno)).sum();
         e.mtime_ns = e.mtime_ns.max(now_ns());
         st.bytes = st.bytes + len - replaced;
         st.since.get_or_insert_with(Instant::now);
@@ -571,7 +647,7 @@ impl WriteBack {
                     return Ok(st.last_committed);
                 }
             }
-            self.shared.commit_once()?;
+            self.shared.commit_once(false)?;
         }
     }
 
@@ -606,6 +682,7 @@ impl Drop for WriteBack {
 
 impl Shared {
     fn run_committer(&self) {
+        let mut last_commit = Instant::now();
         let mut st = lock(&self.st);
         loop {
             if st.stop {
@@ -616,21 +693,27 @@ impl Shared {
                 || st.bytes >= self.max_bytes.load(Ordering::Relaxed) / COMMIT_AT
                 || (st.urgent && st.bytes > 0);
             if !due || st.broken.is_some() {
+                if last_commit.elapsed() >= BUFFERS_KEPT_IDLE {
+                    lock(&self.buffers).clear();
+                }
                 let wait = st.since.map_or(interval, |t| interval.saturating_sub(t.elapsed()));
                 st =
                     self.work.wait_timeout(st, wait.max(Duration::from_millis(1))).unwrap_or_else(|e| e.into_inner()).0;
                 continue;
             }
             drop(st);
-            if let Err(e) = self.commit_once() {
+            if let Err(e) = self.commit_once(true) {
                 eprintln!("ost: a commit failed, writes now go straight to the drives: {e}");
             }
+            last_commit = Instant::now();
             st = lock(&self.st);
         }
     }
 
-    /// Write what is held now to the targets, then record `last_committed`.
-    fn commit_once(&self) -> Result<()> {
+    /// Write what is held now to the targets, then record `last_committed`. With
+    /// `keep_partial`, the parts of chunks that are not whole may stay held for a later
+    /// commit (see [`Shared::plan`]).
+    fn commit_once(&self, keep_partial: bool) -> Result<()> {
         let _writer = lock(&self.writer);
         let snap = {
             let mut st = lock(&self.st);
@@ -647,18 +730,42 @@ impl Shared {
             st.committing = Some(snap.clone());
             snap
         };
-        let written = self.write_out(&snap);
+        let plan = self.plan(&snap, keep_partial);
+        let written = self.write_out(&snap, &plan);
         let mut st = lock(&self.st);
         st.committing = None;
         st.generation += 1;
         st.bytes -= snap.bytes;
         let r = match written {
-            Ok(extents) => {
-                st.last_committed = snap.upto;
+            Ok(()) => {
                 let c = &self.counters;
                 c.commits.fetch_add(1, Ordering::Relaxed);
-                c.committed_bytes.fetch_add(snap.bytes, Ordering::Relaxed);
-                c.committed_extents.fetch_add(extents, Ordering::Relaxed);
+                c.committed_bytes.fetch_add(snap.bytes - plan.kept_bytes, Ordering::Relaxed);
+                c.committed_extents.fetch_add(plan.runs.len() as u64, Ordering::Relaxed);
+                c.kept_bytes.fetch_add(plan.kept_bytes, Ordering::Relaxed);
+                st.last_committed = plan.last_committed;
+                // What stays goes back under what came meanwhile, in the same breath as the
+                // snapshot leaves: a read sees it all along.
+                let mut objects = match Arc::try_unwrap(snap) {
+                    Ok(s) => s.objects,
+                    Err(shared) => shared.objects.iter().map(|(k, e)| (*k, e.part(0, u64::MAX))).collect(),
+                };
+                let mut back = 0;
+                for &(key, lo, hi) in &plan.kept {
+                    let Some(e) = objects.get_mut(&key) else { continue };
+                    let mtime = e.mtime_ns;
+                    let pieces = e.take(lo, hi);
+                    let into = st.objects.entry(key).or_default();
+                    into.mtime_ns = into.mtime_ns.max(mtime);
+                    for (at, mut h) in pieces {
+                        h.kept += 1;
+                        back += into.insert_under(at, h);
+                    }
+                }
+                st.bytes += back;
+                if back > 0 {
+                    st.since.get_or_insert_with(Instant::now);
+                }
                 Ok(())
             }
             Err(e) => {
@@ -672,47 +779,109 @@ impl Shared {
         r
     }
 
-    /// Every extent of `snap` to its target, then `last_committed` to every target's
-    /// index; the extents written.
-    fn write_out(&self, snap: &Snapshot) -> Result<u64> {
-        let mut runs = Vec::new();
-        for (&(t, oid), e) in &snap.objects {
-            for (off, data) in e.runs(RUN_BYTES, self.targets[t].chunk_bytes()) {
-                runs.push((t, oid, off, data));
+    /// What a commit of `snap` writes and what it keeps. Without `keep_partial` (a commit
+    /// someone waits for) everything is written. With it (the background commit), each
+    /// run's whole chunks are written, and its
+    /// partial chunks at either end stay held for a later commit, as md's stripe cache and
+    /// xiRAID's merged writes hold partial stripes: a slow writer of ior-hard is often a
+    /// moment behind the others, and its piece makes the chunk whole. A partial chunk is
+    /// held over at most [`KEEP_COMMITS_MAX`] times, and held-over bytes stay within
+    /// `max_bytes / KEPT_SHARE`. Eight interleaved writers on two cores drift apart by
+    /// hundreds of pieces: each commit of `nacre bench ost`'s sustained phase wrote about
+    /// 1,500 runs of 85 KiB, nearly all through the journal, before this.
+    fn plan(&self, snap: &Snapshot, keep_partial: bool) -> Plan {
+        let budget = if keep_partial { self.max_bytes.load(Ordering::Relaxed) / KEPT_SHARE } else { 0 };
+        let mut plan = Plan { runs: Vec::new(), kept: Vec::new(), kept_bytes: 0, last_committed: snap.upto };
+        let mut oldest_kept = u64::MAX;
+        for (&key, e) in &snap.objects {
+            let cb = self.targets[key.0].chunk_bytes();
+            for (start, end) in e.spans(RUN_BYTES, cb) {
+                let (whole_lo, whole_hi) = (start.div_ceil(cb) * cb, end / cb * cb);
+                let mut parts = Vec::with_capacity(3);
+                if whole_lo < whole_hi {
+                    if start < whole_lo {
+                        parts.push((start, whole_lo, true));
+                    }
+                    parts.push((whole_lo, whole_hi, false));
+                    if whole_hi < end {
+                        parts.push((whole_hi, end, true));
+                    }
+                } else {
+                    parts.push((start, end, true));
+                }
+                for (lo, hi, partial) in parts {
+                    let keep = partial
+                        && plan.kept_bytes + (hi - lo) <= budget
+                        && e.overlapping(lo, hi).all(|(_, h)| h.kept < KEEP_COMMITS_MAX);
+                    if keep {
+                        plan.kept.push((key, lo, hi));
+                        plan.kept_bytes += hi - lo;
+                        oldest_kept = e.overlapping(lo, hi).map(|(_, h)| h.transno).fold(oldest_kept, u64::min);
+                    } else {
+                        plan.runs.push((key, lo, hi));
+                    }
+                }
             }
         }
+        // The drives hold every write below the oldest kept one.
+        if oldest_kept != u64::MAX {
+            plan.last_committed = snap.upto.min(oldest_kept - 1);
+        }
+        plan
+    }
+
+    /// The runs of `plan` to their targets, then its `last_committed` to every target's
+    /// index.
+    ///
+    /// Each stream joins a run's pieces into a buffer and writes it. The buffers stay for
+    /// the next commit while commits keep coming: a fresh 16 MiB buffer costs 4,096 page
+    /// faults and its zeroing, and building the runs of a 64 MiB commit took 53-142 ms
+    /// that way, more than writing them (36-48 ms, `nacre bench ost`).
+    fn write_out(&self, snap: &Snapshot, plan: &Plan) -> Result<()> {
         // Several at once, as several clients' streams would be: one stream alone leaves
         // most of the drives idle.
         let next = std::sync::atomic::AtomicUsize::new(0);
         let failed = Mutex::new(None);
         std::thread::scope(|s| {
-            for _ in 0..COMMIT_STREAMS.min(runs.len()) {
+            for _ in 0..COMMIT_STREAMS.min(plan.runs.len()) {
                 s.spawn(|| {
+                    let mut buf = lock(&self.buffers).pop().unwrap_or_default();
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some((t, oid, off, data)) = runs.get(i) else { return };
-                        match self.targets[*t].write(*oid, *off, data) {
+                        let Some(&((t, oid), start, end)) = plan.runs.get(i) else { break };
+                        let Some(e) = snap.objects.get(&(t, oid)) else { continue };
+                        e.fill(start, end, &mut buf);
+                        match self.targets[t].write(oid, start, &buf) {
                             // Destroyed since (its destroy committed it first; nothing of
                             // it is owed to anyone).
                             Ok(()) | Err(OsdError::NoSuchObject(_)) => {}
                             Err(e) => {
                                 lock(&failed).get_or_insert(e);
-                                return;
+                                break;
                             }
                         }
                     }
+                    lock(&self.buffers).push(buf);
                 });
             }
         });
         if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
             return Err(e);
         }
-        let extents = runs.len() as u64;
         for t in &self.targets {
-            t.put_service_values(&[(LAST_COMMITTED, Some(snap.upto))])?;
+            t.put_service_values(&[(LAST_COMMITTED, Some(plan.last_committed))])?;
         }
-        Ok(extents)
+        Ok(())
     }
+}
+
+/// What one commit writes and keeps: `(target, object)` and a range each.
+struct Plan {
+    runs: Vec<((usize, u64), u64, u64)>,
+    kept: Vec<((usize, u64), u64, u64)>,
+    kept_bytes: u64,
+    /// What `last_committed` is once the runs are on the drives.
+    last_committed: u64,
 }
 
 fn now_ns() -> i64 {
@@ -724,35 +893,76 @@ mod tests {
     use super::*;
 
     fn held(e: &Extents) -> Vec<(u64, Vec<u8>)> {
-        e.map.iter().map(|(&o, v)| (o, v.clone())).collect()
+        e.map.iter().map(|(&o, h)| (o, h.data.clone())).collect()
     }
 
     #[test]
     fn later_pieces_cut_earlier_ones_and_commits_join_what_touches() {
         let mut e = Extents::default();
-        assert_eq!(e.insert(10, b"abc"), 0);
-        assert_eq!(e.insert(20, b"xyz"), 0);
-        assert_eq!(e.insert(13, b"de"), 0);
+        assert_eq!(e.insert(10, b"abc", 1), 0);
+        assert_eq!(e.insert(20, b"xyz", 1), 0);
+        assert_eq!(e.insert(13, b"de", 1), 0);
         assert_eq!(held(&e), vec![(10, b"abc".to_vec()), (13, b"de".to_vec()), (20, b"xyz".to_vec())]);
         // Over parts of three pieces and the gap between: they are cut around it.
-        assert_eq!(e.insert(12, b"QQQQQQQQQ"), 1 + 2 + 1);
+        assert_eq!(e.insert(12, b"QQQQQQQQQ", 1), 1 + 2 + 1);
         assert_eq!(held(&e), vec![(10, b"ab".to_vec()), (12, b"QQQQQQQQQ".to_vec()), (21, b"yz".to_vec())]);
         assert_eq!(e.end(), 23);
         // Inside one piece: it is cut in two around the new one.
-        assert_eq!(e.insert(14, b"!"), 1);
+        assert_eq!(e.insert(14, b"!", 1), 1);
         let mut buf = [0u8; 16];
         e.overlay(8, &mut buf);
         assert_eq!(&buf, b"\0\0abQQ!QQQQQQyz\0");
         let p = e.part(11, 16);
         assert_eq!(held(&p), vec![(11, b"b".to_vec()), (12, b"QQ".to_vec()), (14, b"!".to_vec()), (15, b"Q".to_vec())]);
-        // A commit joins what touches.
-        assert_eq!(e.runs(1 << 20, 4096), vec![(10, b"abQQ!QQQQQQyz".to_vec())]);
+        // A commit joins what touches, into a buffer that held another run before.
+        assert_eq!(e.spans(1 << 20, 4096), vec![(10, 23)]);
+        let mut run = b"an older run, longer".to_vec();
+        e.fill(10, 23, &mut run);
+        assert_eq!(run, b"abQQ!QQQQQQyz");
         // And cuts long runs at chunk boundaries.
         let mut long = Extents::default();
         for i in 0..10u64 {
-            long.insert(i * 3, &[i as u8; 3]);
+            long.insert(i * 3, &[i as u8; 3], i);
         }
-        let runs = long.runs(8, 8);
-        assert_eq!(runs.iter().map(|(o, v)| (*o, v.len())).collect::<Vec<_>>(), vec![(0, 8), (8, 8), (16, 8), (24, 6)]);
+        assert_eq!(long.spans(8, 8), vec![(0, 8), (8, 16), (16, 24), (24, 30)]);
+        long.fill(8, 16, &mut run);
+        assert_eq!(run, [2, 3, 3, 3, 4, 4, 4, 5]);
+    }
+
+    #[test]
+    fn pieces_taken_out_and_put_back_under_newer_ones_keep_their_transno() {
+        let mut e = Extents::default();
+        e.insert(0, b"aaaa", 1);
+        e.insert(4, b"bbbb", 2);
+        e.insert(8, b"cccc", 3);
+        // Out of [2, 10): the edge pieces are cut, their outer parts stay.
+        let out = e.take(2, 10);
+        let got: Vec<(u64, Vec<u8>, u64)> = out.iter().map(|(o, h)| (*o, h.data.clone(), h.transno)).collect();
+        assert_eq!(got, vec![(2, b"aa".to_vec(), 1), (4, b"bbbb".to_vec(), 2), (8, b"cc".to_vec(), 3)]);
+        assert_eq!(held(&e), vec![(0, b"aa".to_vec()), (10, b"cc".to_vec())]);
+        // Newer bytes came meanwhile at [5, 7): what was taken goes back only around them.
+        e.insert(5, b"NN", 9);
+        let mut added = 0;
+        for (at, h) in out {
+            added += e.insert_under(at, h);
+        }
+        assert_eq!(added, 8 - 2);
+        assert_eq!(
+            held(&e),
+            vec![
+                (0, b"aa".to_vec()),
+                (2, b"aa".to_vec()),
+                (4, b"b".to_vec()),
+                (5, b"NN".to_vec()),
+                (7, b"b".to_vec()),
+                (8, b"cc".to_vec()),
+                (10, b"cc".to_vec())
+            ]
+        );
+        let transnos: Vec<u64> = e.map.values().map(|h| h.transno).collect();
+        assert_eq!(transnos, vec![1, 1, 2, 9, 2, 3, 3]);
+        let mut buf = [0u8; 12];
+        e.overlay(0, &mut buf);
+        assert_eq!(&buf, b"aaaabNNbcccc");
     }
 }

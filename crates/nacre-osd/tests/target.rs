@@ -595,3 +595,57 @@ fn held_writes_stay_within_their_memory_bound_and_all_land() {
     assert!(wb.known_clients().is_empty(), "forgotten for good");
     assert_eq!(wb.last_committed(), 4 * 64);
 }
+
+/// A background commit writes whole chunks and holds a partial one over (a slow writer's
+/// piece is missing); `last_committed` stops below the oldest write held over, so a
+/// crash would have it replayed. When the missing piece comes, the chunk is whole and
+/// goes at the next commit.
+#[test]
+fn a_background_commit_holds_a_partial_chunk_over_until_it_fills() {
+    use nacre_osd::{WriteBack, WriteBackOptions};
+    use std::time::{Duration, Instant};
+    let drives = Drives::new(64 << 20);
+    let t = Arc::new(drives.format());
+    let cb = t.chunk_bytes();
+    let oid = t.create(1).unwrap().start;
+    let opts = WriteBackOptions { max_bytes: 64 << 20, commit_interval: Duration::from_secs(60) };
+    let wb = WriteBack::new(vec![t.clone()], opts).unwrap();
+    // Chunks 2 to 4 of the object, in quarters.
+    let (base, quarter) = (2 * cb, cb / 4);
+    let want = pattern(oid, base, 3 * cb as usize, 7);
+    let put = |i: u64| {
+        let piece = &want[(i * quarter) as usize..((i + 1) * quarter) as usize];
+        wb.write(0, 1, oid, &[(base + i * quarter, piece)], None).unwrap()
+    };
+    let committed_after = |commits: u64| {
+        let until = Instant::now() + Duration::from_secs(20);
+        while wb.stats().commits < commits {
+            assert!(Instant::now() < until, "no background commit: {:?}", wb.stats());
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        wb.set_commit_interval(Duration::from_secs(60));
+    };
+    // Chunks 2 and 3 whole, chunk 4 without its second quarter.
+    let transnos: Vec<u64> = (0..12).filter(|&i| i != 9).map(put).collect();
+    wb.set_commit_interval(Duration::from_millis(5));
+    committed_after(1);
+    let st = wb.stats();
+    assert!(st.kept_bytes >= 3 * quarter, "chunk 4's three quarters held over: {st:?}");
+    let lc = wb.last_committed();
+    assert!(lc >= transnos[7] && lc < transnos[8], "last_committed {lc} of {transnos:?}");
+    let mut on_drives = vec![0u8; 2 * cb as usize];
+    t.read(oid, base, &mut on_drives).unwrap();
+    assert!(on_drives == want[..2 * cb as usize], "the whole chunks are on the drives");
+    let mut buf = vec![0u8; 3 * cb as usize];
+    assert_eq!(wb.read(0, oid, base, &mut buf).unwrap(), buf.len());
+    assert!(buf[..9 * quarter as usize] == want[..9 * quarter as usize], "held-over bytes read as written");
+    // The slow writer's quarter: the chunk is whole and goes as one.
+    let extents = wb.stats().committed_extents;
+    let last = put(9);
+    wb.set_commit_interval(Duration::from_millis(5));
+    committed_after(st.commits + 1);
+    assert_eq!(wb.last_committed(), last);
+    assert_eq!(wb.stats().committed_extents, extents + 1, "{:?}", wb.stats());
+    assert!(read_all(&t, oid)[base as usize..] == want[..], "every byte on the drives");
+    assert!(t.check().unwrap().is_clean());
+}

@@ -483,6 +483,62 @@ async fn small_writes_are_answered_before_commit_and_read_at_once() {
     assert!(back.len() == 100_000 && back == body[..100_000], "the truncate cut the held write");
 }
 
+/// A background commit holds a partial chunk over (its last piece has not come), and
+/// later writes commit past it; the OSS then dies. `last_committed` stayed below the
+/// held-over write, so replay runs it and everything after it in transno order: each
+/// answered byte reads back, a newer write over the held-over bytes included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_held_over_a_commit_come_back_by_replay_after_a_kill() {
+    let t = target(8 << 20);
+    let net = MemNetwork::new();
+    let (server, oss) = serve_recovering(&net, &t, std::time::Duration::from_secs(60)).await;
+    let (a, b) = (ost_client(&net, "a").await, ost_client(&net, "b").await);
+    let (oid, _) = a.create(1).await.unwrap();
+    let cb = t.chunk_bytes() as usize;
+    let q = cb / 4;
+    let mut want = vec![0u8; 5 * cb];
+    let mut put = async |c: &Ost, at: usize, seed: u64, len: usize| {
+        let piece = bytes(seed, len);
+        c.write(oid, at as u64, &piece).await.unwrap();
+        want[at..at + len].copy_from_slice(&piece);
+    };
+    let commit_once = async |oss: &Oss, commits: u64| {
+        oss.set_param("obdfilter.ost0.commit_interval_ms", "5").unwrap();
+        while oss.writeback().stats().commits < commits {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        oss.set_param("obdfilter.ost0.commit_interval_ms", "60000").unwrap();
+    };
+    // Chunk 2 whole from both clients; chunk 3 without its last quarter.
+    for i in 0..7 {
+        put(if i % 2 == 0 { &a } else { &b }, 2 * cb + i * q, i as u64, q).await;
+    }
+    commit_once(&oss, 1).await;
+    let st = oss.writeback().stats();
+    assert!(st.kept_bytes >= 3 * q as u64, "chunk 3 held over: {st:?}");
+    // Chunk 4, whole, commits past it; then a newer write over the held-over bytes.
+    for i in 0..4 {
+        put(&b, 4 * cb + i * q, 20 + i as u64, q).await;
+    }
+    commit_once(&oss, st.commits + 1).await;
+    put(&b, 3 * cb + 100, 30, 1000).await;
+    assert!(t.getattr(oid).unwrap().size >= 5 * cb as u64, "chunk 4 is on the drives");
+    let lc = oss.writeback().last_committed();
+    assert!(lc < oss.writeback().stats().last_transno, "last_committed {lc} stops below the held-over write");
+    let want = &want[..5 * cb];
+    oss.writeback().crash();
+    drop(server);
+    drop(oss);
+    let (_server, oss) = serve_recovering(&net, &t, std::time::Duration::from_secs(60)).await;
+    let (ra, rb) = tokio::join!(a.read(oid, 0, 5 * cb as u32), b.read(oid, 0, 5 * cb as u32));
+    assert!(ra.unwrap() == want && rb.unwrap() == want, "every answered write, in its order");
+    oss.writeback().commit().unwrap();
+    let mut back = vec![0u8; 5 * cb];
+    assert_eq!(t.read(oid, 0, &mut back).unwrap(), 5 * cb);
+    assert!(back == want, "and on the drives");
+    assert!(t.check().unwrap().is_clean());
+}
+
 /// An OSS that dies with writes answered and not committed: its clients replay them when
 /// it starts again, and every acknowledged byte reads back; a replay of a write already
 /// committed is acknowledged and not run again, so it cannot undo a later write.
