@@ -130,9 +130,11 @@ fn ratio(a: f64, b: f64) -> f64 {
 }
 
 /// Runs side by side: a text table (a line per phase of the first run, in its order, with
-/// every run's figure, then the ratio of each pair `(a, b)` as `a/b`; last the scores) and
-/// the same as JSON: `phases` (phase → run → figure), `scores` (run → score) and `ratios`
-/// (`a/b` → phase, `bandwidth`, `md` and `score` → ratio). A phase a run lacks counts 0.
+/// every run's figure, then the ratio of each pair `(a, b)` as `a/b`; last the bandwidth,
+/// metadata and total scores) and the same as JSON: `phases` (phase → run → figure),
+/// `scores` (run → score) and `ratios` (`a/b` → phase, `bandwidth`, `md` and `score` →
+/// ratio). A phase a run lacks counts 0; a score of a kind no phase ran has no ratio
+/// (`-`, null).
 pub fn compare(runs: &[Run<'_>], pairs: &[(&str, &str)]) -> (String, Value) {
     use std::fmt::Write;
     let value = |run: &str, phase: &str| {
@@ -166,21 +168,30 @@ pub fn compare(runs: &[Run<'_>], pairs: &[(&str, &str)]) -> (String, Value) {
         let _ = writeln!(text, " {}", p.unit.as_str());
         phases.insert(p.name.to_string(), Value::Object(fig));
     }
-    let _ = write!(text, "{:22}", "SCORE");
+    // The scores: bandwidth, metadata, total (NaN where no phase of the kind ran).
     let mut scores = serde_json::Map::new();
     for (name, _, s) in runs {
-        let _ = write!(text, "{:>14.3}", s.total);
         scores.insert((*name).to_string(), s.json());
     }
-    for (a, b) in pairs {
-        let (x, y) = (score(a).unwrap_or_default(), score(b).unwrap_or_default());
-        let _ = write!(text, "{:>16.3}", ratio(x.total, y.total));
-        let e = ratios.entry(format!("{a}/{b}")).or_insert_with(|| json!({}));
-        e["bandwidth"] = json!(ratio(x.bandwidth, y.bandwidth));
-        e["md"] = json!(ratio(x.iops, y.iops));
-        e["score"] = json!(ratio(x.total, y.total));
+    let figure = |x: f64| if x.is_finite() { format!("{x:.3}") } else { "-".to_string() };
+    for (row, key, of) in [
+        ("BW (GiB/s)", "bandwidth", (|s: &Score| s.bandwidth) as fn(&Score) -> f64),
+        ("MD (kIOPS)", "md", |s: &Score| s.iops),
+        ("SCORE", "score", |s: &Score| s.total),
+    ] {
+        let _ = write!(text, "{row:22}");
+        for (_, _, s) in runs {
+            let _ = write!(text, "{:>14}", figure(of(s)));
+        }
+        for (a, b) in pairs {
+            let (x, y) = (score(a).map_or(f64::NAN, |s| of(&s)), score(b).map_or(f64::NAN, |s| of(&s)));
+            let r = if x.is_finite() && y.is_finite() { Some(ratio(x, y)) } else { None };
+            let _ = write!(text, "{:>16}", r.map_or("-".to_string(), |r| format!("{r:.3}")));
+            let e = ratios.entry(format!("{a}/{b}")).or_insert_with(|| json!({}));
+            e[key] = json!(r);
+        }
+        text.push('\n');
     }
-    text.push('\n');
     (text, json!({ "phases": phases, "scores": scores, "ratios": ratios }))
 }
 
@@ -247,14 +258,22 @@ mod tests {
             &[("nacre", "local"), ("nacre", "broken")],
         );
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 4, "{text}");
+        assert_eq!(lines.len(), 6, "{text}");
         assert!(lines[0].contains("nacre/local") && lines[0].contains("nacre/broken"), "{text}");
         assert!(
             lines[1].starts_with("ior-easy-write") && lines[1].contains("0.500") && lines[1].ends_with("GiB/s"),
             "{text}"
         );
         assert!(lines[2].starts_with("find") && lines[2].contains("2.000"), "{text}");
-        assert!(lines[3].starts_with("SCORE"), "{text}");
+        assert!(lines[3].starts_with("BW (GiB/s)") && lines[4].starts_with("MD (kIOPS)"), "{text}");
+        assert!(lines[5].starts_with("SCORE"), "{text}");
+        // Without metadata phases there is no metadata score, and no ratio of it.
+        let only_bw = [phase("ior-easy-write", Unit::GiBs, 2.0, true)];
+        let sb = Score::of(&only_bw);
+        let (bw_text, bw) = compare(&[("x", &only_bw, &sb), ("y", &only_bw, &sb)], &[("x", "y")]);
+        assert!(bw_text.lines().nth(3).unwrap().ends_with('-'), "{bw_text}");
+        assert_eq!(bw["ratios"]["x/y"]["md"], Value::Null);
+        assert_eq!(bw["ratios"]["x/y"]["bandwidth"], json!(1.0));
         assert_eq!(j["phases"]["find"]["local"], json!(5.0));
         assert_eq!(j["phases"]["ior-easy-write"]["broken"], json!(0.0), "a phase a run lacks counts 0");
         let r = &j["ratios"]["nacre/local"];
