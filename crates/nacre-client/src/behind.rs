@@ -12,13 +12,88 @@
 
 use std::collections::BTreeMap;
 
+use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
 use crate::error::Error;
 
+/// Bytes in the order they lie in a file, kept as the writes brought them: joining two
+/// extents links their parts, so a byte is copied once when written and once more at
+/// most when sent. Kept in one growing buffer, an extent of ior-hard's blocks was copied
+/// again at every doubling and merge, on freshly zeroed pages: 13% of the mount's CPU in
+/// page clearing and as much again in copies, through the mount.
+#[derive(Default, Clone, Debug)]
+pub(crate) struct Rope {
+    parts: Vec<Bytes>,
+    /// Where each part starts in the rope.
+    starts: Vec<u64>,
+    len: u64,
+}
+
+impl Rope {
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Add `b` at the end.
+    pub fn push(&mut self, b: Bytes) {
+        if !b.is_empty() {
+            self.starts.push(self.len);
+            self.len += b.len() as u64;
+            self.parts.push(b);
+        }
+    }
+
+    /// Add `other`'s bytes at the end.
+    pub fn append(&mut self, other: Rope) {
+        for p in other.parts {
+            self.push(p);
+        }
+    }
+
+    /// The parts overlapping `[at, at + n)`, each with the range of it that lies there.
+    fn pieces(&self, at: u64, n: u64) -> impl Iterator<Item = (&Bytes, usize, usize)> {
+        let end = (at + n).min(self.len);
+        let first = self.starts.partition_point(|&s| s <= at).saturating_sub(1);
+        self.parts[first..].iter().zip(&self.starts[first..]).take_while(move |(_, s)| **s < end).map(move |(p, &s)| {
+            let lo = at.max(s) - s;
+            let hi = end.min(s + p.len() as u64) - s;
+            (p, lo as usize, hi as usize)
+        })
+    }
+
+    /// Bytes `[at, at + n)`: a slice of a part when they lie in one, else copied out.
+    pub fn slice(&self, at: u64, n: u64) -> Bytes {
+        let mut it = self.pieces(at, n);
+        match (it.next(), it.next()) {
+            (Some((p, lo, hi)), None) => p.slice(lo..hi),
+            _ => {
+                let mut v = Vec::with_capacity(n as usize);
+                self.copy_to(at, n, &mut v);
+                Bytes::from(v)
+            }
+        }
+    }
+
+    /// Append bytes `[at, at + n)` to `out`.
+    pub fn copy_to(&self, at: u64, n: u64, out: &mut Vec<u8>) {
+        for (p, lo, hi) in self.pieces(at, n) {
+            out.extend_from_slice(&p[lo..hi]);
+        }
+    }
+}
+
+impl From<Bytes> for Rope {
+    fn from(b: Bytes) -> Rope {
+        let mut r = Rope::default();
+        r.push(b);
+        r
+    }
+}
+
 /// Bytes written and not yet sent, and the part of the dirty budget they hold.
 pub(crate) struct Extent {
-    pub data: Vec<u8>,
+    pub data: Rope,
     pub permit: Option<OwnedSemaphorePermit>,
 }
 
@@ -52,7 +127,12 @@ pub(crate) struct WriteBehind {
 impl WriteBehind {
     /// Whether dirty bytes overlap `[offset, end)`.
     pub fn overlaps(&self, offset: u64, end: u64) -> bool {
-        self.extents.range(..end).next_back().is_some_and(|(&s, e)| s + e.data.len() as u64 > offset)
+        self.extents.range(..end).next_back().is_some_and(|(&s, e)| s + e.data.len() > offset)
+    }
+
+    /// The file's dirty bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
 
     /// Whether nothing is dirty or on its way.
@@ -65,20 +145,20 @@ impl WriteBehind {
     /// extents it touches. Returns the dirty bytes of the file.
     pub fn add(&mut self, offset: u64, data: &[u8], permit: Option<OwnedSemaphorePermit>) -> u64 {
         let end = offset + data.len() as u64;
-        let before = self.extents.range(..=offset).next_back().map(|(&s, e)| (s, s + e.data.len() as u64));
+        let before = self.extents.range(..=offset).next_back().map(|(&s, e)| (s, s + e.data.len()));
         let start = match before {
             Some((s, e)) if e == offset => s,
             _ => {
-                self.extents.insert(offset, Extent { data: Vec::new(), permit: None });
+                self.extents.insert(offset, Extent { data: Rope::default(), permit: None });
                 offset
             }
         };
         let after = self.extents.remove(&end);
         if let Some(x) = self.extents.get_mut(&start) {
-            x.data.extend_from_slice(data);
+            x.data.push(Bytes::copy_from_slice(data));
             merge(&mut x.permit, permit);
             if let Some(a) = after {
-                x.data.extend_from_slice(&a.data);
+                x.data.append(a.data);
                 merge(&mut x.permit, a.permit);
             }
         }
@@ -96,16 +176,16 @@ impl WriteBehind {
             std::mem::take(&mut self.extents)
         } else {
             let long: Vec<u64> =
-                self.extents.iter().filter(|(_, e)| e.data.len() as u64 >= min_len).map(|(&s, _)| s).collect();
+                self.extents.iter().filter(|(_, e)| e.data.len() >= min_len).map(|(&s, _)| s).collect();
             long.into_iter().filter_map(|s| self.extents.remove_entry(&s)).collect()
         };
         if extents.is_empty() {
             return None;
         }
-        let taken: u64 = extents.values().map(|e| e.data.len() as u64).sum();
+        let taken: u64 = extents.values().map(|e| e.data.len()).sum();
         self.bytes -= taken.min(self.bytes);
         let start = extents.keys().next().copied().unwrap_or(0);
-        let end = extents.last_key_value().map_or(start, |(&s, e)| s + e.data.len() as u64);
+        let end = extents.last_key_value().map_or(start, |(&s, e)| s + e.data.len());
         self.prune();
         let after = self.in_flight.iter().filter(|f| f.start < end && start < f.end).map(|f| f.done.clone()).collect();
         let (done, rx) = watch::channel(false);
@@ -169,7 +249,7 @@ mod tests {
     use super::*;
 
     fn dirty(w: &WriteBehind) -> Vec<(u64, Vec<u8>)> {
-        w.extents.iter().map(|(&s, e)| (s, e.data.clone())).collect()
+        w.extents.iter().map(|(&s, e)| (s, e.data.slice(0, e.data.len()).to_vec())).collect()
     }
 
     #[test]
@@ -193,6 +273,24 @@ mod tests {
         assert!(w.take(4).is_none());
         assert_eq!(w.take(0).unwrap().extents.len(), 1);
         assert!(w.take(0).is_none());
+    }
+
+    #[test]
+    fn a_rope_slices_within_a_part_and_gathers_across_parts() {
+        let mut r = Rope::from(Bytes::from_static(b"hello "));
+        r.push(Bytes::new());
+        let mut tail = Rope::from(Bytes::from_static(b"wide "));
+        tail.push(Bytes::from_static(b"world"));
+        r.append(tail);
+        assert_eq!(r.len(), 16);
+        assert_eq!(&r.slice(0, 16)[..], b"hello wide world");
+        assert_eq!(&r.slice(1, 3)[..], b"ell", "within a part");
+        assert_eq!(&r.slice(4, 4)[..], b"o wi", "across two");
+        assert_eq!(&r.slice(11, 5)[..], b"world", "the last part");
+        assert_eq!(&r.slice(5, 100)[..], b" wide world", "cut at the end");
+        let mut out = b">".to_vec();
+        r.copy_to(3, 10, &mut out);
+        assert_eq!(out, b">lo wide wo");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use nacre_proto::mdt::lease::Key as LeaseKey;
 use nacre_proto::mdt::{Attr, Creds, Reply, Request, SetAttr, lock, mode, now_ns, set};
 use nacre_proto::ost;
 
-use crate::behind::{self, Taken};
+use crate::behind::{self, Rope, Taken};
 use crate::cache::{self, Pattern, fetched, spawn_fetch};
 use crate::error::{Error, Result, errno};
 use crate::fs::{FileSystem, all, lock, mdt_of};
@@ -366,6 +366,38 @@ impl File {
                 None => self.flush(&mut st).await?,
             }
         }
+    }
+
+    /// A write taken into the file's write-behind with no wait (no lock held elsewhere,
+    /// room in the dirty budget, nothing dirty under it, the layout known, and the
+    /// file's dirty bytes still short of a write-back): what the mount answers on the
+    /// kernel reader's thread, without a hop to the runtime and back. `None`: it needs
+    /// [`File::write`] (which the caller then runs; this one changed nothing).
+    pub fn write_ready(&self, offset: u64, data: &[u8]) -> Option<usize> {
+        let f = self.flags;
+        if !f.write || f.append || f.direct || f.sync || data.is_empty() {
+            return None;
+        }
+        let mut st = self.st.try_lock().ok()?;
+        let len = data.len() as u64;
+        let end = offset.checked_add(len).filter(|&e| e <= FILE_SIZE_MAX)?;
+        let layout = self.layout.get()?;
+        layout.plan(offset, len, u64::MAX).ok()?;
+        let unit = self.flush_unit(layout);
+        {
+            let mut wb = lock(&self.shared.behind);
+            if wb.error_since(st.errors_seen).is_some() || wb.overlaps(offset, end) || wb.bytes() + len >= unit {
+                return None;
+            }
+            let permit = self.fs.inner.params.dirty.try_take(len)?;
+            wb.add(offset, data, Some(permit));
+        }
+        self.forget_chunks();
+        let size = st.size.max(end);
+        self.set_size(&mut st, size);
+        st.written = true;
+        self.written_at.fetch_max(now_ns(), Ordering::Relaxed);
+        Some(data.len())
     }
 
     /// An O_APPEND write: at the end of the file as every mount sees it, never over
@@ -941,7 +973,7 @@ fn send(
         let mut extents = Vec::with_capacity(taken.extents.len());
         let mut permits = Vec::with_capacity(taken.extents.len());
         for (offset, x) in taken.extents {
-            extents.push((offset, Bytes::from(x.data)));
+            extents.push((offset, x.data));
             permits.push(x.permit);
         }
         match write_extents(&fs, &creds, handle, fid, &layout, &extents).await {
@@ -954,15 +986,13 @@ fn send(
 }
 
 /// The bytes of `data` (which starts at file offset `base`) that a piece carries.
-fn gather(p: &Piece, base: u64, data: &Bytes) -> Bytes {
+fn gather(p: &Piece, base: u64, data: &Rope) -> Bytes {
     if let [(fo, n)] = p.spans[..] {
-        let at = (fo - base) as usize;
-        return data.slice(at..at + n as usize);
+        return data.slice(fo - base, n);
     }
     let mut v = Vec::with_capacity(p.len as usize);
     for &(fo, n) in &p.spans {
-        let at = (fo - base) as usize;
-        v.extend_from_slice(&data[at..at + n as usize]);
+        data.copy_to(fo - base, n, &mut v);
     }
     Bytes::from(v)
 }
@@ -981,7 +1011,7 @@ pub(crate) async fn write_range(
     offset: u64,
     data: Bytes,
 ) -> Result<()> {
-    write_extents(fs, c, handle, fid, layout, &[(offset, data)]).await
+    write_extents(fs, c, handle, fid, layout, &[(offset, Rope::from(data))]).await
 }
 
 /// Write `extents` (file offset and bytes; in offset order, none overlapping) of the file
@@ -995,13 +1025,13 @@ pub(crate) async fn write_extents(
     handle: u64,
     fid: Fid,
     layout: &FileLayout,
-    extents: &[(u64, Bytes)],
+    extents: &[(u64, Rope)],
 ) -> Result<()> {
     let rpc_bytes = fs.inner.params.rpc_bytes();
     let mut dom = Vec::new();
     let mut objects: BTreeMap<(u32, u64), Vec<(u64, Bytes)>> = BTreeMap::new();
     for (offset, data) in extents {
-        for p in layout.plan(*offset, data.len() as u64, rpc_bytes)? {
+        for p in layout.plan(*offset, data.len(), rpc_bytes)? {
             let bytes = gather(&p, *offset, data);
             match p.place {
                 Place::Mdt => dom.push((p.offset, bytes)),
@@ -1041,7 +1071,13 @@ pub(crate) async fn write_extents(
                     .collect();
                 let bulk = match &rpc[..] {
                     [(_, b)] => b.clone(),
-                    _ => Bytes::from(rpc.iter().flat_map(|(_, b)| b.iter().copied()).collect::<Vec<u8>>()),
+                    _ => {
+                        let mut v = Vec::with_capacity(rpc.iter().map(|(_, b)| b.len()).sum());
+                        for (_, b) in &rpc {
+                            v.extend_from_slice(b);
+                        }
+                        Bytes::from(v)
+                    }
                 };
                 fs.ost_call(ost, &ost::Request::Write { target: 0, oid, niobufs }, &bulk).await.map(|_| ())
             });

@@ -1048,3 +1048,42 @@ async fn sync_and_direct_writes_return_once_on_the_drives() {
         f.close().await.unwrap();
     }
 }
+
+/// A write the write-behind takes at once (what the mount answers on the kernel's reader
+/// thread, with no hop to the runtime): its bytes count in the size at once and land at
+/// the fsync. What needs more is left to `File::write`, with nothing changed: a write
+/// over dirty bytes, one that would fill a write-back, an append, an empty one, and any
+/// on a handle not open for writing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_taken_at_once_land_and_the_rest_are_left_to_the_full_path() {
+    let t = TestFs::start(1, 2).await;
+    let fs = t.mount("c1").await;
+    fs.set_param("llite.*.max_dirty_mb", "1").unwrap();
+    let c = Creds::default();
+    let a = fs.create(&c, Fid::ROOT, "f", 0o644, Some(&lfs("-c 2 -S 64K"))).await.unwrap();
+    let data = pattern(5, 300_000);
+    let f = fs.open(&c, a.fid, OpenFlags::WRITE).await.unwrap();
+    assert_eq!(f.write_ready(0, &data[..100_000]), Some(100_000));
+    assert_eq!(f.size_hint(), 100_000);
+    assert!(f.may_be_dirty());
+    assert_eq!(f.write_ready(50_000, &data[50_000..60_000]), None, "over dirty bytes");
+    assert_eq!(f.write_ready(100_000, &[]), None, "empty");
+    // A quarter of the 1 MiB budget makes a write-back: 100,000 + 200,000 bytes would.
+    assert_eq!(f.write_ready(100_000, &data[100_000..300_000]), None, "a write-back's worth");
+    assert_eq!(f.size_hint(), 100_000, "the refusals changed nothing");
+    f.write(100_000, &data[100_000..300_000]).await.unwrap();
+    let append = OpenFlags { append: true, ..OpenFlags::WRITE };
+    let ap = fs.open(&c, a.fid, append).await.unwrap();
+    assert_eq!(ap.write_ready(0, b"x"), None, "an append");
+    let ro = fs.open(&c, a.fid, OpenFlags::READ).await.unwrap();
+    assert_eq!(ro.write_ready(0, b"x"), None, "read only");
+    for h in [&ro, &ap] {
+        h.close().await.unwrap();
+    }
+    f.fsync().await.unwrap();
+    f.close().await.unwrap();
+    let other = t.mount("c2").await;
+    let h = other.open(&c, a.fid, OpenFlags::READ).await.unwrap();
+    assert!(h.read(0, 400_000).await.unwrap() == data, "every byte, from another mount");
+    h.close().await.unwrap();
+}

