@@ -19,6 +19,7 @@ mod inodes;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -132,7 +133,7 @@ pub fn mount(
         lockers: Mutex::new(std::collections::HashSet::new()),
         pages: KeptPages::default(),
     });
-    let nacre = Nacre { shared: shared.clone(), rt: rt.clone() };
+    let nacre = Nacre { shared: shared.clone(), rt: rt.clone(), reading_here: AtomicUsize::new(0) };
     let session = fuser::spawn_mount(nacre, mountpoint, &c)?;
     if leases {
         let (weak, notifier) = (Arc::downgrade(&shared), session.notifier());
@@ -265,6 +266,30 @@ const CAPS_XATTR: &str = "security.capability";
 struct Nacre {
     shared: Arc<Shared>,
     rt: tokio::runtime::Handle,
+    /// Reads running on kernel reader threads now (see [`Nacre::read`]).
+    reading_here: AtomicUsize,
+}
+
+/// A read running on a kernel reader thread; the count goes down when it ends.
+struct ReadingHere<'a>(&'a AtomicUsize);
+
+impl Drop for ReadingHere<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Nacre {
+    /// A slot to run a read on this kernel reader thread, if one more reader thread than
+    /// that is left for everything else: a read stuck on an OST that is down must not
+    /// keep the mount from answering `stat` and `ls` and reads of other targets.
+    fn read_here(&self) -> Option<ReadingHere<'_>> {
+        let most = self.shared.cfg.threads.saturating_sub(1);
+        self.reading_here
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < most).then_some(n + 1))
+            .ok()
+            .map(|_| ReadingHere(&self.reading_here))
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -849,11 +874,24 @@ impl fuser::Filesystem for Nacre {
             reply.data(&data);
             return;
         }
-        serve!(self, reply, |s| {
+        // The rest runs here too, the kernel reader's thread waiting for it, while a
+        // reader thread is left for other requests: a task on the runtime answering it
+        // would cost a thread wakeup each way more.
+        let read = async move |s: &Shared| {
             let f = s.handle(fh)?;
             // The file's write-behind is shared by its handles: the read sends what any of
             // them left dirty first.
-            let data = f.read(offset, size as usize).await.map_err(|e| err(&e))?;
+            f.read(offset, size as usize).await.map_err(|e| err(&e))
+        };
+        if let Some(_slot) = self.read_here() {
+            match self.rt.block_on(read(&self.shared)) {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(e),
+            }
+            return;
+        }
+        serve!(self, reply, |s| {
+            let data = read(&s).await?;
             Ok(move |r: ReplyData| r.data(&data))
         })
     }
