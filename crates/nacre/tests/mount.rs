@@ -1355,6 +1355,71 @@ fn a_killed_mds_process_comes_back_and_the_mount_replays_what_it_had_not_committ
     assert_eq!(other.ask("w", &d.join("f3"), 5, 1), "ok");
 }
 
+/// Reads run on the mount's kernel reader threads, but never on all of them: with the
+/// process of the OST holding four files stopped (SIGSTOP) and a reader on each file,
+/// the mount still answers lookups and makes, writes and reads a file on the MDT; the
+/// reads return the right bytes once the OST runs again.
+#[test]
+fn reads_stuck_on_a_stopped_ost_leave_the_mount_answering() {
+    let root = scratch("stuck-ost");
+    let (data, mnt) = (root.join("data"), root.join("mnt"));
+    fs::create_dir_all(&mnt).unwrap();
+    let port = free_port();
+    let out = up_per_service(&data, &mnt, port);
+    let _fs = Up { data: data.clone(), mnt: mnt.clone(), port };
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let d = mnt.join("on-ost0");
+    fs::create_dir(&d).unwrap();
+    run(&["setstripe", "-c", "1", "-i", "0"], &d);
+    let body = |i: usize| -> Vec<u8> { (0..1_500_000u32).map(|b| (b as usize * 7 + i) as u8).collect() };
+    for i in 0..4 {
+        fs::write(d.join(format!("f{i}")), body(i)).unwrap();
+    }
+    // Files here live on the MDT alone (no object on the stopped OST to glimpse).
+    let md = mnt.join("mdt-only");
+    fs::create_dir(&md).unwrap();
+    run(&["setstripe", "-E", "64K", "-L", "mdt"], &md);
+    // The reads must reach the OST, not the kernel's page cache.
+    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    let pid: i32 = fs::read_to_string(data.join("nacre-ost0.pid")).unwrap().trim().parse().unwrap();
+    /// Lets the OST run again, pass or fail.
+    struct Cont(i32);
+    impl Drop for Cont {
+        fn drop(&mut self) {
+            // SAFETY: a signal to the OST process this test stopped.
+            unsafe { libc::kill(self.0, libc::SIGCONT) };
+        }
+    }
+    // SAFETY: a signal to the OST process `up` started for this test.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let cont = Cont(pid);
+    let readers: Vec<_> = (0..4)
+        .map(|i| {
+            let p = d.join(format!("f{i}"));
+            std::thread::spawn(move || fs::read(p).unwrap())
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Meanwhile, what needs only the MDT is answered.
+    let elsewhere = std::thread::spawn(move || {
+        assert!(fs::metadata(md.join("no-such-name")).is_err());
+        fs::write(md.join("small"), b"on the MDT").unwrap();
+        fs::read(md.join("small")).unwrap()
+    });
+    let t = std::time::Instant::now();
+    while !elsewhere.is_finished() && t.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let answered = elsewhere.is_finished();
+    assert!(readers.iter().all(|r| !r.is_finished()), "the OST was stopped, yet a read returned");
+    drop(cont);
+    assert!(answered, "the mount answered nothing while reads waited for a stopped OST");
+    assert_eq!(elsewhere.join().unwrap(), b"on the MDT");
+    for (i, r) in readers.into_iter().enumerate() {
+        assert!(r.join().unwrap() == body(i), "f{i} after the OST came back");
+    }
+}
+
 /// `nacre up --per-service` with two small OSTs, the MGS on `port`, mounted on `mnt`.
 fn up_per_service(data: &Path, mnt: &Path, port: u16) -> std::process::Output {
     nacre()
@@ -1502,7 +1567,9 @@ const IO500_TINY: [&str; 14] = [
 fn io500_runs_through_the_mount_and_natively() {
     let fs = Up::start("io500");
     let json_file = fs.mnt.parent().unwrap().join("io500.json");
-    let local = scratch("io500-reference");
+    // In the file system's scratch folder, which goes with it, pass or fail.
+    let local = fs.mnt.parent().unwrap().join("reference");
+    fs::create_dir_all(&local).unwrap();
     for api in ["posix", "native"] {
         let mut cmd = nacre();
         cmd.args(["io500", "--api", api, "--dir"]).arg(&fs.mnt).args(IO500_TINY).arg("--json").arg(&json_file);
@@ -1554,7 +1621,6 @@ fn io500_runs_through_the_mount_and_natively() {
         assert!(String::from_utf8_lossy(&out.stderr).contains(why), "{args:?}: {out:?}");
     }
     assert_eq!(fs::read_dir(&fs.mnt).unwrap().count(), 0);
-    fs::remove_dir_all(&local).unwrap();
 }
 
 /// `nacre demo`, small: up, IO500 three ways, the table, down, nothing left.
