@@ -13,3 +13,4 @@ pub use nacre_mdt as mdt;
 pub mod objects;
 pub mod oss;
 pub mod stats;
+mod tunable;

@@ -22,6 +22,7 @@ use crate::mdt::namespace::RenameMode;
 use crate::mdt::namespace::{Answer, NEEDS_COORDINATION};
 use crate::mdt::{Cred, MdError, Namespace, Numbered, ReplyKey, SetAttr};
 use crate::mdt::{OpenAnswer, Wait};
+use crate::tunable::number;
 
 /// Bytes of names and attributes one readdir reply carries at most.
 const READDIR_REPLY_BYTES: usize = 60 << 10;
@@ -844,37 +845,23 @@ impl Mds {
                 Ok(())
             }
             "commit_interval_ms" => {
-                let v: u64 = value
-                    .parse()
-                    .map_err(|_| format!("commit_interval_ms {value:?} is not a number of milliseconds"))?;
-                if !(1..=10_000).contains(&v) {
-                    return Err(format!("commit_interval_ms {v}: from 1 to 10000"));
-                }
+                let v = number(leaf, value, "milliseconds", 1..=10_000u64)?;
                 self.ns.set_commit_interval(std::time::Duration::from_millis(v));
                 Ok(())
             }
             "lease_callback_timeout_ms" | "lease_contended_ms" => {
-                let v: u64 = value.parse().map_err(|_| format!("{leaf} {value:?} is not a number of milliseconds"))?;
-                let d = std::time::Duration::from_millis(v);
                 if leaf == "lease_contended_ms" {
-                    if v > 60_000 {
-                        return Err(format!("lease_contended_ms {v}: from 0 to 60000"));
-                    }
-                    self.leases.set_contended(d);
+                    let v = number(leaf, value, "milliseconds", 0..=60_000u64)?;
+                    self.leases.set_contended(std::time::Duration::from_millis(v));
                 } else {
                     // Within the transport's timeout, or the waiting change's client resends.
-                    if !(10..=60_000).contains(&v) {
-                        return Err(format!("lease_callback_timeout_ms {v}: from 10 to 60000"));
-                    }
-                    self.leases.set_callback_timeout(d);
+                    let v = number(leaf, value, "milliseconds", 10..=60_000u64)?;
+                    self.leases.set_callback_timeout(std::time::Duration::from_millis(v));
                 }
                 Ok(())
             }
             "lease_per_client_max" | "lease_max" => {
-                let v: usize = value.parse().map_err(|_| format!("{leaf} {value:?} is not a number of leases"))?;
-                if !(1..=1 << 30).contains(&v) {
-                    return Err(format!("{leaf} {v}: from 1 to {}", 1 << 30));
-                }
+                let v = number(leaf, value, "leases", 1..=1usize << 30)?;
                 if leaf == "lease_max" {
                     self.leases.set_total_max(v);
                 } else {

@@ -22,6 +22,8 @@ use nacre_osd::{ObjectAttr, OsdError, SetAttr, Target, WriteBack, WriteBackOptio
 use nacre_proto::ost::{self, Attr, Request, StatFs, set};
 use nacre_proto::param;
 
+use crate::tunable::number;
+
 use crate::stats::{Op, TargetStats};
 
 /// Errnos the OSS answers with besides the object store's own.
@@ -236,22 +238,12 @@ impl Oss {
                     }
                     // One write-back for the whole server: its targets share it.
                     "commit_interval_ms" => {
-                        let v: u64 = value
-                            .parse()
-                            .map_err(|_| format!("commit_interval_ms {value:?} is not a number of milliseconds"))?;
-                        if !(1..=60_000).contains(&v) {
-                            return Err(format!("commit_interval_ms {v}: from 1 to 60000"));
-                        }
+                        let v = number(leaf, value, "milliseconds", 1..=60_000u64)?;
                         self.wb.set_commit_interval(std::time::Duration::from_millis(v));
                         Ok(())
                     }
                     "writeback_max_mb" => {
-                        let v: u64 =
-                            value.parse().map_err(|_| format!("writeback_max_mb {value:?} is not a number of MiB"))?;
-                        if !(1..=65_536).contains(&v) {
-                            return Err(format!("writeback_max_mb {v}: from 1 to 65536"));
-                        }
-                        self.wb.set_max_bytes(v << 20);
+                        self.wb.set_max_bytes(number(leaf, value, "MiB", 1..=65_536u64)? << 20);
                         Ok(())
                     }
                     "job_stats" | "client_stats" if value == "clear" => {
