@@ -294,6 +294,13 @@ impl File {
         self.size_hint.store(size, Ordering::Relaxed);
     }
 
+    /// This handle wrote up to `end`: the file is at least that long, and written now.
+    fn wrote(&self, st: &mut State, end: u64) {
+        self.set_size(st, st.size.max(end));
+        st.written = true;
+        self.written_at.fetch_max(now_ns(), Ordering::Relaxed);
+    }
+
     /// Write `data` at `offset` (at the end with O_APPEND); returns the bytes written.
     pub async fn write(&self, offset: u64, data: &[u8]) -> Result<usize> {
         if !self.flags.write {
@@ -315,10 +322,7 @@ impl File {
         let layout = self.layout().await?;
         layout.plan(offset, len, u64::MAX)?;
         self.forget_chunks();
-        let size = st.size.max(end);
-        self.set_size(&mut st, size);
-        st.written = true;
-        self.written_at.fetch_max(now_ns(), Ordering::Relaxed);
+        self.wrote(&mut st, end);
         let through =
             || write_range(&self.fs, &self.creds, self.handle, self.fid, &layout, offset, Bytes::copy_from_slice(data));
         if self.flags.direct || self.flags.sync {
@@ -393,10 +397,7 @@ impl File {
             wb.add(offset, data, Some(permit));
         }
         self.forget_chunks();
-        let size = st.size.max(end);
-        self.set_size(&mut st, size);
-        st.written = true;
-        self.written_at.fetch_max(now_ns(), Ordering::Relaxed);
+        self.wrote(&mut st, end);
         Some(data.len())
     }
 
@@ -435,9 +436,7 @@ impl File {
             self.forget_chunks();
             write_range(&self.fs, &self.creds, self.handle, self.fid, &layout, end, Bytes::copy_from_slice(data))
                 .await?;
-            self.set_size(st, st.size.max(to));
-            st.written = true;
-            self.written_at.fetch_max(now_ns(), Ordering::Relaxed);
+            self.wrote(st, to);
             Ok(data.len())
         }
         .await;
