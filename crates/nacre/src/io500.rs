@@ -438,9 +438,10 @@ pub fn io500(a: Io500Args) -> CliResult {
         println!("\n== side by side\n{table}");
         j["references"] = reports
             .iter()
-            .map(|(n, r)| {
+            .zip(&refs)
+            .map(|((n, r), (_, dir, _))| {
                 let mut v = r.json();
-                v["dir"] = refs.iter().find(|x| x.0 == *n).map_or(String::new(), |x| x.1.display().to_string()).into();
+                v["dir"] = dir.display().to_string().into();
                 ((*n).to_string(), v)
             })
             .collect::<serde_json::Map<_, _>>()
