@@ -25,6 +25,9 @@ pub enum OsdError {
     NotATarget(String),
     /// The index or the data disagree with themselves (found by a check or a read).
     Corrupt(String),
+    /// Bytes read from the data volume do not match their checksum (and no copy that does
+    /// could be rebuilt from parity).
+    Checksum(String),
     Raid(RaidError),
     Index(String),
 }
@@ -40,6 +43,7 @@ impl fmt::Display for OsdError {
             OsdError::Invalid(m) => write!(f, "invalid request: {m}"),
             OsdError::NotATarget(m) => write!(f, "not a target: {m}"),
             OsdError::Corrupt(m) => write!(f, "target corrupt: {m}"),
+            OsdError::Checksum(m) => write!(f, "data checksum: {m}"),
             OsdError::Raid(e) => write!(f, "volume: {e}"),
             OsdError::Index(m) => write!(f, "index: {m}"),
         }
@@ -52,13 +56,13 @@ impl OsdError {
     /// The negative errno a service sends for this error.
     pub fn errno(&self) -> i32 {
         match self {
-            OsdError::NoSuchObject(_) => -2,              // ENOENT
-            OsdError::NoSpace { .. } => -28,              // ENOSPC
-            OsdError::TooLarge { .. } => -27,             // EFBIG
-            OsdError::Invalid(_) => -22,                  // EINVAL
-            OsdError::NotATarget(_) => -19,               // ENODEV
-            OsdError::Corrupt(_) => -117,                 // EUCLEAN
-            OsdError::Raid(_) | OsdError::Index(_) => -5, // EIO
+            OsdError::NoSuchObject(_) => -2,                                      // ENOENT
+            OsdError::NoSpace { .. } => -28,                                      // ENOSPC
+            OsdError::TooLarge { .. } => -27,                                     // EFBIG
+            OsdError::Invalid(_) => -22,                                          // EINVAL
+            OsdError::NotATarget(_) => -19,                                       // ENODEV
+            OsdError::Corrupt(_) => -117,                                         // EUCLEAN
+            OsdError::Checksum(_) | OsdError::Raid(_) | OsdError::Index(_) => -5, // EIO
         }
     }
 }

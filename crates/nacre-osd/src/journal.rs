@@ -732,16 +732,21 @@ impl Journal {
 
     /// Does the union of `pieces` cover the whole chunk?
     pub fn covers(pieces: &[Piece], chunk_bytes: u64) -> bool {
+        Self::covers_range(pieces, 0, chunk_bytes)
+    }
+
+    /// Does the union of `pieces` cover `[lo, hi)` of their chunk?
+    pub fn covers_range(pieces: &[Piece], lo: u64, hi: u64) -> bool {
         let mut spans: Vec<(u64, u64)> = pieces.iter().map(|p| (p.chunk_off, p.chunk_off + p.len)).collect();
         spans.sort_unstable();
-        let mut reach = 0;
+        let mut reach = lo;
         for (a, b) in spans {
             if a > reach {
-                return false;
+                break;
             }
             reach = reach.max(b);
         }
-        reach >= chunk_bytes
+        reach >= hi
     }
 }
 
@@ -906,5 +911,7 @@ mod tests {
         assert!(Journal::covers(&[p(5, CB - 5), p(0, 6)], CB));
         assert!(!Journal::covers(&[p(0, 10), p(11, CB - 11)], CB));
         assert!(!Journal::covers(&[], CB));
+        assert!(Journal::covers_range(&[p(0, 10), p(8, 10)], 4, 18));
+        assert!(!Journal::covers_range(&[p(0, 10), p(11, 10)], 4, 18));
     }
 }

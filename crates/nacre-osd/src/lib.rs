@@ -17,5 +17,5 @@ pub mod writeback;
 pub use backend::SyncMode;
 pub use error::{OsdError, Result};
 pub use object::{ObjectAttr, SetAttr};
-pub use target::{CheckReport, StatFs, Target, TargetOptions, TargetStats};
+pub use target::{CheckReport, ScrubReport, StatFs, Target, TargetOptions, TargetStats};
 pub use writeback::{WriteBack, WriteBackOptions, WriteBackStats};

@@ -22,6 +22,9 @@
 //! that survives `kill -9` of the server; with [`SyncMode::Drives`] also power loss,
 //! otherwise power loss keeps what the last `sync` flushed.
 //!
+//! **Checksums.** Every 4 KiB block of object data has a CRC-32C in the index, checked on
+//! every read, decoded from parity and mended when a drive returned it wrong (see `sums`).
+//!
 //! **Memory.** Nothing per object is kept in memory: the index is on the volume and only
 //! running operations hold locks or reservations.
 
@@ -41,8 +44,11 @@ use crate::locks::Locks;
 use crate::object::{ObjectAttr, SetAttr};
 
 mod small;
+mod sums;
 pub use small::BLOCK_BYTES;
 use small::{FRAGS, SLABS};
+pub use sums::ScrubReport;
+use sums::{PendingSums, SUMS, SUMS_DIRTY};
 
 const OBJECTS: TableDefinition<u64, &[u8]> = TableDefinition::new("objects");
 /// (object, chunk index) → physical chunk.
@@ -58,8 +64,10 @@ const DESTAGED: TableDefinition<(u64, u64), u64> = TableDefinition::new("destage
 const DESTAGED_BY_SEQ: TableDefinition<(u64, u64, u64), ()> = TableDefinition::new("destaged_by_seq");
 
 /// The index format: 2 has small objects' fragments (`frags`, `slabs`), which a build of
-/// format 1 would read as holes. A format-1 target is upgraded when opened (it has none).
-const FORMAT: u64 = 2;
+/// format 1 would read as holes; 3 has data checksums (`sums`, `sums_dirty`), which a build
+/// of format 2 would leave stale as it writes. Older targets are upgraded when opened
+/// (their blocks have no checksums until written again).
+const FORMAT: u64 = 3;
 const FIRST_OID: u64 = 1;
 /// Object ids are `group << GROUP_SHIFT | n`: each MDT precreates in a group of its own
 /// (its index), so that one MDT's orphan cleanup never reaches another's objects
@@ -125,6 +133,8 @@ pub struct CheckReport {
     pub objects: u64,
     pub mapped_chunks: u64,
     pub free_chunks: u64,
+    /// Data blocks read and compared with their checksums.
+    pub checked_blocks: u64,
     /// Every inconsistency, named; empty means clean.
     pub problems: Vec<String>,
 }
@@ -181,6 +191,13 @@ pub struct TargetStats {
     /// Journal bytes in use and its size.
     pub journal_used: u64,
     pub journal_bytes: u64,
+    /// Blocks that did not match their checksum and could not be decoded from parity
+    /// (each failed read counts its block), blocks decoded from parity and mended on
+    /// their drive, and regions (of 64 chunks) whose checksums were computed again on
+    /// open (writes in place may have been cut short there).
+    pub checksum_errors: u64,
+    pub checksum_repairs: u64,
+    pub checksum_regions_recomputed: u64,
 }
 
 /// Chunks taken from the free table by running writes, not yet committed; and chunks
@@ -204,6 +221,8 @@ pub struct Target {
     reserved: Mutex<Reserved>,
     /// Blocks of small objects' fragments held by running writes (see `small`).
     small: Mutex<small::SmallState>,
+    /// Marks and counts of writes in place, for the data checksums (see `sums`).
+    sums: sums::SumState,
     counters: Counters,
     journal: Journal,
     /// The index database's length (a view of its backend's header) and its room.
@@ -306,6 +325,8 @@ impl Target {
             txn.open_table(DESTAGED_BY_SEQ)?;
             txn.open_table(FRAGS)?;
             txn.open_table(SLABS)?;
+            txn.open_table(SUMS)?;
+            txn.open_table(SUMS_DIRTY)?;
         }
         txn.commit()?;
         Ok(target)
@@ -344,20 +365,23 @@ impl Target {
         {
             let txn = db.begin_write()?;
             txn.open_table(META)?.insert("journal_epoch", epoch)?;
-            // Targets made before small objects had fragments get their (empty) tables.
+            // Targets made before small objects had fragments, or data checksums, get
+            // their (empty) tables.
             txn.open_table(FRAGS)?;
             txn.open_table(SLABS)?;
+            txn.open_table(SUMS)?;
+            txn.open_table(SUMS_DIRTY)?;
             txn.commit()?;
         }
-        if format != FORMAT && format != 1 {
-            return Err(OsdError::NotATarget(format!("index format {format}, this build reads 1 and {FORMAT}")));
+        if !(1..=FORMAT).contains(&format) {
+            return Err(OsdError::NotATarget(format!("index format {format}, this build reads 1 to {FORMAT}")));
         }
         if cb != chunk_bytes || n != chunks {
             return Err(OsdError::NotATarget(format!(
                 "index made for {n} chunks of {cb} bytes; the data volume has {chunks} of {chunk_bytes}"
             )));
         }
-        if format == 1 {
+        if format < FORMAT {
             let txn = db.begin_write()?;
             txn.open_table(META)?.insert("format", FORMAT)?;
             txn.commit()?;
@@ -370,6 +394,8 @@ impl Target {
             (chunk_bytes, chunks),
             JournalStart { jid, epoch: epoch.min(u32::MAX as u64) as u32, tail: (tail, tail_seq), floors },
         )?;
+        // Chunks a write in place may have left half-written get checksums of what they hold.
+        target.recompute_marked()?;
         // Pieces replayed into unmapped chunks hold their promise again.
         for (oid, c) in target.journal.all_chunks() {
             if target.mapping(oid, c, c)?.first().copied().flatten().is_none() {
@@ -414,6 +440,7 @@ impl Target {
             locks: Locks::default(),
             reserved: Mutex::new(Reserved::default()),
             small: Mutex::new(small::SmallState::default()),
+            sums: sums::SumState::default(),
             counters: Counters::default(),
         })
     }
@@ -595,6 +622,7 @@ impl Target {
         }
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
         self.counters.write_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.sweep_marks();
         Ok(())
     }
 
@@ -729,10 +757,14 @@ impl Target {
         let cb = self.chunk_bytes;
         let phys = self.mapping(oid, c, c)?.first().copied().flatten();
         let mut image = nacre_raid::align::AlignedBuf::zeroed(cb as usize);
+        // Blocks whose bytes were lost stay lost, unless the pieces cover them whole.
+        let mut lost = Vec::new();
         if let Some(p) = phys
             && !Journal::covers(&pieces, cb)
         {
-            self.data.read(p * cb, &mut image)?;
+            lost = self.read_blocks(p * cb, &mut image, true)?;
+            lost.iter_mut().for_each(|o| *o -= p * cb);
+            lost.retain(|&rel| !Journal::covers_range(&pieces, rel, rel + BLOCK_BYTES));
         }
         for p in &pieces {
             self.journal.read_piece(p, &mut image[p.chunk_off as usize..])?;
@@ -747,11 +779,13 @@ impl Target {
             (None, Some(p)) => p,
             (None, None) => return Err(OsdError::Corrupt("destage without a chunk".into())),
         };
-        self.data.write(target * cb, &image)?;
+        let mut sums = PendingSums::new(self);
+        self.write_image(target * cb, &image, reservation.is_some(), &lost, &mut sums)?;
         self.flush_if_drives()?;
         let _tail = lock(&self.tail_commit);
         let (tail, tail_seq) = self.journal.tail_after(oid, c, upto);
         let txn = self.db.begin_write()?;
+        self.commit_sums(&txn, &sums)?;
         {
             let mut o = txn.open_table(OBJECTS)?;
             let existing = o.get(oid)?.map(|v| ObjectAttr::decode(oid, v.value())).transpose()?;
@@ -798,6 +832,7 @@ impl Target {
             }
         }
         txn.commit()?;
+        drop(sums);
         drop(reservation);
         self.journal.remove(oid, c, upto);
         drop(_tail);
@@ -880,10 +915,13 @@ impl Target {
                 fresh.push((c, p));
             }
         }
-        self.write_chunks(offset, data, first, &map, &fresh)?;
+        let mut sums = PendingSums::new(self);
+        self.write_chunks(offset, data, first, &map, &fresh, &mut sums)?;
         self.flush_if_drives()?;
-        // Commit: map the new chunks, take them from the free table, grow the size.
+        // Commit: map the new chunks, take them from the free table, grow the size, and
+        // the checksums of what was written.
         let txn = self.db.begin_write()?;
+        self.commit_sums(&txn, &sums)?;
         {
             let mut o = txn.open_table(OBJECTS)?;
             let mut a = {
@@ -904,6 +942,7 @@ impl Target {
             }
         }
         txn.commit()?;
+        drop(sums);
         drop(reservation);
         {
             // Pieces journaled into these chunks while they were unmapped (a neighbouring
@@ -921,13 +960,14 @@ impl Target {
     /// The volume writes of one object write: runs of chunks that are physically
     /// contiguous and either all new (written whole, zero-filled around the data) or all
     /// mapped (written in place) go as one volume write each.
-    fn write_chunks(
-        &self,
+    fn write_chunks<'a>(
+        &'a self,
         offset: u64,
         data: &[u8],
         first: u64,
         map: &[Option<u64>],
         fresh: &[(u64, u64)],
+        sums: &mut PendingSums<'a>,
     ) -> Result<()> {
         let cb = self.chunk_bytes;
         let end = offset + data.len() as u64;
@@ -958,13 +998,13 @@ impl Target {
             let piece = &data[(lo - offset) as usize..(hi - offset) as usize];
             if new && (lo != run_start || hi != run_end) {
                 // A new chunk not covered whole: zero-fill around the piece.
-                let mut image = vec![0u8; (run_end - run_start) as usize];
+                let mut image = nacre_raid::align::AlignedBuf::zeroed((run_end - run_start) as usize);
                 image[(lo - run_start) as usize..(hi - run_start) as usize].copy_from_slice(piece);
-                self.data.write(phys * cb, &image)?;
+                self.write_image(phys * cb, &image, true, &[], sums)?;
             } else if new {
-                self.data.write(phys * cb, piece)?;
+                self.write_image(phys * cb, piece, true, &[], sums)?;
             } else {
-                self.data.write(phys * cb + (lo - run_start), piece)?;
+                self.write_data(phys * cb + (lo - run_start), piece, sums)?;
                 self.counters.in_place_writes.fetch_add(1, Ordering::Relaxed);
             }
             c += n;
@@ -988,7 +1028,7 @@ impl Target {
         // would leave it zeros where the chunk now holds the bytes.
         let _c0 = self.locks.chunks(oid, vec![0]);
         if let Some(p) = self.mapping(oid, 0, 0)?[0] {
-            self.data.read(p * self.chunk_bytes + offset, out)?;
+            self.read_data(p * self.chunk_bytes + offset, out)?;
         } else if let Some(f) = self.fragment(oid)? {
             self.read_fragment(f, offset, out)?;
         }
@@ -1019,8 +1059,16 @@ impl Target {
     pub fn read(&self, oid: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let _g = self.locks.shared(oid);
         loop {
-            if let Some(n) = self.read_once(oid, offset, buf)? {
-                return Ok(n);
+            match self.read_once(oid, offset, buf) {
+                Ok(Some(n)) => return Ok(n),
+                Ok(None) => {}
+                Err(OsdError::Checksum(m)) => {
+                    return Err(OsdError::Checksum(format!(
+                        "object {oid:#x}, read of {} bytes at {offset}: {m}",
+                        buf.len()
+                    )));
+                }
+                Err(e) => return Err(e),
             }
         }
     }
@@ -1063,7 +1111,7 @@ impl Target {
             let (lo, hi) = (offset.max(c * cb), end.min((c + k) * cb));
             let out = &mut buf[(lo - offset) as usize..(hi - offset) as usize];
             match here {
-                Some(p) => self.data.read(p * cb + (lo - c * cb), out)?,
+                Some(p) => self.read_data(p * cb + (lo - c * cb), out)?,
                 None => out.fill(0),
             }
             c += k;
@@ -1098,22 +1146,23 @@ impl Target {
         self.destage_object(oid)?;
         let attr = self.getattr(oid)?;
         let cb = self.chunk_bytes;
+        let mut sums = PendingSums::new(self);
         // Shrinking: the kept part of the last chunk's tail goes back to zero first.
         if size < attr.size && !size.is_multiple_of(cb) {
             let c = size / cb;
             if let Some(Some(p)) = self.mapping(oid, c, c)?.first().copied() {
                 let stop = attr.size.min((c + 1) * cb);
-                self.data.write(p * cb + (size - c * cb), &vec![0u8; (stop - size) as usize])?;
+                self.write_data(p * cb + (size - c * cb), &vec![0u8; (stop - size) as usize], &mut sums)?;
                 self.flush_if_drives()?;
             }
         }
         if size < attr.size
             && let Some(f) = self.fragment(oid)?
         {
-            self.zero_fragment(f, size, attr.size)?;
+            self.zero_fragment(f, size, attr.size, &mut sums)?;
         }
         let keep = size.div_ceil(cb);
-        self.commit_unmap(oid, keep, u64::MAX, size, |a| {
+        self.commit_unmap(oid, keep, u64::MAX, size, sums, |a| {
             a.size = size;
         })
     }
@@ -1132,6 +1181,7 @@ impl Target {
             return Ok(attr);
         }
         let cb = self.chunk_bytes;
+        let mut sums = PendingSums::new(self);
         let (full_lo, full_hi) = (start.div_ceil(cb), end / cb);
         // Partial chunks at the edges: zeros in place.
         let edges = if full_lo > full_hi {
@@ -1145,12 +1195,12 @@ impl Target {
             }
             let c = lo / cb;
             if let Some(Some(p)) = self.mapping(oid, c, c)?.first().copied() {
-                self.data.write(p * cb + (lo - c * cb), &vec![0u8; (hi - lo) as usize])?;
+                self.write_data(p * cb + (lo - c * cb), &vec![0u8; (hi - lo) as usize], &mut sums)?;
                 self.flush_if_drives()?;
             } else if c == 0
                 && let Some(f) = self.fragment(oid)?
             {
-                self.zero_fragment(f, lo, hi)?;
+                self.zero_fragment(f, lo, hi, &mut sums)?;
             }
         }
         // A punch of all a fragment holds (or of all of chunk 0) gives the fragment back.
@@ -1158,8 +1208,9 @@ impl Target {
         if full_lo < full_hi || whole_fragment {
             let frag_keep = if whole_fragment || full_lo == 0 { 0 } else { u64::MAX };
             let (from, to) = if full_lo < full_hi { (full_lo, full_hi) } else { (0, 0) };
-            return self.commit_unmap(oid, from, to, frag_keep, |_| {});
+            return self.commit_unmap(oid, from, to, frag_keep, sums, |_| {});
         }
+        self.commit_pending(sums)?;
         Ok(attr)
     }
 
@@ -1169,7 +1220,7 @@ impl Target {
         self.getattr(oid)?;
         self.destage_object(oid)?;
         // One transaction: a crash leaves the object whole or gone, never emptied.
-        self.unmap_in(oid, 0, u64::MAX, 0, Unmap::Destroy)?;
+        self.unmap_in(oid, 0, u64::MAX, 0, PendingSums::new(self), Unmap::Destroy)?;
         Ok(())
     }
 
@@ -1182,16 +1233,29 @@ impl Target {
         from: u64,
         to: u64,
         frag_keep: u64,
+        sums: PendingSums<'_>,
         change: impl FnOnce(&mut ObjectAttr),
     ) -> Result<ObjectAttr> {
-        self.unmap_in(oid, from, to, frag_keep, Unmap::Keep(Box::new(change)))
+        self.unmap_in(oid, from, to, frag_keep, sums, Unmap::Keep(Box::new(change)))
     }
 
-    fn unmap_in(&self, oid: u64, from: u64, to: u64, frag_keep: u64, what: Unmap<'_>) -> Result<ObjectAttr> {
+    /// The unmap's transaction also stores `sums`, the checksums of the zeros a truncate
+    /// or punch wrote in place before it.
+    fn unmap_in(
+        &self,
+        oid: u64,
+        from: u64,
+        to: u64,
+        frag_keep: u64,
+        sums: PendingSums<'_>,
+        what: Unmap<'_>,
+    ) -> Result<ObjectAttr> {
         // Slabs change only under the small lock, taken before the transaction as
         // everywhere.
         let small = self.lock_small();
         let txn = self.db.begin_write()?;
+        // Before the unmap, which forgets the checksums of the chunks it frees.
+        self.commit_sums(&txn, &sums)?;
         let attr;
         {
             let mut map = txn.open_table(MAP)?;
@@ -1229,6 +1293,7 @@ impl Target {
         }
         txn.commit()?;
         drop(small);
+        drop(sums);
         Ok(attr)
     }
 
@@ -1374,6 +1439,9 @@ impl Target {
 
     /// Make everything written so far durable on the drives (Lustre's OST sync).
     pub fn sync(&self) -> Result<()> {
+        // Clearing marks flushes the data first (a mark may go only once its chunk's bytes
+        // are on the drives).
+        self.clear_all_marks()?;
         self.data.flush()?;
         self.meta.flush()?;
         Ok(())
@@ -1400,13 +1468,17 @@ impl Target {
             journal_records: self.journal.batched_records.load(Ordering::Relaxed),
             journal_used: self.journal.usage().0,
             journal_bytes: self.journal.usage().1,
+            checksum_errors: g(&self.sums.errors),
+            checksum_repairs: g(&self.sums.repaired),
+            checksum_regions_recomputed: g(&self.sums.recomputed),
         }
     }
 
     /// Check the index against itself (an fsck): every mapped chunk inside the volume and
     /// used once, by an object that exists, below its size; free extents inside the volume
     /// and disjoint from mapped chunks; every chunk either mapped or free (no leak); the
-    /// counters equal to what they count; each object's space equal to its chunks.
+    /// counters equal to what they count; each object's space equal to its chunks. And the
+    /// data against its checksums: every block that has one is read (a scrub).
     pub fn check(&self) -> Result<CheckReport> {
         let mut rep = CheckReport::default();
         let mut problem = |p: String| {
@@ -1471,6 +1543,16 @@ impl Target {
                 problem(format!("object {oid:#x} has a fragment and maps chunk 0"));
             }
         }
+        // Chunks that hold object bytes: mapped ones and slabs (the rest of `used` is free).
+        let mut holding = used.clone();
+        for e in free.iter()? {
+            let (s, l) = e?;
+            for p in s.value()..(s.value() + l.value()).min(self.chunks) {
+                holding[(p / 64) as usize] &= !(1 << (p % 64));
+            }
+        }
+        rep.checked_blocks =
+            self.check_sums(&txn, |p| holding[(p / 64) as usize] & (1 << (p % 64)) != 0, &mut problem)?;
         let leaked = self.chunks - used.iter().map(|w| w.count_ones() as u64).sum::<u64>();
         if leaked > 0 {
             problem(format!("{leaked} chunks are neither mapped nor free (leaked)"));
@@ -1596,6 +1678,7 @@ fn give_free(txn: &redb::WriteTransaction, mut chunks: Vec<u64>) -> Result<()> {
         return Ok(());
     }
     chunks.sort_unstable();
+    Target::forget_sums(txn, &chunks)?;
     let mut free = txn.open_table(FREE)?;
     let n = chunks.len() as u64;
     let mut i = 0;

@@ -47,6 +47,8 @@ pub enum RaidError {
     Offline { volume: String, reason: String },
     #[error("IO range {offset}+{len} is outside the volume ({size} bytes)")]
     OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("IO range {offset}+{len} is not {what} (a reconstruction or a repair works on one drive's bytes)")]
+    NotOneStrip { offset: u64, len: u64, what: &'static str },
     #[error("drive slot {slot} does not exist (the volume has {count} drives)")]
     NoSuchSlot { slot: usize, count: usize },
     #[error("drive slot {slot} is {state}; {action} needs {needed}")]

@@ -162,6 +162,8 @@ pub struct Stats {
     /// Strip-level requests sent to drives.
     pub drive_reads: u64,
     pub drive_writes: u64,
+    /// Strips mended with bytes decoded from the rest of their stripe ([`Volume::repair`]).
+    pub repairs: u64,
 }
 
 /// A snapshot of a volume for `show`.
@@ -248,6 +250,7 @@ struct Counters {
     degraded_reads: AtomicU64,
     drive_reads: AtomicU64,
     drive_writes: AtomicU64,
+    repairs: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -320,6 +323,8 @@ struct DegradedStripe<'a> {
     stripe: u64,
     touches: Vec<Touch>,
     dsts: Vec<&'a mut [u8]>,
+    /// A shard to decode even though its drive reads (its bytes are known to be wrong).
+    distrust: Option<usize>,
 }
 
 /// A piece of a data strip touched by an IO: strip-relative byte range `[lo, hi)` and its
@@ -803,6 +808,7 @@ impl Volume {
             degraded_reads: l(&c.degraded_reads),
             drive_reads: l(&c.drive_reads),
             drive_writes: l(&c.drive_writes),
+            repairs: l(&c.repairs),
         }
     }
 
@@ -875,6 +881,61 @@ impl Volume {
             }
         }
         Ok(())
+    }
+
+    /// Read `buf` at `offset`, a range within one strip, decoded from the other strips of
+    /// its stripe instead of read from the drive that holds it: for a caller whose own
+    /// checksum found that drive's bytes wrong. Fails when the stripe has no redundancy
+    /// to spare.
+    pub fn reconstruct(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let inner = &self.inner;
+        inner.check_range(offset, buf.len())?;
+        let sd = inner.geo.stripe_data_bytes();
+        let (stripe, a) = (offset / sd, offset % sd);
+        let touches = inner.touches(a, buf.len());
+        let [t] = touches[..] else {
+            return Err(RaidError::NotOneStrip { offset, len: buf.len() as u64, what: "within one strip" });
+        };
+        for _ in 0..=inner.geo.drive_count() {
+            let mut list =
+                vec![DegradedStripe { stripe, touches: vec![t], dsts: vec![&mut *buf], distrust: Some(t.shard) }];
+            match inner.read_degraded(&mut list) {
+                Ok(()) => return Ok(()),
+                Err(StripeError::Retry) => continue,
+                Err(StripeError::Fatal(e)) => return Err(e),
+            }
+        }
+        Err(inner.offline_error("drives kept failing during one reconstruction"))
+    }
+
+    /// Write `data` at `offset`, a sector-aligned range within one strip, onto the drive
+    /// that holds it, leaving parity as it is: the repair of bytes found wrong on that drive
+    /// while the rest of the stripe still knew them ([`reconstruct`](Self::reconstruct)).
+    /// The caller makes sure no write to the range runs meanwhile. False when the drive
+    /// is gone (its strip is decoded on every read: nothing to mend).
+    pub fn repair(&self, offset: u64, data: &[u8]) -> Result<bool> {
+        let inner = &self.inner;
+        inner.check_range(offset, data.len())?;
+        let sd = inner.geo.stripe_data_bytes();
+        let (stripe, a) = (offset / sd, offset % sd);
+        let touches = inner.touches(a, data.len());
+        let sector = SECTOR_BYTES as u64;
+        let bad = RaidError::NotOneStrip { offset, len: data.len() as u64, what: "whole sectors within one strip" };
+        let [t] = touches[..] else { return Err(bad) };
+        if !t.lo.is_multiple_of(sector) || !(data.len() as u64).is_multiple_of(sector) {
+            return Err(bad);
+        }
+        let _guard = inner.locks.lock(stripe);
+        let (row, views) = inner.view(stripe);
+        let v = &views[t.shard];
+        let Some(drive) = v.drive.clone().filter(|_| v.writable) else { return Ok(false) };
+        let mut b = inner.pool.take(data.len());
+        b[..data.len()].copy_from_slice(data);
+        let r = drive.write_at(&b[..data.len()], inner.drive_offset(row, t.lo));
+        inner.pool.give(b);
+        r.map_err(|source| RaidError::DriveIo { path: drive.path().to_path_buf(), source })?;
+        inner.stats.repairs.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
     }
 
     /// Make every completed write durable on the drives.
@@ -1586,7 +1647,7 @@ impl Inner {
                     batch.push(Piece { dst, slot: v.slot, drive, offset, bounce });
                 }
             } else {
-                degraded.push(DegradedStripe { stripe, touches, dsts });
+                degraded.push(DegradedStripe { stripe, touches, dsts, distrust: None });
             }
             if batch.len() >= READ_BATCH_REQS_MAX || degraded.len() >= DEGRADED_BATCH_STRIPES_MAX {
                 flush(&mut batch)?;
@@ -1623,7 +1684,10 @@ impl Inner {
         }
         let mut plans = Vec::with_capacity(list.len());
         for d in list.iter() {
-            let (row, views) = self.view(d.stripe);
+            let (row, mut views) = self.view(d.stripe);
+            if let Some(x) = d.distrust {
+                views[x].readable = false;
+            }
             let u0 = d.touches.iter().map(Touch::slo).min().unwrap_or(0);
             let u1 = d.touches.iter().map(Touch::shi).max().unwrap_or(0);
             let inputs: Vec<usize> = (0..self.geo.width()).filter(|&x| views[x].readable).take(k).collect();

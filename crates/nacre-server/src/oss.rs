@@ -99,6 +99,46 @@ pub struct Oss {
     inline_reads: AtomicUsize,
     /// Small writes answered before commit (see [`nacre_osd::writeback`]).
     wb: WriteBack,
+    /// Each target's scrub, by index (`obdfilter.*.scrub`).
+    scrubs: Vec<Arc<std::sync::Mutex<Scrub>>>,
+}
+
+/// A target's scrub: the one running or the last one.
+#[derive(Default)]
+struct Scrub {
+    running: bool,
+    /// Chunks read so far, of how many.
+    done: u64,
+    total: u64,
+    /// How the last one ended.
+    last: Option<Result<nacre_osd::ScrubReport, String>>,
+}
+
+impl Scrub {
+    fn render(&self) -> String {
+        let status = match (&self.last, self.running) {
+            (_, true) => "running",
+            (None, false) => "never",
+            (Some(Ok(_)), false) => "completed",
+            (Some(Err(_)), false) => "failed",
+        };
+        let mut out = format!("status {status}\nchunks_done {}\nchunks_total {}", self.done, self.total);
+        match &self.last {
+            Some(Ok(r)) => {
+                let lost: Vec<String> = r.lost.iter().map(u64::to_string).collect();
+                out += &format!(
+                    "\nlast_blocks {}\nlast_mended {}\nlast_lost {}\nlast_lost_offsets {}",
+                    r.blocks,
+                    r.mended,
+                    r.lost_blocks,
+                    lost.join(",")
+                );
+            }
+            Some(Err(e)) => out += &format!("\nlast_error {e}"),
+            None => {}
+        }
+        out
+    }
 }
 
 fn crc32c(b: &[u8]) -> u32 {
@@ -157,7 +197,9 @@ impl Oss {
     /// Serve targets under the given names.
     pub fn named(targets: Vec<(String, Arc<Target>)>, cfg: OssConfig) -> Result<Arc<Oss>, OsdError> {
         let wb = WriteBack::new(targets.iter().map(|(_, t)| t.clone()).collect(), cfg.writeback)?;
+        let scrubs = targets.iter().map(|_| Arc::default()).collect();
         Ok(Arc::new(Oss {
+            scrubs,
             targets: targets.into_iter().map(|(n, t)| (n, t, TargetStats::default())).collect(),
             brw_size: std::sync::atomic::AtomicU32::new(cfg.brw_size),
             cfg,
@@ -219,10 +261,12 @@ impl Oss {
                 let Some((target, leaf)) = name.strip_prefix("obdfilter.").and_then(|r| r.split_once('.')) else {
                     return Err(format!("no settable parameter {name:?}"));
                 };
-                let Some((_, _, stats)) = self.targets.iter().find(|(n, _, _)| n == target) else {
+                let Some(i) = self.targets.iter().position(|(n, _, _)| n == target) else {
                     return Err(format!("no target {target:?} on this server"));
                 };
+                let stats = &self.targets[i].2;
                 match leaf {
+                    "scrub" if value == "start" => self.start_scrub(i),
                     "brw_size" => {
                         let v: u32 =
                             value.parse().map_err(|_| format!("brw_size {value:?} is not a number of bytes"))?;
@@ -256,6 +300,39 @@ impl Oss {
         }
     }
 
+    /// Scrub target `i` in the background (`set-param obdfilter.NAME.scrub=start`); its
+    /// progress and findings are in `obdfilter.NAME.scrub`.
+    fn start_scrub(&self, i: usize) -> Result<(), String> {
+        let (name, t, _) = &self.targets[i];
+        let state = self.scrubs[i].clone();
+        {
+            let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+            if s.running {
+                return Err(format!("a scrub of {name} is running ({} of {} chunks read)", s.done, s.total));
+            }
+            *s = Scrub { running: true, last: s.last.take(), ..Scrub::default() };
+        }
+        let (name, t) = (name.clone(), t.clone());
+        let spawned = std::thread::Builder::new().name(format!("scrub-{name}")).spawn(move || {
+            let r = t.scrub(|done, total| {
+                let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+                (s.done, s.total) = (done, total);
+            });
+            match &r {
+                Ok(r) if r.lost_blocks > 0 => eprintln!(
+                    "oss: scrub of {name}: {} blocks lost (their reads fail), {} mended from parity",
+                    r.lost_blocks, r.mended
+                ),
+                Ok(_) => {}
+                Err(e) => eprintln!("oss: scrub of {name} failed: {e}"),
+            }
+            let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+            s.running = false;
+            s.last = Some(r.map_err(|e| e.to_string()));
+        });
+        spawned.map(drop).map_err(|e| format!("cannot start a scrub thread: {e}"))
+    }
+
     /// The statistics of target `i`.
     pub fn stats(&self, i: usize) -> Option<&TargetStats> {
         self.targets.get(i).map(|t| &t.2)
@@ -264,7 +341,7 @@ impl Oss {
     /// Parameters whose names match `pattern`, with their values (see `nacre get-param`).
     pub fn get_param(&self, pattern: &str) -> Vec<(String, String)> {
         let mut out = Vec::new();
-        for (name, t, stats) in &self.targets {
+        for ((name, t, stats), scrub) in self.targets.iter().zip(&self.scrubs) {
             let p = |leaf: &str| format!("obdfilter.{name}.{leaf}");
             let mut add = |leaf: &str, value: &dyn Fn() -> String| {
                 let full = p(leaf);
@@ -294,6 +371,7 @@ impl Oss {
             });
             add("job_stats", &|| stats.job_stats());
             add("client_stats", &|| stats.client_stats());
+            add("scrub", &|| scrub.lock().unwrap_or_else(|e| e.into_inner()).render());
             // Asked of the target only if a matching parameter needs it, and once.
             let statfs = std::cell::OnceCell::new();
             let statfs = || statfs.get_or_init(|| t.statfs().ok()).as_ref();
@@ -303,7 +381,7 @@ impl Oss {
             add("stats", &|| {
                 let c = t.stats();
                 format!(
-                    "write_samples {}\nwrite_bytes {}\nread_samples {}\nread_bytes {}\nchunks_allocated {}\nin_place_writes {}\njournaled {}\ndestaged {}\njournal_used {}\njournal_bytes {}",
+                    "write_samples {}\nwrite_bytes {}\nread_samples {}\nread_bytes {}\nchunks_allocated {}\nin_place_writes {}\njournaled {}\ndestaged {}\njournal_used {}\njournal_bytes {}\nchecksum_errors {}\nchecksum_repairs {}\nchecksum_regions_recomputed {}",
                     c.writes,
                     c.write_bytes,
                     c.reads,
@@ -313,7 +391,10 @@ impl Oss {
                     c.journaled,
                     c.destaged,
                     c.journal_used,
-                    c.journal_bytes
+                    c.journal_bytes,
+                    c.checksum_errors,
+                    c.checksum_repairs,
+                    c.checksum_regions_recomputed
                 )
             });
         }
@@ -516,7 +597,12 @@ impl Oss {
                             ..Reply::default()
                         }
                     }
-                    Err(e) => osd_fail(e),
+                    Err(e) => {
+                        if matches!(e, OsdError::Checksum(_)) {
+                            eprintln!("oss: {}: {e}", self.targets[ti].0);
+                        }
+                        osd_fail(e)
+                    }
                 }
             }
             Request::Write { oid, niobufs, .. } => {

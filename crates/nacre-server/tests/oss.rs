@@ -597,3 +597,56 @@ async fn an_oss_killed_with_clients_alive_gets_every_answered_write_back_by_repl
     assert_eq!((r.status, r.transno), (0, 1), "{}", String::from_utf8_lossy(&r.body));
     assert!(a.read(oid, 0, 200_000).await.unwrap() == want, "the old replay changed nothing");
 }
+
+/// A target as [`target`] makes it, with its data volume, for tests that damage it.
+fn target_with_data(data_drive_bytes: u64) -> (Arc<Target>, Arc<Volume>) {
+    let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
+    let devs = |n: usize, bytes: u64, p: &str| -> Vec<Arc<dyn BlockDevice>> {
+        (0..n).map(|i| MemDrive::new(&format!("{p}{i}"), bytes) as Arc<dyn BlockDevice>).collect()
+    };
+    let mut d = CreateOptions::new("ost0", Level::Raid6);
+    d.strip_bytes = 16 << 10;
+    d.assume_clean = true;
+    let data = Arc::new(Volume::create(devs(6, data_drive_bytes, "d"), &d, &run).unwrap());
+    let mut m = CreateOptions::new("ost0-index", Level::Raid1);
+    m.strip_bytes = 64 << 10;
+    m.assume_clean = true;
+    let meta = Volume::create(devs(2, 32 << 20, "m"), &m, &run).unwrap();
+    (Arc::new(Target::format(data.clone(), Arc::new(meta), TargetOptions::default()).unwrap()), data)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_block_reads_as_eio_naming_its_object_and_a_scrub_reports_it() {
+    let (t, data) = target_with_data(8 << 20);
+    let (_s, _n, c) = setup(t.clone(), true).await;
+    let (oid, _) = c.create(1).await.unwrap();
+    let cb = t.chunk_bytes();
+    let written = bytes(3, 2 * cb as usize);
+    c.write(oid, 0, &written).await.unwrap();
+    let mut raw = vec![0u8; written.len()];
+    data.read(0, &mut raw).unwrap();
+    assert!(raw == written, "the object is the volume's first two chunks");
+    // A misdirected write into block 1 of chunk 1 (parity follows: nothing can mend it).
+    data.write(cb + 4096 + 9, &[0xAB; 2]).unwrap();
+    let e = c.read(oid, cb + 4096, 4096).await.unwrap_err();
+    assert_eq!(e.0, -5, "EIO");
+    assert!(e.1.contains(&format!("object {oid:#x}")) && e.1.contains("does not match its checksum"), "{}", e.1);
+    // The blocks beside it read.
+    assert_eq!(c.read(oid, cb, 4096).await.unwrap(), written[cb as usize..cb as usize + 4096]);
+    // A scrub through the parameters finds it, once, and says where.
+    let oss = Oss::new(vec![t.clone()], OssConfig::default()).unwrap();
+    let get = |oss: &Oss| oss.get_param("obdfilter.ost0.scrub")[0].1.clone();
+    assert!(get(&oss).starts_with("status never"), "{}", get(&oss));
+    oss.set_param("obdfilter.ost0.scrub", "start").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !get(&oss).starts_with("status completed") {
+        assert!(std::time::Instant::now() < deadline, "{}", get(&oss));
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let report = get(&oss);
+    assert!(report.contains("last_mended 0\nlast_lost 1\n"), "{report}");
+    assert!(report.ends_with(&format!("last_lost_offsets {}", cb + 4096)), "{report}");
+    let stats = oss.get_param("obdfilter.ost0.stats")[0].1.clone();
+    assert!(stats.contains("checksum_errors 2\n"), "the read and the scrub each met the lost block: {stats}");
+    assert!(oss.set_param("obdfilter.ost0.scrub", "sometime").is_err(), "only start is a value");
+}

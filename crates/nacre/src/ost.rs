@@ -48,6 +48,14 @@ pub enum OstCommand {
         #[arg(long, default_value = "ost0")]
         name: String,
     },
+    /// Read every data block against its checksum, mending from parity what a drive
+    /// returned wrong (exit status 1 if blocks are lost).
+    Scrub {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value = "ost0")]
+        name: String,
+    },
     /// Space, objects and counters of a target.
     Stat {
         #[arg(long)]
@@ -179,14 +187,31 @@ pub fn run(cmd: OstCommand) -> CliResult {
             println!("{}", format(&dir, &name, &f)?);
             Ok(())
         }
+        OstCommand::Scrub { dir, name } => {
+            let t = open(&dir, &name)?;
+            let r = t.scrub(|_, _| {})?;
+            t.sync()?;
+            println!(
+                "target {name}: {} chunks, {} blocks read, {} mended from parity, {} lost",
+                r.chunks, r.blocks, r.mended, r.lost_blocks
+            );
+            for off in &r.lost {
+                println!("  lost: the 4 KiB block at data volume offset {off}");
+            }
+            if r.lost_blocks > 0 {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         OstCommand::Check { dir, name } => {
             let t = open(&dir, &name)?;
             let r = t.check()?;
             println!(
-                "target {name}: {} objects, {} chunks mapped, {} free, {}",
+                "target {name}: {} objects, {} chunks mapped, {} free, {} data blocks checked, {}",
                 r.objects,
                 r.mapped_chunks,
                 r.free_chunks,
+                r.checked_blocks,
                 if r.is_clean() { "clean".to_string() } else { format!("{} problems:", r.problems.len()) }
             );
             for p in &r.problems {

@@ -30,7 +30,7 @@ use std::sync::MutexGuard;
 
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
-use super::{META, OBJECTS, Reservation, Target, lock, now_ns, take_free};
+use super::{META, OBJECTS, PendingSums, Reservation, Target, lock, now_ns, take_free};
 use crate::error::{OsdError, Result};
 use crate::object::ObjectAttr;
 
@@ -236,6 +236,7 @@ impl Target {
             .map(|v| v.value().to_vec())
             .ok_or_else(|| OsdError::Corrupt(format!("a fragment in chunk {chunk}, which is not a slab")))?;
         set_bits(&mut map, first, n, false);
+        self.forget_block_sums(txn, chunk, first, n)?;
         add_free_blocks(txn, n as i64)?;
         if map.iter().all(|&b| b == 0) && !small.held.contains_key(&chunk) {
             slabs.remove(chunk)?;
@@ -253,10 +254,19 @@ impl Target {
         let inside = f.bytes().saturating_sub(at).min(out.len() as u64) as usize;
         if inside > 0 {
             let base = f.chunk * self.chunk_bytes + f.first as u64 * BLOCK_BYTES;
-            self.data.read(base + at, &mut out[..inside])?;
+            self.read_data(base + at, &mut out[..inside])?;
         }
         out[inside..].fill(0);
         Ok(())
+    }
+
+    /// Read a fragment's blocks whole into the start of `image` (bytes past the object's
+    /// size are zero there); returns the offsets (into `image`) of blocks whose bytes were
+    /// lost.
+    fn read_fragment_blocks(&self, f: Frag, image: &mut [u8]) -> Result<Vec<u64>> {
+        let base = f.chunk * self.chunk_bytes + f.first as u64 * BLOCK_BYTES;
+        let lost = self.read_blocks(base, &mut image[..f.bytes() as usize], true)?;
+        Ok(lost.into_iter().map(|o| o - base).collect())
     }
 
     /// Write `data` at `offset` of `oid`'s fragment (made or grown as needed). The caller
@@ -273,9 +283,10 @@ impl Target {
                 self.grow(oid, end)?;
             }
             let base = f.chunk * self.chunk_bytes + f.first as u64 * BLOCK_BYTES;
-            self.data.write(base + offset, data)?;
+            let mut sums = PendingSums::new(self);
+            self.write_data(base + offset, data, &mut sums)?;
             self.flush_if_drives()?;
-            return self.commit_fragment(oid, end, None);
+            return self.commit_fragment(oid, end, None, sums);
         }
         // A new run, of at least twice the old one (bounded copying under appends), holding
         // the old bytes and the new, zero-filled around them.
@@ -284,24 +295,30 @@ impl Target {
         let blocks = grown.min((self.fragment_max() / BLOCK_BYTES) as u32).max(need);
         let hold = self.hold_blocks(blocks)?;
         let mut image = nacre_raid::align::AlignedBuf::zeroed((blocks as u64 * BLOCK_BYTES) as usize);
-        if let Some(f) = old {
-            let keep = attr.size.min(f.bytes()) as usize;
-            self.read_fragment(f, 0, &mut image[..keep])?;
-        }
+        // The old blocks whole (zeros past the size); lost ones stay lost unless this
+        // write covers them.
+        let mut lost = match old {
+            Some(f) => self.read_fragment_blocks(f, &mut image)?,
+            None => Vec::new(),
+        };
+        lost.retain(|&o| o < offset || o + BLOCK_BYTES > end);
         image[offset as usize..end as usize].copy_from_slice(data);
         let f = hold.frag;
-        self.data.write(f.chunk * self.chunk_bytes + f.first as u64 * BLOCK_BYTES, &image)?;
+        let mut sums = PendingSums::new(self);
+        self.write_image(f.chunk * self.chunk_bytes + f.first as u64 * BLOCK_BYTES, &image, true, &lost, &mut sums)?;
         self.flush_if_drives()?;
-        self.commit_fragment(oid, end, Some(&hold))?;
+        self.commit_fragment(oid, end, Some(&hold), sums)?;
         drop(hold);
         Ok(())
     }
 
     /// One transaction: the object's size grows to `end`, its fragment becomes `hold`'s
-    /// (the old one's blocks go back), and its space follows.
-    fn commit_fragment(&self, oid: u64, end: u64, hold: Option<&BlockHold<'_>>) -> Result<()> {
+    /// (the old one's blocks go back), its space follows, and the written blocks' checksums
+    /// are stored.
+    fn commit_fragment(&self, oid: u64, end: u64, hold: Option<&BlockHold<'_>>, sums: PendingSums<'_>) -> Result<()> {
         let small = self.lock_small();
         let txn = self.db.begin_write()?;
+        self.commit_sums(&txn, &sums)?;
         {
             let mut frags = txn.open_table(FRAGS)?;
             let old = frags.get(oid)?.map(|v| v.value());
@@ -333,18 +350,19 @@ impl Target {
     /// the fragment cannot take). The caller holds the chunk-0 lock.
     pub(super) fn promote(&self, oid: u64) -> Result<()> {
         let Some(f) = self.fragment(oid)? else { return Ok(()) };
-        let attr = self.committed_attr(oid)?;
+        self.committed_attr(oid)?;
         let cb = self.chunk_bytes;
         let reservation = self.reserve(1)?;
         let chunk =
             reservation.chunks().first().copied().ok_or_else(|| OsdError::Corrupt("empty reservation".into()))?;
         let mut image = nacre_raid::align::AlignedBuf::zeroed(cb as usize);
-        let keep = attr.size.min(f.bytes()) as usize;
-        self.read_fragment(f, 0, &mut image[..keep])?;
-        self.data.write(chunk * cb, &image)?;
+        let lost = self.read_fragment_blocks(f, &mut image)?;
+        let mut sums = PendingSums::new(self);
+        self.write_image(chunk * cb, &image, true, &lost, &mut sums)?;
         self.flush_if_drives()?;
         let small = self.lock_small();
         let txn = self.db.begin_write()?;
+        self.commit_sums(&txn, &sums)?;
         {
             let mut o = txn.open_table(OBJECTS)?;
             let mut a = {
@@ -365,12 +383,13 @@ impl Target {
         Ok(())
     }
 
-    /// Zero `[lo, hi)` of a fragment in place (a punch, or the tail a truncate cuts).
-    pub(super) fn zero_fragment(&self, f: Frag, lo: u64, hi: u64) -> Result<()> {
+    /// Zero `[lo, hi)` of a fragment in place (a punch, or the tail a truncate cuts); the
+    /// checksums go to the caller's commit.
+    pub(super) fn zero_fragment<'a>(&'a self, f: Frag, lo: u64, hi: u64, sums: &mut PendingSums<'a>) -> Result<()> {
         let hi = hi.min(f.bytes());
         if lo < hi {
             let base = f.chunk * self.chunk_bytes + f.first as u64 * BLOCK_BYTES;
-            self.data.write(base + lo, &vec![0u8; (hi - lo) as usize])?;
+            self.write_data(base + lo, &vec![0u8; (hi - lo) as usize], sums)?;
             self.flush_if_drives()?;
         }
         Ok(())
@@ -472,8 +491,10 @@ impl Target {
                 Some(a) => {
                     let a = ObjectAttr::decode(oid, a.value())?;
                     if a.size < f.bytes() {
+                        // Unchecked: a bad checksum is the data check's finding, not this one's.
                         let mut tail = vec![0u8; (f.bytes() - a.size) as usize];
-                        self.read_fragment(f, a.size, &mut tail)?;
+                        let base = f.chunk * self.chunk_bytes + f.first as u64 * BLOCK_BYTES;
+                        self.data.read(base + a.size, &mut tail)?;
                         if let Some(i) = tail.iter().position(|&b| b != 0) {
                             problem(format!(
                                 "object {oid:#x}: byte {} past its size {} is not zero",
