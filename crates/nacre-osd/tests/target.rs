@@ -1018,7 +1018,7 @@ fn a_scrub_mends_what_parity_knows_and_names_what_is_lost() {
     // A small object shrunk and grown again: blocks given back and taken anew.
     t.truncate(oids[3], 100).unwrap();
     t.write(oids[3], 0, &random_bytes(&mut rng, 9000)).unwrap();
-    let clean = t.scrub(|_, _| {}).unwrap();
+    let clean = t.scrub(|_, _| true).unwrap();
     assert_eq!((clean.mended, clean.lost_blocks), (0, 0), "{clean:?}");
     assert!(clean.chunks >= 4 && clean.blocks == clean.chunks * cb / 4096);
     // A drive flips bits under one block; a misdirected write (parity follows it) changes
@@ -1028,17 +1028,26 @@ fn a_scrub_mends_what_parity_knows_and_names_what_is_lost() {
     drives.data[drive].corrupt(at + 7, 3);
     data.write(2 * cb + 4096 * 3 + 5, &[0xAB; 3]).unwrap();
     let mut seen = Vec::new();
-    let r = t.scrub(|done, total| seen.push((done, total))).unwrap();
+    let r = t
+        .scrub(|done, total| {
+            seen.push((done, total));
+            true
+        })
+        .unwrap();
+    assert!(r.complete);
     assert_eq!((r.mended, r.lost_blocks, r.lost.clone()), (1, 1, vec![2 * cb + 4096 * 3]));
     assert_eq!(seen.last(), Some(&(r.chunks, r.chunks)), "progress reaches the end");
     let mut on_drive = vec![0u8; 4096];
     drives.data[drive].read_at(&mut on_drive, at).unwrap();
     assert!(on_drive == big[b..b + 4096], "the scrub mended the drive");
     // Again: nothing more to mend, the lost block still lost; written whole, it is gone.
-    let again = t.scrub(|_, _| {}).unwrap();
+    let again = t.scrub(|_, _| true).unwrap();
     assert_eq!((again.mended, again.lost_blocks), (0, 1));
+    // Stopped after its first chunk, it says so.
+    let stopped = t.scrub(|_, _| false).unwrap();
+    assert_eq!((stopped.chunks, stopped.complete), (1, false));
     t.write(oids[0], 2 * cb + 4096 * 3, &random_bytes(&mut rng, 4096)).unwrap();
     t.destage_all().unwrap();
-    let last = t.scrub(|_, _| {}).unwrap();
+    let last = t.scrub(|_, _| true).unwrap();
     assert_eq!((last.mended, last.lost_blocks), (0, 0));
 }

@@ -107,6 +107,8 @@ pub struct Oss {
 #[derive(Default)]
 struct Scrub {
     running: bool,
+    /// Asked to stop (`scrub=stop`).
+    stop: bool,
     /// Chunks read so far, of how many.
     done: u64,
     total: u64,
@@ -119,7 +121,8 @@ impl Scrub {
         let status = match (&self.last, self.running) {
             (_, true) => "running",
             (None, false) => "never",
-            (Some(Ok(_)), false) => "completed",
+            (Some(Ok(r)), false) if r.complete => "completed",
+            (Some(Ok(_)), false) => "stopped",
             (Some(Err(_)), false) => "failed",
         };
         let mut out = format!("status {status}\nchunks_done {}\nchunks_total {}", self.done, self.total);
@@ -267,6 +270,14 @@ impl Oss {
                 let stats = &self.targets[i].2;
                 match leaf {
                     "scrub" if value == "start" => self.start_scrub(i),
+                    "scrub" if value == "stop" => {
+                        let mut s = self.scrubs[i].lock().unwrap_or_else(|e| e.into_inner());
+                        if !s.running {
+                            return Err(format!("no scrub of {target} is running"));
+                        }
+                        s.stop = true;
+                        Ok(())
+                    }
                     "brw_size" => {
                         let v: u32 =
                             value.parse().map_err(|_| format!("brw_size {value:?} is not a number of bytes"))?;
@@ -300,8 +311,8 @@ impl Oss {
         }
     }
 
-    /// Scrub target `i` in the background (`set-param obdfilter.NAME.scrub=start`); its
-    /// progress and findings are in `obdfilter.NAME.scrub`.
+    /// Scrub target `i` in the background (`set-param obdfilter.NAME.scrub=start`, until
+    /// `scrub=stop`); its progress and findings are in `obdfilter.NAME.scrub`.
     fn start_scrub(&self, i: usize) -> Result<(), String> {
         let (name, t, _) = &self.targets[i];
         let state = self.scrubs[i].clone();
@@ -317,6 +328,7 @@ impl Oss {
             let r = t.scrub(|done, total| {
                 let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
                 (s.done, s.total) = (done, total);
+                !s.stop
             });
             match &r {
                 Ok(r) if r.lost_blocks > 0 => eprintln!(

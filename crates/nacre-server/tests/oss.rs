@@ -22,19 +22,7 @@ fn write_req(oid: u64, offset: u64, len: u32, crc: Option<u32>) -> Request {
 }
 
 fn target(data_drive_bytes: u64) -> Arc<Target> {
-    let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
-    let devs = |n: usize, bytes: u64, p: &str| -> Vec<Arc<dyn BlockDevice>> {
-        (0..n).map(|i| MemDrive::new(&format!("{p}{i}"), bytes) as Arc<dyn BlockDevice>).collect()
-    };
-    let mut d = CreateOptions::new("ost0", Level::Raid6);
-    d.strip_bytes = 16 << 10;
-    d.assume_clean = true;
-    let data = Volume::create(devs(6, data_drive_bytes, "d"), &d, &run).unwrap();
-    let mut m = CreateOptions::new("ost0-index", Level::Raid1);
-    m.strip_bytes = 64 << 10;
-    m.assume_clean = true;
-    let meta = Volume::create(devs(2, 32 << 20, "m"), &m, &run).unwrap();
-    Arc::new(Target::format(Arc::new(data), Arc::new(meta), TargetOptions::default()).unwrap())
+    target_with_data(data_drive_bytes).0
 }
 
 /// A thin OST client for the tests: encode, call, decode, check the read checksum.
@@ -598,7 +586,8 @@ async fn an_oss_killed_with_clients_alive_gets_every_answered_write_back_by_repl
     assert!(a.read(oid, 0, 200_000).await.unwrap() == want, "the old replay changed nothing");
 }
 
-/// A target as [`target`] makes it, with its data volume, for tests that damage it.
+/// A target on drives in memory (RAID6 4+2 with 16 KiB strips for data, RAID1 for the
+/// index), with its data volume, for tests that damage it.
 fn target_with_data(data_drive_bytes: u64) -> (Arc<Target>, Arc<Volume>) {
     let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
     let devs = |n: usize, bytes: u64, p: &str| -> Vec<Arc<dyn BlockDevice>> {
@@ -648,5 +637,7 @@ async fn a_lost_block_reads_as_eio_naming_its_object_and_a_scrub_reports_it() {
     assert!(report.ends_with(&format!("last_lost_offsets {}", cb + 4096)), "{report}");
     let stats = oss.get_param("obdfilter.ost0.stats")[0].1.clone();
     assert!(stats.contains("checksum_errors 2\n"), "the read and the scrub each met the lost block: {stats}");
-    assert!(oss.set_param("obdfilter.ost0.scrub", "sometime").is_err(), "only start is a value");
+    assert!(oss.set_param("obdfilter.ost0.scrub", "sometime").is_err(), "only start and stop are values");
+    let e = oss.set_param("obdfilter.ost0.scrub", "stop").unwrap_err();
+    assert!(e.contains("no scrub of ost0 is running"), "{e}");
 }

@@ -189,7 +189,7 @@ pub fn run(cmd: OstCommand) -> CliResult {
         }
         OstCommand::Scrub { dir, name } => {
             let t = open(&dir, &name)?;
-            let r = t.scrub(|_, _| {})?;
+            let r = t.scrub(|_, _| true)?;
             t.sync()?;
             println!(
                 "target {name}: {} chunks, {} blocks read, {} mended from parity, {} lost",

@@ -78,6 +78,8 @@ pub struct ScrubReport {
     /// the first hundred.
     pub lost_blocks: u64,
     pub lost: Vec<u64>,
+    /// Every chunk was read (the scrub was not stopped).
+    pub complete: bool,
 }
 
 /// What reading a block again found.
@@ -273,8 +275,9 @@ impl Target {
 
     /// Read every block that has a checksum (a scrub), beside running reads and writes: a
     /// block a drive returns wrong is decoded from parity and mended, as a read would; one
-    /// that cannot be is reported. `progress(done, total)` follows each chunk.
-    pub fn scrub(&self, mut progress: impl FnMut(u64, u64)) -> Result<ScrubReport> {
+    /// that cannot be is reported. `progress(done, total)` follows each chunk; the scrub
+    /// stops early when it returns false.
+    pub fn scrub(&self, mut progress: impl FnMut(u64, u64) -> bool) -> Result<ScrubReport> {
         let chunks: Vec<u64> = {
             let txn = self.db.begin_read()?;
             let t = txn.open_table(SUMS)?;
@@ -290,8 +293,11 @@ impl Target {
             rep.mended += mended;
             rep.lost_blocks += lost.len() as u64;
             rep.lost.extend(lost.into_iter().take(SCRUB_LOST_LISTED.saturating_sub(rep.lost.len())));
-            progress(i as u64 + 1, total);
+            if !progress(i as u64 + 1, total) {
+                return Ok(rep);
+            }
         }
+        rep.complete = true;
         Ok(rep)
     }
 
