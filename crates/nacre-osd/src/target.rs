@@ -785,7 +785,7 @@ impl Target {
         let _tail = lock(&self.tail_commit);
         let (tail, tail_seq) = self.journal.tail_after(oid, c, upto);
         let txn = self.db.begin_write()?;
-        self.commit_sums(&txn, &sums)?;
+        self.commit_sums(&txn, &mut sums)?;
         {
             let mut o = txn.open_table(OBJECTS)?;
             let existing = o.get(oid)?.map(|v| ObjectAttr::decode(oid, v.value())).transpose()?;
@@ -921,7 +921,7 @@ impl Target {
         // Commit: map the new chunks, take them from the free table, grow the size, and
         // the checksums of what was written.
         let txn = self.db.begin_write()?;
-        self.commit_sums(&txn, &sums)?;
+        self.commit_sums(&txn, &mut sums)?;
         {
             let mut o = txn.open_table(OBJECTS)?;
             let mut a = {
@@ -1247,7 +1247,7 @@ impl Target {
         from: u64,
         to: u64,
         frag_keep: u64,
-        sums: PendingSums<'_>,
+        mut sums: PendingSums<'_>,
         what: Unmap<'_>,
     ) -> Result<ObjectAttr> {
         // Slabs change only under the small lock, taken before the transaction as
@@ -1255,7 +1255,7 @@ impl Target {
         let small = self.lock_small();
         let txn = self.db.begin_write()?;
         // Before the unmap, which forgets the checksums of the chunks it frees.
-        self.commit_sums(&txn, &sums)?;
+        self.commit_sums(&txn, &mut sums)?;
         let attr;
         {
             let mut map = txn.open_table(MAP)?;

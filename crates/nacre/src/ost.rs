@@ -227,14 +227,16 @@ pub fn run(cmd: OstCommand) -> CliResult {
             let s = t.statfs()?;
             let c = t.stats();
             println!(
-                "target {name}: {} objects, {} of {} MiB free, index {} of {} MiB, journal {} of {} MiB in use",
+                "target {name}: {} objects, {} of {} MiB free, index {} of {} MiB, journal {} of {} MiB in use, \
+                 {} regions' checksums computed again at open",
                 s.objects,
                 s.free_bytes >> 20,
                 s.total_bytes >> 20,
                 s.index_bytes >> 20,
                 s.index_capacity >> 20,
                 c.journal_used >> 20,
-                c.journal_bytes >> 20
+                c.journal_bytes >> 20,
+                c.checksum_regions_recomputed
             );
             Ok(())
         }

@@ -315,10 +315,16 @@ impl Target {
     /// One transaction: the object's size grows to `end`, its fragment becomes `hold`'s
     /// (the old one's blocks go back), its space follows, and the written blocks' checksums
     /// are stored.
-    fn commit_fragment(&self, oid: u64, end: u64, hold: Option<&BlockHold<'_>>, sums: PendingSums<'_>) -> Result<()> {
+    fn commit_fragment(
+        &self,
+        oid: u64,
+        end: u64,
+        hold: Option<&BlockHold<'_>>,
+        mut sums: PendingSums<'_>,
+    ) -> Result<()> {
         let small = self.lock_small();
         let txn = self.db.begin_write()?;
-        self.commit_sums(&txn, &sums)?;
+        self.commit_sums(&txn, &mut sums)?;
         {
             let mut frags = txn.open_table(FRAGS)?;
             let old = frags.get(oid)?.map(|v| v.value());
@@ -362,7 +368,7 @@ impl Target {
         self.flush_if_drives()?;
         let small = self.lock_small();
         let txn = self.db.begin_write()?;
-        self.commit_sums(&txn, &sums)?;
+        self.commit_sums(&txn, &mut sums)?;
         {
             let mut o = txn.open_table(OBJECTS)?;
             let mut a = {

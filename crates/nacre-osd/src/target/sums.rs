@@ -168,18 +168,21 @@ fn shard_of(p: u64) -> usize {
 }
 
 /// The checksums of blocks one operation wrote, for its commit. It holds the shards of its
-/// writes in place (and their chunks' marks in flight) until it is dropped, after the
-/// commit.
+/// writes in place (and their regions' marks in flight) until it is dropped, after the
+/// commit. Dropped without a commit (the operation failed after writing in place), it
+/// leaves its marks in flight for good: bytes may be on the drives without their
+/// checksums, and the next start computes them again.
 pub(super) struct PendingSums<'a> {
     target: &'a Target,
     crcs: BTreeMap<u64, Vec<(usize, u32)>>,
     shards: Vec<(usize, RwLockReadGuard<'a, ()>)>,
     marked: Vec<u64>,
+    committed: bool,
 }
 
 impl<'a> PendingSums<'a> {
     pub(super) fn new(target: &'a Target) -> PendingSums<'a> {
-        PendingSums { target, crcs: BTreeMap::new(), shards: Vec::new(), marked: Vec::new() }
+        PendingSums { target, crcs: BTreeMap::new(), shards: Vec::new(), marked: Vec::new(), committed: false }
     }
 
     /// The checksums of `image`, whole blocks written at volume offset `at`; the blocks
@@ -200,7 +203,7 @@ impl<'a> PendingSums<'a> {
 impl Drop for PendingSums<'_> {
     fn drop(&mut self) {
         let s = &self.target.sums;
-        if !self.marked.is_empty() {
+        if !self.marked.is_empty() && self.committed {
             let mut marks = lock(&s.marks);
             let now = Instant::now();
             for p in &self.marked {
@@ -486,7 +489,7 @@ impl Target {
     }
 
     /// In the caller's transaction: store `pending`'s checksums.
-    pub(super) fn commit_sums(&self, txn: &redb::WriteTransaction, pending: &PendingSums<'_>) -> Result<()> {
+    pub(super) fn commit_sums(&self, txn: &redb::WriteTransaction, pending: &mut PendingSums<'_>) -> Result<()> {
         let n = self.blocks_per_chunk_usize();
         let mut t = txn.open_table(SUMS)?;
         for (&p, crcs) in &pending.crcs {
@@ -505,6 +508,7 @@ impl Target {
             }
             t.insert(p, s.raw.as_slice())?;
         }
+        pending.committed = true;
         Ok(())
     }
 
@@ -560,9 +564,9 @@ impl Target {
     }
 
     /// Commit `pending` on its own (for a change that has no transaction of its own).
-    pub(super) fn commit_pending(&self, pending: PendingSums<'_>) -> Result<()> {
+    pub(super) fn commit_pending(&self, mut pending: PendingSums<'_>) -> Result<()> {
         let txn = self.db.begin_write()?;
-        self.commit_sums(&txn, &pending)?;
+        self.commit_sums(&txn, &mut pending)?;
         txn.commit()?;
         Ok(())
     }
