@@ -393,6 +393,8 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
     let mut f: [Vec<f64>; 9] = Default::default();
     // Random 4 KiB reads per second: the raw volume's, the objects'.
     let (mut raw_rand, mut obj_rand) = (Vec::new(), Vec::new());
+    // A scrub of everything written so far (every block against its checksum), GB/s.
+    let mut scrub = Vec::new();
     for round in 0..o.rounds.max(1) {
         let salt = 0x5eed + round as u64;
         f[0].push(raw(&data, o, true, salt)?);
@@ -407,6 +409,15 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
         f[3].push(objects(&t, &oids, o, true, salt + 1)?);
         f[4].push(objects(&t, &oids, o, false, salt + 1)?);
         obj_rand.push(object_rand_reads(&t, &oids, o, salt + 1)?);
+        let started = Instant::now();
+        let r = t.scrub(|_, _| true).map_err(|e| BenchError::Bad(e.to_string()))?;
+        if r.lost_blocks > 0 || r.mended > 0 {
+            return Err(BenchError::Bad(format!(
+                "the scrub found {} lost and {} mended blocks",
+                r.lost_blocks, r.mended
+            )));
+        }
+        scrub.push((r.blocks * 4096) as f64 / started.elapsed().as_secs_f64() / 1e9);
         let t = Arc::new(t);
         // Paced (the figure of the target) and in bursts.
         for (paced, slot) in [(true, 5), (false, 8)] {
@@ -506,6 +517,8 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
     let small_bursty_ratio = ratio(b[8], b[2]);
     let (raw_rand, obj_rand) = (peak(&raw_rand), peak(&obj_rand));
     let rand_ratio = ratio(obj_rand, raw_rand);
+    let scrub = peak(&scrub);
+    let scrub_ratio = ratio(scrub, b[1]);
     let _ = writeln!(out, "\n| phase | GB/s (best of {}) | ratio | target |\n|---|---:|---:|---:|", o.rounds);
     let _ = writeln!(out, "| raw volume write | {:.2} | | |", b[0]);
     let _ = writeln!(out, "| raw volume read | {:.2} | | |", b[1]);
@@ -542,7 +555,11 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
     let _ = writeln!(out, "| objects | {obj_rand:.0} | {rand_ratio:.3} of raw | ≥ 0.7 |");
     let _ = writeln!(
         out,
-        "\nsmall objects: {:.2}x their bytes of target space (target ≤ 2, with the MDT's share)",
+        "\nscrub (one thread, every block against its checksum): {scrub:.2} GB/s, {scrub_ratio:.3} of the raw volume's read"
+    );
+    let _ = writeln!(
+        out,
+        "small objects: {:.2}x their bytes of target space (target ≤ 2, with the MDT's share)",
         small.ratio
     );
     Ok(json!({
@@ -573,6 +590,8 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
         "raw_rand_read_iops": raw_rand,
         "rand_read_iops": obj_rand,
         "rand_read_vs_volume_ratio": rand_ratio,
+        "scrub_gbps": scrub,
+        "scrub_vs_raw_read_ratio": scrub_ratio,
         "small_file_space_ratio": small.ratio,
         "small_object_bytes_each": small.per_object,
         "small_objects_per_s": small.per_s,

@@ -30,6 +30,8 @@ fn bench_ost_prints_every_figure() {
             "read_ratio",
             "small_write_ratio",
             "small_write_bound_ratio",
+            "scrub_gbps",
+            "scrub_vs_raw_read_ratio",
         ],
     );
     let f = |k: &str| v[k].as_f64().unwrap();
