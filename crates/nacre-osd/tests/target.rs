@@ -1043,11 +1043,14 @@ fn a_scrub_mends_what_parity_knows_and_names_what_is_lost() {
     // Again: nothing more to mend, the lost block still lost; written whole, it is gone.
     let again = t.scrub(|_, _| true).unwrap();
     assert_eq!((again.mended, again.lost_blocks), (0, 1));
-    // Stopped after its first chunk, it says so.
-    let stopped = t.scrub(|_, _| false).unwrap();
-    assert_eq!((stopped.chunks, stopped.complete), (1, false));
     t.write(oids[0], 2 * cb + 4096 * 3, &random_bytes(&mut rng, 4096)).unwrap();
     t.destage_all().unwrap();
     let last = t.scrub(|_, _| true).unwrap();
     assert_eq!((last.mended, last.lost_blocks), (0, 0));
+    // Neighbouring chunks are read 16 at a time; stopped after the first 16, it says so.
+    let more = t.create(1).unwrap().start;
+    t.write(more, 0, &random_bytes(&mut rng, 20 * cb as usize)).unwrap();
+    let stopped = t.scrub(|_, _| false).unwrap();
+    assert_eq!((stopped.chunks, stopped.complete), (16, false));
+    assert!(t.scrub(|_, _| true).unwrap().complete);
 }

@@ -63,6 +63,8 @@ pub(super) fn crc32c(b: &[u8]) -> u32 {
     crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, b) as u32
 }
 
+/// Chunks a scrub reads at once when they are neighbours.
+const SCRUB_RUN_CHUNKS: u64 = 16;
 /// Lost blocks a scrub lists by offset (it counts them all).
 const SCRUB_LOST_LISTED: usize = 100;
 
@@ -287,16 +289,25 @@ impl Target {
             t.iter()?.map(|e| e.map(|(k, _)| k.value())).collect::<std::result::Result<_, _>>()?
         };
         let mut rep = ScrubReport::default();
-        let mut image = nacre_raid::align::AlignedBuf::zeroed(self.chunk_bytes as usize);
+        let cb = self.chunk_bytes;
+        let mut image = nacre_raid::align::AlignedBuf::zeroed((SCRUB_RUN_CHUNKS * cb) as usize);
         let total = chunks.len() as u64;
-        for (i, p) in chunks.into_iter().enumerate() {
-            let (lost, mended) = self.read_blocks_mending(p * self.chunk_bytes, &mut image, false)?;
-            rep.chunks += 1;
-            rep.blocks += self.blocks_per_chunk_usize() as u64;
+        // Runs of neighbouring chunks, read as one (every drive busy at once).
+        let mut i = 0;
+        while i < chunks.len() {
+            let mut n = 1;
+            while i + n < chunks.len() && n < SCRUB_RUN_CHUNKS as usize && chunks[i + n] == chunks[i] + n as u64 {
+                n += 1;
+            }
+            let buf = &mut image[..n * cb as usize];
+            let (lost, mended) = self.read_blocks_mending(chunks[i] * cb, buf, false)?;
+            rep.chunks += n as u64;
+            rep.blocks += (n * self.blocks_per_chunk_usize()) as u64;
             rep.mended += mended;
             rep.lost_blocks += lost.len() as u64;
             rep.lost.extend(lost.into_iter().take(SCRUB_LOST_LISTED.saturating_sub(rep.lost.len())));
-            if !progress(i as u64 + 1, total) {
+            i += n;
+            if !progress(i as u64, total) && i < chunks.len() {
                 return Ok(rep);
             }
         }
