@@ -11,21 +11,20 @@
 //!
 //! **Crash consistency.** A write to blocks nothing maps yet (a new chunk, a new fragment)
 //! commits their checksums in the transaction that maps them. A write in place cannot: the
-//! drive and the index are two writes. So before it the chunk's region (of
-//! [`MARK_CHUNKS`] chunks, so that a stream of writes in place commits a mark per region,
-//! not per write) is marked in `sums_dirty`, committed first; on start-up the checksums of
-//! the chunks of marked regions are computed again
-//! from what the drives hold: the bytes an interrupted write left, which a parity resync
-//! trusts too (dm-integrity's bitmap mode). Marks are cleared lazily, at most once a second
-//! and after a flush of the data volume, once their chunk has had no write in place for
-//! [`MARK_IDLE`] (and all of them by a sync); a chunk written in place over and over costs
-//! one commit for its mark, not one per write.
+//! drive and the index are two writes. So before it, the chunk's region (of
+//! [`MARK_CHUNKS`] chunks) is marked in `sums_dirty`, committed first; on start-up the
+//! checksums of the chunks of marked regions are computed again from what the drives
+//! hold: the bytes an interrupted write left, which a parity resync trusts too
+//! (dm-integrity's bitmap mode). Marks are cleared lazily, at most once a second and after
+//! a flush of the data volume, once their region has had no write in place for
+//! [`MARK_IDLE`] (and all of them by a sync): a stream of writes in place costs one commit
+//! per region for its mark, not one per write.
 //!
 //! **Concurrent reads.** A read compares bytes and checksums it did not read at one
 //! instant, and a write in place between may make them disagree. Writes in place hold
 //! their chunk's shard shared from before their bytes go out until their checksums commit;
-//! a read that finds a mismatch takes the shard exclusive (waiting, never blocking a
-//! writer) and reads the block again, so only a mismatch then is real.
+//! a read that finds a mismatch takes the shard exclusive (trying, so that it never
+//! queues ahead of a writer) and reads the block again, so only a mismatch then is real.
 //!
 //! **Mending.** A block that is really wrong is decoded from the rest of its stripe (the
 //! drive that holds it left out); if that copy matches the checksum, it is what the read
@@ -51,7 +50,7 @@ pub(super) const SUMS_DIRTY: TableDefinition<u64, ()> = TableDefinition::new("su
 /// Chunks one mark covers.
 const MARK_CHUNKS: u64 = 64;
 
-/// A chunk's mark is cleared once it has had no write in place for this long.
+/// A region's mark is cleared once it has had no write in place for this long.
 const MARK_IDLE: Duration = Duration::from_secs(1);
 /// Locks of writes in place, by `chunk % SHARDS`.
 const SHARDS: usize = 256;
