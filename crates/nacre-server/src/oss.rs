@@ -368,13 +368,14 @@ impl Oss {
             add("writeback", &|| {
                 let w = self.wb.stats();
                 format!(
-                    "held {}\nheld_bytes {}\nthrough {}\ncommits {}\ncommitted_bytes {}\ncommitted_extents {}\nwaits {}\nbytes {}\nlast_transno {}\nlast_committed {}",
+                    "held {}\nheld_bytes {}\nthrough {}\ncommits {}\ncommitted_bytes {}\ncommitted_extents {}\nkept_bytes {}\nwaits {}\nbytes {}\nlast_transno {}\nlast_committed {}",
                     w.held,
                     w.held_bytes,
                     w.through,
                     w.commits,
                     w.committed_bytes,
                     w.committed_extents,
+                    w.kept_bytes,
                     w.waits,
                     w.bytes,
                     w.last_transno,

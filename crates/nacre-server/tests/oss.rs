@@ -637,6 +637,8 @@ async fn a_lost_block_reads_as_eio_naming_its_object_and_a_scrub_reports_it() {
     assert!(report.ends_with(&format!("last_lost_offsets {}", cb + 4096)), "{report}");
     let stats = oss.get_param("obdfilter.ost0.stats")[0].1.clone();
     assert!(stats.contains("checksum_errors 2\n"), "the read and the scrub each met the lost block: {stats}");
+    let wb = oss.get_param("obdfilter.ost0.writeback")[0].1.clone();
+    assert!(wb.contains("\nkept_bytes 0\n"), "{wb}");
     assert!(oss.set_param("obdfilter.ost0.scrub", "sometime").is_err(), "only start and stop are values");
     let e = oss.set_param("obdfilter.ost0.scrub", "stop").unwrap_err();
     assert!(e.contains("no scrub of ost0 is running"), "{e}");
