@@ -109,6 +109,9 @@ struct Scrub {
     running: bool,
     /// Asked to stop (`scrub=stop`).
     stop: bool,
+    /// At most this many MB/s (`scrub_rate_mb`; 0: as fast as the drives go), read at
+    /// each step, so a change applies to a running scrub.
+    rate_mb: u64,
     /// Chunks read so far, of how many.
     done: u64,
     total: u64,
@@ -270,6 +273,11 @@ impl Oss {
                 let stats = &self.targets[i].2;
                 match leaf {
                     "scrub" if value == "start" => self.start_scrub(i),
+                    "scrub_rate_mb" => {
+                        let v = number(leaf, value, "MB/s (0: unlimited)", 0..=1_000_000u64)?;
+                        self.scrubs[i].lock().unwrap_or_else(|e| e.into_inner()).rate_mb = v;
+                        Ok(())
+                    }
                     "scrub" if value == "stop" => {
                         let mut s = self.scrubs[i].lock().unwrap_or_else(|e| e.into_inner());
                         if !s.running {
@@ -321,14 +329,26 @@ impl Oss {
             if s.running {
                 return Err(format!("a scrub of {name} is running ({} of {} chunks read)", s.done, s.total));
             }
-            *s = Scrub { running: true, last: s.last.take(), ..Scrub::default() };
+            *s = Scrub { running: true, last: s.last.take(), rate_mb: s.rate_mb, ..Scrub::default() };
         }
+        let chunk_bytes = t.chunk_bytes();
+        let started = Instant::now();
         let (name, t) = (name.clone(), t.clone());
         let spawned = std::thread::Builder::new().name(format!("scrub-{name}")).spawn(move || {
             let r = t.scrub(|done, total| {
-                let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
-                (s.done, s.total) = (done, total);
-                !s.stop
+                let (go_on, rate) = {
+                    let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+                    (s.done, s.total) = (done, total);
+                    (!s.stop, s.rate_mb)
+                };
+                // Paced: no further ahead than the rate allows.
+                if rate > 0 {
+                    let due = std::time::Duration::from_secs_f64((done * chunk_bytes) as f64 / (rate as f64 * 1e6));
+                    if let Some(early) = due.checked_sub(started.elapsed()) {
+                        std::thread::sleep(early.min(std::time::Duration::from_secs(1)));
+                    }
+                }
+                go_on
             });
             match &r {
                 Ok(r) if r.lost_blocks > 0 => eprintln!(
@@ -385,6 +405,7 @@ impl Oss {
             add("job_stats", &|| stats.job_stats());
             add("client_stats", &|| stats.client_stats());
             add("scrub", &|| scrub.lock().unwrap_or_else(|e| e.into_inner()).render());
+            add("scrub_rate_mb", &|| scrub.lock().unwrap_or_else(|e| e.into_inner()).rate_mb.to_string());
             // Asked of the target only if a matching parameter needs it, and once.
             let statfs = std::cell::OnceCell::new();
             let statfs = || statfs.get_or_init(|| t.statfs().ok()).as_ref();

@@ -642,4 +642,9 @@ async fn a_lost_block_reads_as_eio_naming_its_object_and_a_scrub_reports_it() {
     assert!(oss.set_param("obdfilter.ost0.scrub", "sometime").is_err(), "only start and stop are values");
     let e = oss.set_param("obdfilter.ost0.scrub", "stop").unwrap_err();
     assert!(e.contains("no scrub of ost0 is running"), "{e}");
+    // Its pace: a number of MB/s, 0 for none; anything else is refused and changes nothing.
+    assert_eq!(oss.get_param("obdfilter.ost0.scrub_rate_mb")[0].1, "0");
+    oss.set_param("obdfilter.ost0.scrub_rate_mb", "200").unwrap();
+    assert!(oss.set_param("obdfilter.ost0.scrub_rate_mb", "fast").is_err());
+    assert_eq!(oss.get_param("obdfilter.ost0.scrub_rate_mb")[0].1, "200");
 }
