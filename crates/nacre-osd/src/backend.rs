@@ -27,6 +27,7 @@ use std::sync::{Mutex, RwLock};
 
 use nacre_raid::volume::Volume;
 
+use crate::crc32c;
 use crate::journal::lock;
 
 const SLOT_BYTES: u64 = 4096;
@@ -150,10 +151,6 @@ impl std::fmt::Debug for VolumeBackend {
 
 fn other<E: std::fmt::Display>(e: E) -> io::Error {
     io::Error::other(e.to_string())
-}
-
-fn crc32c(b: &[u8]) -> u32 {
-    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, b) as u32
 }
 
 impl VolumeBackend {

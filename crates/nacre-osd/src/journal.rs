@@ -30,6 +30,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use nacre_raid::volume::Volume;
 
+use crate::crc32c;
 use crate::error::{OsdError, Result};
 
 const MAGIC: u32 = u32::from_le_bytes(*b"NCJR");
@@ -37,10 +38,6 @@ const HEADER: u64 = 64;
 const ALIGN: u64 = 4096;
 const KIND_DATA: u16 = 1;
 const KIND_PAD: u16 = 2;
-
-fn crc32c(b: &[u8]) -> u32 {
-    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, b) as u32
-}
 
 /// A pending piece of one chunk: `len` bytes at `chunk_off` in the chunk, found at
 /// `data_at` on the journal's volume.

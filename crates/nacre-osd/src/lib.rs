@@ -19,3 +19,9 @@ pub use error::{OsdError, Result};
 pub use object::{ObjectAttr, SetAttr};
 pub use target::{CheckReport, ScrubReport, StatFs, Target, TargetOptions, TargetStats};
 pub use writeback::{WriteBack, WriteBackOptions, WriteBackStats};
+
+/// CRC-32C (Castagnoli), the checksum of every record, header and data block the store
+/// writes.
+pub(crate) fn crc32c(b: &[u8]) -> u32 {
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, b) as u32
+}

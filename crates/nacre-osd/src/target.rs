@@ -1492,6 +1492,8 @@ impl Target {
         let free = txn.open_table(FREE)?;
         let meta = txn.open_table(META)?;
         let mut used = vec![0u64; self.chunks.div_ceil(64) as usize];
+        // Chunks that hold object bytes: mapped ones and slabs (`used` has the free ones too).
+        let mut holding = used.clone();
         let mark = |p: u64, used: &mut Vec<u64>| -> bool {
             let (w, b) = ((p / 64) as usize, p % 64);
             let seen = used[w] & (1 << b) != 0;
@@ -1508,6 +1510,7 @@ impl Target {
                 problem(format!("object {oid:#x} chunk {c} maps to chunk {p}, past the volume's {}", self.chunks));
                 continue;
             }
+            mark(p, &mut holding);
             if mark(p, &mut used) {
                 problem(format!("chunk {p} is mapped twice (again by object {oid:#x} chunk {c})"));
             }
@@ -1537,18 +1540,17 @@ impl Target {
                 }
             }
         }
-        let frag_bytes = self.check_fragments(&txn, |p| mark(p, &mut used), &mut problem)?;
+        let frag_bytes = self.check_fragments(
+            &txn,
+            |p| {
+                mark(p, &mut holding);
+                mark(p, &mut used)
+            },
+            &mut problem,
+        )?;
         for oid in frag_bytes.keys() {
             if map.get((*oid, 0))?.is_some() {
                 problem(format!("object {oid:#x} has a fragment and maps chunk 0"));
-            }
-        }
-        // Chunks that hold object bytes: mapped ones and slabs (the rest of `used` is free).
-        let mut holding = used.clone();
-        for e in free.iter()? {
-            let (s, l) = e?;
-            for p in s.value()..(s.value() + l.value()).min(self.chunks) {
-                holding[(p / 64) as usize] &= !(1 << (p % 64));
             }
         }
         rep.checked_blocks =

@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::{BLOCK_BYTES, Target, lock};
+use crate::crc32c;
 use crate::error::{OsdError, Result};
 
 /// Physical chunk → a bitmap of the blocks that have a checksum, then a CRC-32C per block.
@@ -57,10 +58,6 @@ const SHARDS: usize = 256;
 /// How long a read that found a mismatch waits for the writes in place of its chunk's
 /// shard to let it read again.
 const RECHECK_WAIT: Duration = Duration::from_secs(5);
-
-pub(super) fn crc32c(b: &[u8]) -> u32 {
-    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, b) as u32
-}
 
 /// Chunks a scrub reads at once when they are neighbours.
 const SCRUB_RUN_CHUNKS: u64 = 16;
@@ -218,10 +215,6 @@ impl Drop for PendingSums<'_> {
 }
 
 impl Target {
-    fn blocks_per_chunk_usize(&self) -> usize {
-        (self.chunk_bytes / BLOCK_BYTES) as usize
-    }
-
     /// Read `buf.len()` bytes at volume offset `at` and check them against their blocks'
     /// checksums (reading the whole blocks when the range cuts one); a block that does not
     /// match fails the read.
@@ -301,7 +294,7 @@ impl Target {
             let buf = &mut image[..n * cb as usize];
             let (lost, mended) = self.read_blocks_mending(chunks[i] * cb, buf, false)?;
             rep.chunks += n as u64;
-            rep.blocks += (n * self.blocks_per_chunk_usize()) as u64;
+            rep.blocks += (n * self.blocks_per_chunk() as usize) as u64;
             rep.mended += mended;
             rep.lost_blocks += lost.len() as u64;
             rep.lost.extend(lost.into_iter().take(SCRUB_LOST_LISTED.saturating_sub(rep.lost.len())));
@@ -376,7 +369,7 @@ impl Target {
     fn chunk_sums(&self, chunks: &[u64]) -> Result<Vec<Option<ChunkSums>>> {
         let txn = self.db.begin_read()?;
         let t = txn.open_table(SUMS)?;
-        let n = self.blocks_per_chunk_usize();
+        let n = self.blocks_per_chunk() as usize;
         chunks.iter().map(|&p| t.get(p)?.map(|v| ChunkSums::decode(p, n, v.value())).transpose()).collect()
     }
 
@@ -500,7 +493,7 @@ impl Target {
 
     /// In the caller's transaction: store `pending`'s checksums.
     pub(super) fn commit_sums(&self, txn: &redb::WriteTransaction, pending: &mut PendingSums<'_>) -> Result<()> {
-        let n = self.blocks_per_chunk_usize();
+        let n = self.blocks_per_chunk() as usize;
         let mut t = txn.open_table(SUMS)?;
         for (&p, crcs) in &pending.crcs {
             // A chunk written whole needs nothing of what it had.
@@ -593,7 +586,7 @@ impl Target {
         if marked.is_empty() {
             return Ok(0);
         }
-        let n = self.blocks_per_chunk_usize();
+        let n = self.blocks_per_chunk() as usize;
         let mut image = nacre_raid::align::AlignedBuf::zeroed(self.chunk_bytes as usize);
         let txn = self.db.begin_write()?;
         {
@@ -629,7 +622,7 @@ impl Target {
     /// back (so that nothing checks them against bytes a new fragment is writing there).
     pub(super) fn forget_block_sums(&self, txn: &redb::WriteTransaction, chunk: u64, first: u32, n: u32) -> Result<()> {
         let mut t = txn.open_table(SUMS)?;
-        let blocks = self.blocks_per_chunk_usize();
+        let blocks = self.blocks_per_chunk() as usize;
         let Some(mut s) = t.get(chunk)?.map(|v| ChunkSums::decode(chunk, blocks, v.value())).transpose()? else {
             return Ok(());
         };
@@ -659,7 +652,7 @@ impl Target {
         in_use: impl Fn(u64) -> bool,
         problem: &mut dyn FnMut(String),
     ) -> Result<u64> {
-        let n = self.blocks_per_chunk_usize();
+        let n = self.blocks_per_chunk() as usize;
         let t = txn.open_table(SUMS)?;
         let mut image = nacre_raid::align::AlignedBuf::zeroed(self.chunk_bytes as usize);
         let mut checked = 0;
