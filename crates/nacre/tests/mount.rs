@@ -1281,13 +1281,8 @@ fn up_per_service_runs_a_process_for_each_and_down_stops_them_all() {
 /// once it is back, and nothing answered is lost.
 #[test]
 fn a_killed_mds_process_comes_back_and_the_mount_replays_what_it_had_not_committed() {
-    let root = scratch("mds-kill");
-    let (data, mnt) = (root.join("data"), root.join("mnt"));
-    fs::create_dir_all(&mnt).unwrap();
-    let port = free_port();
-    let out = up_per_service(&data, &mnt, port);
-    let fs = Up { data: data.clone(), mnt: mnt.clone(), port };
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let fs = Up::start_with("mds-kill", &["--per-service"]);
+    let (data, mnt) = (fs.data.clone(), fs.mnt.clone());
     // Commits at most every 10 s from here: what follows is answered, not committed.
     mds_param(&fs.mgs(), "mdt.mdt0.commit_interval_ms=10000");
     let d = mnt.join("d");
@@ -1361,13 +1356,8 @@ fn a_killed_mds_process_comes_back_and_the_mount_replays_what_it_had_not_committ
 /// reads return the right bytes once the OST runs again.
 #[test]
 fn reads_stuck_on_a_stopped_ost_leave_the_mount_answering() {
-    let root = scratch("stuck-ost");
-    let (data, mnt) = (root.join("data"), root.join("mnt"));
-    fs::create_dir_all(&mnt).unwrap();
-    let port = free_port();
-    let out = up_per_service(&data, &mnt, port);
-    let _fs = Up { data: data.clone(), mnt: mnt.clone(), port };
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let fs = Up::start_with("stuck-ost", &["--per-service"]);
+    let (data, mnt) = (fs.data.clone(), fs.mnt.clone());
     let d = mnt.join("on-ost0");
     fs::create_dir(&d).unwrap();
     run(&["setstripe", "-c", "1", "-i", "0"], &d);
