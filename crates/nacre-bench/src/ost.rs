@@ -417,7 +417,7 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
                 r.lost_blocks, r.mended
             )));
         }
-        scrub.push((r.blocks * 4096) as f64 / started.elapsed().as_secs_f64() / 1e9);
+        scrub.push((r.blocks * nacre_osd::target::BLOCK_BYTES) as f64 / started.elapsed().as_secs_f64() / 1e9);
         let t = Arc::new(t);
         // Paced (the figure of the target) and in bursts.
         for (paced, slot) in [(true, 5), (false, 8)] {
