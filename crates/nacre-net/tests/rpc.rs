@@ -648,9 +648,14 @@ async fn a_panicking_handler_does_not_strand_the_queue() {
         let imp = import.clone();
         tokio::spawn(async move { imp.call(OP_BOOM, b"x", &[]).await })
     };
+    // The request queued behind it waits through the panic (with RUST_BACKTRACE set, the
+    // backtrace is printed first, which under a loaded test run took longer than the
+    // panicked request's 300 ms), so it comes from a client that waits seconds.
+    let patient = ClientConfig { at: fast_at(5_000), max_resends: 0, ..ClientConfig::default() };
+    let after = Client::new(Arc::new(net.transport("c2")), patient).connect(&server.nid()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(10)).await;
     // Queued behind the panicking request on the one service slot.
-    assert_eq!(import.call(OP_ECHO, b"after", &[]).await.unwrap().body, b"after");
+    assert_eq!(after.call(OP_ECHO, b"after", &[]).await.unwrap().body, b"after");
     assert!(boom.await.unwrap().is_err(), "the panicked request gets no reply");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
