@@ -889,13 +889,7 @@ impl Volume {
     /// to spare.
     pub fn reconstruct(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let inner = &self.inner;
-        inner.check_range(offset, buf.len())?;
-        let sd = inner.geo.stripe_data_bytes();
-        let (stripe, a) = (offset / sd, offset % sd);
-        let touches = inner.touches(a, buf.len());
-        let [t] = touches[..] else {
-            return Err(RaidError::NotOneStrip { offset, len: buf.len() as u64, what: "within one strip" });
-        };
+        let (stripe, t) = inner.one_strip(offset, buf.len(), false)?;
         for _ in 0..=inner.geo.drive_count() {
             let mut list =
                 vec![DegradedStripe { stripe, touches: vec![t], dsts: vec![&mut *buf], distrust: Some(t.shard) }];
@@ -915,16 +909,7 @@ impl Volume {
     /// is gone (its strip is decoded on every read: nothing to mend).
     pub fn repair(&self, offset: u64, data: &[u8]) -> Result<bool> {
         let inner = &self.inner;
-        inner.check_range(offset, data.len())?;
-        let sd = inner.geo.stripe_data_bytes();
-        let (stripe, a) = (offset / sd, offset % sd);
-        let touches = inner.touches(a, data.len());
-        let sector = SECTOR_BYTES as u64;
-        let bad = RaidError::NotOneStrip { offset, len: data.len() as u64, what: "whole sectors within one strip" };
-        let [t] = touches[..] else { return Err(bad) };
-        if !t.lo.is_multiple_of(sector) || !(data.len() as u64).is_multiple_of(sector) {
-            return Err(bad);
-        }
+        let (stripe, t) = inner.one_strip(offset, data.len(), true)?;
         let _guard = inner.locks.lock(stripe);
         let (row, views) = inner.view(stripe);
         let v = &views[t.shard];
@@ -1312,6 +1297,21 @@ impl Inner {
 
     fn write_slots(&self) -> std::sync::RwLockWriteGuard<'_, Vec<Slot>> {
         self.slots.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The stripe and the one strip piece of `[offset, offset + len)`, which must lie in
+    /// one strip (and cover whole sectors, if `sectors`).
+    fn one_strip(&self, offset: u64, len: usize, sectors: bool) -> Result<(u64, Touch)> {
+        self.check_range(offset, len)?;
+        let sd = self.geo.stripe_data_bytes();
+        let what = if sectors { "whole sectors within one strip" } else { "within one strip" };
+        let bad = RaidError::NotOneStrip { offset, len: len as u64, what };
+        let [t] = self.touches(offset % sd, len)[..] else { return Err(bad) };
+        let sector = SECTOR_BYTES as u64;
+        if sectors && (!t.lo.is_multiple_of(sector) || !(len as u64).is_multiple_of(sector)) {
+            return Err(bad);
+        }
+        Ok((offset / sd, t))
     }
 
     fn check_range(&self, offset: u64, len: usize) -> Result<()> {

@@ -272,8 +272,8 @@ impl Target {
 
     /// Read every block that has a checksum (a scrub), beside running reads and writes: a
     /// block a drive returns wrong is decoded from parity and mended, as a read would; one
-    /// that cannot be is reported. `progress(done, total)` follows each chunk; the scrub
-    /// stops early when it returns false.
+    /// that cannot be is reported. `progress(chunks done, total)` follows each run of
+    /// chunks read; the scrub stops early when it returns false.
     pub fn scrub(&self, mut progress: impl FnMut(u64, u64) -> bool) -> Result<ScrubReport> {
         let chunks: Vec<u64> = {
             let txn = self.db.begin_read()?;
