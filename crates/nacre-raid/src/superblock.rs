@@ -1,8 +1,8 @@
 //! The superblock: what makes a drive self-describing.
 //!
 //! Every drive carries two copies of a 4 KiB superblock at offsets 0 and 4096 (a torn
-//! write of one leaves the other), then the write-intent bitmap from 64 KiB, then data
-//! from 1 MiB. The byte layout is in `docs/formats/raid-superblock.md`; any change to it
+//! write of one leaves the other), a lease block at 8 KiB, then the write-intent bitmap
+//! from 64 KiB, then data from 1 MiB. The byte layout is in `docs/formats/raid-superblock.md`; any change to it
 //! bumps [`SB_VERSION`]. The newest generation among a volume's drives is authoritative;
 //! its slot table says which drive (by tag) is current in each slot and in what state.
 
@@ -13,8 +13,12 @@ pub const SB_VERSION: u32 = 1;
 pub const SB_BYTES: usize = 4096;
 /// Offsets of the two superblock copies.
 pub const SB_OFFSETS: [u64; 2] = [0, 4096];
+/// The lease block of multi-mount protection (see [`crate::lease`]): left alone when a
+/// volume is made or a drive replaced, as a node holds it before it makes the volume.
+pub const LEASE_OFFSET: u64 = 8 << 10;
+pub const LEASE_BYTES: usize = 4096;
 /// Reserved, zeroed at creation, up to the bitmap.
-pub const RESERVED_OFFSET: u64 = 8 << 10;
+pub const RESERVED_OFFSET: u64 = LEASE_OFFSET + LEASE_BYTES as u64;
 /// Where the write-intent bitmap starts, and the most it may occupy.
 pub const WIL_OFFSET: u64 = 64 << 10;
 pub const WIL_BYTES_MAX: u64 = (1 << 20) - WIL_OFFSET;

@@ -285,6 +285,9 @@ struct Inner {
     scrub_done: AtomicU64,
     scrub_total: AtomicU64,
     rebuild_running: AtomicBool,
+    /// The error that failed a drive first (told with the volume going offline: a fenced
+    /// node's drives all fail with the reason its lease was lost).
+    first_failure: Mutex<Option<String>>,
 }
 
 /// A RAID volume over drives. All IO methods take `&self` and may run concurrently.
@@ -743,6 +746,7 @@ impl Volume {
             wil: Wil::new(sb.wil_region_stripes, sb.wil_bits),
             pool: BufPool::new(POOL_BUFFERS_MAX, POOL_BYTES_MAX),
             stats: Counters::default(),
+            first_failure: Mutex::new(None),
             stop: AtomicBool::new(false),
             wake: (Mutex::new(()), Condvar::new()),
             foreground_bytes: AtomicU64::new(0),
@@ -1339,9 +1343,16 @@ impl Inner {
             .filter(|(_, s)| s.state != SlotState::Online)
             .map(|(i, s)| format!("slot {i} {}", s.state.name()))
             .collect();
+        let first = self
+            .first_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|e| format!("; first drive error: {e}"))
+            .unwrap_or_default();
         RaidError::Offline {
             volume: self.name.clone(),
-            reason: format!("{reason}; {} (tolerates {} per group)", failed.join(", "), self.geo.m),
+            reason: format!("{reason}; {} (tolerates {} per group){first}", failed.join(", "), self.geo.m),
         }
     }
 
@@ -1464,6 +1475,9 @@ impl Inner {
     }
 
     fn fail_all(&self, failures: &[IoFailure]) {
+        if let Some(f) = failures.first() {
+            self.first_failure.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| f.error.to_string());
+        }
         for f in failures {
             self.fail_slot(f.slot);
         }
