@@ -974,13 +974,17 @@ impl Import {
             self.restarts.fetch_add(1, Ordering::Release);
         }
         if r.export_lost && !r.recovering {
-            // Evicted, or the server restarted without waiting for us: what we kept and
-            // what is in flight is lost.
-            link.generation += 1;
-            self.generation.store(link.generation, Ordering::Release);
-            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
             let lost = lock(&self.kept).clear();
             self.counters.replays_lost.fetch_add(lost as u64, Ordering::Relaxed);
+            // Evicted, or the server restarted without waiting for what we kept: what is
+            // in flight is lost too. A server that restarted (or took the target over)
+            // with nothing of ours to wait for never answered what is in flight: it goes
+            // again.
+            if r.evicted || lost > 0 {
+                link.generation += 1;
+                self.generation.store(link.generation, Ordering::Release);
+                self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+            }
         }
         link.cookie = r.cookie;
         self.server_obd_timeout_ms.store(r.obd_timeout_ms as u64, Ordering::Relaxed);

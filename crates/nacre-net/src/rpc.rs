@@ -207,6 +207,9 @@ pub struct ConnectReply {
     /// The client asked for an export the server no longer has: it was evicted or the
     /// server restarted, and what it had in flight is gone.
     pub export_lost: bool,
+    /// With `export_lost`: this server dropped the export (an eviction), where without it
+    /// the server never knew the client (it restarted, or its target moved here).
+    pub evicted: bool,
     /// The server's `obd_timeout` in milliseconds, so clients ping in step with it.
     pub obd_timeout_ms: u32,
     /// The server restarted and waits for this client to replay what it kept
@@ -253,7 +256,7 @@ impl ConnectReply {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(16);
         b.extend_from_slice(&self.cookie.to_le_bytes());
-        let bits = self.export_lost as u32 | (self.recovering as u32) << 1;
+        let bits = self.export_lost as u32 | (self.recovering as u32) << 1 | (self.evicted as u32) << 2;
         b.extend_from_slice(&bits.to_le_bytes());
         b.extend_from_slice(&self.obd_timeout_ms.to_le_bytes());
         b
@@ -267,6 +270,7 @@ impl ConnectReply {
         Ok(ConnectReply {
             cookie: take::<8>(b, 0).map(u64::from_le_bytes).unwrap_or(0),
             export_lost: bits & 1 != 0,
+            evicted: bits & 4 != 0,
             obd_timeout_ms: take::<4>(b, 12).map(u32::from_le_bytes).unwrap_or(0),
             recovering: bits & 2 != 0,
         })
@@ -361,8 +365,8 @@ mod tests {
         let mut bad = r.encode();
         bad[0] ^= 1;
         assert!(ConnectRequest::decode(&bad).unwrap_err().contains("magic"));
-        for recovering in [false, true] {
-            let rep = ConnectReply { cookie: 3, export_lost: true, obd_timeout_ms: 100_000, recovering };
+        for (recovering, evicted) in [(false, false), (true, false), (false, true)] {
+            let rep = ConnectReply { cookie: 3, export_lost: true, evicted, obd_timeout_ms: 100_000, recovering };
             assert_eq!(ConnectReply::decode(&rep.encode()), Ok(rep));
         }
         assert!(ConnectReply::decode(&[0; 3]).is_err());

@@ -253,6 +253,10 @@ struct Shared {
     threads: Arc<Semaphore>,
     pool: Arc<BulkPool>,
     exports: Mutex<HashMap<u64, Arc<Export>>>,
+    /// Clients whose export this server dropped (evicted, or gone), the newest
+    /// `exports_max`: one coming back is told it was evicted, where a client this server
+    /// never knew is told the server restarted.
+    dropped: Mutex<Dropped>,
     next_cookie: AtomicU64,
     queue: Mutex<Queue>,
     queue_changed: Notify,
@@ -479,6 +483,7 @@ impl Server {
             // Keep enough free bulk buffers for the bulk budget, at most 256 MiB.
             pool: BulkPool::new(cfg.req_bulk_bytes_max.min(256 << 20)),
             exports: Mutex::new(HashMap::new()),
+            dropped: Mutex::default(),
             next_cookie: AtomicU64::new(fresh_seed() | 1),
             queue: Mutex::new(Queue::Fifo(VecDeque::new())),
             queue_changed: Notify::new(),
@@ -896,7 +901,8 @@ impl Shared {
         };
         let body = ConnectReply {
             cookie: export.cookie,
-            export_lost: lost,
+            export_lost: lost.is_some(),
+            evicted: lost == Some(Lost::Evicted),
             obd_timeout_ms: self.cfg.obd_timeout.as_millis().min(u32::MAX as u128) as u32,
             recovering: self.reconnected(req.client),
         }
@@ -1062,13 +1068,18 @@ impl Shared {
     /// Find or make the export a connect names. A known client with the right cookie
     /// gets its export back (another connection, or a reconnect); any other cookie
     /// replaces it: the client restarted, or asks for an export that was evicted.
-    fn attach(&self, req: &ConnectRequest, peer: &Nid) -> Result<(Arc<Export>, bool), String> {
+    /// The client's export (made if new), and how what it had is lost: `None` if not.
+    fn attach(&self, req: &ConnectRequest, peer: &Nid) -> Result<(Arc<Export>, Option<Lost>), String> {
         let mut exports = lock(&self.exports);
+        let mut lost = (req.cookie != 0)
+            .then(|| if lock(&self.dropped).contains(req.client) { Lost::Evicted } else { Lost::Restarted });
         if let Some(e) = exports.get(&req.client) {
             if e.cookie == req.cookie {
                 e.last_heard_ms.store(self.now_ms(), Ordering::Relaxed);
-                return Ok((e.clone(), false));
+                return Ok((e.clone(), None));
             }
+            // An export of this server, not the one the client had: it was dropped.
+            lost = Some(Lost::Evicted);
             let old = e.clone();
             exports.remove(&req.client);
             self.retire(&old);
@@ -1088,7 +1099,7 @@ impl Shared {
         });
         exports.insert(req.client, e.clone());
         self.counters.connects.fetch_add(1, Ordering::Relaxed);
-        Ok((e, req.cookie != 0))
+        Ok((e, lost))
     }
 
     fn drop_export(&self, export: &Arc<Export>, why: &str) {
@@ -1101,6 +1112,7 @@ impl Shared {
         };
         self.retire(export);
         if removed {
+            lock(&self.dropped).add(export.client, self.cfg.exports_max);
             // Nobody listening is fine; a listener that lags learns it (and may resync).
             let _ = self.evicted.send(export.client);
         }
@@ -1687,5 +1699,38 @@ impl Drop for Finish<'_> {
         if self.replay {
             self.shared.next_replay();
         }
+    }
+}
+
+/// How a client's export was lost, as a connect finds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lost {
+    /// This server dropped it.
+    Evicted,
+    /// This server never had it: it restarted (or the target moved) since.
+    Restarted,
+}
+
+/// Clients whose exports this server dropped, oldest first, bounded.
+#[derive(Default)]
+struct Dropped {
+    order: VecDeque<u64>,
+    set: std::collections::HashSet<u64>,
+}
+
+impl Dropped {
+    fn add(&mut self, client: u64, max: usize) {
+        if self.set.insert(client) {
+            self.order.push_back(client);
+        }
+        while self.order.len() > max.max(1) {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+    }
+
+    fn contains(&self, client: u64) -> bool {
+        self.set.contains(&client)
     }
 }

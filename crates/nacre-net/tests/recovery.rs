@@ -348,3 +348,37 @@ async fn bad_replays_are_refused_and_change_nothing() {
     assert!(st == status::ESTALE && why.contains("no recovery"), "{st} {why}");
     assert_eq!(strs(toy.values()), ["v"]);
 }
+
+/// A server that restarts (or whose target another node takes over) knowing nothing of a
+/// client whose changes were all committed never answered what the client had in flight:
+/// it goes again there. A client the server itself evicted loses what was in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_requests_go_again_to_a_restarted_server_and_fail_after_an_eviction() {
+    let net = MemNetwork::new();
+    let toy = Toy::default();
+    let server = start(&net, &toy, false, 5_000).await;
+    let client = Client::new(Arc::new(net.transport("a")), client_cfg());
+    let a = client.connect(&nid()).await.unwrap();
+    put(&a, "a1").await;
+    a.commit().await.unwrap();
+    drop(server);
+    let in_flight = {
+        let a = a.clone();
+        tokio::spawn(async move { a.call(OP_PUT, b"a2", &[]).await.map(|f| f.header.transno) })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Elsewhere, with no recovery: nothing of a's was left uncommitted.
+    let moved: Nid = "mds1@mem".parse().unwrap();
+    let server = start_at(&net, &toy, false, 5_000, &moved).await;
+    a.retarget(&moved);
+    assert!(in_flight.await.unwrap().expect("resent, not lost") > 0);
+    assert_eq!(strs(toy.values()), ["a1", "a2"]);
+    assert_eq!(a.stats().evictions, 0);
+
+    // Evicted by this very server: the connect says so, and the request in flight fails.
+    assert!(server.handle().evict(client.id()));
+    let e = a.call(OP_PUT, b"a3", &[]).await;
+    assert!(matches!(e, Err(RpcError::Evicted { .. })), "{e:?}");
+    assert_eq!(a.stats().evictions, 1);
+    put(&a, "a4").await;
+}
