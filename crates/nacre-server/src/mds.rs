@@ -317,11 +317,12 @@ fn set_attr(s: &mdt::SetAttr) -> SetAttr {
 }
 
 /// [`set_attr`], with a change through a handle (`set::BY_HANDLE`) checked: the handle
-/// must be `owner`'s, on `fid`, and open for writing.
-fn set_attr_by(ns: &Namespace, owner: u64, fid: Fid, wire: &mdt::SetAttr) -> Result<SetAttr, MdError> {
+/// must be `owner`'s, on `fid`, and open for writing — unless the change is a `replay`,
+/// checked when it first ran (its handle may be closed since).
+fn set_attr_by(ns: &Namespace, owner: u64, fid: Fid, wire: &mdt::SetAttr, replay: bool) -> Result<SetAttr, MdError> {
     let mut s = set_attr(wire);
     if wire.mask & set::BY_HANDLE != 0 {
-        if !ns.writes_through(wire.handle, fid, owner) {
+        if !replay && !ns.writes_through(wire.handle, fid, owner) {
             return Err(MdError::new(
                 errno::EBADF,
                 format!("handle {:#x} is not open for writing {fid} by this client", wire.handle),
@@ -1206,7 +1207,8 @@ impl Mds {
                 let how = if noreplace { RenameMode::NoReplace } else { RenameMode::Replace };
                 (Namespace::rename_change(&c, src_dir, &src_name, dst_dir, &dst_name, how), 0)
             }
-            Request::Setattr { fid, set } => match set_attr_by(&self.ns, req.client, fid, &set) {
+            Request::Setattr { fid, set } => match set_attr_by(&self.ns, req.client, fid, &set, req.replayed.is_some())
+            {
                 Ok(s) => (Namespace::setattr_change(&c, fid, s), 0),
                 Err(e) => return done(fail(e.status(), e.message)),
             },
@@ -1217,7 +1219,8 @@ impl Mds {
                 fid,
                 offset,
                 &req.bulk,
-                self.ns.writes_through(handle, fid, req.client),
+                // A replay was checked when it first ran: its handle may be closed since.
+                req.replayed.is_some() || self.ns.writes_through(handle, fid, req.client),
             ) {
                 Ok(v) => v,
                 Err(e) => return done(fail(e.status(), e.message)),

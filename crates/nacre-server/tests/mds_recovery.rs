@@ -525,3 +525,41 @@ async fn locks_are_taken_again_by_their_holders_after_a_restart() {
     a.imp.forget_state(1);
     b.call(lk(hb, 2, lock::WRITE, 0, 5, 5)).await;
 }
+
+/// Changes made through a handle (a writer publishing its size, a DoM write) replay
+/// after a restart even when the handle was closed before it: they were checked when
+/// they first ran. A failover moves an MDT while files written just before are closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_through_a_handle_closed_since_replay_after_a_restart() {
+    use nacre_proto::mdt::{SetAttr, set};
+    let (net, v) = (MemNetwork::new(), volume());
+    let mdt = Mdt::start(&net, &v, true).await;
+    let a = Md::connect(&net, "a").await;
+    let f = a.create(Fid::ROOT, "f").await;
+    a.imp.commit().await.unwrap();
+    let h = a.open(f.fid).await;
+    a.write(f.fid, h, 0, b"written").await;
+    let set = SetAttr {
+        mask: set::BY_HANDLE | set::MTIME | set::SIZE | set::SIZE_AT_LEAST,
+        mtime_ns: 42_000_000_000,
+        size: 7,
+        handle: h,
+        ..SetAttr::default()
+    };
+    a.call(Request::Setattr { fid: f.fid, set }).await;
+    a.call(Request::Close { handle: h }).await;
+    a.imp.forget_open(h);
+    mdt.crash();
+
+    let mdt = Mdt::start(&net, &v, false).await;
+    a.call(Request::Getattr { fid: Fid::ROOT }).await;
+    let status = mdt.status();
+    assert!(status.contains("COMPLETE") && status.contains("failed_replays: 0"), "{status}");
+    let c = Cred::root();
+    assert_eq!(mdt.ns.read_dom(&c, f.fid, 0, 100).unwrap(), b"written");
+    assert_eq!(mdt.ns.getattr(f.fid).unwrap().mtime_ns, 42_000_000_000);
+    // A handle that was never open is refused, as before.
+    let set = SetAttr { mask: set::BY_HANDLE | set::MTIME, mtime_ns: 1, handle: h, ..SetAttr::default() };
+    let err = a.try_call(Request::Setattr { fid: f.fid, set }, &[]).await.unwrap_err();
+    assert!(err.to_string().contains("not open for writing"), "{err}");
+}
