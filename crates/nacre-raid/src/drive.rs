@@ -43,9 +43,20 @@ pub struct FileDrive {
 }
 
 impl FileDrive {
-    /// Open an existing drive. Falls back to buffered IO only where the file system
-    /// refuses O_DIRECT (EINVAL), and says so through [`FileDrive::is_direct`].
+    /// Open an existing drive, for this process alone. Falls back to buffered IO only
+    /// where the file system refuses O_DIRECT (EINVAL), and says so through
+    /// [`FileDrive::is_direct`].
     pub fn open(path: &Path) -> Result<FileDrive> {
+        FileDrive::open_locked(path, libc::LOCK_EX)
+    }
+
+    /// Open an existing drive that a failover partner may open too: who writes is the
+    /// lease's business ([`crate::lease`]). Only an exclusive open is refused meanwhile.
+    pub fn open_shared(path: &Path) -> Result<FileDrive> {
+        FileDrive::open_locked(path, libc::LOCK_SH)
+    }
+
+    fn open_locked(path: &Path, how: libc::c_int) -> Result<FileDrive> {
         let meta = match std::fs::metadata(path) {
             Ok(m) => m,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -68,7 +79,7 @@ impl FileDrive {
         // One owner per drive: a second process (or a second path to the same drive)
         // writing superblocks and parity behind the first one's back corrupts both.
         // SAFETY: plain syscall on an owned, open descriptor.
-        let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) };
+        let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), how | libc::LOCK_NB) };
         if rc != 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
@@ -256,6 +267,10 @@ mod tests {
         let again = FileDrive::open(&p).unwrap();
         assert_eq!(again.size(), 1 << 20);
         drop(again);
+        // Shared opens (a failover pair) go together, and keep an exclusive one out.
+        let (a, b) = (FileDrive::open_shared(&p).unwrap(), FileDrive::open_shared(&p).unwrap());
+        assert!(matches!(FileDrive::open(&p), Err(RaidError::DriveBusy { .. })));
+        drop((a, b));
         let _ = std::fs::remove_file(&p);
         assert!(matches!(FileDrive::open(&p), Err(RaidError::MissingDrive { .. })));
     }

@@ -144,6 +144,8 @@ pub enum LeaseError {
     Raced { node: String },
     #[error("the lease could not be written to most of the drives ({written} of {drives}): {detail}")]
     Unwritable { written: usize, drives: usize, detail: String },
+    #[error("the drives are {0}: nothing to take over")]
+    NotHeld(Taken),
     #[error("bad lease settings: {0}")]
     Settings(String),
 }
@@ -254,7 +256,14 @@ fn holder_is_gone(b: &LeaseBlock, boot: &str) -> bool {
     let Ok(pid) = libc::pid_t::try_from(b.pid) else { return false };
     // SAFETY: kill with signal 0 only checks that the process exists.
     let rc = unsafe { libc::kill(pid, 0) };
-    rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    if rc != 0 {
+        return io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+    }
+    // Dead but not yet reaped (a zombie) is dead too: its state follows its name.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
+        .unwrap_or(false)
 }
 
 /// How a lease was found when it was taken (in the order of how much it says: a
@@ -369,6 +378,17 @@ impl Held {
     /// more when they are held; returns with [`LeaseError::Held`] as soon as a heartbeat
     /// moves.
     pub fn acquire(drives: Vec<Arc<dyn BlockDevice>>, opts: &LeaseOptions) -> Result<Held, LeaseError> {
+        Held::take(drives, opts, false)
+    }
+
+    /// Take the lease of `drives` only from a holder whose heartbeat stopped (a partner's
+    /// standby): drives never leased, or released by a node that stopped on purpose, are
+    /// left alone ([`LeaseError::NotHeld`]).
+    pub fn acquire_expired(drives: Vec<Arc<dyn BlockDevice>>, opts: &LeaseOptions) -> Result<Held, LeaseError> {
+        Held::take(drives, opts, true)
+    }
+
+    fn take(drives: Vec<Arc<dyn BlockDevice>>, opts: &LeaseOptions, expired_only: bool) -> Result<Held, LeaseError> {
         opts.check()?;
         let boot = boot_id();
         let mut notes = Vec::new();
@@ -397,6 +417,9 @@ impl Held {
                     taken = taken.max(Taken::Expired { node: "(unknown)".into() });
                 }
             }
+        }
+        if expired_only && !matches!(taken, Taken::Expired { .. } | Taken::Gone { .. }) {
+            return Err(LeaseError::NotHeld(taken));
         }
         if first.crcs.iter().filter(|c| c.is_some()).count() < majority(drives.len()) {
             return Err(LeaseError::Unwritable {

@@ -33,6 +33,8 @@ fn write_through(d: &[Arc<dyn BlockDevice>]) -> std::io::Result<()> {
 #[test]
 fn a_held_lease_is_refused_with_its_holders_name_and_a_released_one_is_taken_at_once() {
     let (_mem, d) = drives(4);
+    let err = Held::acquire_expired(d.clone(), &opts("oss2", 10, 200)).err().unwrap();
+    assert!(matches!(err, LeaseError::NotHeld(Taken::Free)), "{err}");
     let a = Held::acquire(d.clone(), &opts("oss1", 10, 200)).unwrap();
     assert_eq!((a.fence().epoch(), a.taken()), (1, &Taken::Free));
     let err = Held::acquire(d.clone(), &opts("oss2", 10, 200)).err().expect("a live lease is refused");
@@ -43,6 +45,9 @@ fn a_held_lease_is_refused_with_its_holders_name_and_a_released_one_is_taken_at_
 
     drop(a);
     assert!(holder(&d).unwrap().unwrap().released, "a clean stop releases the drives");
+    // A standby takes over from a holder that died, not from one that stopped.
+    let err = Held::acquire_expired(d.clone(), &opts("oss2", 10, 200)).err().unwrap();
+    assert!(matches!(err, LeaseError::NotHeld(Taken::Released { .. })), "{err}");
     let b = Held::acquire(d.clone(), &opts("oss2", 10, 200)).unwrap();
     assert_eq!(b.taken(), &Taken::Released { node: "oss1".into() }, "a released lease needs no watch");
     assert_eq!(b.fence().epoch(), 2);
@@ -62,7 +67,7 @@ fn a_silent_holder_is_taken_over_only_after_expiry_and_then_writes_nothing() {
     // oss1 stops beating, as a hung node.
     a.stall(Duration::from_secs(3600));
     let started = Instant::now();
-    let b = Held::acquire(d.clone(), &opts("oss2", 10, 300)).unwrap();
+    let b = Held::acquire_expired(d.clone(), &opts("oss2", 10, 300)).unwrap();
     assert!(started.elapsed() >= Duration::from_millis(300), "taken after {:?}, before the expiry", started.elapsed());
     assert_eq!((b.fence().epoch(), b.taken()), (2, &Taken::Expired { node: "oss1".into() }));
 

@@ -5,6 +5,7 @@
 mod bench;
 mod demo;
 mod fsys;
+mod ha;
 mod heap;
 mod io500;
 mod mdt;

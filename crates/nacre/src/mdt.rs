@@ -13,6 +13,7 @@ use nacre_proto::fid::Fid;
 use nacre_raid::{CreateOptions, Level, Provision, Volume, VolumeOptions};
 use nacre_server::mdt::{Cred, Namespace, NamespaceOptions, RenameMode, SetAttr};
 
+use crate::service::Access;
 use crate::size::parse_size;
 
 #[derive(Subcommand)]
@@ -80,11 +81,21 @@ type CliResult = Result<(), Box<dyn std::error::Error>>;
 
 /// Assemble a metadata target's volume and open its namespace.
 pub fn open(dir: &Path, name: &str) -> Result<Namespace, Box<dyn std::error::Error>> {
-    open_with(dir, name, NamespaceOptions::default())
+    open_with(dir, name, NamespaceOptions::default(), &Access::Exclusive)
 }
 
-fn open_with(dir: &Path, name: &str, opts: NamespaceOptions) -> Result<Namespace, Box<dyn std::error::Error>> {
-    Ok(Namespace::open(crate::service::assemble(dir, name)?, opts)?)
+/// The same, its drives opened as `access` says (shared and fenced by a lease).
+pub fn open_as(dir: &Path, name: &str, access: &Access) -> Result<Namespace, Box<dyn std::error::Error>> {
+    open_with(dir, name, NamespaceOptions::default(), access)
+}
+
+fn open_with(
+    dir: &Path,
+    name: &str,
+    opts: NamespaceOptions,
+    access: &Access,
+) -> Result<Namespace, Box<dyn std::error::Error>> {
+    Ok(Namespace::open(crate::service::assemble_with(dir, name, access)?, opts)?)
 }
 
 /// Run one torture operation on the namespace.
@@ -190,7 +201,12 @@ pub fn run(cmd: MdtCommand) -> CliResult {
         }
         MdtCommand::Torture { dir, name, seed, threads, prefix, checkpoint_ms } => {
             let interval = std::time::Duration::from_millis(checkpoint_ms.max(1));
-            let ns = open_with(&dir, &name, NamespaceOptions { checkpoint_interval: interval, ..Default::default() })?;
+            let ns = open_with(
+                &dir,
+                &name,
+                NamespaceOptions { checkpoint_interval: interval, ..Default::default() },
+                &Access::Exclusive,
+            )?;
             let c = Cred::root();
             let dirs: Vec<Fid> = (0..threads)
                 .map(|t| ns.mkdir(&c, Fid::ROOT, &format!("{prefix}-t{t}"), 0o755, None).map(|a| a.fid))

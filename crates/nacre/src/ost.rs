@@ -13,6 +13,7 @@ use clap::Subcommand;
 use nacre_osd::{Target, TargetOptions};
 use nacre_raid::{CreateOptions, Level, Provision, Volume, VolumeOptions};
 
+use crate::service::Access;
 use crate::size::parse_size;
 
 #[derive(Subcommand)]
@@ -94,15 +95,20 @@ pub enum OstCommand {
 
 type CliResult = Result<(), Box<dyn std::error::Error>>;
 
-fn volume_dirs(dir: &Path) -> (PathBuf, PathBuf) {
+pub fn volume_dirs(dir: &Path) -> (PathBuf, PathBuf) {
     (dir.join("data"), dir.join("index"))
 }
 
 /// Assemble a target's volumes and open it.
 pub fn open(dir: &Path, name: &str) -> Result<Target, Box<dyn std::error::Error>> {
+    open_as(dir, name, &Access::Exclusive)
+}
+
+/// Assemble a target's volumes, their drives opened as `access` says, and open it.
+pub fn open_as(dir: &Path, name: &str, access: &Access) -> Result<Target, Box<dyn std::error::Error>> {
     let (data_dir, index_dir) = volume_dirs(dir);
-    let data = crate::service::assemble(&data_dir, name)?;
-    let meta = crate::service::assemble(&index_dir, &format!("{name}-index"))?;
+    let data = crate::service::assemble_with(&data_dir, name, access)?;
+    let meta = crate::service::assemble_with(&index_dir, &format!("{name}-index"), access)?;
     Ok(Target::open(data, meta, TargetOptions::default())?)
 }
 

@@ -10,21 +10,41 @@ use std::sync::Arc;
 use nacre_net::nid::Nid;
 use nacre_net::server::{Handler, Server, ServerConfig, ServerHandle, Service};
 use nacre_net::transport::TcpTransport;
-use nacre_raid::{BlockDevice, FileDrive, Provision, Volume, VolumeOptions};
+use nacre_raid::lease::Fence;
+use nacre_raid::{BlockDevice, FencedDrive, FileDrive, Provision, Volume, VolumeOptions};
 
 pub type CliResult = Result<(), Box<dyn std::error::Error>>;
 
-/// Every file in `dir`, in name order, opened as a drive.
-pub fn drives_in(dir: &Path) -> Result<Vec<Arc<dyn BlockDevice>>, Box<dyn std::error::Error>> {
+/// How a serving process opens a target's drives.
+#[derive(Clone, Default)]
+pub enum Access {
+    /// For itself alone (a lock on each drive file).
+    #[default]
+    Exclusive,
+    /// Shared with a failover partner, each write checked against the lease this node
+    /// holds on them.
+    Fenced(Arc<Fence>),
+    /// Shared, for reading their leases only.
+    Watch,
+}
+
+/// Every file in `dir`, in name order, opened as a drive as `access` says.
+pub fn drives_with(dir: &Path, access: &Access) -> Result<Vec<Arc<dyn BlockDevice>>, Box<dyn std::error::Error>> {
     let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| format!("{}: {e}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
     paths.sort();
-    Ok(paths
-        .iter()
-        .map(|p| FileDrive::open(p).map(|d| Arc::new(d) as Arc<dyn BlockDevice>))
-        .collect::<Result<_, _>>()?)
+    let open = |p: &PathBuf| match access {
+        Access::Exclusive => FileDrive::open(p),
+        Access::Fenced(_) | Access::Watch => FileDrive::open_shared(p),
+    };
+    let drives: Vec<Arc<dyn BlockDevice>> =
+        paths.iter().map(|p| open(p).map(|d| Arc::new(d) as Arc<dyn BlockDevice>)).collect::<Result<_, _>>()?;
+    Ok(match access {
+        Access::Fenced(fence) => FencedDrive::wrap(drives, fence),
+        Access::Exclusive | Access::Watch => drives,
+    })
 }
 
 /// How new drive files take host space (`--preallocate`).
@@ -62,7 +82,12 @@ pub fn new_drives(
 
 /// The volume `name` assembled from the drive files in `dir`.
 pub fn assemble(dir: &Path, name: &str) -> Result<Arc<Volume>, Box<dyn std::error::Error>> {
-    Ok(Arc::new(Volume::assemble(drives_in(dir)?, Some(name), &VolumeOptions::default())?.volume))
+    assemble_with(dir, name, &Access::Exclusive)
+}
+
+/// The volume `name` assembled from the drive files in `dir`, opened as `access` says.
+pub fn assemble_with(dir: &Path, name: &str, access: &Access) -> Result<Arc<Volume>, Box<dyn std::error::Error>> {
+    Ok(Arc::new(Volume::assemble(drives_with(dir, access)?, Some(name), &VolumeOptions::default())?.volume))
 }
 
 /// Serve `handler` on `listen` until the process is stopped. Once listening, `ready` runs

@@ -77,6 +77,12 @@ pub struct UpArgs {
     /// for all.
     #[arg(long, conflicts_with = "foreground")]
     pub per_service: bool,
+    /// A failover pair on this machine: two server nodes (`a` with the MDTs and the first
+    /// half of the OSTs, `b` with the rest) that share every drive file and each take the
+    /// other's targets when its lease on them expires, the MGS in a process of its own,
+    /// and the mount in another. Kill one node and the other serves its targets.
+    #[arg(long, conflicts_with_all = ["foreground", "per_service"])]
+    pub ha: bool,
     /// Started by `up` to serve in the background (its stdout goes when ready).
     #[arg(long, hide = true)]
     pub detached: bool,
@@ -346,7 +352,7 @@ pub fn up(a: UpArgs) -> CliResult {
         }
         report_space(&a.data);
     }
-    if a.per_service && !a.foreground {
+    if (a.per_service || a.ha) && !a.foreground {
         return up_per_service(&a);
     }
     if a.foreground {
@@ -372,6 +378,7 @@ pub fn up(a: UpArgs) -> CliResult {
             detached: a.detached,
             tag: String::new(),
             recover: false,
+            ha: Vec::new(),
         };
         return serve(&plan);
     }
@@ -436,12 +443,16 @@ struct Plan {
     /// cluster); else they forget them (`nacre up`: the whole file system restarts, and
     /// its own mount is new).
     recover: bool,
+    /// Targets on drives shared with a failover partner: served under a lease, by a
+    /// monitor each (node `tag`).
+    ha: Vec<crate::ha::Duty>,
 }
 
 /// Serve `p` until SIGTERM or Ctrl-C; the caller holds the data folder's lock.
 fn serve(p: &Plan) -> CliResult {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let data = p.data.clone();
+    let ha = crate::ha::Node::new(&p.tag, &p.host, p.mgs.clone(), &p.fsname);
     let result: CliResult = rt.block_on(async {
         let mgs = if p.mgs_here {
             MgsAt::Here(Arc::new(crate::mgs::open(&data.join("mgs"))?))
@@ -470,6 +481,28 @@ fn serve(p: &Plan) -> CliResult {
         if !local.wait_ready(p.total_osts, Duration::from_secs(300)).await {
             return Err(format!("the MDTs here got no objects from the {} OSTs within 300 s", p.total_osts).into());
         }
+        // Shared targets: this node's own are tried before it says it is ready; a partner
+        // serving one is not an error (this node stands by for it).
+        let mut standby = Vec::new();
+        let mut taken = Vec::new();
+        for duty in &p.ha {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let drives = duty.lease_drives()?;
+            tokio::spawn(ha.clone().monitor(duty.clone(), drives, p.total_osts, Some(tx)));
+            if duty.primary {
+                taken.push((duty.label(), rx));
+            } else {
+                standby.push(duty.label());
+            }
+        }
+        let mut served_ha = Vec::new();
+        for (label, rx) in taken {
+            match rx.await {
+                Ok(Ok(())) => served_ha.push(label),
+                Ok(Err(why)) => standby.push(format!("{label} ({why})")),
+                Err(_) => standby.push(label),
+            }
+        }
         std::fs::write(proc_file(&data, &p.tag, "pid"), format!("{}\n", std::process::id()))?;
         let mounted = match &p.mount {
             Some(mnt) => {
@@ -484,9 +517,12 @@ fn serve(p: &Plan) -> CliResult {
             .into_iter()
             .chain(p.mdts.iter().map(|i| format!("MDT{i}")))
             .chain(p.osts.iter().map(|i| format!("OST{i}")))
+            .chain(served_ha)
             .collect();
+        let standby =
+            if standby.is_empty() { String::new() } else { format!(", standing by for {}", standby.join(", ")) };
         println!(
-            "ready: file system {} ({}) served, MGS at {}{}",
+            "ready: file system {} ({}) served{standby}, MGS at {}{}",
             p.fsname,
             what.join(" "),
             local.mgs(),
@@ -517,8 +553,10 @@ fn serve(p: &Plan) -> CliResult {
         drop(local);
         Ok(())
     });
-    // Targets close (redb makes its commits durable) as the runtime's tasks drop.
+    // Targets close (redb makes its commits durable) as the runtime's tasks drop; then
+    // the leases they were written under are released.
     drop(rt);
+    ha.release();
     let _ = std::fs::remove_file(proc_file(&p.data, &p.tag, "pid"));
     result
 }
@@ -559,7 +597,17 @@ fn notify_ready() {
 /// data = "/srv/nacre"
 /// osts = [0, 1]
 /// ost_size = "4G"                 # made at the first start, as `nacre up`'s options
+///
+/// [[node]]
+/// name = "oss2"                   # oss1's failover partner: it sees the same drives
+/// host = "10.0.0.3"
+/// data = "/srv/nacre"
+/// osts = [2]
+/// failover_osts = [0, 1]          # served here when oss1's lease on them expires
 /// ```
+///
+/// A target with a failover node is served under a lease on its drives (see `ha`): its
+/// nodes open the drives shared, and only the lease's holder writes.
 #[derive(serde::Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
 struct ClusterFile {
@@ -580,6 +628,11 @@ struct NodeFile {
     mdts: Vec<u32>,
     #[serde(default)]
     osts: Vec<u32>,
+    /// Other nodes' targets this node takes over when their lease expires.
+    #[serde(default)]
+    failover_mdts: Vec<u32>,
+    #[serde(default)]
+    failover_osts: Vec<u32>,
     ost_size: Option<String>,
     mdt_size: Option<String>,
     ost_index_size: Option<String>,
@@ -641,7 +694,60 @@ fn load_cluster(path: &Path) -> Result<ClusterFile, Box<dyn std::error::Error>> 
     if names.windows(2).any(|w| w[0] == w[1]) {
         return Err(format!("{}: two nodes have the same name", path.display()).into());
     }
+    for n in &c.node {
+        for (what, own, failover) in [("MDT", &n.mdts, &n.failover_mdts), ("OST", &n.osts, &n.failover_osts)] {
+            let mut all: Vec<u32> = own.iter().chain(failover).copied().collect();
+            all.sort_unstable();
+            if let Some(w) = all.windows(2).find(|w| w[0] == w[1]) {
+                return Err(format!("{}: node {} lists {what} {} twice", path.display(), n.name, w[0]).into());
+            }
+            let served = if what == "MDT" {
+                c.node.iter().map(|n| n.mdts.len()).sum::<usize>()
+            } else {
+                c.node.iter().map(|n| n.osts.len()).sum::<usize>()
+            };
+            if let Some(i) = failover.iter().find(|&&i| i as usize >= served) {
+                return Err(format!(
+                    "{}: node {} stands by for {what} {i}, which no node serves (a failover target needs its primary)",
+                    path.display(),
+                    n.name
+                )
+                .into());
+            }
+        }
+    }
     Ok(c)
+}
+
+/// The targets `n` serves or stands by for that have a failover node: served under a
+/// lease on their drives.
+fn duties(c: &ClusterFile, n: &NodeFile) -> Vec<crate::ha::Duty> {
+    use nacre_proto::mgs::TargetKind;
+    let shared = |kind: TargetKind, i: u32| {
+        c.node.iter().any(|m| match kind {
+            TargetKind::Mdt => m.failover_mdts.contains(&i),
+            TargetKind::Ost => m.failover_osts.contains(&i),
+        })
+    };
+    let duty = |kind: TargetKind, index: u32, primary: bool| crate::ha::Duty {
+        kind,
+        index,
+        dir: n.data.join(match kind {
+            TargetKind::Mdt => format!("mdt{index}"),
+            TargetKind::Ost => format!("ost{index}"),
+        }),
+        primary,
+    };
+    let own = n.mdts.iter().map(|&i| (TargetKind::Mdt, i)).chain(n.osts.iter().map(|&i| (TargetKind::Ost, i)));
+    let theirs = n
+        .failover_mdts
+        .iter()
+        .map(|&i| (TargetKind::Mdt, i))
+        .chain(n.failover_osts.iter().map(|&i| (TargetKind::Ost, i)));
+    own.filter(|&(k, i)| shared(k, i))
+        .map(|(k, i)| duty(k, i, true))
+        .chain(theirs.map(|(k, i)| duty(k, i, false)))
+        .collect()
 }
 
 /// `nacre server --config FILE --node NAME`: make this node's targets at the first start,
@@ -653,6 +759,11 @@ pub fn server(a: ServerArgs) -> CliResult {
         format!("{}: no node {:?} (nodes: {})", a.config.display(), a.node, names.join(", "))
     })?;
     std::fs::create_dir_all(&n.data).map_err(|e| format!("{}: {e}", n.data.display()))?;
+    let ha = duties(&c, n);
+    // A partner's targets must be in sight before this node stands by for them.
+    for d in ha.iter().filter(|d| !d.primary) {
+        d.lease_drives().map_err(|e| format!("node {} cannot stand by for {e} (its primary makes them)", n.name))?;
+    }
     if let Some(m) = &n.mount {
         mount_point(m)?;
     }
@@ -681,20 +792,24 @@ pub fn server(a: ServerArgs) -> CliResult {
         &missing("ost", &n.osts),
     )?;
     make_targets(&n.data, &c.fsname, n.mgs, &n.mdts, &n.osts, &sizes, true)?;
+    let unshared = |kind, ids: &[u32]| -> Vec<u32> {
+        ids.iter().copied().filter(|&i| !ha.iter().any(|d| d.kind == kind && d.index == i)).collect()
+    };
     let plan = Plan {
         fsname: c.fsname.clone(),
         data: n.data.clone(),
         mgs: c.mgs.parse()?,
         mgs_here: n.mgs,
         host: n.host.clone(),
-        mdts: n.mdts.clone(),
-        osts: n.osts.clone(),
+        mdts: unshared(nacre_proto::mgs::TargetKind::Mdt, &n.mdts),
+        osts: unshared(nacre_proto::mgs::TargetKind::Ost, &n.osts),
         total_osts: if n.mdts.is_empty() { 0 } else { c.node.iter().map(|n| n.osts.len()).sum() },
         mount: n.mount.clone(),
         mount_opts: a.mount_opts.clone(),
         detached: a.detached,
         tag: n.name.clone(),
         recover: true,
+        ha,
     };
     serve(&plan)
 }
@@ -763,7 +878,8 @@ pub fn down(a: DownArgs) -> CliResult {
 
 /// `nacre up --per-service`: the same file system, each target served by a process of its
 /// own (a cluster file of one node per service, `DATA/cluster.toml`), and the mount by
-/// another.
+/// another. `nacre up --ha`: the MGS, and a failover pair of nodes `a` and `b` (see
+/// [`UpArgs::ha`]).
 fn up_per_service(a: &UpArgs) -> CliResult {
     let conf = if conf_path(&a.data).exists() {
         Conf::load(&conf_path(&a.data))?
@@ -779,13 +895,33 @@ fn up_per_service(a: &UpArgs) -> CliResult {
     };
     toml += &node("mgs", "mgs = true");
     let mut names = vec!["mgs".to_string()];
-    for i in 0..conf.osts {
-        toml += &node(&format!("ost{i}"), &format!("osts = [{i}]"));
-        names.push(format!("ost{i}"));
-    }
-    for i in 0..conf.mdts {
-        toml += &node(&format!("mdt{i}"), &format!("mdts = [{i}]"));
-        names.push(format!("mdt{i}"));
+    if a.ha {
+        let list = |r: std::ops::Range<u32>| r.map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+        let (half, mdts, osts) = (conf.osts.div_ceil(2), conf.mdts, conf.osts);
+        // b first: a's MDTs wait for objects on every OST.
+        toml += &node(
+            "b",
+            &format!(
+                "osts = [{}]\nfailover_mdts = [{}]\nfailover_osts = [{}]",
+                list(half..osts),
+                list(0..mdts),
+                list(0..half)
+            ),
+        );
+        toml += &node(
+            "a",
+            &format!("mdts = [{}]\nosts = [{}]\nfailover_osts = [{}]", list(0..mdts), list(0..half), list(half..osts)),
+        );
+        names.extend(["b".to_string(), "a".to_string()]);
+    } else {
+        for i in 0..conf.osts {
+            toml += &node(&format!("ost{i}"), &format!("osts = [{i}]"));
+            names.push(format!("ost{i}"));
+        }
+        for i in 0..conf.mdts {
+            toml += &node(&format!("mdt{i}"), &format!("mdts = [{i}]"));
+            names.push(format!("mdt{i}"));
+        }
     }
     let cluster = data.join("cluster.toml");
     std::fs::write(&cluster, toml)?;

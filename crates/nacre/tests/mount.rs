@@ -15,17 +15,10 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{free_port, nacre};
+use common::{Up, free_port, nacre};
 
 fn scratch(name: &str) -> PathBuf {
     common::scratch("mount", name)
-}
-
-/// A file system from `nacre up`, mounted; `nacre down` when dropped.
-struct Up {
-    data: PathBuf,
-    mnt: PathBuf,
-    port: u16,
 }
 
 impl Up {
@@ -35,75 +28,16 @@ impl Up {
 
     /// With more `nacre up` options (the first up makes the file system with them).
     fn start_with(name: &str, extra: &[&str]) -> Up {
-        let root = scratch(name);
-        let (data, mnt) = (root.join("data"), root.join("mnt"));
-        fs::create_dir_all(&mnt).unwrap();
-        let up = Up { data, mnt, port: free_port() };
-        up.up_with(extra);
-        up
-    }
-
-    fn up(&self) {
-        self.up_with(&[])
-    }
-
-    fn up_with(&self, extra: &[&str]) {
-        let out = nacre()
-            .arg("up")
-            .args(extra)
-            .args(["--osts", "2", "--ost-size", "64M", "--mdt-size", "64M", "--port"])
-            .arg(self.port.to_string())
-            .arg("--data")
-            .arg(&self.data)
-            .arg("--mount")
-            .arg(&self.mnt)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "nacre up: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(String::from_utf8_lossy(&out.stdout).contains("ready"), "{}", String::from_utf8_lossy(&out.stdout));
-    }
-
-    fn down(&self) {
-        let out = nacre().arg("down").arg("--data").arg(&self.data).output().unwrap();
-        assert!(out.status.success(), "nacre down: {}", String::from_utf8_lossy(&out.stderr));
+        Up::start_in(scratch(name), extra)
     }
 
     fn pid(&self) -> i32 {
         fs::read_to_string(self.data.join("nacre.pid")).unwrap().trim().parse().unwrap()
     }
 
-    fn mgs(&self) -> String {
-        format!("127.0.0.1@tcp:{}", self.port)
-    }
-
     /// Operations `op` MDT 0 has served (its `md_stats`).
     fn mds_ops(&self, op: &str) -> u64 {
         figure(&mds_param(&self.mgs(), "mdt.*.md_stats"), op)
-    }
-}
-
-impl Drop for Up {
-    /// Whatever the test did: the file system stopped, every mount under its folder taken
-    /// off (a second mount a failed assertion left, whose process then ends), the folder
-    /// removed.
-    fn drop(&mut self) {
-        let _ = nacre().arg("down").arg("--data").arg(&self.data).output();
-        let _ = Command::new("umount").arg("-l").arg(&self.mnt).output();
-        if let Some(root) = self.data.parent() {
-            let root = fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
-            let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-            for point in mounts.lines().filter_map(|l| l.split(' ').nth(4)) {
-                if Path::new(point).starts_with(&root) {
-                    let _ = Command::new("umount").arg("-l").arg(point).output();
-                }
-            }
-            let _ = fs::remove_dir_all(root);
-        }
     }
 }
 

@@ -93,3 +93,78 @@ pub fn scratch(kind: &str, name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&p).unwrap();
     p
 }
+
+/// A file system from `nacre up` (two OSTs of 64M, an MDT of 64M), mounted; `nacre down`
+/// when dropped, and its folder removed.
+pub struct Up {
+    pub data: std::path::PathBuf,
+    pub mnt: std::path::PathBuf,
+    pub port: u16,
+}
+
+impl Up {
+    /// In the scratch folder `root`, with more `nacre up` options (the first up makes the
+    /// file system with them).
+    pub fn start_in(root: std::path::PathBuf, extra: &[&str]) -> Up {
+        let (data, mnt) = (root.join("data"), root.join("mnt"));
+        std::fs::create_dir_all(&mnt).unwrap();
+        let up = Up { data, mnt, port: free_port() };
+        up.up_with(extra);
+        up
+    }
+
+    pub fn up(&self) {
+        self.up_with(&[])
+    }
+
+    pub fn up_with(&self, extra: &[&str]) {
+        let out = nacre()
+            .arg("up")
+            .args(extra)
+            .args(["--osts", "2", "--ost-size", "64M", "--mdt-size", "64M", "--port"])
+            .arg(self.port.to_string())
+            .arg("--data")
+            .arg(&self.data)
+            .arg("--mount")
+            .arg(&self.mnt)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "nacre up: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("ready"), "{}", String::from_utf8_lossy(&out.stdout));
+    }
+
+    pub fn down(&self) {
+        let out = nacre().arg("down").arg("--data").arg(&self.data).output().unwrap();
+        assert!(out.status.success(), "nacre down: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    pub fn mgs(&self) -> String {
+        format!("127.0.0.1@tcp:{}", self.port)
+    }
+}
+
+impl Drop for Up {
+    /// Whatever the test did: the file system stopped, every mount under its folder taken
+    /// off (a second mount a failed assertion left, whose process then ends), the folder
+    /// removed.
+    fn drop(&mut self) {
+        use std::process::Command;
+        let _ = nacre().arg("down").arg("--data").arg(&self.data).output();
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).output();
+        if let Some(root) = self.data.parent() {
+            let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+            let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+            for point in mounts.lines().filter_map(|l| l.split(' ').nth(4)) {
+                if Path::new(point).starts_with(&root) {
+                    let _ = Command::new("umount").arg("-l").arg(point).output();
+                }
+            }
+            let _ = std::fs::remove_dir_all(root);
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! Failover pairs on one machine (`nacre up --ha`): node `a` serves MDT0 and OST0, node
+//! `b` serves OST1, and each stands by for the other's targets on the same drive files.
+//! Killing or stopping a node moves its targets to its partner under the lease on their
+//! drives, and the mount carries on: programs see a pause, never an error, and every byte
+//! written before reads back. Also the cluster file's checks of failover pairs.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{Up, nacre};
+
+fn up(name: &str) -> Up {
+    Up::start_in(common::scratch("ha", name), &["--ha"])
+}
+
+fn pid_of(up: &Up, node: &str) -> i32 {
+    fs::read_to_string(up.data.join(format!("nacre-{node}.pid"))).unwrap().trim().parse().unwrap()
+}
+
+fn log_of(up: &Up, node: &str) -> String {
+    fs::read_to_string(up.data.join(format!("nacre-{node}.log"))).unwrap_or_default()
+}
+
+fn signal(pid: i32, sig: libc::c_int) {
+    // SAFETY: kill(2) on a process this test started.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "signal {sig} to {pid}");
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    let exists = unsafe { libc::kill(pid, 0) == 0 };
+    // A zombie (dead, not yet reaped) is not alive.
+    exists && !fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+}
+
+/// Bytes of `n` that differ from file to file.
+fn bytes(seed: u8, n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// Files on every target of the pair: small ones (their bytes on the MDT) and large
+/// ones (striped over both OSTs), all fsync'd but the last of each.
+fn write_files(mnt: &Path, seed: u8) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let dir = mnt.join(format!("d{seed}"));
+    fs::create_dir(&dir).unwrap();
+    let out = nacre().args(["setstripe", "-c", "-1", "-S", "1M"]).arg(&dir).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut files = Vec::new();
+    for (i, n) in [100, 5000, 3 << 20, 70_000, 2 << 20].into_iter().enumerate() {
+        let (p, data) = (dir.join(format!("f{i}")), bytes(seed.wrapping_add(i as u8), n));
+        let mut f = fs::File::create(&p).unwrap();
+        f.write_all(&data).unwrap();
+        if i < 4 {
+            f.sync_all().unwrap();
+        }
+        files.push((p, data));
+    }
+    files
+}
+
+fn check_files(files: &[(std::path::PathBuf, Vec<u8>)]) {
+    for (p, data) in files {
+        let mut back = Vec::new();
+        fs::File::open(p).unwrap().read_to_end(&mut back).unwrap();
+        assert!(back == *data, "{}: {} bytes read back, {} written, or different", p.display(), back.len(), data.len());
+    }
+}
+
+#[test]
+fn a_killed_node_hands_its_targets_to_its_partner_and_the_mount_carries_on() {
+    let up = up("kill");
+    let before = write_files(&up.mnt, 1);
+    // A descriptor open for writing across the failover.
+    let held =
+        fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(up.mnt.join("held")).unwrap();
+    held.write_all_at(b"before the failover, ", 0).unwrap();
+
+    let a = pid_of(&up, "a");
+    signal(a, libc::SIGKILL);
+    let started = Instant::now();
+    // Right away, through the mount: a new file on the MDT that moved, and one on OST0.
+    let after = write_files(&up.mnt, 2);
+    let pause = started.elapsed();
+    eprintln!("first changes after the kill took {pause:?}");
+    check_files(&before);
+    check_files(&after);
+    held.write_all_at(b"and after", 21).unwrap();
+    held.sync_all().unwrap();
+    let mut back = String::new();
+    fs::File::open(up.mnt.join("held")).unwrap().read_to_string(&mut back).unwrap();
+    assert_eq!(back, "before the failover, and after");
+
+    let log = log_of(&up, "b");
+    for target in ["MDT0", "OST0"] {
+        assert!(
+            log.contains(&format!("{target}: lease taken (epoch 2; held by node a")),
+            "{target} not taken over:\n{log}"
+        );
+        assert!(log.contains(&format!("{target}: served by node b")), "{log}");
+    }
+    // The MGS lists b's NIDs first now.
+    let out = nacre().args(["get-param", "--server", &up.mgs(), "mgs.*.targets"]).output().unwrap();
+    let targets = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(targets.contains("nacre-MDT0000") && targets.contains("nacre-OST0000"), "{targets}");
+
+    // Node a comes back: its targets are b's now, so it stands by for them.
+    let cluster = up.data.join("cluster.toml");
+    let out = nacre().args(["server", "--config"]).arg(&cluster).args(["--node", "a"]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("standing by for") && said.contains("MDT0") && said.contains("served by node b"), "{said}");
+    check_files(&before);
+    let again = write_files(&up.mnt, 3);
+    check_files(&again);
+}
+
+#[test]
+fn a_stopped_node_is_taken_over_after_its_lease_expires_and_steps_down_when_it_wakes() {
+    let up = up("stop");
+    let before = write_files(&up.mnt, 1);
+    let a = pid_of(&up, "a");
+    signal(a, libc::SIGSTOP);
+    // Its process lives, so b waits for the lease to expire before it takes over.
+    let after = write_files(&up.mnt, 2);
+    check_files(&before);
+    check_files(&after);
+    assert!(log_of(&up, "b").contains("MDT0: lease taken (epoch 2; held by node a, whose heartbeat stopped"));
+
+    // Woken, a finds its lease gone: it writes nothing more and exits.
+    signal(a, libc::SIGCONT);
+    let waited = Instant::now();
+    while alive(a) && waited.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!alive(a), "node a still runs after waking without its lease");
+    let log = log_of(&up, "a");
+    assert!(log.contains("node a lost its lease") && log.contains("stepping down"), "{log}");
+    check_files(&before);
+    check_files(&after);
+    let again = write_files(&up.mnt, 3);
+    check_files(&again);
+}
+
+/// A cluster file with a failover pair, on drive files in `data`.
+fn cluster(dir: &Path, nodes: &str) -> std::path::PathBuf {
+    let p = dir.join("cluster.toml");
+    let data = dir.join("data");
+    fs::create_dir_all(&data).unwrap();
+    let text = format!("fsname = \"ha\"\nmgs = \"127.0.0.1@tcp:{}\"\n{}", common::free_port(), nodes)
+        .replace("DATA", &data.display().to_string());
+    fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn failover_pairs_in_a_cluster_file_are_checked_before_anything_starts() {
+    let dir = common::scratch("ha", "cluster");
+    let node = |name: &str, more: &str| {
+        format!("\n[[node]]\nname = \"{name}\"\nhost = \"127.0.0.1\"\ndata = \"DATA\"\n{more}\n")
+    };
+    let cases = [
+        (
+            node("m", "mgs = true\nmdts = [0]\nosts = [0]") + &node("b", "failover_osts = [1]"),
+            "stands by for OST 1, which no node serves",
+        ),
+        (node("m", "mgs = true\nmdts = [0]\nosts = [0]\nfailover_osts = [0]"), "node m lists OST 0 twice"),
+        (
+            node("m", "mgs = true\nmdts = [0]\nosts = [0]") + &node("b", "failover_osts = [0, 0]"),
+            "node b lists OST 0 twice",
+        ),
+        // b stands by for OST0, whose drives are not where b looks.
+        (
+            node("m", "mgs = true\nmdts = [0]\nosts = [0]") + &node("b", "failover_osts = [0]"),
+            "node b cannot stand by for OST0",
+        ),
+    ];
+    for (nodes, said) in cases {
+        let c = cluster(&dir, &nodes);
+        let node = if said.contains("cannot stand by") { "b" } else { "m" };
+        let out = nacre().args(["server", "--foreground", "--config"]).arg(&c).args(["--node", node]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(said), "{nodes}\n{err}");
+        // Nothing was made for a refused file.
+        assert!(fs::read_dir(dir.join("data")).unwrap().next().is_none(), "{nodes}");
+    }
+    let _ = fs::remove_dir_all(dir);
+}
