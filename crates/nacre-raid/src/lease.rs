@@ -70,9 +70,16 @@ pub struct LeaseBlock {
     /// The holder's host (its boot id) and process.
     pub boot: String,
     pub pid: u32,
+    /// The holder's wall clock when it wrote the block (ms since the epoch): for people
+    /// (`nacre status`), never for deciding anything.
+    pub stamp_ms: u64,
 }
 
 const BOOT_MAX: usize = 40;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
 
 impl LeaseBlock {
     fn encode(&self) -> AlignedBuf {
@@ -91,6 +98,7 @@ impl LeaseBlock {
         let boot = &self.boot.as_bytes()[..self.boot.len().min(BOOT_MAX)];
         b[108] = boot.len() as u8;
         b[112..112 + boot.len()].copy_from_slice(boot);
+        b[152..160].copy_from_slice(&self.stamp_ms.to_le_bytes());
         let crc = crc32c(&b[..CRC_AT]);
         b[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
         b
@@ -131,6 +139,7 @@ impl LeaseBlock {
             expiry,
             boot: text(112..112 + boot_len),
             pid: u32_at(104),
+            stamp_ms: u64_at(152),
         }))
     }
 }
@@ -458,6 +467,7 @@ impl Held {
             expiry: opts.expiry,
             boot,
             pid: std::process::id(),
+            stamp_ms: now_ms(),
         };
         // Compare, then write: a taker that read long ago and stalled since must not
         // write over a node that took the drives meanwhile.
@@ -487,6 +497,7 @@ impl Held {
                 return Err(LeaseError::Raced { node: b.node.clone() });
             }
             mine.seq += 1;
+            mine.stamp_ms = now_ms();
         };
         let fence = Arc::new(Fence {
             node: opts.node.clone(),
@@ -612,6 +623,7 @@ impl Heartbeat {
         let mut next = self.mine.clone();
         next.seq += 1;
         next.released = release;
+        next.stamp_ms = now_ms();
         let (written, detail) = write_all(&self.drives, &next);
         self.mine = next;
         if written < majority(self.drives.len()) {
@@ -704,6 +716,7 @@ mod tests {
             expiry: Duration::from_secs(3),
             boot: "1c3e2d9a-0000-4000-8000-000000000000".into(),
             pid: 1234,
+            stamp_ms: 1_795_000_000_000,
         };
         let bytes = b.encode();
         assert_eq!(LeaseBlock::decode(&bytes).unwrap(), Some(b));

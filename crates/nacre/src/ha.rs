@@ -247,3 +247,85 @@ impl std::fmt::Display for TakeError {
         }
     }
 }
+
+/// A target as the cluster file places it (for `nacre status`).
+pub struct Spot {
+    pub kind: TargetKind,
+    pub index: u32,
+    /// Its primary, then its failover nodes.
+    pub nodes: Vec<String>,
+    /// Its drive files, as its primary sees them.
+    pub dir: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    /// The cluster file (default: DATA/cluster.toml, as `nacre up --ha` and
+    /// `--per-service` write it).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// A data folder of `nacre up`.
+    #[arg(long, default_value = "nacre-data")]
+    pub data: PathBuf,
+    /// One JSON line instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `nacre status`: every target of a cluster file, the node whose lease holds its drives
+/// (read from the drives), how old that node's last heartbeat is, and where the MGS says
+/// it is served.
+pub fn status(a: StatusArgs) -> crate::service::CliResult {
+    let path = a.config.unwrap_or_else(|| a.data.join("cluster.toml"));
+    let (fsname, mgs, spots) = crate::up::cluster_targets(&path)?;
+    // Where the MGS says each target is, if it answers.
+    let body = nacre_proto::param::encode_get("mgs.*.targets");
+    let served = crate::call_param(&mgs, nacre_proto::param::OP_GET_PARAM, &body).unwrap_or_default();
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    let mut rows = Vec::new();
+    for s in &spots {
+        let duty = Duty { kind: s.kind, index: s.index, dir: s.dir.clone(), primary: true };
+        let (holder_node, lease, epoch, age_s) = match duty.lease_drives() {
+            Err(e) if e.contains("in use") => (String::new(), "exclusive (no failover)".to_string(), 0, None),
+            Err(e) => (String::new(), format!("unreadable: {e}"), 0, None),
+            Ok(drives) => match holder(&drives) {
+                Ok(None) => (String::new(), "never leased".into(), 0, None),
+                Ok(Some(b)) => {
+                    let age = (now_ms - b.stamp_ms as i64).max(0) as f64 / 1000.0;
+                    let state = if b.released {
+                        "released"
+                    } else if age * 1000.0 > b.expiry.as_millis() as f64 {
+                        "expired"
+                    } else {
+                        "held"
+                    };
+                    (b.node, state.to_string(), b.epoch, Some(age))
+                }
+                Err(why) => (String::new(), format!("held by an unknown node ({why})"), 0, None),
+            },
+        };
+        let name = s.kind.name(&fsname, s.index);
+        let nids = served.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).unwrap_or("").trim().to_string();
+        rows.push((duty.label(), s.nodes.join(", "), holder_node, lease, epoch, age_s, nids));
+    }
+    if a.json {
+        let list: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(t, nodes, holder, lease, epoch, age, nids)| {
+                serde_json::json!({"target": t, "nodes": nodes, "holder": holder, "lease": lease, "epoch": epoch, "heartbeat_age_s": age, "nids": nids})
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "fsname": fsname, "mgs": mgs.to_string(), "targets": list }));
+        return Ok(());
+    }
+    println!("file system {fsname}, MGS {mgs}{}", if served.is_empty() { " (not answering)" } else { "" });
+    println!(
+        "{:<7} {:<12} {:<8} {:<24} {:>5} {:>10}  NIDS (active first)",
+        "TARGET", "NODES", "HOLDER", "LEASE", "EPOCH", "HEARTBEAT"
+    );
+    for (t, nodes, holder, lease, epoch, age, nids) in rows {
+        let age = age.map(|a| format!("{a:.1} s ago")).unwrap_or_else(|| "-".into());
+        println!("{t:<7} {nodes:<12} {holder:<8} {lease:<24} {epoch:>5} {age:>10}  {nids}");
+    }
+    Ok(())
+}

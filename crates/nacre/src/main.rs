@@ -86,6 +86,9 @@ enum Command {
     /// Serve one node's share of a file system spread over machines, as a cluster file
     /// says (`--config cluster.toml --node NAME`); returns once serving.
     Server(up::ServerArgs),
+    /// Every target of a cluster file: its nodes, the node whose lease holds its drives
+    /// and how old its heartbeat is, and where the MGS says it is served.
+    Status(ha::StatusArgs),
     /// Mount a file system from its MGS (FUSE); returns once mounted.
     Mount(fsys::MountArgs),
     /// Unmount a Nacre mount.
@@ -202,7 +205,7 @@ fn param_targets(
 }
 
 /// How a parameter request failed: the service could not be reached, or it refused.
-enum ParamError {
+pub(crate) enum ParamError {
     Unreachable(String),
     Refused(String),
 }
@@ -216,7 +219,7 @@ impl From<ParamError> for Box<dyn std::error::Error> {
 }
 
 /// One parameter request to a service; its reply text.
-fn call_param(server: &nacre_net::nid::Nid, opcode: u16, body: &[u8]) -> Result<String, ParamError> {
+pub(crate) fn call_param(server: &nacre_net::nid::Nid, opcode: u16, body: &[u8]) -> Result<String, ParamError> {
     let unreachable = |e: &dyn std::fmt::Display| ParamError::Unreachable(format!("{server}: {e}"));
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| unreachable(&e))?;
     rt.block_on(async {
@@ -317,6 +320,7 @@ fn main() {
         Command::Up(a) => up::up(a),
         Command::Down(a) => up::down(a),
         Command::Server(a) => up::server(a),
+        Command::Status(a) => ha::status(a),
         Command::Mount(a) => fsys::mount(a),
         Command::Umount(a) => fsys::unmount(&a.path, false),
         Command::Setstripe(a) => fsys::setstripe(a),

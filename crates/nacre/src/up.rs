@@ -646,6 +646,16 @@ struct NodeFile {
     mount: Option<PathBuf>,
 }
 
+impl NodeFile {
+    /// The targets of `kind` this node serves, and those it stands by for.
+    fn targets(&self, kind: nacre_proto::mgs::TargetKind) -> (&[u32], &[u32]) {
+        match kind {
+            nacre_proto::mgs::TargetKind::Mdt => (&self.mdts, &self.failover_mdts),
+            nacre_proto::mgs::TargetKind::Ost => (&self.osts, &self.failover_osts),
+        }
+    }
+}
+
 #[derive(clap::Args)]
 pub struct ServerArgs {
     /// The cluster file (TOML): the file system's nodes and what each serves.
@@ -719,16 +729,30 @@ fn load_cluster(path: &Path) -> Result<ClusterFile, Box<dyn std::error::Error>> 
     Ok(c)
 }
 
+/// Every target of the cluster file at `path`: its nodes (the primary first) and the
+/// folder of its drive files as its primary sees it; and the file system's name and MGS.
+pub(crate) fn cluster_targets(path: &Path) -> Result<(String, Nid, Vec<crate::ha::Spot>), Box<dyn std::error::Error>> {
+    use nacre_proto::mgs::TargetKind;
+    let c = load_cluster(path)?;
+    let mut spots = Vec::new();
+    for (kind, dir) in [(TargetKind::Mdt, "mdt"), (TargetKind::Ost, "ost")] {
+        for primary in &c.node {
+            for &index in primary.targets(kind).0 {
+                let mut nodes = vec![primary.name.clone()];
+                nodes.extend(c.node.iter().filter(|n| n.targets(kind).1.contains(&index)).map(|n| n.name.clone()));
+                spots.push(crate::ha::Spot { kind, index, nodes, dir: primary.data.join(format!("{dir}{index}")) });
+            }
+        }
+    }
+    spots.sort_by_key(|s| (s.kind, s.index));
+    Ok((c.fsname.clone(), c.mgs.parse()?, spots))
+}
+
 /// The targets `n` serves or stands by for that have a failover node: served under a
 /// lease on their drives.
 fn duties(c: &ClusterFile, n: &NodeFile) -> Vec<crate::ha::Duty> {
     use nacre_proto::mgs::TargetKind;
-    let shared = |kind: TargetKind, i: u32| {
-        c.node.iter().any(|m| match kind {
-            TargetKind::Mdt => m.failover_mdts.contains(&i),
-            TargetKind::Ost => m.failover_osts.contains(&i),
-        })
-    };
+    let shared = |kind: TargetKind, i: u32| c.node.iter().any(|m| m.targets(kind).1.contains(&i));
     let duty = |kind: TargetKind, index: u32, primary: bool| crate::ha::Duty {
         kind,
         index,
@@ -738,16 +762,13 @@ fn duties(c: &ClusterFile, n: &NodeFile) -> Vec<crate::ha::Duty> {
         }),
         primary,
     };
-    let own = n.mdts.iter().map(|&i| (TargetKind::Mdt, i)).chain(n.osts.iter().map(|&i| (TargetKind::Ost, i)));
-    let theirs = n
-        .failover_mdts
-        .iter()
-        .map(|&i| (TargetKind::Mdt, i))
-        .chain(n.failover_osts.iter().map(|&i| (TargetKind::Ost, i)));
-    own.filter(|&(k, i)| shared(k, i))
-        .map(|(k, i)| duty(k, i, true))
-        .chain(theirs.map(|(k, i)| duty(k, i, false)))
-        .collect()
+    let mut out = Vec::new();
+    for kind in [TargetKind::Mdt, TargetKind::Ost] {
+        let (own, theirs) = n.targets(kind);
+        out.extend(own.iter().filter(|&&i| shared(kind, i)).map(|&i| duty(kind, i, true)));
+        out.extend(theirs.iter().map(|&i| duty(kind, i, false)));
+    }
+    out
 }
 
 /// `nacre server --config FILE --node NAME`: make this node's targets at the first start,

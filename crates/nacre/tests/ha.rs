@@ -103,10 +103,24 @@ fn a_killed_node_hands_its_targets_to_its_partner_and_the_mount_carries_on() {
         );
         assert!(log.contains(&format!("{target}: served by node b")), "{log}");
     }
-    // The MGS lists b's NIDs first now.
-    let out = nacre().args(["get-param", "--server", &up.mgs(), "mgs.*.targets"]).output().unwrap();
-    let targets = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(targets.contains("nacre-MDT0000") && targets.contains("nacre-OST0000"), "{targets}");
+    // `nacre status` reads the leases from the drives, and the NIDs from the MGS: b holds
+    // every target, MDT0 and OST0 at the epoch after a's, served at b's NIDs first.
+    let out = nacre().args(["status", "--json", "--data"]).arg(&up.data).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let targets = status["targets"].as_array().unwrap();
+    let row = |t: &str| targets.iter().find(|r| r["target"] == t).unwrap_or_else(|| panic!("{t} in {status}"));
+    for (t, epoch) in [("MDT0", 2), ("OST0", 2), ("OST1", 1)] {
+        let r = row(t);
+        assert_eq!(
+            (r["holder"].as_str(), r["lease"].as_str(), r["epoch"].as_u64()),
+            (Some("b"), Some("held"), Some(epoch)),
+            "{r}"
+        );
+    }
+    let mds_nids = row("MDT0")["nids"].as_str().unwrap().to_string();
+    assert_eq!(mds_nids.split(',').count(), 2, "a's NID stays listed after b's: {mds_nids}");
+    assert!(log.contains(&format!("MDT0: served by node b at {}", mds_nids.split(',').next().unwrap())), "{log}");
 
     // Node a comes back: its targets are b's now, so it stands by for them.
     let cluster = up.data.join("cluster.toml");

@@ -123,22 +123,24 @@ fn every_command_block_of_the_readme_runs_as_written() {
     // The TOML examples are read by what reads them: a cluster file by `nacre server` (which
     // then names its nodes), an io500 config by `nacre io500` (which then looks for --dir).
     let tomls = blocks(&readme, "toml");
-    assert_eq!(tomls.len(), 2, "README.md's TOML examples: a cluster file and an io500 config");
+    assert_eq!(tomls.len(), 3, "README.md's TOML examples: two cluster files and an io500 config");
     for (i, t) in tomls.iter().enumerate() {
         let file = cwd.join(format!("example{i}.toml"));
         std::fs::write(&file, t.join("\n")).unwrap();
         let nacre = nacre_dir.join("nacre");
-        let (args, says): (Vec<&str>, &str) = if t.iter().any(|l| l.starts_with("[[node]]")) {
+        let names: Vec<&str> = t.iter().filter_map(|l| l.strip_prefix("name = \"")?.split('"').next()).collect();
+        let (args, says): (Vec<&str>, String) = if t.iter().any(|l| l.starts_with("[[node]]")) {
             (
                 vec!["server", "--config", file.to_str().unwrap(), "--node", "none"],
-                "no node \"none\" (nodes: meta1, oss1)",
+                format!("no node \"none\" (nodes: {})", names.join(", ")),
             )
         } else {
-            (vec!["io500", "--config", file.to_str().unwrap(), "--dir", "/nonexistent/io500"], "/nonexistent/io500")
+            let dir = "/nonexistent/io500";
+            (vec!["io500", "--config", file.to_str().unwrap(), "--dir", dir], dir.to_string())
         };
         let out = Command::new(&nacre).args(&args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(says), "README TOML example {i}: {err}");
+        assert!(!out.status.success() && err.contains(&says), "README TOML example {i}: {err}");
     }
 
     // Every other block, in order, verbatim.
