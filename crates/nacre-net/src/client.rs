@@ -206,6 +206,8 @@ impl Client {
             server_obd_timeout_ms: AtomicU64::new(0),
             counters: Arc::default(),
             pinger: Mutex::new(None),
+            moves: AtomicU64::new(0),
+            moved: tokio::sync::Notify::new(),
             closed: std::sync::atomic::AtomicBool::new(false),
             kept: Mutex::new(Kept::default()),
         });
@@ -320,6 +322,10 @@ pub struct ImportStats {
 pub struct Import {
     /// Where the server is: moved by [`Import::retarget`] when it restarts elsewhere.
     target: Mutex<Nid>,
+    /// Moves of `target`, and their signal: a request waiting out an unreachable server
+    /// tries the new address at once.
+    moves: AtomicU64,
+    moved: tokio::sync::Notify,
     shared: Arc<Shared>,
     peer: Arc<CreditPool>,
     in_flight: Semaphore,
@@ -469,6 +475,23 @@ impl Import {
         if let Some(me) = imports.remove(&old) {
             imports.insert(nid.clone(), me);
         }
+        drop(imports);
+        self.moves.fetch_add(1, Ordering::AcqRel);
+        self.moved.notify_waiters();
+    }
+
+    /// Wait `d` before trying an unreachable server again, or less: not past a move of
+    /// the server that came after `seen` moves.
+    async fn pause(&self, d: Duration, seen: u64) {
+        // Registered before the check: a move between the two still wakes it.
+        let moved = self.moved.notified();
+        if self.moves.load(Ordering::Acquire) != seen {
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(d) => {}
+            _ = moved => {}
+        }
     }
 
     /// Send a request and wait for its reply.
@@ -586,14 +609,15 @@ impl Import {
         loop {
             attempts += 1;
             let last_try = req.no_resend || attempts > cfg.max_resends;
+            let seen = self.moves.load(Ordering::Acquire);
             let conn = match self.connection_waiting().await {
                 Ok(c) => c,
                 Err(e @ RpcError::Evicted { .. }) => return Err(e),
                 Err(e) if last_try => return Err(e),
                 Err(_) => {
                     // The server is unreachable: wait a deadline before trying again, so
-                    // a dead server is not hammered with connects.
-                    tokio::time::sleep(self.timeout()).await;
+                    // a dead server is not hammered with connects, unless it moves.
+                    self.pause(self.timeout(), seen).await;
                     continue;
                 }
             };
@@ -755,13 +779,22 @@ impl Import {
     /// Replay each change and open kept, in order; the changes replayed go to `renewed`.
     async fn replay_each(&self, conn: &Conn, renewed: &mut Vec<(u64, KeptRequest)>) -> Result<(), RpcError> {
         let order = lock(&self.kept).replay_order();
-        for (transno, open, late, key, _) in order {
-            let (header, body, bulk) = {
+        for (transno, open, late, key, xid) in order {
+            let (header, body, bulk, open, key) = {
                 let k = lock(&self.kept);
-                let r = match (open, late) {
-                    (true, false) => k.opens.get(&key).map(|(_, r)| r),
-                    (true, true) => k.states.get(&key).map(|(_, r)| r),
-                    (false, _) => k.requests.get(&key),
+                let (open, key, r) = match (open, late) {
+                    (true, false) => (true, key, k.opens.get(&key).map(|(_, r)| r)),
+                    (true, true) => (true, key, k.states.get(&key).map(|(_, r)| r)),
+                    (false, _) => match k.requests.get(&key) {
+                        Some(r) => (false, key, Some(r)),
+                        // Known committed since the order was made (an earlier replay's
+                        // reply said so): not replayed as a change, but the open it made
+                        // (a create-open's) still is, as open state.
+                        None => match k.opens.iter().find(|(_, (_, r))| r.xid == xid) {
+                            Some((handle, (_, r))) => (true, *handle, Some(r)),
+                            None => (false, key, None),
+                        },
+                    },
                 };
                 let Some(r) = r else { continue };
                 let body = Replay::encode(&r.body, &r.reply);
@@ -775,7 +808,7 @@ impl Import {
                     transno,
                     ..FrameHeader::default()
                 };
-                (header, body, r.bulk.clone())
+                (header, body, r.bulk.clone(), open, key)
             };
             self.counters.replays.fetch_add(1, Ordering::Relaxed);
             let reply = self.exchange(conn, header, &body, &bulk).await?;

@@ -563,3 +563,35 @@ async fn changes_through_a_handle_closed_since_replay_after_a_restart() {
     let err = a.try_call(Request::Setattr { fid: f.fid, set }, &[]).await.unwrap_err();
     assert!(err.to_string().contains("not open for writing"), "{err}");
 }
+
+/// An open made by a create-open stays open across a restart when the create was
+/// committed without its client knowing: the replay of an earlier change tells it so,
+/// and the open is then replayed as open state rather than dropped with the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_opens_handle_survives_a_restart_when_the_replay_learns_it_was_committed() {
+    let (net, v) = (MemNetwork::new(), volume());
+    let mdt = Mdt::start(&net, &v, true).await;
+    let (a, b) = (Md::connect(&net, "a").await, Md::connect(&net, "b").await);
+    // Each client's first change is durable before its answer.
+    b.create(Fid::ROOT, "b0").await;
+    a.create(Fid::ROOT, "a0").await;
+    a.create(Fid::ROOT, "x").await;
+    let r =
+        Request::CreateOpen { dir: Fid::ROOT, name: "f".into(), perms: 0o644, layout: vec![], read: true, write: true };
+    let (op, body) = r.encode(&Creds::default());
+    let f = a.imp.call(op, &body, &[]).await.unwrap();
+    let Reply::Opened { handle, attr, .. } = Reply::decode(&f.body).unwrap() else { panic!("not opened") };
+    a.imp.keep_open(handle, op, &body, &f);
+    assert_eq!(a.imp.uncommitted(), 2);
+    // b's commit makes a's changes durable too; a does not hear of it.
+    b.imp.commit().await.unwrap();
+    mdt.crash();
+
+    let mdt = Mdt::start(&net, &v, false).await;
+    tokio::join!(a.call(Request::Getattr { fid: Fid::ROOT }), b.call(Request::Getattr { fid: Fid::ROOT }));
+    let status = mdt.status();
+    assert!(status.contains("COMPLETE"), "{status}");
+    a.write(attr.fid, handle, 0, b"still open").await;
+    assert_eq!(mdt.ns.read_dom(&Cred::root(), attr.fid, 0, 100).unwrap(), b"still open");
+    a.call(Request::Close { handle }).await;
+}
