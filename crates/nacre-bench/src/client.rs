@@ -71,10 +71,18 @@ pub async fn serve(dir: &Path, o: &ClientBenchOptions) -> Result<Local, BenchErr
     }
     let listen = |_: &str| -> Nid { "127.0.0.1@tcp:0".parse().unwrap_or_else(|_| unreachable!("a fixed NID")) };
     let n_osts = osts.len();
-    let local =
-        Local::start(Arc::new(TcpTransport), listen, MgsAt::Here(mgs), vec![Arc::new(ns)], osts, Duration::ZERO, false)
-            .await
-            .map_err(bad)?;
+    let local = Local::start(
+        Arc::new(TcpTransport),
+        listen,
+        MgsAt::Here(mgs),
+        vec![Arc::new(ns)],
+        osts,
+        Duration::ZERO,
+        false,
+        None,
+    )
+    .await
+    .map_err(bad)?;
     if !local.wait_ready(n_osts, Duration::from_secs(60)).await {
         return Err(BenchError::Bad("the MDT got no objects from the OSTs within 60 s".into()));
     }

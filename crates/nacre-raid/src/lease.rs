@@ -233,13 +233,17 @@ fn claim(drives: &[Arc<dyn BlockDevice>], block: &LeaseBlock) -> Result<(), Leas
     Ok(())
 }
 
-/// Write `block` to every drive; how many took it, and the first failure.
+/// Write `block` to every drive; how many took it, and the first failure. No flush: what
+/// matters is that the other node sees the block, which it does once the write completes
+/// (drives opened with O_DIRECT); after a power loss every lease has expired anyway. A
+/// flush per drive per heartbeat would also make a renewal as slow as the busiest drive's
+/// cache, and a renewal that slow fences its node.
 fn write_all(drives: &[Arc<dyn BlockDevice>], block: &LeaseBlock) -> (usize, String) {
     let buf = block.encode();
     let mut written = 0;
     let mut first_error = String::new();
     for d in drives {
-        match d.write_at(&buf, LEASE_OFFSET).and_then(|()| d.sync()) {
+        match d.write_at(&buf, LEASE_OFFSET) {
             Ok(()) => written += 1,
             Err(e) if first_error.is_empty() => first_error = format!("{}: {e}", d.path().display()),
             Err(_) => {}

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use nacre_net::client::{Client, ClientConfig};
 use nacre_net::nid::Nid;
-use nacre_net::server::{Server, ServerConfig, Service};
+use nacre_net::server::{Handler, Server, ServerConfig, Service};
 use nacre_net::transport::Transport;
 use nacre_osd::Target;
 use nacre_proto::mgs::{Config, Request, TargetEntry, TargetKind};
@@ -119,6 +119,31 @@ pub async fn register_remote(
     Ok(())
 }
 
+/// Whether the targets of a [`Local`] may still answer: a node's lease on their drives.
+/// Asked as each request arrives and again before its reply goes; once it says no,
+/// nothing more is answered (the request waits forever, and its client, timing out,
+/// goes to where the target moved). A node stopped and resumed thus answers nothing on
+/// state that is no longer the target's.
+pub type Gate = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// `handler`, answering only while `gate` allows.
+fn gated(handler: Handler, gate: Option<Gate>) -> Handler {
+    let Some(gate) = gate else { return handler };
+    Arc::new(move |req| {
+        let (handler, gate) = (handler.clone(), gate.clone());
+        Box::pin(async move {
+            if !gate() {
+                return std::future::pending().await;
+            }
+            let reply = handler(req).await;
+            if !gate() {
+                return std::future::pending().await;
+            }
+            reply
+        })
+    })
+}
+
 /// Targets served from this process — a whole file system (`nacre up`) or one node's
 /// share of it (`nacre server --node`) — each on a server of its own. Dropping it stops
 /// every service.
@@ -146,7 +171,8 @@ impl Local {
     /// target registers with it, waiting up to `wait` for it to answer. With `recover`,
     /// each MDT waits for its clients from before a restart to replay (see
     /// `nacre_net::recovery`); without, it forgets them (a whole file system restarting
-    /// with its own new mount, where nobody from before comes back).
+    /// with its own new mount, where nobody from before comes back). With a `gate`, the
+    /// targets answer only while it allows (see [`Gate`]).
     #[allow(clippy::too_many_arguments)]
     pub async fn start(
         transport: Arc<dyn Transport>,
@@ -156,6 +182,7 @@ impl Local {
         osts: Vec<(u32, Arc<Target>)>,
         wait: Duration,
         recover: bool,
+        gate: Option<Gate>,
     ) -> Result<Local, String> {
         let serve = |name: String, handler, service| {
             let nid = listen(&name);
@@ -203,7 +230,7 @@ impl Local {
             if !recover {
                 oss.forget_clients().map_err(|e| format!("ost{i}: {e}"))?;
             }
-            let server = serve(format!("ost{i}"), oss.handler(), oss.service()).await?;
+            let server = serve(format!("ost{i}"), gated(oss.handler(), gate.clone()), oss.service()).await?;
             oss.attach(server.handle());
             register(TargetKind::Ost, i, server.nid()).await?;
             servers.push(server);
@@ -222,7 +249,7 @@ impl Local {
                     .map_err(|e| format!("{name}: {e}"))?
                     .map_err(|e| format!("{name}: {e}"))?;
             }
-            let server = serve(name, mds.handler(), mds.service()).await?;
+            let server = serve(name, gated(mds.handler(), gate.clone()), mds.service()).await?;
             mds.follow_evictions(server.handle());
             register(TargetKind::Mdt, index, server.nid()).await?;
             servers.push(server);

@@ -3,6 +3,7 @@
 //! alone, measured with the process's counting allocator ([`crate::heap`]).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Subcommand;
 use nacre_bench::client::{ClientBenchOptions, run_client_bench};
@@ -114,6 +115,25 @@ pub enum BenchCommand {
         #[arg(long, default_value = "64M", value_parser = crate::size::parse_size)]
         io_size: u64,
     },
+    /// A failover pair (`nacre up --ha`) under a load of writers through its mount: the
+    /// node serving the MDT is killed, comes back as a standby, then its partner is
+    /// stopped (a hung node) and resumed. The longest pause a writer saw, every
+    /// acknowledged file read back, and races of two takers for the same drives; one JSON
+    /// line at the end.
+    Failover {
+        /// Folder for the bench's file system (removed afterwards).
+        #[arg(long, default_value = "/tmp")]
+        dir: PathBuf,
+        /// Programs writing files through the mount (each writes, fsyncs, closes).
+        #[arg(long, default_value_t = 4)]
+        writers: usize,
+        /// Seconds of load between events.
+        #[arg(long, default_value_t = 5)]
+        settle: u64,
+        /// Races of two takers for one set of drives.
+        #[arg(long, default_value_t = 100)]
+        races: usize,
+    },
 }
 
 pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
@@ -188,6 +208,15 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
             }
             let o = ClientBenchOptions { dir, local_dir, files, clients, rounds, io_bytes: io_size };
             let figures = run_client_bench(&o, &mut std::io::stdout())?;
+            println!("{}", serde_json::to_string(&figures)?);
+            Ok(())
+        }
+        BenchCommand::Failover { dir, writers, settle, races } => {
+            if !(1..=64).contains(&writers) || !(1..=600).contains(&settle) || races > 100_000 {
+                return Err("--writers must be 1 to 64, --settle 1 to 600 and --races at most 100,000".into());
+            }
+            let o = crate::failover::FailoverOptions { dir, writers, settle: Duration::from_secs(settle), races };
+            let figures = crate::failover::run(&o, &mut std::io::stdout())?;
             println!("{}", serde_json::to_string(&figures)?);
             Ok(())
         }

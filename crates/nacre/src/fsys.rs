@@ -266,6 +266,10 @@ pub struct MountArgs {
     /// Serve the mount in the foreground until it is unmounted.
     #[arg(long)]
     pub foreground: bool,
+    /// Where the process serving the mount writes what it says once detached (its
+    /// reconnections, evictions, failures); by default nowhere.
+    #[arg(long)]
+    pub log: Option<PathBuf>,
     #[arg(long, hide = true)]
     pub detached: bool,
 }
@@ -301,7 +305,7 @@ pub fn mount(a: MountArgs) -> CliResult {
         }
     }
     if !a.foreground {
-        return crate::service::detach(Some(a.argv()), "mounted", None);
+        return crate::service::detach(Some(a.argv()), "mounted", a.log.as_deref());
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async {
@@ -383,6 +387,7 @@ pub fn mount_helper(args: Vec<String>) -> CliResult {
         opts,
         timeout,
         foreground: false,
+        log: None,
         detached: false,
     };
     mount(a)

@@ -126,6 +126,7 @@ impl Node {
     /// returned `Local`.
     async fn take(&self, duty: &Duty, drives: Vec<Arc<dyn BlockDevice>>) -> Result<Local, TakeError> {
         let (opts, primary) = (self.lease.clone(), duty.primary);
+        let started = std::time::Instant::now();
         let held = tokio::task::spawn_blocking(move || {
             if primary { Held::acquire(drives, &opts) } else { Held::acquire_expired(drives, &opts) }
         })
@@ -135,7 +136,13 @@ impl Node {
         for note in held.notes() {
             eprintln!("{label}: {note}");
         }
-        eprintln!("{label}: lease taken (epoch {}; {})", held.fence().epoch(), held.taken());
+        eprintln!(
+            "{label}: lease taken (epoch {}; {}) in {:.1} s",
+            held.fence().epoch(),
+            held.taken(),
+            started.elapsed().as_secs_f64()
+        );
+        let started = std::time::Instant::now();
         let node = self.name.clone();
         let on_lost = label.clone();
         held.on_lost(move |why| {
@@ -157,6 +164,10 @@ impl Node {
         .await
         .map_err(|e| TakeError::Other(e.to_string()))?
         .map_err(|e| TakeError::Other(format!("{label}: {e}")))?;
+        // Answers only while the lease holds: checking it (past its validity) fences the
+        // node and ends the process.
+        let fence = held.fence().clone();
+        let gate: nacre_server::cluster::Gate = Arc::new(move || fence.check().is_ok());
         // Held from here on, whatever happens: released only once the target closed.
         self.held.lock().unwrap_or_else(|e| e.into_inner()).push(held);
         let (mdts, osts) = match opened {
@@ -166,9 +177,12 @@ impl Node {
         let (host, mgs_nid) = (self.host.clone(), self.mgs.clone());
         let listen = move |_: &str| -> Nid { format!("{host}@tcp:0").parse().unwrap_or_else(|_| mgs_nid.clone()) };
         let mgs = MgsAt::Remote { nid: self.mgs.clone(), fsname: self.fsname.clone() };
-        Local::start(Arc::new(Shortcut), listen, mgs, mdts, osts, Duration::from_secs(300), true)
-            .await
-            .map_err(|e| TakeError::Other(format!("{label}: {e}")))
+        let local =
+            Local::start(Arc::new(Shortcut), listen, mgs, mdts, osts, Duration::from_secs(300), true, Some(gate))
+                .await
+                .map_err(|e| TakeError::Other(format!("{label}: {e}")))?;
+        eprintln!("{label}: opened, registered and serving in {:.1} s", started.elapsed().as_secs_f64());
+        Ok(local)
     }
 
     /// Watch `duty` (its `drives`, from [`Duty::lease_drives`]) and serve it whenever this

@@ -4,6 +4,7 @@
 
 mod bench;
 mod demo;
+mod failover;
 mod fsys;
 mod ha;
 mod heap;

@@ -477,7 +477,8 @@ fn serve(p: &Plan) -> CliResult {
         // Other processes and machines reach these services over TCP; this process's own
         // mount and the targets among themselves go through memory.
         let local =
-            Local::start(Arc::new(Shortcut), listen, mgs, mdts, osts, Duration::from_secs(300), p.recover).await?;
+            Local::start(Arc::new(Shortcut), listen, mgs, mdts, osts, Duration::from_secs(300), p.recover, None)
+                .await?;
         if !local.wait_ready(p.total_osts, Duration::from_secs(300)).await {
             return Err(format!("the MDTs here got no objects from the {} OSTs within 300 s", p.total_osts).into());
         }
@@ -519,6 +520,7 @@ fn serve(p: &Plan) -> CliResult {
             .chain(p.osts.iter().map(|i| format!("OST{i}")))
             .chain(served_ha)
             .collect();
+        let what = if what.is_empty() { vec!["no target".to_string()] } else { what };
         let standby =
             if standby.is_empty() { String::new() } else { format!(", standing by for {}", standby.join(", ")) };
         println!(
@@ -955,6 +957,8 @@ fn up_per_service(a: &UpArgs) -> CliResult {
         clear_stale_mount(mnt);
         let out = Command::new(std::env::current_exe()?)
             .args(["mount", "--mgs", &conf.mgs()?.to_string()])
+            .arg("--log")
+            .arg(data.join("nacre-mount.log"))
             .arg(mnt)
             .output()?;
         if !out.status.success() {

@@ -50,7 +50,7 @@ impl TestFs {
         let targets = osts.iter().map(|(_, t)| t.clone()).collect();
         let t = Arc::new(net.transport("servers"));
         let listen = |name: &str| format!("{name}@mem").parse().unwrap();
-        let local = Local::start(t, listen, MgsAt::Here(mgs), mdts, osts, Duration::ZERO, false).await.unwrap();
+        let local = Local::start(t, listen, MgsAt::Here(mgs), mdts, osts, Duration::ZERO, false, None).await.unwrap();
         assert!(local.wait_ready(n_osts, Duration::from_secs(30)).await, "the MDTs never got objects");
         TestFs { net, local, osts: targets }
     }

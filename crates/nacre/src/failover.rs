@@ -1,0 +1,349 @@
+//! `nacre bench failover`: a failover pair on this machine (`nacre up --ha`) under a
+//! mixed load through its mount, while the node serving the MDT is killed (SIGKILL), comes
+//! back as a standby, and then its partner is stopped (SIGSTOP, a hung node) and resumed.
+//! It reports the longest pause a program saw, checks every byte that was acknowledged
+//! (fsync returned), and races two takers for the same drives many times.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nacre_raid::lease::{Held, LeaseError, LeaseOptions};
+use nacre_raid::{BlockDevice, FileDrive, Provision};
+
+pub struct FailoverOptions {
+    /// Where the bench makes its folder (removed afterwards).
+    pub dir: PathBuf,
+    /// Programs writing through the mount.
+    pub writers: usize,
+    /// How long the load runs between events.
+    pub settle: Duration,
+    /// Races of two takers for one set of drives.
+    pub races: usize,
+}
+
+/// One file a writer finished: fsync returned, so it must read back.
+struct Acked {
+    path: PathBuf,
+    len: usize,
+    seed: u64,
+}
+
+/// What the writers saw: each operation's start and duration, the files acknowledged,
+/// the errors.
+#[derive(Default)]
+struct Load {
+    ops: Vec<(Instant, Duration)>,
+    acked: Vec<Acked>,
+    errors: Vec<String>,
+}
+
+fn content(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Sizes the writers cycle through: on the MDT (DoM), across it, one and several stripes.
+const SIZES: [usize; 4] = [4096, 100_000, 1 << 20, 3 << 20];
+
+fn writer(dir: PathBuf, w: usize, stop: Arc<AtomicBool>, load: Arc<Mutex<Load>>) {
+    let mut k = 0u64;
+    while !stop.load(Ordering::Acquire) {
+        let (len, seed) = (SIZES[k as usize % SIZES.len()], (w as u64) << 32 | k);
+        let path = dir.join(format!("f{k}"));
+        let started = Instant::now();
+        let r = (|| -> Result<(), String> {
+            let mut f = std::fs::File::create(&path).map_err(|e| format!("create: {e}"))?;
+            f.write_all(&content(seed, len)).map_err(|e| format!("write: {e}"))?;
+            f.sync_all().map_err(|e| format!("fsync: {e}"))
+        })();
+        let took = started.elapsed();
+        let mut l = load.lock().unwrap_or_else(|e| e.into_inner());
+        l.ops.push((started, took));
+        match r {
+            Ok(()) => l.acked.push(Acked { path, len, seed }),
+            Err(e) => l.errors.push(format!("{}: {e}", path.display())),
+        }
+        k += 1;
+    }
+}
+
+/// The bench's file system: `nacre up --ha` in a folder of its own, taken down and removed
+/// on drop whatever happened.
+struct Pair {
+    root: PathBuf,
+    data: PathBuf,
+    mnt: PathBuf,
+}
+
+impl Pair {
+    fn nacre() -> Result<Command, Box<dyn std::error::Error>> {
+        Ok(Command::new(std::env::current_exe()?))
+    }
+
+    fn pid(&self, node: &str) -> Result<i32, Box<dyn std::error::Error>> {
+        let p = self.data.join(format!("nacre-{node}.pid"));
+        Ok(std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?.trim().parse()?)
+    }
+
+    fn log(&self, node: &str) -> String {
+        std::fs::read_to_string(self.data.join(format!("nacre-{node}.log"))).unwrap_or_default()
+    }
+
+    /// Wait until `node`'s log has grown past `from` bytes with every line in `lines`.
+    fn wait_log(&self, node: &str, from: usize, lines: &[String], limit: Duration) -> Result<(), String> {
+        let started = Instant::now();
+        loop {
+            let log = self.log(node);
+            let new = log.get(from..).unwrap_or("");
+            if lines.iter().all(|l| new.contains(l.as_str())) {
+                return Ok(());
+            }
+            if started.elapsed() > limit {
+                return Err(format!("node {node} did not say {lines:?} within {limit:?}:\n{new}"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        if std::env::var_os("NACRE_BENCH_KEEP").is_some() {
+            return;
+        }
+        if let Ok(mut c) = Pair::nacre() {
+            let _ = c.arg("down").arg("--data").arg(&self.data).output();
+        }
+        if crate::fsys::is_mounted(&self.mnt) {
+            let _ = crate::fsys::unmount(&self.mnt, true);
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn signal(pid: i32, sig: libc::c_int) -> Result<(), String> {
+    // SAFETY: kill(2) on a process of the bench's own file system.
+    if unsafe { libc::kill(pid, sig) } != 0 {
+        return Err(format!("signal {sig} to {pid}: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    let exists = unsafe { libc::kill(pid, 0) } == 0;
+    exists && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+}
+
+/// The longest operation that ended in `[from, to)`: the pause an event caused is seen by
+/// the operations in flight at it, which end after it.
+fn longest(ops: &[(Instant, Duration)], from: Instant, to: Instant) -> Duration {
+    ops.iter().filter(|(s, d)| (from..to).contains(&(*s + *d))).map(|(_, d)| *d).max().unwrap_or_default()
+}
+
+pub fn run(o: &FailoverOptions, out: &mut dyn Write) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let root = o.dir.join(format!("nacre-bench-failover-{}", std::process::id()));
+    std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+    let pair = Pair { data: root.join("data"), mnt: root.join("mnt"), root };
+    std::fs::create_dir_all(&pair.mnt)?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let up = Pair::nacre()?
+        .args(["up", "--ha", "--osts", "2", "--ost-size", "256M", "--mdt-size", "128M", "--port", &port.to_string()])
+        .arg("--data")
+        .arg(&pair.data)
+        .arg("--mount")
+        .arg(&pair.mnt)
+        .output()?;
+    if !up.status.success() {
+        return Err(format!("nacre up --ha: {}", String::from_utf8_lossy(&up.stderr)).into());
+    }
+    if std::env::var_os("NACRE_BENCH_KEEP").is_some() {
+        writeln!(out, "(NACRE_BENCH_KEEP: {} stays)", pair.root.display())?;
+    }
+    writeln!(out, "failover pair up in {}: node a serves MDT0 and OST0, node b OST1", pair.data.display())?;
+
+    let (stop, load) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(Load::default())));
+    let mut threads = Vec::new();
+    for w in 0..o.writers {
+        let dir = pair.mnt.join(format!("w{w}"));
+        std::fs::create_dir(&dir)?;
+        // Every file over both OSTs, the first 64 KiB on the MDT (the default layout's DoM).
+        let s = Pair::nacre()?
+            .args(["setstripe", "-E", "64K", "-L", "mdt", "-E", "-1", "-c", "-1", "-S", "1M"])
+            .arg(&dir)
+            .output()?;
+        if !s.status.success() {
+            return Err(format!("setstripe: {}", String::from_utf8_lossy(&s.stderr)).into());
+        }
+        let (stop, load) = (stop.clone(), load.clone());
+        threads.push(std::thread::spawn(move || writer(dir, w, stop, load)));
+    }
+    let result = events(o, &pair, out);
+    stop.store(true, Ordering::Release);
+    for t in threads {
+        let _ = t.join();
+    }
+    let (kill_at, stop_at, stepped_down) = result?;
+    let load = std::mem::take(&mut *load.lock().unwrap_or_else(|e| e.into_inner()));
+
+    // Every acknowledged file, read back.
+    let mut lost = Vec::new();
+    for a in &load.acked {
+        let mut back = Vec::new();
+        let read = std::fs::File::open(&a.path).and_then(|mut f| f.read_to_end(&mut back));
+        if read.is_err() || back.len() != a.len || back != content(a.seed, a.len) {
+            lost.push(a.path.display().to_string());
+        }
+    }
+    let end = Instant::now() + Duration::from_secs(3600);
+    let max = load.ops.iter().map(|(_, d)| *d).max().unwrap_or_default();
+    let (kill_pause, stop_pause) = (longest(&load.ops, kill_at, stop_at), longest(&load.ops, stop_at, end));
+    writeln!(
+        out,
+        "operations {}, files acknowledged {}, errors {}",
+        load.ops.len(),
+        load.acked.len(),
+        load.errors.len()
+    )?;
+    for e in load.errors.iter().take(5) {
+        writeln!(out, "  error: {e}")?;
+    }
+    writeln!(
+        out,
+        "longest pause: {:.1} s after the kill, {:.1} s after the stop",
+        kill_pause.as_secs_f64(),
+        stop_pause.as_secs_f64()
+    )?;
+    writeln!(
+        out,
+        "acknowledged files lost or different: {}{}",
+        lost.len(),
+        lost.first().map(|l| format!(" (first {l})")).unwrap_or_default()
+    )?;
+
+    let (races, failures) = race(&pair.root.join("race"), o.races)?;
+    writeln!(out, "lease races: {races}, with other than one holder or overlapping writers: {failures}")?;
+    Ok(serde_json::json!({
+        "max_pause_s": max.as_secs_f64(),
+        "pause_after_kill_s": kill_pause.as_secs_f64(),
+        "pause_after_stop_s": stop_pause.as_secs_f64(),
+        "verified": lost.is_empty() && load.errors.is_empty() && !load.acked.is_empty(),
+        "lost_acknowledged": lost.len(),
+        "files_acknowledged": load.acked.len(),
+        "errors": load.errors.len(),
+        "stepped_down": stepped_down,
+        "double_serve_races": races,
+        "double_serve_failures": failures,
+    }))
+}
+
+/// The events, under load: kill node a, bring it back as a standby, stop node b, resume
+/// it. When a was killed, when b was stopped, and whether b stepped down on waking.
+fn events(
+    o: &FailoverOptions,
+    pair: &Pair,
+    out: &mut dyn Write,
+) -> Result<(Instant, Instant, bool), Box<dyn std::error::Error>> {
+    std::thread::sleep(o.settle);
+    let (a, from_b) = (pair.pid("a")?, pair.log("b").len());
+    signal(a, libc::SIGKILL)?;
+    let kill_at = Instant::now();
+    let moved = |node: &str, targets: &[&str]| -> Vec<String> {
+        targets.iter().map(|t| format!("{t}: served by node {node}")).collect()
+    };
+    pair.wait_log("b", from_b, &moved("b", &["MDT0", "OST0"]), Duration::from_secs(120))?;
+    writeln!(out, "node a killed: node b serves MDT0 and OST0 after {:.1} s", kill_at.elapsed().as_secs_f64())?;
+    std::thread::sleep(o.settle);
+
+    let cluster = pair.data.join("cluster.toml");
+    let back = Pair::nacre()?.args(["server", "--config"]).arg(&cluster).args(["--node", "a"]).output()?;
+    if !back.status.success() {
+        return Err(format!("node a back: {}", String::from_utf8_lossy(&back.stderr)).into());
+    }
+    writeln!(out, "node a back: {}", String::from_utf8_lossy(&back.stdout).trim())?;
+    std::thread::sleep(o.settle);
+
+    let (b, from_a) = (pair.pid("b")?, pair.log("a").len());
+    signal(b, libc::SIGSTOP)?;
+    let stop_at = Instant::now();
+    let taken = pair.wait_log("a", from_a, &moved("a", &["MDT0", "OST0", "OST1"]), Duration::from_secs(120));
+    if let Err(e) = taken {
+        let _ = signal(b, libc::SIGCONT);
+        return Err(e.into());
+    }
+    writeln!(out, "node b stopped: node a serves every target after {:.1} s", stop_at.elapsed().as_secs_f64())?;
+    std::thread::sleep(o.settle);
+    signal(b, libc::SIGCONT)?;
+    let woke = Instant::now();
+    while alive(b) && woke.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stepped_down = !alive(b) && pair.log("b").contains("stepping down");
+    writeln!(out, "node b resumed: {}", if stepped_down { "it stepped down" } else { "it did NOT step down" })?;
+    std::thread::sleep(o.settle / 2);
+    Ok((kill_at, stop_at, stepped_down))
+}
+
+/// `n` races of two takers for four shared drive files; how many ended with other than
+/// exactly one holder, or with the loser's writes allowed after the winner's began.
+fn race(dir: &Path, n: usize) -> Result<(usize, usize), Box<dyn std::error::Error>> {
+    std::fs::create_dir_all(dir)?;
+    let paths: Vec<PathBuf> = (0..4).map(|i| dir.join(format!("d{i}"))).collect();
+    for p in &paths {
+        drop(FileDrive::create_file(p, 2 << 20, Provision::Thin)?);
+    }
+    let open = || -> Result<Vec<Arc<dyn BlockDevice>>, nacre_raid::RaidError> {
+        paths.iter().map(|p| FileDrive::open_shared(p).map(|d| Arc::new(d) as Arc<dyn BlockDevice>)).collect()
+    };
+    let opts = |node: &str| LeaseOptions {
+        node: node.into(),
+        interval: Duration::from_millis(5),
+        expiry: Duration::from_millis(40),
+    };
+    let mut failures = 0;
+    for _ in 0..n {
+        let go = Arc::new(std::sync::Barrier::new(2));
+        let takers: Vec<_> = [("x", 0u64), ("y", 7)]
+            .into_iter()
+            .map(|(node, pause)| {
+                let (d, go, o) = (open(), go.clone(), opts(node));
+                std::thread::spawn(move || -> Option<Held> {
+                    let d = d.ok()?;
+                    go.wait();
+                    // A race lost is tried again, as a monitor does.
+                    loop {
+                        match Held::acquire(d.clone(), &o) {
+                            Err(LeaseError::Raced { .. }) => std::thread::sleep(Duration::from_millis(1 + pause)),
+                            r => return r.ok(),
+                        }
+                    }
+                })
+            })
+            .collect();
+        let held: Vec<Held> = takers.into_iter().filter_map(|t| t.join().ok().flatten()).collect();
+        std::thread::sleep(Duration::from_millis(20));
+        let serving = held.iter().filter(|h| h.fence().lost().is_none()).count();
+        let overlap = match &held[..] {
+            [x, y] => {
+                let (first, second) = if x.fence().lost().is_some() { (x, y) } else { (y, x) };
+                first.fence().window().1.is_none_or(|end| end > second.fence().window().0)
+            }
+            _ => false,
+        };
+        if serving != 1 || overlap {
+            failures += 1;
+        }
+    }
+    Ok((n, failures))
+}
