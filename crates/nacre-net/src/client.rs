@@ -153,6 +153,15 @@ impl Client {
         }
     }
 
+    /// Leave every server this client is connected to, cleanly (what a server kept for
+    /// it is committed and forgotten, so a restart of the server does not wait for it).
+    pub async fn disconnect_all(&self) {
+        let imports: Vec<Arc<Import>> = lock(&self.shared.imports).values().filter_map(Weak::upgrade).collect();
+        for i in imports {
+            let _ = i.disconnect().await;
+        }
+    }
+
     /// The identity this client presents to servers.
     pub fn id(&self) -> u64 {
         self.shared.id

@@ -154,6 +154,8 @@ pub struct Local {
     osses: Vec<Arc<Oss>>,
     servers: Vec<Server>,
     followers: Vec<tokio::task::AbortHandle>,
+    /// The MDTs' clients of the other targets (DNE peers, OSTs for objects).
+    clients: Vec<Client>,
 }
 
 impl Drop for Local {
@@ -238,6 +240,7 @@ impl Local {
         }
         let mut mdses = Vec::new();
         let mut followers = Vec::new();
+        let mut clients = Vec::new();
         for ns in mdts {
             let index = ns.index();
             let name = format!("mdt{index}");
@@ -254,6 +257,7 @@ impl Local {
             register(TargetKind::Mdt, index, server.nid()).await?;
             servers.push(server);
             let client = Client::new(transport.clone(), ClientConfig::default());
+            clients.push(client.clone());
             let task = tokio::spawn(follow_config(client, mgs_nid.clone(), mds.clone()));
             followers.push(task.abort_handle());
             mdses.push(mds);
@@ -267,7 +271,18 @@ impl Local {
                 .map_err(|e| format!("recovery: {e}"))?
                 .map_err(|e| format!("recovery: {e}"))?;
         }
-        Ok(Local { mgs: here, mgs_nid, mdses, osses, servers, followers })
+        Ok(Local { mgs: here, mgs_nid, mdses, osses, servers, followers, clients })
+    }
+
+    /// Stop serving, cleanly: the MDTs' links to other targets say goodbye first (an OST
+    /// restarted later then waits for no MDT of this start), then every service stops.
+    pub async fn stop(self) {
+        for f in &self.followers {
+            f.abort();
+        }
+        for c in &self.clients {
+            c.disconnect_all().await;
+        }
     }
 
     /// Where clients mount from.

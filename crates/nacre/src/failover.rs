@@ -132,6 +132,15 @@ impl Drop for Pair {
     }
 }
 
+/// A free port for the MGS below the kernel's ephemeral range (32768 and up), from which
+/// the services' own listeners and connections take theirs.
+fn spare_port() -> Option<u16> {
+    let start = std::process::id() % 12_000;
+    (0..12_000)
+        .map(|i| (20_000 + (start + i) % 12_000) as u16)
+        .find(|&p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+}
+
 fn signal(pid: i32, sig: libc::c_int) -> Result<(), String> {
     // SAFETY: kill(2) on a process of the bench's own file system.
     if unsafe { libc::kill(pid, sig) } != 0 {
@@ -157,7 +166,7 @@ pub fn run(o: &FailoverOptions, out: &mut dyn Write) -> Result<serde_json::Value
     std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
     let pair = Pair { data: root.join("data"), mnt: root.join("mnt"), root };
     std::fs::create_dir_all(&pair.mnt)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = spare_port().ok_or("no free TCP port for the MGS between 20000 and 32000")?;
     let up = Pair::nacre()?
         .args(["up", "--ha", "--osts", "2", "--ost-size", "256M", "--mdt-size", "128M", "--port", &port.to_string()])
         .arg("--data")

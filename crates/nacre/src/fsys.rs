@@ -64,16 +64,32 @@ impl MountOpts {
 pub struct Mounted {
     mount: nacre_fuse::Mount,
     _ctl: nacre_net::server::Server,
+    fs: FileSystem,
 }
 
 impl Mounted {
-    pub fn unmount(self) -> std::io::Result<()> {
-        self.mount.unmount()
+    /// Unmount, then leave the servers.
+    pub async fn unmount(self) -> std::io::Result<()> {
+        let (mount, fs) = (self.mount, self.fs);
+        let r = tokio::task::spawn_blocking(move || mount.unmount()).await.map_err(std::io::Error::other)?;
+        leave(&fs).await;
+        r
     }
 
-    pub fn join(self) -> std::io::Result<()> {
-        self.mount.join()
+    /// Wait until unmounted from outside, then leave the servers.
+    pub async fn join(self) -> std::io::Result<()> {
+        let (mount, fs) = (self.mount, self.fs);
+        let r = tokio::task::spawn_blocking(move || mount.join()).await.map_err(std::io::Error::other)?;
+        leave(&fs).await;
+        r
     }
+}
+
+/// Tell every server this mount is gone (what they kept for it is committed and
+/// forgotten, so none of them waits for it after a restart); servers that do not answer
+/// within a few seconds are left as they are.
+async fn leave(fs: &FileSystem) {
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), fs.unmount()).await;
 }
 
 /// Mount the file system of the MGS at `mgs` on `mnt` in this process. The mount's
@@ -126,10 +142,11 @@ async fn mount_checked(
         ..nacre_fuse::MountConfig::default()
     };
     let (rt, mnt2) = (tokio::runtime::Handle::current(), mnt.to_path_buf());
-    let m = tokio::task::spawn_blocking(move || nacre_fuse::mount(fs, rt, &mnt2, cfg))
+    let served = fs.clone();
+    let m = tokio::task::spawn_blocking(move || nacre_fuse::mount(served, rt, &mnt2, cfg))
         .await?
         .map_err(|e| format!("mounting on {}: {e}", mnt.display()))?;
-    Ok(Mounted { mount: m, _ctl: ctl })
+    Ok(Mounted { mount: m, _ctl: ctl, fs })
 }
 
 /// Between the MGS and the control endpoint in a mount's source.
@@ -314,7 +331,7 @@ pub fn mount(a: MountArgs) -> CliResult {
         if a.detached {
             silence_stdio();
         }
-        tokio::task::spawn_blocking(move || m.join()).await??;
+        m.join().await?;
         Ok(())
     })
 }

@@ -101,6 +101,8 @@ pub struct Node {
     pub lease: LeaseOptions,
     /// Leases held, dropped (released) by [`Node::release`] once every target closed.
     held: Arc<Mutex<Vec<Held>>>,
+    /// Set by [`Node::stop`]: the monitors stop their targets cleanly and end.
+    stopping: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Node {
@@ -112,7 +114,20 @@ impl Node {
             fsname: fsname.into(),
             lease: LeaseOptions::new(name),
             held: Arc::default(),
+            stopping: Arc::new(tokio::sync::watch::channel(false).0),
         }
+    }
+
+    /// Stop every monitor: the targets served stop cleanly (their links to other targets
+    /// say goodbye); wait for them, at most `limit`.
+    pub async fn stop(&self, monitors: Vec<tokio::task::JoinHandle<()>>, limit: Duration) {
+        self.stopping.send_replace(true);
+        let _ = tokio::time::timeout(limit, async {
+            for m in monitors {
+                let _ = m.await;
+            }
+        })
+        .await;
     }
 
     /// Release every lease held: call once the targets are closed (the runtime that
@@ -199,7 +214,11 @@ impl Node {
         let label = duty.label();
         let mut first = first;
         let mut said = String::new();
+        let mut stopping = self.stopping.subscribe();
         loop {
+            if *stopping.borrow() {
+                return;
+            }
             let outcome = self.take(&duty, drives.clone()).await;
             let standing = match outcome {
                 Ok(local) => {
@@ -211,9 +230,9 @@ impl Node {
                     if let Some(f) = first.take() {
                         let _ = f.send(Ok(()));
                     }
-                    // Served until the process stops (or loses the lease and exits).
-                    std::future::pending::<()>().await;
-                    drop(local);
+                    // Served until the node stops (or loses the lease and exits).
+                    let _ = stopping.wait_for(|s| *s).await;
+                    local.stop().await;
                     return;
                 }
                 Err(TakeError::Lease(LeaseError::Held { node, .. })) => format!("served by node {node}; standing by"),
@@ -231,7 +250,10 @@ impl Node {
             if let Some(f) = first.take() {
                 let _ = f.send(Err(standing));
             }
-            tokio::time::sleep(self.lease.interval).await;
+            tokio::select! {
+                _ = tokio::time::sleep(self.lease.interval) => {}
+                _ = stopping.wait_for(|s| *s) => return,
+            }
         }
     }
 }

@@ -486,10 +486,11 @@ fn serve(p: &Plan) -> CliResult {
         // serving one is not an error (this node stands by for it).
         let mut standby = Vec::new();
         let mut taken = Vec::new();
+        let mut monitors = Vec::new();
         for duty in &p.ha {
             let (tx, rx) = tokio::sync::oneshot::channel();
             let drives = duty.lease_drives()?;
-            tokio::spawn(ha.clone().monitor(duty.clone(), drives, p.total_osts, Some(tx)));
+            monitors.push(tokio::spawn(ha.clone().monitor(duty.clone(), drives, p.total_osts, Some(tx))));
             if duty.primary {
                 taken.push((duty.label(), rx));
             } else {
@@ -547,12 +548,15 @@ fn serve(p: &Plan) -> CliResult {
         eprintln!("stopping");
         if let (Some(m), Some(mnt)) = (mounted, &p.mount) {
             // Files still open are written back by their closes; then the kernel lets go.
-            if let Err(e) = tokio::task::spawn_blocking(move || m.unmount()).await? {
+            if let Err(e) = m.unmount().await {
                 eprintln!("unmounting {}: {e}", mnt.display());
                 let _ = crate::fsys::unmount(mnt, true);
             }
         }
-        drop(local);
+        // Targets taken under a lease first: their MDTs' links to the targets below go
+        // cleanly while those still serve.
+        ha.stop(monitors, Duration::from_secs(30)).await;
+        local.stop().await;
         Ok(())
     });
     // Targets close (redb makes its commits durable) as the runtime's tasks drop; then
