@@ -197,4 +197,5 @@ fn bench_failover_checks_every_acknowledged_file_and_leaves_nothing() {
     assert_eq!((v["lost_acknowledged"].as_u64(), v["errors"].as_u64()), (Some(0), Some(0)), "{v}");
     assert_eq!(v["stepped_down"], true, "{v}");
     assert_eq!((v["double_serve_races"].as_u64(), v["double_serve_failures"].as_u64()), (Some(10), Some(0)), "{v}");
+    assert!(v["no_holder_races"].as_u64().is_some(), "{v}");
 }
