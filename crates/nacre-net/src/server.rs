@@ -1071,21 +1071,23 @@ impl Shared {
     /// The client's export (made if new), and how what it had is lost: `None` if not.
     fn attach(&self, req: &ConnectRequest, peer: &Nid) -> Result<(Arc<Export>, Option<Lost>), String> {
         let mut exports = lock(&self.exports);
-        let mut lost = (req.cookie != 0)
-            .then(|| if lock(&self.dropped).contains(req.client) { Lost::Evicted } else { Lost::Restarted });
-        if let Some(e) = exports.get(&req.client) {
-            if e.cookie == req.cookie {
+        let lost = match exports.get(&req.client).cloned() {
+            Some(e) if e.cookie == req.cookie => {
                 e.last_heard_ms.store(self.now_ms(), Ordering::Relaxed);
-                return Ok((e.clone(), None));
+                return Ok((e, None));
             }
             // An export of this server, not the one the client had: it was dropped.
-            lost = Some(Lost::Evicted);
-            let old = e.clone();
-            exports.remove(&req.client);
-            self.retire(&old);
-        } else if exports.len() >= self.cfg.exports_max {
-            return Err(format!("{} clients connected, the most this server takes", exports.len()));
-        }
+            Some(old) => {
+                exports.remove(&req.client);
+                self.retire(&old);
+                Some(Lost::Evicted)
+            }
+            None if exports.len() >= self.cfg.exports_max => {
+                return Err(format!("{} clients connected, the most this server takes", exports.len()));
+            }
+            None => (req.cookie != 0)
+                .then(|| if lock(&self.dropped).contains(req.client) { Lost::Evicted } else { Lost::Restarted }),
+        };
         let (gone, _) = watch::channel(false);
         let e = Arc::new(Export {
             client: req.client,
