@@ -70,26 +70,24 @@ pub struct Mounted {
 impl Mounted {
     /// Unmount, then leave the servers.
     pub async fn unmount(self) -> std::io::Result<()> {
-        let (mount, fs) = (self.mount, self.fs);
-        let r = tokio::task::spawn_blocking(move || mount.unmount()).await.map_err(std::io::Error::other)?;
-        leave(&fs).await;
-        r
+        self.end(nacre_fuse::Mount::unmount).await
     }
 
     /// Wait until unmounted from outside, then leave the servers.
     pub async fn join(self) -> std::io::Result<()> {
+        self.end(nacre_fuse::Mount::join).await
+    }
+
+    /// End the FUSE session as `how` does, then tell every server this mount is gone
+    /// (what they kept for it is committed and forgotten, so none of them waits for it
+    /// after a restart); servers that do not answer within a few seconds are left as
+    /// they are.
+    async fn end(self, how: fn(nacre_fuse::Mount) -> std::io::Result<()>) -> std::io::Result<()> {
         let (mount, fs) = (self.mount, self.fs);
-        let r = tokio::task::spawn_blocking(move || mount.join()).await.map_err(std::io::Error::other)?;
-        leave(&fs).await;
+        let r = tokio::task::spawn_blocking(move || how(mount)).await.map_err(std::io::Error::other)?;
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), fs.unmount()).await;
         r
     }
-}
-
-/// Tell every server this mount is gone (what they kept for it is committed and
-/// forgotten, so none of them waits for it after a restart); servers that do not answer
-/// within a few seconds are left as they are.
-async fn leave(fs: &FileSystem) {
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), fs.unmount()).await;
 }
 
 /// Mount the file system of the MGS at `mgs` on `mnt` in this process. The mount's
