@@ -266,13 +266,19 @@ fn holder_is_gone(b: &LeaseBlock, boot: &str) -> bool {
     if boot.is_empty() || b.boot != boot || b.pid == std::process::id() || b.pid == 0 {
         return false;
     }
-    let Ok(pid) = libc::pid_t::try_from(b.pid) else { return false };
+    process_gone(b.pid)
+}
+
+/// Whether process `pid` of this host is gone: no such process, or dead and not yet
+/// reaped (a zombie). A pid that cannot be checked counts as alive.
+pub fn process_gone(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
     // SAFETY: kill with signal 0 only checks that the process exists.
     let rc = unsafe { libc::kill(pid, 0) };
     if rc != 0 {
         return io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
     }
-    // Dead but not yet reaped (a zombie) is dead too: its state follows its name.
+    // A zombie's state follows its name in /proc/PID/stat.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))

@@ -156,9 +156,7 @@ fn signal(pid: i32, sig: libc::c_int) -> Result<(), String> {
 }
 
 fn alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    let exists = unsafe { libc::kill(pid, 0) } == 0;
-    exists && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+    !u32::try_from(pid).is_ok_and(nacre_raid::lease::process_gone)
 }
 
 /// The longest operation that ended in `[from, to)`: the pause an event caused is seen by

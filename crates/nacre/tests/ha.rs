@@ -32,10 +32,7 @@ fn signal(pid: i32, sig: libc::c_int) {
 }
 
 fn alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    let exists = unsafe { libc::kill(pid, 0) == 0 };
-    // A zombie (dead, not yet reaped) is not alive.
-    exists && !fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+    !u32::try_from(pid).is_ok_and(nacre_raid::lease::process_gone)
 }
 
 /// Bytes of `n` that differ from file to file.
