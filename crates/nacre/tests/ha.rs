@@ -40,13 +40,22 @@ fn bytes(seed: u8, n: usize) -> Vec<u8> {
     (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
-/// Files on every target of the pair: small ones (their bytes on the MDT) and large
-/// ones (striped over both OSTs), all fsync'd but the last of each.
+/// Folders `d1`, `d2`, `d3` whose files stripe over both OSTs. Made before any node fails:
+/// `setstripe` is a command of its own, not the mount, and does not wait out a failover.
+fn striped_dirs(mnt: &Path) {
+    for seed in 1..=3 {
+        let dir = mnt.join(format!("d{seed}"));
+        fs::create_dir(&dir).unwrap();
+        let out = nacre().args(["setstripe", "-c", "-1", "-S", "1M"]).arg(&dir).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+/// Files on every target of the pair, in folder `d{seed}` (see [`striped_dirs`]): small
+/// ones (their bytes on the MDT) and large ones (striped over both OSTs), all fsync'd but
+/// the last of each.
 fn write_files(mnt: &Path, seed: u8) -> Vec<(std::path::PathBuf, Vec<u8>)> {
     let dir = mnt.join(format!("d{seed}"));
-    fs::create_dir(&dir).unwrap();
-    let out = nacre().args(["setstripe", "-c", "-1", "-S", "1M"]).arg(&dir).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let mut files = Vec::new();
     for (i, n) in [100, 5000, 3 << 20, 70_000, 2 << 20].into_iter().enumerate() {
         let (p, data) = (dir.join(format!("f{i}")), bytes(seed.wrapping_add(i as u8), n));
@@ -71,6 +80,7 @@ fn check_files(files: &[(std::path::PathBuf, Vec<u8>)]) {
 #[test]
 fn a_killed_node_hands_its_targets_to_its_partner_and_the_mount_carries_on() {
     let up = up("kill");
+    striped_dirs(&up.mnt);
     let before = write_files(&up.mnt, 1);
     // A descriptor open for writing across the failover.
     let held =
@@ -133,6 +143,7 @@ fn a_killed_node_hands_its_targets_to_its_partner_and_the_mount_carries_on() {
 #[test]
 fn a_stopped_node_is_taken_over_after_its_lease_expires_and_steps_down_when_it_wakes() {
     let up = up("stop");
+    striped_dirs(&up.mnt);
     let before = write_files(&up.mnt, 1);
     let a = pid_of(&up, "a");
     signal(a, libc::SIGSTOP);
