@@ -223,6 +223,7 @@ fn reply_kind(r: &Reply) -> &'static str {
         Reply::Looked(_) => "lookup answers",
         Reply::Lock { .. } => "a lock",
         Reply::Revoked(_) => "lease revocations",
+        Reply::Created { .. } => "a new file and its objects",
     }
 }
 
@@ -233,7 +234,7 @@ fn attr_of(what: &str, r: Reply) -> Result<Attr> {
 /// Attributes, and whether the MDT says some client has the file open for writing.
 fn attr_writing(what: &str, r: Reply) -> Result<(Attr, bool)> {
     expect(what, r, |r| match r {
-        Reply::Attr(a) => Some((a, false)),
+        Reply::Attr(a) | Reply::Created { attr: a, .. } => Some((a, false)),
         Reply::Writing(a) => Some((a, true)),
         _ => None,
     })

@@ -12,6 +12,6 @@
 pub mod namespace;
 
 pub use namespace::{
-    Cred, MdError, MdtStatFs, Namespace, NamespaceOptions, Numbered, OpenAnswer, Recaller, RenameMode, ReplyKey,
-    SetAttr, Wait,
+    Cred, FirstAnswer, MdError, MdtStatFs, Namespace, NamespaceOptions, Numbered, OpenAnswer, Recaller, RenameMode,
+    ReplyKey, SetAttr, Wait,
 };

@@ -428,6 +428,9 @@ pub struct Namespace {
     turn: tokio::sync::Mutex<()>,
     /// OST pools by name, as the MGS last said (`None`: not heard yet).
     ost_pools: Mutex<Option<BTreeMap<String, Vec<u32>>>>,
+    /// Until when new files wait for the object pools to refill after a restart (see
+    /// [`Namespace::objects_ready`]).
+    refill_until: Mutex<Option<std::time::Instant>>,
     /// Who takes back the leases on what changes write (the MDS's lease table).
     recaller: std::sync::OnceLock<Recaller>,
     /// Log writes, changes, checkpoints.
@@ -563,6 +566,9 @@ pub struct Tx<'a> {
     pools_changed: std::cell::RefCell<std::collections::BTreeSet<u32>>,
     /// The FID the next new inode gets: a replayed create's, as its first reply said.
     replay_fid: Option<Fid>,
+    /// The layout (encoded; empty: not given) and OST objects the next new regular file
+    /// gets: a replayed create's, as its first reply said.
+    replay_objects: Option<(Vec<u8>, FileObjects)>,
     /// The versions of the inodes this change changed, as it found them (what it
     /// depends on: see [`Numbered`]).
     depends: std::cell::RefCell<Vec<u64>>,
@@ -586,6 +592,7 @@ impl<'a> Tx<'a> {
             pools: std::cell::RefCell::new(lock(&ns.pools).clone()),
             pools_changed: Default::default(),
             replay_fid: None,
+            replay_objects: None,
             depends: Default::default(),
             touched: Default::default(),
         }
@@ -863,6 +870,7 @@ impl Namespace {
             opens: Mutex::new(Opens::new()),
             turn: tokio::sync::Mutex::new(()),
             ost_pools: Mutex::new(None),
+            refill_until: Mutex::new(None),
             recaller: Default::default(),
             stats,
         };
@@ -1250,11 +1258,15 @@ impl Namespace {
         (r, n)
     }
 
-    /// `change`, replayed after a restart: the inode it makes gets `fid`, the one its
-    /// first run gave (the client has used it since).
-    pub fn replaying(fid: Fid, change: Change) -> Change {
+    /// `change`, replayed after a restart: the inode it makes gets what its first run
+    /// gave (the client has used them since): its FID, and a regular file's layout and
+    /// objects when the first answer named them.
+    pub fn replaying(first: FirstAnswer, change: Change) -> Change {
         Box::new(move |tx| {
-            tx.replay_fid = Some(fid);
+            tx.replay_fid = Some(first.fid);
+            if !first.objects.is_empty() {
+                tx.replay_objects = Some((first.layout, first.objects));
+            }
             change(tx)
         })
     }
@@ -1282,6 +1294,15 @@ impl Namespace {
     pub fn knows_client(&self, client: u64) -> bool {
         read(&self.mem).replies.range((client, 0)..=(client, u64::MAX)).next().is_some()
     }
+}
+
+/// What a create's first answer gave, for its replay ([`Namespace::replaying`]): the new
+/// inode's FID and, for a regular file with OST objects, its layout (encoded) and objects.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FirstAnswer {
+    pub fid: Fid,
+    pub layout: Vec<u8>,
+    pub objects: FileObjects,
 }
 
 /// The lease key an op writes, if leases cover it: an inode's attributes, xattrs, symlink

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use nacre_mdt::{Cred, MdError, Namespace, NamespaceOptions, RenameMode, ReplyKey, SetAttr, Wait};
+use nacre_mdt::{Cred, FirstAnswer, MdError, Namespace, NamespaceOptions, RenameMode, ReplyKey, SetAttr, Wait};
 use nacre_proto::acl;
 use nacre_proto::fid::Fid;
 use nacre_proto::layout::Layout;
@@ -1115,4 +1115,59 @@ fn a_nearly_full_mdt_gives_new_files_no_dom_component() {
     assert_eq!(ns.read_dom(&c, ns.lookup(&c, dom.fid, "f0").unwrap().fid, 0, 16).unwrap(), vec![7u8; 16]);
     let e = ns.create_with_data(&c, dom.fid, "more", 0o644, b"x", None).unwrap_err();
     assert!(e.errno == errno::EINVAL && e.message.contains("no DoM"), "{e:?}");
+}
+
+/// After a restart a replayed create takes back exactly the objects its first answer
+/// named (the client may have written them), and those given before them, to creates
+/// lost and not replayed, go to the destroy log; one naming an object another file has
+/// fails with EEXIST and changes nothing. New files take only objects precreated since
+/// the restart, and once replays end the rest from before it are destroyed.
+#[test]
+fn replayed_creates_claim_their_objects_and_never_share_one() {
+    let (ns, _v) = ns();
+    let ns = Arc::new(ns);
+    let c = root();
+    ns.attach_osts(&[0]).unwrap();
+    ns.add_precreated(0, 100, 10).unwrap();
+    let one = Layout::from_lfs_args(&["-c", "1"]).unwrap();
+    let kept = ns.create_with_layout(&c, ROOT, "kept", 0o644, one.clone(), None).unwrap();
+    assert_eq!(ns.objects(kept.fid).unwrap(), vec![vec![(0, 100)]]);
+
+    ns.expect_replays();
+    assert_eq!(ns.pool_levels(), vec![(0, 0)], "objects from before the restart wait for replays");
+    let e = ns.create_with_layout(&c, ROOT, "early", 0o644, one.clone(), None).unwrap_err();
+    assert_eq!(e.errno, errno::ENOSPC, "{e:?}");
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let replay = |name: &str, oid: u32, objects: Vec<Vec<(u32, u64)>>| {
+        let first = FirstAnswer { fid: Fid { oid, ..kept.fid }, layout: one.encode(), objects };
+        let change = Namespace::create_with_layout_change(&c, ROOT, name, 0o644, one.clone());
+        rt.block_on(ns.submit(None, Namespace::replaying(first, change), 0))
+    };
+    // Object 100 is file "kept"'s: a replay naming it is refused, and makes nothing.
+    let e = replay("twin", kept.fid.oid + 100, vec![vec![(0, 100)]]).unwrap_err();
+    assert!(e.errno == errno::EEXIST && e.message.contains("object 100 of OST 0"), "{e:?}");
+    assert_eq!(errno_of(ns.lookup(&c, ROOT, "twin")), errno::ENOENT);
+    // Two lost creates were given 101 and 102; only the second is replayed.
+    replay("second", kept.fid.oid + 2, vec![vec![(0, 102)]]).unwrap();
+    let second = ns.lookup(&c, ROOT, "second").unwrap();
+    assert_eq!(second.fid.oid, kept.fid.oid + 2, "the replay keeps its FID");
+    assert_eq!(ns.objects(second.fid).unwrap(), vec![vec![(0, 102)]], "and its objects");
+    assert_eq!(ns.pending_destroys(Some(0), 100).unwrap(), vec![(0, 101)], "the unreplayed create's object");
+    let e = replay("again", kept.fid.oid + 3, vec![vec![(0, 102)]]).unwrap_err();
+    assert_eq!(e.errno, errno::EEXIST, "{e:?}");
+
+    // Objects precreated since the restart go to new files, even while replays run.
+    ns.add_precreated(0, 110, 10).unwrap();
+    let new = ns.create_with_layout(&c, ROOT, "new", 0o644, one.clone(), None).unwrap();
+    assert_eq!(ns.objects(new.fid).unwrap(), vec![vec![(0, 110)]]);
+    assert!(!ns.has_stale(0), "kept while replays may come");
+    ns.end_replays();
+    assert!(ns.has_stale(0));
+    assert!(!ns.retire_stale(0).unwrap());
+    assert!(!ns.has_stale(0));
+    let destroyed: Vec<u64> = ns.pending_destroys(Some(0), 100).unwrap().into_iter().map(|(_, o)| o).collect();
+    assert_eq!(destroyed, [101, 103, 104, 105, 106, 107, 108, 109]);
+    assert_eq!(ns.pool_levels(), vec![(0, 9)]);
+    let e = replay("late", kept.fid.oid + 4, vec![vec![(0, 111)]]).unwrap_err();
+    assert!(e.message.contains("after replays ended"), "{e:?}");
 }

@@ -922,6 +922,15 @@ pub enum Reply {
     /// Leases the client must give up, each numbered: it acknowledges them by the
     /// highest number in its next [`Request::Leases`].
     Revoked(Vec<(u64, lease::Key)>),
+    /// A new regular file with OST objects: its attributes, layout and objects (as
+    /// [`Reply::Layout`]). The client sends them back if it replays the create, so the
+    /// file keeps the objects it may have written (as Lustre's create reply carries the
+    /// LOV EA that its replay returns).
+    Created {
+        attr: Attr,
+        layout: Vec<u8>,
+        objects: Vec<Vec<(u32, u64)>>,
+    },
 }
 
 /// One name's answer in [`Reply::Looked`].
@@ -1003,6 +1012,7 @@ impl Reply {
             Reply::Writing(a) => a.put(e.u8(10)).done(),
             Reply::Lock { kind, start, end, pid } => e.u8(12).u8(*kind).u64(*start).u64(*end).u32(*pid).done(),
             Reply::Revoked(v) => lease::encode_revoked(e.u8(13), v).done(),
+            Reply::Created { attr, layout, objects } => put_objects(attr.put(e.u8(14)).bytes(layout), objects).done(),
             Reply::Looked(v) => {
                 let mut e = e.u8(11).u32(v.len() as u32);
                 for l in v {
@@ -1039,6 +1049,11 @@ impl Reply {
                 Reply::Lock { kind: d.u8("lock kind")?, start: d.u64("start")?, end: d.u64("end")?, pid: d.u32("pid")? }
             }
             13 => Reply::Revoked(lease::decode_revoked(&mut d)?),
+            14 => {
+                let attr = Attr::get(&mut d)?;
+                let layout = d.bytes("layout", LAYOUT_BYTES_MAX)?.to_vec();
+                Reply::Created { attr, layout, objects: get_objects(&mut d)? }
+            }
             2 => {
                 let eof = d.u8("eof flag")? != 0;
                 let n = d.u32("entry count")?;
@@ -1259,6 +1274,7 @@ mod tests {
             Reply::Names(vec!["user.a".into(), "user.b".into()]),
             Reply::Opened { handle: 5, attr: a, layout: vec![], objects: vec![] },
             Reply::Opened { handle: 6, attr: a, layout: vec![4, 5], objects: vec![vec![(1, 7)]] },
+            Reply::Created { attr: a, layout: vec![4, 5], objects: vec![vec![(1, 7), (2, 9)]] },
             Reply::StatFs { inodes: 1, bytes_used: 2, bytes_total: 3 },
             Reply::Done,
             Reply::Layout { layout: vec![1, 2, 3], objects: vec![vec![], vec![(0, 5), (3, 9)]] },

@@ -20,7 +20,7 @@ use crate::leases::{Leases, Poll};
 use crate::locks::{Lock, LockTable, Owner, Resource};
 use crate::mdt::namespace::RenameMode;
 use crate::mdt::namespace::{Answer, NEEDS_COORDINATION};
-use crate::mdt::{Cred, MdError, Namespace, Numbered, ReplyKey, SetAttr};
+use crate::mdt::{Cred, FirstAnswer, MdError, Namespace, Numbered, ReplyKey, SetAttr};
 use crate::mdt::{OpenAnswer, Wait};
 use crate::tunable::number;
 
@@ -166,6 +166,8 @@ impl Commits for MdtCommits {
 
     fn recovered(&self) {
         self.1.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        // Objects from before the restart that no replay claimed go.
+        self.0.end_replays();
         // Files unlinked while open that no client reopened go now.
         let ns = self.0.clone();
         tokio::task::spawn_blocking(move || match ns.remove_orphans() {
@@ -226,10 +228,14 @@ fn handle_reply(ns: &Namespace, handle: u64, attr: mdt::Attr) -> Result<mdt::Rep
 
 /// What a replayed create's first reply gave: the new inode's FID, and for a create-open
 /// the handle.
-fn first_answer(replayed: &Option<Vec<u8>>) -> Option<(Fid, Option<u64>)> {
+fn first_answer(replayed: &Option<Vec<u8>>) -> Option<(FirstAnswer, Option<u64>)> {
+    let fid = |fid| FirstAnswer { fid, ..FirstAnswer::default() };
     match mdt::Reply::decode(replayed.as_deref()?).ok()? {
-        mdt::Reply::Attr(a) | mdt::Reply::Writing(a) => Some((a.fid, None)),
-        mdt::Reply::Opened { handle, attr, .. } => Some((attr.fid, Some(handle))),
+        mdt::Reply::Attr(a) | mdt::Reply::Writing(a) => Some((fid(a.fid), None)),
+        mdt::Reply::Created { attr, layout, objects } => Some((FirstAnswer { fid: attr.fid, layout, objects }, None)),
+        mdt::Reply::Opened { handle, attr, layout, objects } => {
+            Some((FirstAnswer { fid: attr.fid, layout, objects }, Some(handle)))
+        }
         _ => None,
     }
 }
@@ -374,8 +380,16 @@ impl Mds {
     /// What this MDS adds to its server: `last_committed` and commits, and, when the
     /// namespace keeps answers for clients from before this start, a recovery that waits
     /// for them to replay (see `nacre_net::recovery`).
+    ///
+    /// The OST objects the pools held before this start are kept for replayed creates
+    /// and destroyed after (with no recovery, at once): a create the restart lost may have
+    /// been given them, and written to them.
     pub fn service(&self) -> Service {
         let clients = self.ns.known_clients();
+        self.ns.expect_replays();
+        if clients.is_empty() {
+            self.ns.end_replays();
+        }
         Service {
             commits: Some(Arc::new(MdtCommits(self.ns.clone(), self.replayed.clone(), self.locks.clone()))),
             recovering: Some(Recovering { clients, last_committed: self.ns.last_committed() }),
@@ -631,7 +645,7 @@ impl Mds {
             Ok((_, Request::Open { read, write, .. } | Request::OpenAt { read, write, .. })) => (read, write),
             _ => return fail(-EPROTO, "bad replayed open".into()),
         };
-        let Some((fid, Some(handle))) = first_answer(&req.replayed) else {
+        let Some((FirstAnswer { fid, .. }, Some(handle))) = first_answer(&req.replayed) else {
             return fail(-EPROTO, "a replayed open without the handle it got".into());
         };
         self.count(req.header.opcode);
@@ -1164,6 +1178,9 @@ impl Mds {
                         Err(e) => return done(fail(e.status(), e.message)),
                     }
                 } else {
+                    if matches!(m & mode::S_IFMT, mode::S_IFREG | 0) {
+                        self.ns.objects_ready().await;
+                    }
                     let change = match m & mode::S_IFMT {
                         mode::S_IFLNK => Namespace::symlink_change(&c, dir, &name, &target),
                         mode::S_IFREG | 0 if !layout.is_empty() => match Layout::decode(&layout) {
@@ -1226,19 +1243,21 @@ impl Mds {
                 Err(e) => return done(fail(e.status(), e.message)),
             },
             Request::CreateOpen { dir, name, perms, layout, read, write } => {
+                self.ns.objects_ready().await;
                 let change = match create_change(&c, dir, &name, perms, &layout) {
                     Ok(change) => change,
                     Err(e) => return done(fail(e.status(), e.message)),
                 };
-                let first = first_answer(&req.replayed);
-                if let Some((fid, Some(handle))) = first
+                let (first, handle) = first_answer(&req.replayed).unzip();
+                let handle = handle.flatten();
+                if let (Some(first), Some(handle)) = (&first, handle)
                     && req.header.transno <= self.replay_from.load(Ordering::Relaxed)
                 {
                     // Its create is on the drives: only its handle is lost.
-                    return done(self.open_for(req.client, fid, read, write, Some(handle)).await);
+                    return done(self.open_for(req.client, first.fid, read, write, Some(handle)).await);
                 }
                 let change = match first {
-                    Some((fid, _)) => Namespace::replaying(fid, change),
+                    Some(first) => Namespace::replaying(first, change),
                     None => change,
                 };
                 let (a, n) = match self.ns.submit_numbered(key, change, 0).await {
@@ -1247,17 +1266,29 @@ impl Mds {
                     (Err(e), _) => return done(fail(e.status(), e.message)),
                 };
                 // A replay gets the handle it had.
-                let reply = self.open_for(req.client, a.fid, read, write, first.and_then(|(_, h)| h)).await;
+                let reply = self.open_for(req.client, a.fid, read, write, handle).await;
                 let reply = depending(Reply { transno: n.transno, ..reply }, &n.depends);
                 return answered(reply, n);
             }
             _ => return None,
         };
         let change = match (req.header.opcode, first_answer(&req.replayed)) {
-            (mdt::MDS_CREATE, Some((fid, _))) => Namespace::replaying(fid, change),
+            (mdt::MDS_CREATE, Some((first, _))) => Namespace::replaying(first, change),
             _ => change,
         };
         let (mut r, n) = self.ns.submit_numbered(key, change, weight).await;
+        if req.header.opcode == mdt::MDS_CREATE
+            && let Ok(Answer::Attr(a)) = &r
+            && mode::is_reg(a.mode)
+        {
+            // A new file's objects go back with it: a replay of the create returns them.
+            if let Ok((layout, objects)) = self.ns.layout_and_objects(a.fid)
+                && !objects.is_empty()
+            {
+                let reply = ok(mdt::Reply::Created { attr: *a, layout, objects });
+                return answered(depending(Reply { transno: n.transno, ..reply }, &n.depends), n);
+            }
+        }
         if matches!(r, Ok(Answer::Done))
             && let Some(dir) = parent
             && let Ok(a) = self.ns.getattr(dir)
@@ -1286,7 +1317,7 @@ impl Mds {
             Ok(None) => {
                 let change = Namespace::mkdir_change(c, dir, name, perms);
                 let change = match first_answer(&req.replayed) {
-                    Some((fid, _)) => Namespace::replaying(fid, change),
+                    Some((first, _)) => Namespace::replaying(first, change),
                     None => change,
                 };
                 match self.ns.submit_numbered(key, change, 0).await {

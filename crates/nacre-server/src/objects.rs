@@ -78,6 +78,16 @@ async fn precreate(ns: Arc<Namespace>, link: OstLink, batch: u32) {
     }
     cleanup_orphans(&ns, &link).await;
     loop {
+        if ns.has_stale(link.index) {
+            // Replays are over: what they did not claim of the objects from before this
+            // start goes to the destroy log.
+            let (ns2, ost) = (ns.clone(), link.index);
+            match blocking(move || ns2.retire_stale(ost)).await {
+                Some(Ok(_)) => continue,
+                Some(Err(_)) => tokio::time::sleep(Duration::from_millis(500)).await,
+                None => return,
+            }
+        }
         let ns2 = ns.clone();
         let level = blocking(move || ns2.pool_levels())
             .await
@@ -118,8 +128,10 @@ async fn precreate(ns: Arc<Namespace>, link: OstLink, batch: u32) {
 /// Objects the OST made for this MDT's precreates but that never reached its pool (the
 /// answer was lost, or the MDS stopped in between) are orphans: every id from the end of
 /// the last recorded range up to the OST's next one. They go to the destroy log, as
-/// Lustre's MDS has the OST destroy its orphans when they reconnect. An OST this MDT has
-/// never precreated on is left alone (its objects are not ours).
+/// Lustre's MDS has the OST destroy its orphans when they reconnect; while replays are
+/// expected, only once they are over (a lost create may have been given some, and its
+/// replay claims them). An OST this MDT has never precreated on is left alone (its
+/// objects are not ours).
 async fn cleanup_orphans(ns: &Arc<Namespace>, link: &OstLink) {
     let (op, body) = Request::LastId { target: link.target, group: ns.index() }.encode();
     let next = match link.import.call(op, &body, &[]).await {

@@ -595,3 +595,82 @@ async fn a_create_opens_handle_survives_a_restart_when_the_replay_learns_it_was_
     assert_eq!(mdt.ns.read_dom(&Cred::root(), attr.fid, 0, 100).unwrap(), b"still open");
     a.call(Request::Close { handle }).await;
 }
+
+/// A create answered before a restart is replayed with the OST objects its first answer
+/// gave (the client may have written them), not whatever the pool holds then: here the
+/// client that made the first file dies with the MDS, so a replay that took the pool's
+/// front would get that file's object while its client writes to the next. The object
+/// of the create nobody replays is destroyed, not given to a new file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replayed_creates_keep_the_objects_their_first_answer_gave() {
+    let (net, v) = (MemNetwork::new(), volume());
+    let mdt = Mdt::start(&net, &v, true).await;
+    mdt.ns.attach_osts(&[0]).unwrap();
+    mdt.ns.add_precreated(0, 100, 50).unwrap();
+    let (a, b) = (Md::connect(&net, "a").await, Md::connect(&net, "b").await);
+    a.mkdir(Fid::ROOT, "a-first").await;
+    b.mkdir(Fid::ROOT, "b-first").await;
+    b.imp.commit().await.unwrap();
+    let striped = Layout::from_lfs_args(&["-c", "1"]).unwrap().encode();
+    let create = |md: &Md, name: &str| {
+        let r = Request::Create {
+            dir: Fid::ROOT,
+            name: name.into(),
+            mode: mode::S_IFREG | 0o644,
+            target: vec![],
+            layout: striped.clone(),
+            rdev: 0,
+        };
+        let md = md.imp.clone();
+        async move {
+            let (op, body) = r.encode(&Creds::default());
+            let f = md.call(op, &body, &[]).await.unwrap();
+            match Reply::decode(&f.body).unwrap() {
+                Reply::Created { attr, objects, .. } => (attr, objects),
+                other => panic!("a regular file's create answers its objects: {other:?}"),
+            }
+        }
+    };
+    // Uncommitted: a's file is given object 100, then b's create and create-open 101, 102.
+    let (lost, lost_objects) = create(&a, "lost").await;
+    assert_eq!(lost_objects, vec![vec![(0, 100)]]);
+    let (kept, kept_objects) = create(&b, "kept").await;
+    let r = Request::CreateOpen {
+        dir: Fid::ROOT,
+        name: "opened".into(),
+        perms: 0o644,
+        layout: striped.clone(),
+        read: true,
+        write: true,
+    };
+    let (handle, opened, opened_objects) = match b.call(r).await {
+        Reply::Opened { handle, attr, objects, .. } => (handle, attr, objects),
+        other => panic!("not opened: {other:?}"),
+    };
+    assert_eq!((kept_objects.clone(), opened_objects.clone()), (vec![vec![(0, 101)]], vec![vec![(0, 102)]]));
+    mdt.crash();
+
+    // a dies with the MDS; b replays both of its creates.
+    let mdt = Mdt::start(&net, &v, false).await;
+    // The OST's next objects, as the precreate task adds them after a restart.
+    mdt.ns.add_precreated(0, 150, 50).unwrap();
+    let (fresh, fresh_objects) = create(&b, "fresh").await;
+    let status = mdt.status();
+    assert!(status.contains("evicted_clients: 1") && status.contains("failed_replays: 0"), "{status}");
+    let c = Cred::root();
+    let fid = |name: &str| mdt.ns.lookup(&c, Fid::ROOT, name).map(|a| a.fid).map_err(|e| e.errno);
+    assert_eq!(fid("lost"), Err(errno::ENOENT));
+    assert_eq!((fid("kept"), fid("opened"), fid("fresh")), (Ok(kept.fid), Ok(opened.fid), Ok(fresh.fid)));
+    assert_eq!(mdt.ns.objects(kept.fid).unwrap(), kept_objects, "the replayed create kept its object");
+    assert_eq!(mdt.ns.objects(opened.fid).unwrap(), opened_objects, "so did the replayed create-open");
+    assert_eq!(fresh_objects, vec![vec![(0, 150)]], "a new file takes an object made since the restart");
+    assert_eq!(mdt.ns.pending_destroys(Some(0), 10).unwrap(), vec![(0, 100)], "{lost:?}'s object is destroyed");
+    // The handle replayed with its create-open is b's still.
+    b.call(Request::Close { handle }).await;
+    // Once replays are over, the rest of the objects from before the restart go too.
+    assert!(mdt.ns.has_stale(0));
+    while mdt.ns.retire_stale(0).unwrap() {}
+    let destroyed = mdt.ns.pending_destroys(Some(0), 100).unwrap();
+    assert_eq!(destroyed.len(), 1 + 47, "{destroyed:?}");
+    assert!(destroyed.iter().all(|&(_, o)| o == 100 || (103..150).contains(&o)), "{destroyed:?}");
+}

@@ -140,11 +140,7 @@ fn a_killed_node_hands_its_targets_to_its_partner_and_the_mount_carries_on() {
     check_files(&again);
 }
 
-// Ignored until a replayed create keeps the objects of its first answer: under a loaded
-// run a file made during the takeover read back another file's bytes (its objects were
-// handed out again); see the issue 18/21 note. Run with `--ignored`.
 #[test]
-#[ignore = "a replayed create gets new objects while its client keeps the old ones (object reuse after a takeover)"]
 fn a_stopped_node_is_taken_over_after_its_lease_expires_and_steps_down_when_it_wakes() {
     let up = up("stop");
     striped_dirs(&up.mnt);

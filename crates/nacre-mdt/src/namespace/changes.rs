@@ -228,11 +228,22 @@ impl Tx<'_> {
         }
         self.dir_for_change(cred, dir)?;
         self.ns.room_to_grow(&self.m())?;
-        let layout = if kind == mode::S_IFREG { Some(self.layout_for_new_file(dir, layout)?) } else { None };
-        // The last check (a pool may be short): after it only writes.
-        let objects = match &layout {
-            Some(l) => self.instantiate(l)?,
-            None => None,
+        // A replayed create keeps the layout and objects its first run gave.
+        let replayed = self.replay_objects.take().filter(|_| kind == mode::S_IFREG);
+        let layout = match &replayed {
+            Some((l, _)) if !l.is_empty() => Some(
+                Layout::decode(l)
+                    .map_err(|e| MdError::new(errno::EINVAL, format!("a replayed create's layout: {e}")))?,
+            ),
+            _ if kind == mode::S_IFREG => Some(self.layout_for_new_file(dir, layout)?),
+            _ => None,
+        };
+        // The last check (a pool may be short, a claimed object taken): after it only
+        // writes.
+        let objects = match (&layout, replayed) {
+            (Some(_), Some((_, objects))) => Some(self.claim(&objects)?),
+            (Some(l), None) => self.instantiate(l)?,
+            (None, _) => None,
         };
         // A setgid directory passes its group (and, to subdirectories, the bit) down.
         let gid = if d.mode & mode::S_ISGID != 0 { d.gid } else { cred.gid };

@@ -6,6 +6,10 @@ use super::*;
 /// Ranges one OST's pool keeps at most (each one precreate batch).
 pub(super) const POOL_RANGES_MAX: usize = 64;
 
+/// How long after replays end new files wait for the pools to refill
+/// ([`Namespace::objects_ready`]).
+pub const REFILL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// One OST's precreated objects not yet given to a file: ranges `[next, end)`, oldest
 /// first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -21,14 +25,40 @@ impl PoolState {
         self.ranges.iter().map(|(a, b)| b - a).sum()
     }
 
-    pub(super) fn take(&mut self) -> Option<u64> {
-        let (next, end) = self.ranges.front_mut()?;
+    /// Objects at or past `from` (see [`Pools::fresh_from`]) not yet given to a file.
+    pub(super) fn available_from(&self, from: u64) -> u64 {
+        self.ranges.iter().map(|&(a, b)| b - a.max(from).min(b)).sum()
+    }
+
+    /// The first object at or past `from`. Ranges never straddle `from` (it is always
+    /// where one range ends and the next begins), so this takes a range's front.
+    pub(super) fn take_from(&mut self, from: u64) -> Option<u64> {
+        let i = self.ranges.iter().position(|&(a, _)| a >= from)?;
+        let (next, end) = &mut self.ranges[i];
         let oid = *next;
         *next += 1;
         if *next >= *end {
-            self.ranges.pop_front();
+            self.ranges.remove(i);
         }
         Some(oid)
+    }
+
+    /// Take `oid` for a replayed create that was given it before a restart. Objects are
+    /// given in order, so every object of the pool before it was given before it too (to
+    /// a create that was lost, or replayed already): those are returned, for the
+    /// destroy log. None if `oid` is not in the pool (another file has it).
+    pub(super) fn claim(&mut self, oid: u64) -> Option<Vec<(u64, u64)>> {
+        let i = self.ranges.iter().position(|&(a, b)| a <= oid && oid < b)?;
+        let mut passed: Vec<(u64, u64)> = self.ranges.drain(..i).collect();
+        let (next, end) = &mut self.ranges[0];
+        if *next < oid {
+            passed.push((*next, oid));
+        }
+        *next = oid + 1;
+        if *next >= *end {
+            self.ranges.pop_front();
+        }
+        Some(passed)
     }
 
     pub(super) fn encode(&self) -> Vec<u8> {
@@ -92,10 +122,34 @@ pub(super) fn decode_objects(b: &[u8]) -> Result<FileObjects> {
 }
 
 /// The OSTs files get objects on: their pools, and where round-robin placement is.
+///
+/// After a restart the objects the pools held (and the orphans found above them) may have
+/// been given to creates the restart lost: a replay of such a create claims its objects
+/// back, and the rest are destroyed once replays are over, as Lustre destroys an OST's
+/// orphans after recovery. Until then new files take only objects precreated since, at or
+/// past `fresh_from`.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Pools {
     pub(super) osts: BTreeMap<u32, PoolState>,
     pub(super) rr: u64,
+    /// Per OST, where the objects made since this start begin (in memory only: after
+    /// the next restart all are from before it). An OST missing has none from before.
+    pub(super) fresh_from: BTreeMap<u32, u64>,
+    /// Replays may still claim objects from before this start.
+    pub(super) replaying: bool,
+    /// `fresh_from` is set for this start ([`Namespace::expect_replays`] ran).
+    pub(super) marked: bool,
+}
+
+impl Pools {
+    /// Where new files may take objects of `ost` from.
+    fn fresh(&self, ost: u32) -> u64 {
+        self.fresh_from.get(&ost).copied().unwrap_or(0)
+    }
+
+    fn available(&self, ost: u32) -> u64 {
+        self.osts.get(&ost).map_or(0, |p| p.available_from(self.fresh(ost)))
+    }
 }
 
 impl Tx<'_> {
@@ -114,8 +168,7 @@ impl Tx<'_> {
         }
         // Free placement (no starting OST) uses the OSTs that have objects, as Lustre
         // skips inactive OSTs; a starting OST is taken as asked.
-        let ready: Vec<u32> =
-            osts.iter().copied().filter(|o| pools.osts.get(o).is_some_and(|p| p.available() > 0)).collect();
+        let ready: Vec<u32> = osts.iter().copied().filter(|&o| pools.available(o) > 0).collect();
         let mut objects: FileObjects = Vec::with_capacity(l.components.len());
         let mut want: Vec<(usize, u32)> = Vec::new();
         for c in &l.components {
@@ -175,7 +228,7 @@ impl Tx<'_> {
             *need.entry(ost).or_default() += 1;
         }
         for (ost, k) in &need {
-            let have = pools.osts.get(ost).map_or(0, PoolState::available);
+            let have = pools.available(*ost);
             if have < *k {
                 return Err(MdError::new(
                     errno::ENOSPC,
@@ -186,12 +239,42 @@ impl Tx<'_> {
             }
         }
         for (comp, ost) in want {
-            let oid =
-                pools.osts.get_mut(&ost).and_then(PoolState::take).ok_or_else(|| storage("object pool emptied"))?;
+            let from = pools.fresh(ost);
+            let oid = pools
+                .osts
+                .get_mut(&ost)
+                .and_then(|p| p.take_from(from))
+                .ok_or_else(|| storage("object pool emptied"))?;
             objects[comp].push((ost, oid));
             self.pools_changed.borrow_mut().insert(ost);
         }
         Ok(Some(objects))
+    }
+
+    /// A replayed create's objects, as its first answer gave them: taken back from the
+    /// pools (see [`Pools`]), with the objects given before them (to creates lost and not
+    /// replayed) queued for destruction. EEXIST if one is not in its pool any more: it
+    /// is another file's, and sharing it would mix two files' data.
+    pub(super) fn claim(&self, objects: &FileObjects) -> Result<FileObjects> {
+        let mut pools = self.pools.borrow_mut();
+        if !pools.replaying {
+            return Err(MdError::new(errno::EINVAL, "a replayed create names objects after replays ended"));
+        }
+        for &(ost, oid) in objects.iter().flatten() {
+            let passed = pools.osts.get_mut(&ost).and_then(|p| p.claim(oid)).ok_or_else(|| {
+                MdError::new(
+                    errno::EEXIST,
+                    format!("a replayed create's object {oid} of OST {ost} is not free any more (another file's)"),
+                )
+            })?;
+            for (a, b) in passed {
+                for gone in a..b {
+                    self.put_destroy(ost, gone);
+                }
+            }
+            self.pools_changed.borrow_mut().insert(ost);
+        }
+        Ok(objects.clone())
     }
 
     pub(super) fn put_objects(&self, fid: Fid, objects: &FileObjects) -> Result<()> {
@@ -282,11 +365,106 @@ impl Namespace {
         Ok(())
     }
 
+    /// Replays are coming (this MDT restarted and waits for its clients): the objects
+    /// its pools hold now are kept for them, and new files take only objects precreated
+    /// from now on (see [`Pools`]), until [`Namespace::end_replays`].
+    ///
+    /// The first call of this start marks the objects from before it; a later one (a
+    /// second server over the same namespace) changes nothing.
+    pub fn expect_replays(&self) {
+        let _m = write(&self.mem);
+        let mut pools = lock(&self.pools);
+        if pools.marked {
+            return;
+        }
+        pools.marked = true;
+        pools.replaying = true;
+        pools.fresh_from = pools.osts.iter().map(|(o, p)| (*o, p.high)).collect();
+    }
+
+    /// Replays are over: the objects from before this start that no replay claimed are
+    /// destroyed ([`Namespace::retire_stale`]).
+    pub fn end_replays(&self) {
+        let _m = write(&self.mem);
+        lock(&self.pools).replaying = false;
+        *lock(&self.refill_until) = Some(std::time::Instant::now() + REFILL_WAIT);
+    }
+
+    /// Wait while an attached OST has no object for a new file, for a while after replays
+    /// end: the pools held only objects from before the restart, and the precreates
+    /// that refill them take a round trip to each OSS. A create then waits for them
+    /// rather than fail with ENOSPC (as Lustre's MDS waits for its OSP's precreates).
+    /// Once every pool has objects, or [`REFILL_WAIT`] has passed (an OST that does not
+    /// answer is skipped by free placement), this returns at once.
+    pub async fn objects_ready(&self) {
+        loop {
+            let Some(until) = *lock(&self.refill_until) else { return };
+            let (attached, short) = {
+                let p = lock(&self.pools);
+                (!p.osts.is_empty(), p.osts.keys().any(|&o| p.available(o) == 0))
+            };
+            if attached && (!short || std::time::Instant::now() >= until) {
+                *lock(&self.refill_until) = None;
+                return;
+            }
+            if std::time::Instant::now() >= until {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Does OST `ost`'s pool still hold objects from before this start that replays are
+    /// done with?
+    pub fn has_stale(&self, ost: u32) -> bool {
+        let pools = lock(&self.pools);
+        let from = pools.fresh(ost);
+        !pools.replaying && pools.osts.get(&ost).is_some_and(|p| p.ranges.front().is_some_and(|&(a, _)| a < from))
+    }
+
+    /// Queue up to 4,096 of OST `ost`'s objects from before this start that no replay
+    /// claimed for destruction, in one change. Returns true while some remain.
+    pub fn retire_stale(&self, ost: u32) -> Result<bool> {
+        let more = self.change(
+            None,
+            Box::new(move |tx| {
+                let mut pools = tx.pools.borrow_mut();
+                let from = pools.fresh(ost);
+                if pools.replaying {
+                    return Ok(Answer::Done);
+                }
+                let Some(p) = pools.osts.get_mut(&ost) else { return Ok(Answer::Done) };
+                let mut budget = 4096u64;
+                while budget > 0
+                    && let Some((a, b)) = p.ranges.front_mut()
+                    && *a < from
+                {
+                    let upto = (*b).min(a.saturating_add(budget));
+                    for oid in *a..upto {
+                        tx.put_destroy(ost, oid);
+                    }
+                    budget -= upto - *a;
+                    *a = upto;
+                    if *a >= *b {
+                        p.ranges.pop_front();
+                    }
+                }
+                tx.pools_changed.borrow_mut().insert(ost);
+                let left = p.ranges.front().is_some_and(|&(a, _)| a < from);
+                Ok(if left { Answer::Attr(Attr::default()) } else { Answer::Done })
+            }),
+        )?;
+        Ok(matches!(more, Answer::Attr(_)))
+    }
+
     /// Reclaim OST `ost`'s orphans below `next` (its next object id): the objects from the
-    /// end of the last range this MDT recorded up to `next`, at most 4,096 per call, go to
-    /// the destroy log and the high-water mark rises past them, in one change, so a
-    /// precreate answer that arrives late can no longer add them to the pool. Returns
-    /// true while some remain. An OST this MDT never precreated on is left alone.
+    /// end of the last range this MDT recorded up to `next`, made for precreates whose
+    /// answer was lost (or recorded by a change a restart lost, whose files replays may
+    /// claim). While replays are expected they join the pool as objects from before
+    /// this start (see [`Pools`]); otherwise at most 4,096 per call go to the destroy log.
+    /// Either way the high-water mark rises past them, in one change, so a precreate
+    /// answer that arrives late can no longer add them to the pool. Returns true while
+    /// some remain. An OST this MDT never precreated on is left alone.
     ///
     /// This assumes one MDT creates on the OST; with several (DNE), each needs its own
     /// object sequence there, as in Lustre.
@@ -295,8 +473,16 @@ impl Namespace {
             None,
             Box::new(move |tx| {
                 let mut pools = tx.pools.borrow_mut();
+                let replaying = pools.replaying;
                 let Some(p) = pools.osts.get_mut(&ost) else { return Ok(Answer::Done) };
                 if p.high == 0 || p.high >= next {
+                    return Ok(Answer::Done);
+                }
+                if replaying && p.ranges.len() < POOL_RANGES_MAX {
+                    p.ranges.push_back((p.high, next));
+                    p.high = next;
+                    pools.fresh_from.insert(ost, next);
+                    tx.pools_changed.borrow_mut().insert(ost);
                     return Ok(Answer::Done);
                 }
                 let upto = next.min(p.high.saturating_add(4096));
@@ -311,9 +497,10 @@ impl Namespace {
         Ok(matches!(more, Answer::Attr(_)))
     }
 
-    /// Each attached OST and how many precreated objects its pool holds.
+    /// Each attached OST and how many precreated objects its pool holds for new files.
     pub fn pool_levels(&self) -> Vec<(u32, u64)> {
-        lock(&self.pools).osts.iter().map(|(o, p)| (*o, p.available())).collect()
+        let pools = lock(&self.pools);
+        pools.osts.keys().map(|&o| (o, pools.available(o))).collect()
     }
 
     /// Objects `[first, first + count)` now exist on OST `ost`: files may take them.
