@@ -1166,6 +1166,13 @@ impl Namespace {
         self.wal.halt();
     }
 
+    /// Close now, though something may still hold this namespace (a request in flight
+    /// when its target moved to another node): what is staged is written and
+    /// checkpointed, the log's threads end, and every change from now on fails. Blocking.
+    pub fn close(&self) {
+        self.wal.close();
+    }
+
     /// The highest transno on the drives (`last_committed`).
     pub fn last_committed(&self) -> u64 {
         self.wal.last_committed()

@@ -26,7 +26,14 @@
 //!   has written its claim by then, and the greater claim (epoch, then node) wins while
 //!   the other backs off.
 //! - **Releasing.** A holder that stops cleanly marks its blocks released, so that the
-//!   next taker needs no watch.
+//!   next taker needs no watch. A holder asked to move its target releases it *to* a named
+//!   node: that node takes it at once, and waits only a heartbeat after its claim (the
+//!   holder writes nothing after its release); any other node watches it as held by the
+//!   named node (which writes its claim within the expiry, or is taken to be gone).
+//! - **Moving.** An operator asks the holder to move by writing a move request in the
+//!   block after the lease (4 KiB at 12 KiB, as Pacemaker's SBD leaves messages in a node's
+//!   slot): the node to move to, for the lease's current epoch. The holder's heartbeat
+//!   reads it at every renewal; a request for an older epoch is stale and ignored.
 //!
 //! A block whose checksum is wrong is never taken for free: it counts as held by an
 //! unknown node and must stay unchanged for `E` like any other.
@@ -46,7 +53,7 @@ use std::time::{Duration, Instant};
 use crate::align::AlignedBuf;
 use crate::drive::BlockDevice;
 use crate::superblock::crc32c;
-pub use crate::superblock::{LEASE_BYTES, LEASE_OFFSET};
+pub use crate::superblock::{LEASE_BYTES, LEASE_OFFSET, MOVE_BYTES, MOVE_OFFSET};
 
 const MAGIC: &[u8; 8] = b"NACREMMP";
 const VERSION: u32 = 1;
@@ -73,6 +80,8 @@ pub struct LeaseBlock {
     /// The holder's wall clock when it wrote the block (ms since the epoch): for people
     /// (`nacre status`), never for deciding anything.
     pub stamp_ms: u64,
+    /// A released lease's next holder, when its holder handed it over (empty: none).
+    pub to: String,
 }
 
 const BOOT_MAX: usize = 40;
@@ -99,6 +108,9 @@ impl LeaseBlock {
         b[108] = boot.len() as u8;
         b[112..112 + boot.len()].copy_from_slice(boot);
         b[152..160].copy_from_slice(&self.stamp_ms.to_le_bytes());
+        let to = &self.to.as_bytes()[..self.to.len().min(NODE_MAX)];
+        b[14] = to.len() as u8;
+        b[160..160 + to.len()].copy_from_slice(to);
         let crc = crc32c(&b[..CRC_AT]);
         b[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
         b
@@ -120,8 +132,8 @@ impl LeaseBlock {
         if u32_at(8) != VERSION {
             return Err(format!("lease version {} (this build reads {VERSION})", u32_at(8)));
         }
-        let (node_len, boot_len) = (b[13] as usize, b[108] as usize);
-        if node_len > NODE_MAX || boot_len > BOOT_MAX || b[12] > 1 {
+        let (node_len, boot_len, to_len) = (b[13] as usize, b[108] as usize, b[14] as usize);
+        if node_len > NODE_MAX || boot_len > BOOT_MAX || to_len > NODE_MAX || b[12] > 1 {
             return Err("bad lengths or state".into());
         }
         let text = |r: std::ops::Range<usize>| String::from_utf8_lossy(&b[r]).into_owned();
@@ -140,8 +152,95 @@ impl LeaseBlock {
             boot: text(112..112 + boot_len),
             pid: u32_at(104),
             stamp_ms: u64_at(152),
+            to: text(160..160 + to_len),
         }))
     }
+}
+
+const MOVE_MAGIC: &[u8; 8] = b"NACREMOV";
+
+/// An operator's request that the holder of a lease move its target (`nacre failover`):
+/// the block after the lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MoveRequest {
+    /// The lease epoch it is for: a holder acts on a request for its own epoch only.
+    pub epoch: u64,
+    /// The node to hand the drives to.
+    pub to: String,
+    /// The asker's wall clock (ms since 1970): shown, never trusted.
+    pub stamp_ms: u64,
+}
+
+impl MoveRequest {
+    fn encode(&self) -> AlignedBuf {
+        let mut b = AlignedBuf::zeroed(MOVE_BYTES);
+        b[0..8].copy_from_slice(MOVE_MAGIC);
+        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        let to = &self.to.as_bytes()[..self.to.len().min(NODE_MAX)];
+        b[12] = to.len() as u8;
+        b[16..16 + to.len()].copy_from_slice(to);
+        b[80..88].copy_from_slice(&self.epoch.to_le_bytes());
+        b[88..96].copy_from_slice(&self.stamp_ms.to_le_bytes());
+        let crc = crc32c(&b[..MOVE_BYTES - 4]);
+        b[MOVE_BYTES - 4..].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// `None` for no request (all zeros) or one that does not decode: a damaged request
+    /// moves nothing.
+    fn decode(b: &[u8]) -> Option<MoveRequest> {
+        let at = MOVE_BYTES - 4;
+        if &b[0..8] != MOVE_MAGIC || b[at..] != crc32c(&b[..at]).to_le_bytes() {
+            return None;
+        }
+        let to_len = b[12] as usize;
+        if u32::from_le_bytes(b[8..12].try_into().ok()?) != VERSION || to_len == 0 || to_len > NODE_MAX {
+            return None;
+        }
+        Some(MoveRequest {
+            to: String::from_utf8_lossy(&b[16..16 + to_len]).into_owned(),
+            epoch: u64::from_le_bytes(b[80..88].try_into().ok()?),
+            stamp_ms: u64::from_le_bytes(b[88..96].try_into().ok()?),
+        })
+    }
+}
+
+/// Ask the holder of epoch `epoch` of `drives`' lease to hand them to node `to`: the
+/// request is written to every drive, and must reach a majority.
+pub fn ask_move(drives: &[Arc<dyn BlockDevice>], epoch: u64, to: &str) -> Result<(), String> {
+    if to.is_empty() || to.len() > NODE_MAX {
+        return Err(format!("node name {to:?}: 1 to {NODE_MAX} bytes"));
+    }
+    let buf = MoveRequest { epoch, to: to.to_string(), stamp_ms: now_ms() }.encode();
+    let mut written = 0;
+    let mut first_error = String::new();
+    for d in drives {
+        match d.write_at(&buf, MOVE_OFFSET).and_then(|()| d.sync()) {
+            Ok(()) => written += 1,
+            Err(e) if first_error.is_empty() => first_error = format!("{}: {e}", d.path().display()),
+            Err(_) => {}
+        }
+    }
+    if written < majority(drives.len()) {
+        return Err(format!("the move request reached {written} of {} drives: {first_error}", drives.len()));
+    }
+    Ok(())
+}
+
+/// The move request for epoch `epoch` that a majority of `drives` carry, if any.
+fn move_asked(drives: &[Arc<dyn BlockDevice>], epoch: u64) -> Option<String> {
+    let mut buf = AlignedBuf::zeroed(MOVE_BYTES);
+    let mut votes: Vec<String> = Vec::new();
+    for d in drives {
+        if d.read_at(&mut buf, MOVE_OFFSET).is_ok()
+            && let Some(r) = MoveRequest::decode(&buf)
+            && r.epoch == epoch
+        {
+            votes.push(r.to);
+        }
+    }
+    let to = votes.first()?.clone();
+    (votes.iter().filter(|v| **v == to).count() >= majority(drives.len())).then_some(to)
 }
 
 /// Why a lease could not be taken or kept.
@@ -293,6 +392,9 @@ pub enum Taken {
     Free,
     /// Its holder had released it.
     Released { node: String },
+    /// Its holder had handed it over to node `to` (this one, or one that did not take it
+    /// within the expiry).
+    Handed { from: String, to: String },
     /// Its holder's process on this host was gone.
     Gone { node: String, pid: u32 },
     /// Its holder's heartbeat had stopped for the expiry (an unknown node: a block that
@@ -305,6 +407,7 @@ impl std::fmt::Display for Taken {
         match self {
             Taken::Free => write!(f, "never leased before"),
             Taken::Released { node } => write!(f, "released by node {node}"),
+            Taken::Handed { from, to } => write!(f, "handed by node {from} to node {to}"),
             Taken::Gone { node, pid } => write!(f, "held by node {node}, whose process {pid} on this host is gone"),
             Taken::Expired { node } => write!(f, "held by node {node}, whose heartbeat stopped for the expiry"),
         }
@@ -321,6 +424,10 @@ pub struct Held {
     taken: Taken,
     /// Heartbeats held back until then (tests: a node whose clock or process stalls).
     stall: Arc<Mutex<Option<Instant>>>,
+    /// The node an operator asked to move the drives to, as the heartbeat read it.
+    asked: Arc<Mutex<Option<String>>>,
+    /// The node the release hands the drives to ([`Held::hand_to`]).
+    handed: Arc<Mutex<Option<String>>>,
 }
 
 /// What a holder is told when its lease is lost.
@@ -379,6 +486,14 @@ impl Fence {
         why
     }
 
+    /// Refuse writes from now on, without telling the owner: the lease was let go on
+    /// purpose.
+    fn retire(&self, why: &str) {
+        self.valid_until.store(0, Ordering::Release);
+        let now = self.base.elapsed();
+        lock(&self.lost).get_or_insert_with(|| (why.to_string(), self.base + now));
+    }
+
     fn extend(&self, renewal_began: Instant, by: Duration) {
         let until = (renewal_began - self.base + by).as_nanos() as u64;
         if lock(&self.lost).is_none() {
@@ -417,6 +532,13 @@ impl Held {
         for (d, b) in drives.iter().zip(&first.blocks) {
             match b {
                 Ok(None) => {}
+                Ok(Some(b)) if b.released && !b.to.is_empty() => {
+                    if b.to != opts.node {
+                        // Its next holder claims it within the expiry, else is gone.
+                        watch = watch.max(Some(b.expiry));
+                    }
+                    taken = taken.max(Taken::Handed { from: b.node.clone(), to: b.to.clone() });
+                }
                 Ok(Some(b)) if b.released => taken = taken.max(Taken::Released { node: b.node.clone() }),
                 Ok(Some(b)) if holder_is_gone(b, &boot) => {
                     taken = taken.max(Taken::Gone { node: b.node.clone(), pid: b.pid });
@@ -437,7 +559,7 @@ impl Held {
                 }
             }
         }
-        if expired_only && !matches!(taken, Taken::Expired { .. } | Taken::Gone { .. }) {
+        if expired_only && !matches!(taken, Taken::Expired { .. } | Taken::Gone { .. } | Taken::Handed { .. }) {
             return Err(LeaseError::NotHeld(taken));
         }
         if first.crcs.iter().filter(|c| c.is_some()).count() < majority(drives.len()) {
@@ -478,6 +600,7 @@ impl Held {
             boot,
             pid: std::process::id(),
             stamp_ms: now_ms(),
+            to: String::new(),
         };
         // Compare, then write: a taker that read long ago and stalled since must not
         // write over a node that took the drives meanwhile.
@@ -487,13 +610,17 @@ impl Held {
             return Err(LeaseError::Raced { node: node.unwrap_or_else(|| "(unknown)".into()) });
         }
         let key = |b: &LeaseBlock| (b.epoch, b.node.clone(), b.boot.clone(), b.pid);
+        // Any node that could write when our claim landed must renew within the validity,
+        // and its renewal finds our claim: past this wait it writes no more. A taker
+        // racing us has written its claim by then too. Drives handed to this node need
+        // only a heartbeat's check: their holder let go on purpose and writes nothing, and
+        // every other node watches them for the expiry before it claims.
+        let handed_here = matches!(&taken, Taken::Handed { to, .. } if *to == opts.node);
+        let settle = if handed_here { opts.interval } else { opts.expiry / 2 + opts.interval };
         let mut rounds = 0;
         let began = loop {
             claim(&drives, &mine)?;
-            // Any node that could write when our claim landed must renew within the
-            // validity, and its renewal finds our claim: past this wait it writes no
-            // more. A taker racing us has written its claim by then too.
-            std::thread::sleep(opts.expiry / 2 + opts.interval);
+            std::thread::sleep(settle);
             let began = Instant::now();
             let after = read_all(&drives);
             let foreign: Vec<&LeaseBlock> = after.blocks.iter().flatten().flatten().filter(|b| **b != mine).collect();
@@ -519,13 +646,21 @@ impl Held {
         });
         fence.extend(began, opts.expiry / 2);
         let stop = Arc::new(AtomicBool::new(false));
-        let stall = Arc::new(Mutex::new(None));
-        let beat = Heartbeat { drives, mine, fence: fence.clone(), stop: stop.clone(), stall: stall.clone() };
+        let (stall, asked, handed) = (Arc::default(), Arc::default(), Arc::default());
+        let beat = Heartbeat {
+            drives,
+            mine,
+            fence: fence.clone(),
+            stop: stop.clone(),
+            stall: Arc::clone(&stall),
+            asked: Arc::clone(&asked),
+            handed: Arc::clone(&handed),
+        };
         let thread = std::thread::Builder::new()
             .name(format!("lease-{}", opts.node))
             .spawn(move || beat.run())
             .map_err(|e| LeaseError::Settings(format!("cannot start the heartbeat thread: {e}")))?;
-        Ok(Held { fence, stop, thread: Some(thread), notes, stall, taken })
+        Ok(Held { fence, stop, thread: Some(thread), notes, stall, taken, asked, handed })
     }
 
     /// The fence the drives of this lease are wrapped in ([`FencedDrive::wrap`]).
@@ -554,6 +689,20 @@ impl Held {
         }
     }
 
+    /// The node an operator asked this holder to move the drives to (`nacre failover`),
+    /// once a renewal has read the request.
+    pub fn move_asked(&self) -> Option<String> {
+        lock(&self.asked).clone()
+    }
+
+    /// Release the drives to node `node`, which takes them at once (others watch them as
+    /// held by it). Call once the target is closed: from the release on, this node's
+    /// writes are refused.
+    pub fn hand_to(self, node: &str) {
+        *lock(&self.handed) = Some(node.to_string());
+        drop(self);
+    }
+
     /// Hold back heartbeats for `d`, as a node whose clock or process stalls (tests).
     #[doc(hidden)]
     pub fn stall(&self, d: Duration) {
@@ -576,6 +725,8 @@ struct Heartbeat {
     fence: Arc<Fence>,
     stop: Arc<AtomicBool>,
     stall: Arc<Mutex<Option<Instant>>>,
+    asked: Arc<Mutex<Option<String>>>,
+    handed: Arc<Mutex<Option<String>>>,
 }
 
 impl Heartbeat {
@@ -603,14 +754,20 @@ impl Heartbeat {
                 return;
             }
             self.fence.extend(began, valid);
+            if let Some(to) = move_asked(&self.drives, self.mine.epoch).filter(|to| *to != self.mine.node) {
+                *lock(&self.asked) = Some(to);
+            }
         }
-        // A clean stop releases the drives, unless they are another node's by now.
+        // A clean stop releases the drives (to a node, for a move), unless they are
+        // another node's by now; from then on this node writes nothing.
         if self.fence.check().is_ok() {
             let _ = self.renew(true);
         }
+        self.fence.retire("the lease was released");
     }
 
-    /// Check every block is still ours, then write the next sequence (or the release).
+    /// Check every block is still ours, then write the next sequence (or the release, to
+    /// the node it is handed to if any).
     fn renew(&mut self, release: bool) -> Result<(), String> {
         let seen = read_all(&self.drives);
         for (d, b) in self.drives.iter().zip(&seen.blocks) {
@@ -633,6 +790,9 @@ impl Heartbeat {
         let mut next = self.mine.clone();
         next.seq += 1;
         next.released = release;
+        if release {
+            next.to = lock(&self.handed).take().unwrap_or_default();
+        }
         next.stamp_ms = now_ms();
         let (written, detail) = write_all(&self.drives, &next);
         self.mine = next;
@@ -727,6 +887,7 @@ mod tests {
             boot: "1c3e2d9a-0000-4000-8000-000000000000".into(),
             pid: 1234,
             stamp_ms: 1_795_000_000_000,
+            to: "oss2".into(),
         };
         let bytes = b.encode();
         assert_eq!(LeaseBlock::decode(&bytes).unwrap(), Some(b));
@@ -734,5 +895,16 @@ mod tests {
         bad[20] ^= 1;
         assert_eq!(LeaseBlock::decode(&bad).unwrap_err(), "bad checksum");
         assert_eq!(LeaseBlock::decode(&[0u8; LEASE_BYTES]).unwrap(), None);
+    }
+
+    #[test]
+    fn a_move_request_round_trips_and_a_damaged_one_moves_nothing() {
+        let r = MoveRequest { epoch: 3, to: "oss2".into(), stamp_ms: 1_795_000_000_000 };
+        let bytes = r.encode();
+        assert_eq!(MoveRequest::decode(&bytes), Some(r));
+        let mut bad = bytes.to_vec();
+        bad[17] ^= 1;
+        assert_eq!(MoveRequest::decode(&bad), None);
+        assert_eq!(MoveRequest::decode(&[0u8; MOVE_BYTES]), None);
     }
 }

@@ -17,8 +17,12 @@ pub const SB_OFFSETS: [u64; 2] = [0, 4096];
 /// volume is made or a drive replaced, as a node holds it before it makes the volume.
 pub const LEASE_OFFSET: u64 = 8 << 10;
 pub const LEASE_BYTES: usize = 4096;
+/// An operator's move request to the lease's holder (see [`crate::lease`]), left alone
+/// as the lease is.
+pub const MOVE_OFFSET: u64 = LEASE_OFFSET + LEASE_BYTES as u64;
+pub const MOVE_BYTES: usize = 4096;
 /// Reserved, zeroed at creation, up to the bitmap.
-pub const RESERVED_OFFSET: u64 = LEASE_OFFSET + LEASE_BYTES as u64;
+pub const RESERVED_OFFSET: u64 = MOVE_OFFSET + MOVE_BYTES as u64;
 /// Where the write-intent bitmap starts, and the most it may occupy.
 pub const WIL_OFFSET: u64 = 64 << 10;
 pub const WIL_BYTES_MAX: u64 = (1 << 20) - WIL_OFFSET;

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use nacre_raid::lease::{LEASE_OFFSET, Taken, holder};
+use nacre_raid::lease::{LEASE_OFFSET, NODE_MAX, Taken, ask_move, holder};
 use nacre_raid::{
     BlockDevice, CreateOptions, FencedDrive, Held, LeaseError, LeaseOptions, Level, MemDrive, Volume, VolumeOptions,
 };
@@ -228,4 +228,59 @@ fn bad_settings_are_refused_by_name() {
         assert!(err.to_string().contains(what), "{err}");
     }
     assert!(holder(&d).unwrap().is_none(), "a refused acquire wrote nothing");
+}
+
+/// A move (`nacre failover`): a request for the holder's epoch reaches it at its next
+/// renewal (one for an older epoch is ignored); it hands the drives to the named node,
+/// which takes them at once, while any other node watches them as that node's for the
+/// expiry. The holder writes nothing once it let go, and is not told it lost anything.
+#[test]
+fn a_move_request_reaches_the_holder_and_the_named_node_takes_the_drives_at_once() {
+    let (_mem, d) = drives(3);
+    let a = Held::acquire(d.clone(), &opts("oss1", 10, 400)).unwrap();
+    let a_drives = FencedDrive::wrap(d.clone(), a.fence());
+    let (tx, rx) = std::sync::mpsc::channel();
+    a.on_lost(move |why| {
+        let _ = tx.send(why.to_string());
+    });
+    ask_move(&d, 0, "oss2").unwrap();
+    std::thread::sleep(Duration::from_millis(60));
+    assert_eq!(a.move_asked(), None, "a request for another epoch moves nothing");
+    ask_move(&d, a.fence().epoch(), "oss2").unwrap();
+    let started = Instant::now();
+    while a.move_asked().is_none() && started.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(a.move_asked().as_deref(), Some("oss2"));
+    a.hand_to("oss2");
+    let err = write_through(&a_drives).unwrap_err();
+    assert!(err.to_string().contains("released"), "{err}");
+    let seen = holder(&d).unwrap().unwrap();
+    assert_eq!((seen.released, seen.to.as_str()), (true, "oss2"));
+
+    // A third node watches the drives as oss2's: it gives up as soon as oss2 claims them.
+    let d3 = d.clone();
+    let third = std::thread::spawn(move || Held::acquire(d3, &opts("oss3", 10, 400)).err());
+    std::thread::sleep(Duration::from_millis(20));
+    let started = Instant::now();
+    let b = Held::acquire_expired(d.clone(), &opts("oss2", 10, 400)).unwrap();
+    assert!(started.elapsed() < Duration::from_millis(400), "no watch for the named node: {:?}", started.elapsed());
+    assert_eq!(b.taken(), &Taken::Handed { from: "oss1".into(), to: "oss2".into() });
+    assert_eq!(b.fence().epoch(), 2);
+    let err = third.join().unwrap().expect("the third node does not take the drives");
+    assert!(matches!(&err, LeaseError::Held { node, .. } if node == "oss2"), "{err}");
+    assert!(rx.try_recv().is_err(), "a holder that let go on purpose is not told it lost the lease");
+    assert_eq!(ask_move(&d, 2, ""), Err(format!("node name \"\": 1 to {NODE_MAX} bytes")));
+}
+
+/// Drives handed to a node that never takes them are taken by another after the expiry.
+#[test]
+fn drives_handed_to_a_node_that_never_comes_are_taken_after_the_expiry() {
+    let (_mem, d) = drives(3);
+    let a = Held::acquire(d.clone(), &opts("oss1", 10, 300)).unwrap();
+    a.hand_to("oss2");
+    let started = Instant::now();
+    let c = Held::acquire_expired(d.clone(), &opts("oss3", 10, 300)).unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(300), "taken after {:?}", started.elapsed());
+    assert_eq!(c.taken(), &Taken::Handed { from: "oss1".into(), to: "oss2".into() });
 }

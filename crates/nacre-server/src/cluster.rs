@@ -285,6 +285,24 @@ impl Local {
         }
     }
 
+    /// Commit what every target served here has answered (an MDT's changes, an OST's
+    /// unstable writes): before a planned move, so that clients have nothing to replay.
+    pub async fn commit_all(&self) {
+        for m in &self.mdses {
+            if let Err(e) = m.namespace().committed_all().await {
+                eprintln!("mdt{}: commit before stopping: {}", m.namespace().index(), e.message);
+            }
+        }
+        for o in &self.osses {
+            let o = o.clone();
+            match tokio::task::spawn_blocking(move || o.writeback().commit()).await {
+                Ok(Err(e)) => eprintln!("oss: commit before stopping: {e}"),
+                Err(e) => eprintln!("oss: commit before stopping: {e}"),
+                Ok(Ok(_)) => {}
+            }
+        }
+    }
+
     /// Where clients mount from.
     pub fn mgs(&self) -> &Nid {
         &self.mgs_nid

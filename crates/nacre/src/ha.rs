@@ -12,7 +12,12 @@
 //!   stopped on purpose, are left alone.
 //!
 //! A target taken over registers its new NID with the MGS, which moves it first in the
-//! target's list; clients follow the configuration change and replay there. A node that
+//! target's list; clients follow the configuration change and replay there.
+//!
+//! An operator moves a target with `nacre failover TARGET [--to NODE]` (and `nacre
+//! failback`, each target to its primary): the request goes on the target's drives (see
+//! `nacre_raid::lease`), the holder commits, stops serving and releases the lease to the
+//! named node, which takes it at once. A node that
 //! loses a lease it holds (its drives or its clock stalled, or a partner took over while
 //! it was stopped) says why and exits at once: its writes are refused from then on.
 
@@ -99,8 +104,9 @@ pub struct Node {
     pub mgs: Nid,
     pub fsname: String,
     pub lease: LeaseOptions,
-    /// Leases held, dropped (released) by [`Node::release`] once every target closed.
-    held: Arc<Mutex<Vec<Held>>>,
+    /// Leases held, by target label, dropped (released) by [`Node::release`] once every
+    /// target closed, or handed over when an operator moves one.
+    held: Arc<Mutex<Vec<(String, Held)>>>,
     /// Set by [`Node::stop`]: the monitors stop their targets cleanly and end.
     stopping: Arc<tokio::sync::watch::Sender<bool>>,
 }
@@ -136,10 +142,24 @@ impl Node {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
+    /// The node an operator asked to move target `label` to, if any.
+    fn move_asked(&self, label: &str) -> Option<String> {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.iter().find(|(l, _)| l == label).and_then(|(_, h)| h.move_asked())
+    }
+
+    /// Release target `label`'s lease to node `to` (its target closed).
+    fn hand_over(&self, label: &str, to: &str) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = held.iter().position(|(l, _)| l == label) {
+            held.remove(i).1.hand_to(to);
+        }
+    }
+
     /// Take `duty` once (blocking: a free lease takes half the expiry and an interval, a
     /// held one the expiry more) and serve it; the served target lives as long as the
-    /// returned `Local`.
-    async fn take(&self, duty: &Duty, drives: Vec<Arc<dyn BlockDevice>>) -> Result<Local, TakeError> {
+    /// returned `Local` (and the target opened, to close after it).
+    async fn take(&self, duty: &Duty, drives: Vec<Arc<dyn BlockDevice>>) -> Result<(Local, Opened), TakeError> {
         let (opts, primary) = (self.lease.clone(), duty.primary);
         let started = std::time::Instant::now();
         let held = tokio::task::spawn_blocking(move || {
@@ -184,10 +204,10 @@ impl Node {
         let fence = held.fence().clone();
         let gate: nacre_server::cluster::Gate = Arc::new(move || fence.check().is_ok());
         // Held from here on, whatever happens: released only once the target closed.
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).push(held);
-        let (mdts, osts) = match opened {
-            Opened::Mdt(ns) => (vec![ns], vec![]),
-            Opened::Ost(t) => (vec![], vec![(duty.index, t)]),
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).push((label.clone(), held));
+        let (mdts, osts) = match &opened {
+            Opened::Mdt(ns) => (vec![ns.clone()], vec![]),
+            Opened::Ost(t) => (vec![], vec![(duty.index, t.clone())]),
         };
         let (host, mgs_nid) = (self.host.clone(), self.mgs.clone());
         let listen = move |_: &str| -> Nid { format!("{host}@tcp:0").parse().unwrap_or_else(|_| mgs_nid.clone()) };
@@ -197,7 +217,7 @@ impl Node {
                 .await
                 .map_err(|e| TakeError::Other(format!("{label}: {e}")))?;
         eprintln!("{label}: opened, registered and serving in {:.1} s", started.elapsed().as_secs_f64());
-        Ok(local)
+        Ok((local, opened))
     }
 
     /// Watch `duty` (its `drives`, from [`Duty::lease_drives`]) and serve it whenever this
@@ -221,7 +241,7 @@ impl Node {
             }
             let outcome = self.take(&duty, drives.clone()).await;
             let standing = match outcome {
-                Ok(local) => {
+                Ok((local, opened)) => {
                     if !local.wait_ready(osts, Duration::from_secs(300)).await {
                         eprintln!("{label}: no objects from the {osts} OSTs within 300 s; serving anyway");
                     }
@@ -230,10 +250,33 @@ impl Node {
                     if let Some(f) = first.take() {
                         let _ = f.send(Ok(()));
                     }
-                    // Served until the node stops (or loses the lease and exits).
-                    let _ = stopping.wait_for(|s| *s).await;
+                    // Served until the node stops (or loses the lease and exits), or an
+                    // operator moves the target.
+                    let to = loop {
+                        tokio::select! {
+                            _ = stopping.wait_for(|s| *s) => break None,
+                            _ = tokio::time::sleep(self.lease.interval / 4) => {
+                                if let Some(to) = self.move_asked(&label) {
+                                    break Some(to);
+                                }
+                            }
+                        }
+                    };
+                    let Some(to) = to else {
+                        local.stop().await;
+                        return;
+                    };
+                    eprintln!("{label}: moving to node {to}, as asked");
+                    // Committed first, so that its clients have nothing to replay there.
+                    local.commit_all().await;
+                    // Stopped and dropped: its services no longer listen. Closed under the
+                    // lease (its last checkpoint written), then handed over.
                     local.stop().await;
-                    return;
+                    opened.close(Duration::from_secs(1)).await;
+                    self.hand_over(&label, &to);
+                    eprintln!("{label}: handed to node {to}");
+                    said.clear();
+                    continue;
                 }
                 Err(TakeError::Lease(LeaseError::Held { node, .. })) => format!("served by node {node}; standing by"),
                 Err(TakeError::Lease(LeaseError::NotHeld(how))) => {
@@ -261,6 +304,36 @@ impl Node {
 enum Opened {
     Mdt(Arc<nacre_server::mdt::Namespace>),
     Ost(Arc<nacre_osd::Target>),
+}
+
+impl Opened {
+    /// Close the target: once nothing else uses it (the services that served it let go),
+    /// waiting at most `limit`, its last writes (an MDT's final checkpoint) happen as it
+    /// drops, on a blocking thread. An MDT something still holds (a request in flight) is
+    /// closed explicitly instead: committed, checkpointed, and refusing changes from then
+    /// on.
+    async fn close(self, limit: Duration) {
+        let started = std::time::Instant::now();
+        loop {
+            let last = match &self {
+                Opened::Mdt(ns) => Arc::strong_count(ns) == 1,
+                Opened::Ost(t) => Arc::strong_count(t) == 1,
+            };
+            if last || started.elapsed() >= limit {
+                let _ = tokio::task::spawn_blocking(move || {
+                    if let Opened::Mdt(ns) = &self
+                        && !last
+                    {
+                        ns.close();
+                    }
+                    drop(self)
+                })
+                .await;
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 /// Why a take did not end in a served target: the lease's answer, or the target's.
@@ -294,8 +367,9 @@ pub struct Spot {
     pub dir: PathBuf,
 }
 
+/// Where a cluster file is: `--config`, or `DATA/cluster.toml`.
 #[derive(clap::Args)]
-pub struct StatusArgs {
+pub struct ClusterAt {
     /// The cluster file (default: DATA/cluster.toml, as `nacre up --ha` and
     /// `--per-service` write it).
     #[arg(long)]
@@ -303,20 +377,210 @@ pub struct StatusArgs {
     /// A data folder of `nacre up`.
     #[arg(long, default_value = "nacre-data")]
     pub data: PathBuf,
+}
+
+impl ClusterAt {
+    fn path(&self) -> PathBuf {
+        self.config.clone().unwrap_or_else(|| self.data.join("cluster.toml"))
+    }
+}
+
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub at: ClusterAt,
     /// One JSON line instead of the table.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct FailoverArgs {
+    /// The target to move: `MDT0`, `OST1` (or `nacre-OST0001`).
+    pub target: String,
+    /// The node to move it to (default: its first node that does not serve it now).
+    #[arg(long)]
+    pub to: Option<String>,
+    #[command(flatten)]
+    pub at: ClusterAt,
+    /// How long to wait for the new node to take the drives, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub wait: u64,
+}
+
+#[derive(clap::Args)]
+pub struct FailbackArgs {
+    /// The target to move back (default: every target not on its primary node).
+    pub target: Option<String>,
+    #[command(flatten)]
+    pub at: ClusterAt,
+    /// How long to wait for the primaries to take the drives, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub wait: u64,
+}
+
+/// The target of `spots` that `name` names (`MDT0`, `ost1`, `nacre-OST0001`).
+fn find_spot<'a>(spots: &'a [Spot], fsname: &str, name: &str) -> Result<&'a Spot, String> {
+    let want = name.to_ascii_uppercase();
+    spots
+        .iter()
+        .find(|s| {
+            let d = Duty { kind: s.kind, index: s.index, dir: s.dir.clone(), primary: true };
+            d.label() == want || s.kind.name(fsname, s.index).eq_ignore_ascii_case(name)
+        })
+        .ok_or_else(|| {
+            let known: Vec<String> = spots
+                .iter()
+                .map(|s| Duty { kind: s.kind, index: s.index, dir: s.dir.clone(), primary: true }.label())
+                .collect();
+            format!("no target {name:?} in the cluster file (it has {})", known.join(", "))
+        })
+}
+
+/// A move asked of a target's holder, to wait for.
+struct Asked {
+    label: String,
+    /// Its name at the MGS (`nacre-MDT0000`).
+    name: String,
+    from: String,
+    to: String,
+    epoch: u64,
+    drives: Vec<Arc<dyn BlockDevice>>,
+    /// The NID the MGS listed first for it before the move (`None`: the MGS did not
+    /// answer).
+    nid_before: Option<String>,
+}
+
+/// The NIDs the MGS lists for every target (`NAME nid,nid` lines, active first); `None`
+/// if it does not answer.
+fn served_nids(mgs: &Nid) -> Option<String> {
+    let body = nacre_proto::param::encode_get("mgs.*.targets");
+    crate::call_param(mgs, nacre_proto::param::OP_GET_PARAM, &body).ok()
+}
+
+/// The first NID `served` (from [`served_nids`]) lists for target `name`.
+fn first_nid(served: &str, name: &str) -> Option<String> {
+    let nids = served.lines().find_map(|l| l.strip_prefix(&format!("{name} ")))?;
+    nids.split(',').next().map(|n| n.trim().to_string())
+}
+
+/// Ask the holder of `spot` to hand it to `to` (default: its first other node). Errors
+/// name what is wrong, and nothing is written then.
+fn ask(spot: &Spot, to: Option<&str>, fsname: &str, mgs: &Nid) -> Result<Asked, String> {
+    let duty = Duty { kind: spot.kind, index: spot.index, dir: spot.dir.clone(), primary: true };
+    let label = duty.label();
+    if spot.nodes.len() < 2 {
+        return Err(format!("{label} has no failover node (only {})", spot.nodes.join(", ")));
+    }
+    let drives = duty.lease_drives()?;
+    let b = match holder(&drives) {
+        Ok(Some(b)) => b,
+        Ok(None) => return Err(format!("{label} has never been served on shared drives: nothing to move")),
+        Err(why) => return Err(format!("{label}: its lease does not decode ({why})")),
+    };
+    if b.released {
+        return Err(format!("{label} is not served (its lease was released by node {}): nothing to move", b.node));
+    }
+    let to = match to {
+        Some(to) if !spot.nodes.iter().any(|n| n == to) => {
+            return Err(format!("{label} can be served by {} only, not by {to}", spot.nodes.join(", ")));
+        }
+        Some(to) if to == b.node => return Err(format!("{label} is served by node {to} already")),
+        Some(to) => to.to_string(),
+        None => spot.nodes.iter().find(|n| **n != b.node).cloned().unwrap_or_default(),
+    };
+    let name = spot.kind.name(fsname, spot.index);
+    let nid_before = served_nids(mgs).map(|s| first_nid(&s, &name).unwrap_or_default());
+    nacre_raid::lease::ask_move(&drives, b.epoch, &to).map_err(|e| format!("{label}: {e}"))?;
+    Ok(Asked { label, name, from: b.node, to, epoch: b.epoch, drives, nid_before })
+}
+
+/// Wait until every move of `asked` landed, at most `limit`, saying each as it does: the
+/// new node holds the drives (a newer epoch) and serves the target (the MGS lists a new
+/// NID first; when the MGS did not answer before the move, the lease alone).
+fn wait_moves(asked: Vec<Asked>, mgs: &Nid, limit: Duration) -> crate::service::CliResult {
+    let started = std::time::Instant::now();
+    let mut left = asked;
+    while !left.is_empty() {
+        let served = served_nids(mgs);
+        left.retain(|a| match holder(&a.drives) {
+            Ok(Some(b)) if b.epoch > a.epoch && !b.released && b.node == a.to => {
+                let now = served.as_deref().and_then(|s| first_nid(s, &a.name));
+                let registered = match (&a.nid_before, &now) {
+                    (Some(before), Some(now)) => before != now,
+                    (Some(_), None) => false,
+                    (None, _) => true,
+                };
+                if !registered {
+                    return true;
+                }
+                let s = started.elapsed().as_secs_f64();
+                let at = now.map(|n| format!(" at {n}")).unwrap_or_default();
+                println!(
+                    "{}: moved from node {} to node {} in {s:.1} s (epoch {}), served{at}",
+                    a.label, a.from, a.to, b.epoch
+                );
+                false
+            }
+            _ => true,
+        });
+        if left.is_empty() {
+            break;
+        }
+        if started.elapsed() >= limit {
+            let names: Vec<String> = left.iter().map(|a| format!("{} (to {})", a.label, a.to)).collect();
+            return Err(format!(
+                "not moved within {limit:?}: {}; the nodes' logs say why (nacre status shows where each is)",
+                names.join(", ")
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+/// `nacre failover TARGET [--to NODE]`.
+pub fn failover(a: FailoverArgs) -> crate::service::CliResult {
+    let (fsname, mgs, spots) = crate::up::cluster_targets(&a.at.path())?;
+    let spot = find_spot(&spots, &fsname, &a.target)?;
+    let asked = ask(spot, a.to.as_deref(), &fsname, &mgs)?;
+    println!("{}: asked node {} to hand it to node {}", asked.label, asked.from, asked.to);
+    wait_moves(vec![asked], &mgs, Duration::from_secs(a.wait))
+}
+
+/// `nacre failback [TARGET]`: targets served away from their primary go back to it.
+pub fn failback(a: FailbackArgs) -> crate::service::CliResult {
+    let (fsname, mgs, spots) = crate::up::cluster_targets(&a.at.path())?;
+    let chosen: Vec<&Spot> = match &a.target {
+        Some(t) => vec![find_spot(&spots, &fsname, t)?],
+        None => spots.iter().filter(|s| s.nodes.len() > 1).collect(),
+    };
+    let mut asked = Vec::new();
+    for s in chosen {
+        let duty = Duty { kind: s.kind, index: s.index, dir: s.dir.clone(), primary: true };
+        let primary = &s.nodes[0];
+        let on = duty.lease_drives().ok().and_then(|d| holder(&d).ok().flatten());
+        match on {
+            Some(b) if !b.released && b.node != *primary => asked.push(ask(s, Some(primary), &fsname, &mgs)?),
+            Some(b) if !b.released => println!("{}: on its primary node {primary} already", duty.label()),
+            _ if a.target.is_some() => return Err(format!("{}: not served: nothing to move", duty.label()).into()),
+            _ => {}
+        }
+    }
+    for m in &asked {
+        println!("{}: asked node {} to hand it to node {}", m.label, m.from, m.to);
+    }
+    wait_moves(asked, &mgs, Duration::from_secs(a.wait))
 }
 
 /// `nacre status`: every target of a cluster file, the node whose lease holds its drives
 /// (read from the drives), how old that node's last heartbeat is, and where the MGS says
 /// it is served.
 pub fn status(a: StatusArgs) -> crate::service::CliResult {
-    let path = a.config.unwrap_or_else(|| a.data.join("cluster.toml"));
-    let (fsname, mgs, spots) = crate::up::cluster_targets(&path)?;
+    let (fsname, mgs, spots) = crate::up::cluster_targets(&a.at.path())?;
     // Where the MGS says each target is, if it answers.
-    let body = nacre_proto::param::encode_get("mgs.*.targets");
-    let served = crate::call_param(&mgs, nacre_proto::param::OP_GET_PARAM, &body).unwrap_or_default();
+    let served = served_nids(&mgs).unwrap_or_default();
     let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
     let mut rows = Vec::new();
     for s in &spots {
@@ -328,14 +592,16 @@ pub fn status(a: StatusArgs) -> crate::service::CliResult {
                 Ok(None) => (String::new(), "never leased".into(), 0, None),
                 Ok(Some(b)) => {
                     let age = (now_ms - b.stamp_ms as i64).max(0) as f64 / 1000.0;
-                    let state = if b.released {
-                        "released"
+                    let state = if b.released && !b.to.is_empty() {
+                        format!("handed to {}", b.to)
+                    } else if b.released {
+                        "released".into()
                     } else if age * 1000.0 > b.expiry.as_millis() as f64 {
-                        "expired"
+                        "expired".into()
                     } else {
-                        "held"
+                        "held".into()
                     };
-                    (b.node, state.to_string(), b.epoch, Some(age))
+                    (b.node, state, b.epoch, Some(age))
                 }
                 Err(why) => (String::new(), format!("held by an unknown node ({why})"), 0, None),
             },

@@ -90,6 +90,12 @@ enum Command {
     /// Every target of a cluster file: its nodes, the node whose lease holds its drives
     /// and how old its heartbeat is, and where the MGS says it is served.
     Status(ha::StatusArgs),
+    /// Move a target of a failover pair to another of its nodes (`--to`, default its other
+    /// node): its holder commits, stops serving it and hands its drives over; returns once
+    /// the new node holds them.
+    Failover(ha::FailoverArgs),
+    /// Move every target of a failover pair (or the one named) back to its primary node.
+    Failback(ha::FailbackArgs),
     /// Mount a file system from its MGS (FUSE); returns once mounted.
     Mount(fsys::MountArgs),
     /// Unmount a Nacre mount.
@@ -322,6 +328,8 @@ fn main() {
         Command::Down(a) => up::down(a),
         Command::Server(a) => up::server(a),
         Command::Status(a) => ha::status(a),
+        Command::Failover(a) => ha::failover(a),
+        Command::Failback(a) => ha::failback(a),
         Command::Mount(a) => fsys::mount(a),
         Command::Umount(a) => fsys::unmount(&a.path, false),
         Command::Setstripe(a) => fsys::setstripe(a),

@@ -212,3 +212,89 @@ fn failover_pairs_in_a_cluster_file_are_checked_before_anything_starts() {
     }
     let _ = fs::remove_dir_all(dir);
 }
+
+/// The holder of each target as `nacre status --json` reads it from the drives: (node,
+/// lease state, epoch).
+fn holders(up: &Up) -> std::collections::BTreeMap<String, (String, String, u64)> {
+    let out = nacre().args(["status", "--json", "--data"]).arg(&up.data).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = status["targets"].as_array().unwrap().iter();
+    rows.map(|r| {
+        let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+        (s("target"), (s("holder"), s("lease"), r["epoch"].as_u64().unwrap_or(0)))
+    })
+    .collect()
+}
+
+fn held_by(node: &str, epoch: u64) -> (String, String, u64) {
+    (node.to_string(), "held".to_string(), epoch)
+}
+
+#[test]
+fn an_operator_moves_a_target_and_back_while_the_mount_carries_on() {
+    let up = up("move");
+    striped_dirs(&up.mnt);
+    let before = write_files(&up.mnt, 1);
+    let held =
+        fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(up.mnt.join("held")).unwrap();
+    held.write_all_at(b"before the move, ", 0).unwrap();
+    let move_ = |args: &[&str]| {
+        let out = nacre().args(args).arg("--data").arg(&up.data).output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
+    // Bad requests name what is wrong and move nothing.
+    let was = holders(&up);
+    for (args, says) in [
+        (&["failover", "MDT9"][..], "no target \"MDT9\" in the cluster file (it has MDT0, OST0, OST1)"),
+        (&["failover", "OST1", "--to", "c"][..], "OST1 can be served by b, a only, not by c"),
+        (&["failover", "OST1", "--to", "b"][..], "OST1 is served by node b already"),
+    ] {
+        let (ok, _, err) = move_(args);
+        assert!(!ok && err.contains(says), "{args:?}: {err}");
+    }
+    assert_eq!(holders(&up), was);
+
+    let (ok, out, err) = move_(&["failover", "mdt0"]);
+    assert!(ok, "{out}\n{err}");
+    assert!(
+        out.contains("MDT0: asked node a to hand it to node b") && out.contains("MDT0: moved from node a to node b in"),
+        "{out}"
+    );
+    assert!(out.contains("(epoch 2), served at "), "the command returns once the MGS lists the new NID: {out}");
+    let after = write_files(&up.mnt, 2);
+    check_files(&before);
+    check_files(&after);
+    let now = holders(&up);
+    assert_eq!((&now["MDT0"], &now["OST0"], &now["OST1"]), (&held_by("b", 2), &held_by("a", 1), &held_by("b", 1)));
+    let (a_log, b_log) = (log_of(&up, "a"), log_of(&up, "b"));
+    assert!(a_log.contains("MDT0: moving to node b, as asked") && a_log.contains("MDT0: handed to node b"), "{a_log}");
+    assert!(b_log.contains("MDT0: lease taken (epoch 2; handed by node a to node b)"), "{b_log}");
+    assert!(b_log.contains("MDT0: served by node b"), "{b_log}");
+
+    // Back to the primaries: only MDT0 is away from its own.
+    let (ok, out, err) = move_(&["failback"]);
+    assert!(ok, "{out}\n{err}");
+    assert!(
+        out.contains("MDT0: moved from node b to node a in") && out.contains("OST1: on its primary node b already"),
+        "{out}"
+    );
+    held.write_all_at(b"and after", 17).unwrap();
+    held.sync_all().unwrap();
+    let mut back = String::new();
+    fs::File::open(up.mnt.join("held")).unwrap().read_to_string(&mut back).unwrap();
+    assert_eq!(back, "before the move, and after");
+    let now = holders(&up);
+    assert_eq!((&now["MDT0"], &now["OST0"], &now["OST1"]), (&held_by("a", 3), &held_by("a", 1), &held_by("b", 1)));
+    let again = write_files(&up.mnt, 3);
+    check_files(&before);
+    check_files(&after);
+    check_files(&again);
+    // Both nodes still run: a move is no failure.
+    assert!(alive(pid_of(&up, "a")) && alive(pid_of(&up, "b")));
+}

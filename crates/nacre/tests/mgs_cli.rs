@@ -50,13 +50,13 @@ fn targets_register_with_the_mgs_and_set_param_p_stores_parameters() {
         let md = client.connect(&mdt.parse().unwrap()).await.unwrap();
         let os = client.connect(&ost.parse().unwrap()).await.unwrap();
         let started = std::time::Instant::now();
-        let attr = loop {
+        let (attr, created) = loop {
             let r = Request::create(nacre_proto::fid::Fid::ROOT, "f", mode::S_IFREG | 0o644);
             let (op, body) = r.encode(&Creds::default());
             let f = md.call(op, &body, &[]).await.unwrap();
             if f.header.status == 0 {
-                let Reply::Attr(a) = Reply::decode(&f.body).unwrap() else { panic!() };
-                break a;
+                let Reply::Created { attr, objects, .. } = Reply::decode(&f.body).unwrap() else { panic!() };
+                break (attr, objects);
             }
             // ENOSPC until the first precreate batch is in.
             assert_eq!(f.header.status, -28, "{}", String::from_utf8_lossy(&f.body));
@@ -67,6 +67,7 @@ fn targets_register_with_the_mgs_and_set_param_p_stores_parameters() {
         let Reply::Layout { objects, .. } = Reply::decode(&md.call(op, &body, &[]).await.unwrap().body).unwrap() else {
             panic!()
         };
+        assert_eq!(objects, created, "the create's answer named the file's objects");
         assert_eq!(objects.len(), 1);
         let (ost_index, oid) = objects[0][0];
         assert_eq!(ost_index, 0);

@@ -403,11 +403,12 @@ impl Namespace {
                 let p = lock(&self.pools);
                 (!p.osts.is_empty(), p.osts.keys().any(|&o| p.available(o) == 0))
             };
-            if attached && (!short || std::time::Instant::now() >= until) {
-                *lock(&self.refill_until) = None;
+            if !attached {
+                // No OSTs (yet): files get no objects, and nothing to wait for.
                 return;
             }
-            if std::time::Instant::now() >= until {
+            if !short || std::time::Instant::now() >= until {
+                *lock(&self.refill_until) = None;
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;

@@ -242,15 +242,7 @@ pub struct Wal {
 impl Drop for Wal {
     /// Everything staged is written and checkpointed, then the threads stop.
     fn drop(&mut self) {
-        {
-            let mut st = lock(&self.shared.st);
-            st.stop = true;
-        }
-        self.shared.work.notify_all();
-        self.shared.ckpt.notify_all();
-        for t in lock(&self.threads).drain(..) {
-            let _ = t.join();
-        }
+        self.close();
     }
 }
 
@@ -489,6 +481,27 @@ impl Wal {
     pub fn usage(&self) -> (u64, u64) {
         let st = lock(&self.shared.st);
         (st.head - st.tail + st.staged_bytes, self.shared.region.room)
+    }
+
+    /// Write and checkpoint everything staged, then end the threads; from then on every
+    /// change fails (the log is closed). Again: nothing more happens.
+    pub fn close(&self) {
+        {
+            let mut st = lock(&self.shared.st);
+            st.stop = true;
+        }
+        self.shared.work.notify_all();
+        self.shared.ckpt.notify_all();
+        for t in lock(&self.threads).drain(..) {
+            let _ = t.join();
+        }
+        let mut st = lock(&self.shared.st);
+        if st.broken.is_none() {
+            st.broken = Some("the metadata target was closed".into());
+        }
+        drop(st);
+        self.shared.committed.send_modify(|c| c.1 = true);
+        self.shared.done.notify_all();
     }
 
     /// Stop as a crash would: nothing staged is written, no checkpoint is made, the
