@@ -1,6 +1,8 @@
 //! `nacre bench failover`: a failover pair on this machine (`nacre up --ha`) under a
-//! mixed load through its mount, while the node serving the MDT is killed (SIGKILL), comes
-//! back as a standby, and then its partner is stopped (SIGSTOP, a hung node) and resumed.
+//! mixed load through its mount, while an operator moves the MDT to the other node and
+//! back (`nacre failover`, `nacre failback`), then the node serving the MDT is killed
+//! (SIGKILL), comes back as a standby, and then its partner is stopped (SIGSTOP, a hung
+//! node) and resumed.
 //! It reports the longest pause a program saw, checks every byte that was acknowledged
 //! (fsync returned), and races two takers for the same drives many times.
 
@@ -207,7 +209,7 @@ pub fn run(o: &FailoverOptions, out: &mut dyn Write) -> Result<serde_json::Value
     for t in threads {
         let _ = t.join();
     }
-    let (kill_at, stop_at, stepped_down) = result?;
+    let Events { move_at, kill_at, stop_at, stepped_down } = result?;
     let load = std::mem::take(&mut *load.lock().unwrap_or_else(|e| e.into_inner()));
 
     // Every acknowledged file, read back.
@@ -222,6 +224,7 @@ pub fn run(o: &FailoverOptions, out: &mut dyn Write) -> Result<serde_json::Value
     }
     let end = Instant::now() + Duration::from_secs(3600);
     let max = load.ops.iter().map(|(_, d)| *d).max().unwrap_or_default();
+    let move_pause = longest(&load.ops, move_at, kill_at);
     let (kill_pause, stop_pause) = (longest(&load.ops, kill_at, stop_at), longest(&load.ops, stop_at, end));
     writeln!(
         out,
@@ -236,7 +239,8 @@ pub fn run(o: &FailoverOptions, out: &mut dyn Write) -> Result<serde_json::Value
     }
     writeln!(
         out,
-        "longest pause: {:.1} s after the kill, {:.1} s after the stop",
+        "longest pause: {:.1} s over the moves, {:.1} s after the kill, {:.1} s after the stop",
+        move_pause.as_secs_f64(),
         kill_pause.as_secs_f64(),
         stop_pause.as_secs_f64()
     )?;
@@ -251,6 +255,7 @@ pub fn run(o: &FailoverOptions, out: &mut dyn Write) -> Result<serde_json::Value
     writeln!(out, "lease races: {races}; ended with two writers: {two}; with no holder: {none}")?;
     Ok(serde_json::json!({
         "max_pause_s": max.as_secs_f64(),
+        "pause_over_moves_s": move_pause.as_secs_f64(),
         "pause_after_kill_s": kill_pause.as_secs_f64(),
         "pause_after_stop_s": stop_pause.as_secs_f64(),
         "verified": lost.is_empty() && load.errors.is_empty() && !load.acked.is_empty(),
@@ -265,14 +270,29 @@ pub fn run(o: &FailoverOptions, out: &mut dyn Write) -> Result<serde_json::Value
     }))
 }
 
-/// The events, under load: kill node a, bring it back as a standby, stop node b, resume
-/// it. When a was killed, when b was stopped, and whether b stepped down on waking.
-fn events(
-    o: &FailoverOptions,
-    pair: &Pair,
-    out: &mut dyn Write,
-) -> Result<(Instant, Instant, bool), Box<dyn std::error::Error>> {
+/// When each event began, and whether node b stepped down on waking.
+struct Events {
+    move_at: Instant,
+    kill_at: Instant,
+    stop_at: Instant,
+    stepped_down: bool,
+}
+
+/// The events, under load: move MDT0 to node b and back, kill node a, bring it back as a
+/// standby, stop node b, resume it.
+fn events(o: &FailoverOptions, pair: &Pair, out: &mut dyn Write) -> Result<Events, Box<dyn std::error::Error>> {
     std::thread::sleep(o.settle);
+    let move_at = Instant::now();
+    for args in [&["failover", "MDT0"][..], &["failback"][..]] {
+        let m = Pair::nacre()?.args(args).arg("--data").arg(&pair.data).output()?;
+        if !m.status.success() {
+            return Err(format!("nacre {}: {}", args.join(" "), String::from_utf8_lossy(&m.stderr)).into());
+        }
+        for line in String::from_utf8_lossy(&m.stdout).lines().filter(|l| l.contains("moved")) {
+            writeln!(out, "{line}")?;
+        }
+        std::thread::sleep(o.settle);
+    }
     let (a, from_b) = (pair.pid("a")?, pair.log("b").len());
     signal(a, libc::SIGKILL)?;
     let kill_at = Instant::now();
@@ -309,7 +329,7 @@ fn events(
     let stepped_down = !alive(b) && pair.log("b").contains("stepping down");
     writeln!(out, "node b resumed: {}", if stepped_down { "it stepped down" } else { "it did NOT step down" })?;
     std::thread::sleep(o.settle / 2);
-    Ok((kill_at, stop_at, stepped_down))
+    Ok(Events { move_at, kill_at, stop_at, stepped_down })
 }
 
 /// `n` races of two takers for four shared drive files: how many ended with two writers
