@@ -28,6 +28,10 @@ use crate::statahead::{Fetch, Probe, Statahead, WAIT_MAX};
 use crate::striping::FileLayout;
 use nacre_proto::mdt::lease::Key as LeaseKey;
 
+/// Resends of one request of a mount before the program's call fails (see
+/// [`MountOptions::default`]).
+pub const RECOVERABLE_RESENDS: u32 = 60;
+
 /// How to mount.
 #[derive(Clone)]
 pub struct MountOptions {
@@ -41,8 +45,16 @@ pub struct MountOptions {
 impl Default for MountOptions {
     fn default() -> MountOptions {
         // The client gates RPCs per OST itself (`max_rpcs_in_flight`, changeable while
-        // mounted); the transport's own gate is only a ceiling.
-        let net = ClientConfig { max_rpcs_in_flight: 256, peer_credits: 256, ..ClientConfig::default() };
+        // mounted); the transport's own gate is only a ceiling. A target may fail over
+        // to its partner: a request waits that out (each try of an unreachable server
+        // waits a deadline, `at_min` at least, so about five minutes in all), as
+        // Lustre's recoverable imports do, instead of failing the program's call.
+        let net = ClientConfig {
+            max_rpcs_in_flight: 256,
+            peer_credits: 256,
+            max_resends: RECOVERABLE_RESENDS,
+            ..ClientConfig::default()
+        };
         MountOptions { transport: Arc::new(TcpTransport), net, tunables: Tunables::default() }
     }
 }

@@ -1017,8 +1017,8 @@ impl Namespace {
                 // A panic inside a change must not leave half of it applied.
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| change(&mut tx)))
                     .unwrap_or_else(|_| Err(MdError::new(errno::EIO, "the metadata change failed inside the server")));
-                if r.is_err() && tx.mutations() > 0 {
-                    // It failed after writing: nothing of it stays.
+                if r.is_err() && (tx.mutations() > 0 || !tx.pools_changed.borrow().is_empty()) {
+                    // It failed after writing (or taking objects): nothing of it stays.
                     tx.roll_back();
                 }
                 if let Some(k) = key

@@ -1171,3 +1171,49 @@ fn replayed_creates_claim_their_objects_and_never_share_one() {
     let e = replay("late", kept.fid.oid + 4, vec![vec![(0, 111)]]).unwrap_err();
     assert!(e.message.contains("after replays ended"), "{e:?}");
 }
+
+/// Objects a restart lost the record of (their precreate's answer was recorded by a lost
+/// change) are still claimed by the replays that name them: past the high-water mark, or
+/// in the gap below the first batch precreated after the restart. A replay that fails on
+/// its second object gives back its first.
+#[test]
+fn replays_claim_objects_whose_precreate_record_was_lost_and_a_failed_one_takes_nothing() {
+    let (ns, _v) = ns();
+    let ns = Arc::new(ns);
+    let c = root();
+    ns.attach_osts(&[0, 1]).unwrap();
+    ns.add_precreated(0, 100, 10).unwrap();
+    ns.add_precreated(1, 100, 10).unwrap();
+    ns.expect_replays();
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let two = Layout::from_lfs_args(&["-c", "2"]).unwrap();
+    let mut next_oid = 1000;
+    let mut replay = |name: &str, objects: Vec<Vec<(u32, u64)>>| {
+        next_oid += 1;
+        let first = FirstAnswer { fid: Fid { seq: 0x200000400, oid: next_oid, ver: 0 }, layout: two.encode(), objects };
+        let change = Namespace::create_with_layout_change(&c, ROOT, name, 0o644, two.clone());
+        rt.block_on(ns.submit(None, Namespace::replaying(first, change), 0))
+    };
+    // OST 0's object 100 is free, OST 1's 99 is below its pool: the replay fails whole,
+    // and 100 stays in the pool (the claim below passes it, so it is destroyed there).
+    let e = replay("half", vec![vec![(0, 100), (1, 99)]]).unwrap_err();
+    assert_eq!(e.errno, errno::EEXIST, "{e:?}");
+    assert!(ns.pending_destroys(None, 100).unwrap().is_empty(), "a failed replay destroys nothing");
+    // Past OST 0's mark (110): objects 110..112 were made by a precreate whose record was
+    // lost; 112 is claimed, and every object before it goes.
+    replay("past", vec![vec![(0, 112), (1, 100)]]).unwrap();
+    let past = ns.lookup(&c, ROOT, "past").unwrap();
+    assert_eq!(ns.objects(past.fid).unwrap(), vec![vec![(0, 112), (1, 100)]]);
+    let gone: Vec<(u32, u64)> = ns.pending_destroys(Some(0), 100).unwrap();
+    assert_eq!(gone, (100..112).map(|o| (0, o)).collect::<Vec<_>>());
+    // A batch precreated on OST 1 during replays leaves a gap (110..120) of objects made
+    // before the restart: a replay may claim one, a new file may not.
+    ns.add_precreated(1, 120, 10).unwrap();
+    replay("gap", vec![vec![(0, 113), (1, 115)]]).unwrap();
+    let gap = ns.lookup(&c, ROOT, "gap").unwrap();
+    assert_eq!(ns.objects(gap.fid).unwrap(), vec![vec![(0, 113), (1, 115)]]);
+    ns.add_precreated(0, 130, 10).unwrap();
+    let new = ns.create_with_layout(&c, ROOT, "new", 0o644, two.clone(), None).unwrap();
+    let objects = ns.objects(new.fid).unwrap();
+    assert!(objects[0].iter().all(|&(ost, o)| o >= if ost == 0 { 130 } else { 120 }), "{objects:?}");
+}

@@ -239,8 +239,9 @@ fn move_asked(drives: &[Arc<dyn BlockDevice>], epoch: u64) -> Option<String> {
             votes.push(r.to);
         }
     }
-    let to = votes.first()?.clone();
-    (votes.iter().filter(|v| **v == to).count() >= majority(drives.len())).then_some(to)
+    let count = |to: &String| votes.iter().filter(|v| *v == to).count();
+    let to = votes.iter().max_by_key(|v| count(v))?.clone();
+    (count(&to) >= majority(drives.len())).then_some(to)
 }
 
 /// Why a lease could not be taken or kept.
@@ -489,9 +490,12 @@ impl Fence {
     /// Refuse writes from now on, without telling the owner: the lease was let go on
     /// purpose.
     fn retire(&self, why: &str) {
-        self.valid_until.store(0, Ordering::Release);
+        // The reason first, and the owner's callback gone: a check that finds the
+        // validity over must see a lease let go, never a lost one.
+        drop(lock(&self.on_lost).take());
         let now = self.base.elapsed();
         lock(&self.lost).get_or_insert_with(|| (why.to_string(), self.base + now));
+        self.valid_until.store(0, Ordering::Release);
     }
 
     fn extend(&self, renewal_began: Instant, by: Duration) {
@@ -759,11 +763,13 @@ impl Heartbeat {
             }
         }
         // A clean stop releases the drives (to a node, for a move), unless they are
-        // another node's by now; from then on this node writes nothing.
-        if self.fence.check().is_ok() {
+        // another node's by now. This node's writes stop first: none can land after a
+        // taker could see the release.
+        let ours = self.fence.check().is_ok();
+        self.fence.retire("the lease was released");
+        if ours {
             let _ = self.renew(true);
         }
-        self.fence.retire("the lease was released");
     }
 
     /// Check every block is still ours, then write the next sequence (or the release, to

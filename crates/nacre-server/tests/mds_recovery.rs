@@ -625,6 +625,7 @@ async fn replayed_creates_keep_the_objects_their_first_answer_gave() {
         async move {
             let (op, body) = r.encode(&Creds::default());
             let f = md.call(op, &body, &[]).await.unwrap();
+            assert_eq!(f.header.status, 0, "{}", String::from_utf8_lossy(&f.body));
             match Reply::decode(&f.body).unwrap() {
                 Reply::Created { attr, objects, .. } => (attr, objects),
                 other => panic!("a regular file's create answers its objects: {other:?}"),

@@ -148,11 +148,16 @@ impl Node {
         held.iter().find(|(l, _)| l == label).and_then(|(_, h)| h.move_asked())
     }
 
-    /// Release target `label`'s lease to node `to` (its target closed).
-    fn hand_over(&self, label: &str, to: &str) {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = held.iter().position(|(l, _)| l == label) {
-            held.remove(i).1.hand_to(to);
+    /// Release target `label`'s lease to node `to` (its target closed), on a blocking
+    /// thread: the release waits for the heartbeat thread's last renewal.
+    async fn hand_over(&self, label: &str, to: &str) {
+        let taken = {
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            held.iter().position(|(l, _)| l == label).map(|i| held.remove(i).1)
+        };
+        if let Some(h) = taken {
+            let to = to.to_string();
+            let _ = tokio::task::spawn_blocking(move || h.hand_to(&to)).await;
         }
     }
 
@@ -273,7 +278,7 @@ impl Node {
                     // lease (its last checkpoint written), then handed over.
                     local.stop().await;
                     opened.close(Duration::from_secs(1)).await;
-                    self.hand_over(&label, &to);
+                    self.hand_over(&label, &to).await;
                     eprintln!("{label}: handed to node {to}");
                     said.clear();
                     continue;

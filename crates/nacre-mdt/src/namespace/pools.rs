@@ -46,8 +46,19 @@ impl PoolState {
     /// Take `oid` for a replayed create that was given it before a restart. Objects are
     /// given in order, so every object of the pool before it was given before it too (to
     /// a create that was lost, or replayed already): those are returned, for the
-    /// destroy log. None if `oid` is not in the pool (another file has it).
+    /// destroy log. An object past the high-water mark was made by a precreate whose
+    /// record the restart lost (the OST makes objects in order): it is taken, and those
+    /// between the mark and it go too. None if `oid` is below the mark and not in the
+    /// pool (another file has it).
     pub(super) fn claim(&mut self, oid: u64) -> Option<Vec<(u64, u64)>> {
+        if oid >= self.high {
+            let mut passed: Vec<(u64, u64)> = self.ranges.drain(..).collect();
+            if self.high < oid {
+                passed.push((self.high, oid));
+            }
+            self.high = oid + 1;
+            return Some(passed);
+        }
         let i = self.ranges.iter().position(|&(a, b)| a <= oid && oid < b)?;
         let mut passed: Vec<(u64, u64)> = self.ranges.drain(..i).collect();
         let (next, end) = &mut self.ranges[0];
@@ -261,6 +272,13 @@ impl Tx<'_> {
             return Err(MdError::new(errno::EINVAL, "a replayed create names objects after replays ended"));
         }
         for &(ost, oid) in objects.iter().flatten() {
+            if oid >= pools.fresh(ost) && pools.osts.get(&ost).is_some_and(|p| oid < p.high) {
+                return Err(MdError::new(
+                    errno::EEXIST,
+                    format!("a replayed create's object {oid} of OST {ost} was made after the restart"),
+                ));
+            }
+            let high_before = pools.osts.get(&ost).map_or(0, |p| p.high);
             let passed = pools.osts.get_mut(&ost).and_then(|p| p.claim(oid)).ok_or_else(|| {
                 MdError::new(
                     errno::EEXIST,
@@ -271,6 +289,12 @@ impl Tx<'_> {
                 for gone in a..b {
                     self.put_destroy(ost, gone);
                 }
+            }
+            // Claimed past the mark: everything recorded went, and objects from the new
+            // mark on are fresh.
+            let high = pools.osts.get(&ost).map_or(0, |p| p.high);
+            if high != high_before {
+                pools.fresh_from.insert(ost, high);
             }
             self.pools_changed.borrow_mut().insert(ost);
         }
@@ -474,12 +498,15 @@ impl Namespace {
             None,
             Box::new(move |tx| {
                 let mut pools = tx.pools.borrow_mut();
-                let replaying = pools.replaying;
+                let (replaying, pools_fresh) = (pools.replaying, pools.fresh(ost));
                 let Some(p) = pools.osts.get_mut(&ost) else { return Ok(Answer::Done) };
                 if p.high == 0 || p.high >= next {
                     return Ok(Answer::Done);
                 }
-                if replaying && p.ranges.len() < POOL_RANGES_MAX {
+                // Only while every object recorded is from before this start: orphans
+                // above objects precreated since are this start's own, and go.
+                let stale_only = p.high <= pools_fresh;
+                if replaying && stale_only && p.ranges.len() < POOL_RANGES_MAX {
                     p.ranges.push_back((p.high, next));
                     p.high = next;
                     pools.fresh_from.insert(ost, next);
@@ -513,6 +540,7 @@ impl Namespace {
             None,
             Box::new(move |tx| {
                 let mut pools = tx.pools.borrow_mut();
+                let (replaying, fresh) = (pools.replaying, pools.fresh(ost));
                 let p = pools
                     .osts
                     .get_mut(&ost)
@@ -535,8 +563,18 @@ impl Namespace {
                         format!("objects {first}+{count} of OST {ost} are in its pool already"),
                     ));
                 }
+                // Objects between the mark and this batch, while all recorded are from
+                // before this start, were made for a precreate whose record the restart
+                // lost: replays may claim them, new files may not.
+                let gap = replaying && p.high > 0 && p.high <= fresh && first > p.high;
+                if gap && p.ranges.len() + 1 < POOL_RANGES_MAX {
+                    p.ranges.push_back((p.high, first));
+                }
                 p.ranges.push_back((first, first + count));
                 p.high = p.high.max(first + count);
+                if gap {
+                    pools.fresh_from.insert(ost, first);
+                }
                 tx.pools_changed.borrow_mut().insert(ost);
                 Ok(Answer::Done)
             }),
