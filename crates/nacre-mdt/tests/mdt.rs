@@ -1194,6 +1194,12 @@ fn replays_claim_objects_whose_precreate_record_was_lost_and_a_failed_one_takes_
         let change = Namespace::create_with_layout_change(&c, ROOT, name, 0o644, two.clone());
         rt.block_on(ns.submit(None, Namespace::replaying(first, change), 0))
     };
+    // A first answer is the client's word: one naming an object far past what the MDT
+    // made is refused, and destroys nothing.
+    let e = replay("far", vec![vec![(0, u64::MAX), (1, 100)]]).unwrap_err();
+    assert!(e.errno == errno::EINVAL && e.message.contains("far past"), "{e:?}");
+    let e = replay("odd", vec![vec![(0, 100), (1, 100)], vec![]]).unwrap_err();
+    assert!(e.errno == errno::EINVAL && e.message.contains("1 components, objects for 2"), "{e:?}");
     // OST 0's object 100 is free, OST 1's 99 is below its pool: the replay fails whole,
     // and 100 stays in the pool (the claim below passes it, so it is destroyed there).
     let e = replay("half", vec![vec![(0, 100), (1, 99)]]).unwrap_err();

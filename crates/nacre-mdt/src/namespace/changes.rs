@@ -231,10 +231,17 @@ impl Tx<'_> {
         // A replayed create keeps the layout and objects its first run gave.
         let replayed = self.replay_objects.take().filter(|_| kind == mode::S_IFREG);
         let layout = match &replayed {
-            Some((l, _)) if !l.is_empty() => Some(
-                Layout::decode(l)
-                    .map_err(|e| MdError::new(errno::EINVAL, format!("a replayed create's layout: {e}")))?,
-            ),
+            Some((l, objects)) if !l.is_empty() => {
+                // The client's word: checked as a layout asked for would be.
+                let bad = |e: String| MdError::new(errno::EINVAL, format!("a replayed create's layout: {e}"));
+                let l = Layout::decode(l).map_err(|e| bad(e.to_string()))?;
+                l.validate().map_err(|e| bad(e.to_string()))?;
+                if l.components.len() != objects.len() {
+                    let (c, o) = (l.components.len(), objects.len());
+                    return Err(bad(format!("{c} components, objects for {o}")));
+                }
+                Some(l)
+            }
             _ if kind == mode::S_IFREG => Some(self.layout_for_new_file(dir, layout)?),
             _ => None,
         };

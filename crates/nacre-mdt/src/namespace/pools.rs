@@ -6,6 +6,10 @@ use super::*;
 /// Ranges one OST's pool keeps at most (each one precreate batch).
 pub(super) const POOL_RANGES_MAX: usize = 64;
 
+/// How far past an OST's high-water mark a replayed create may name an object: as many
+/// objects as a full pool holds (a client's first answer is not trusted beyond that).
+const CLAIM_PAST_MAX: u64 = POOL_RANGES_MAX as u64 * 1024;
+
 /// How long after replays end new files wait for the pools to refill
 /// ([`Namespace::objects_ready`]).
 pub const REFILL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -56,7 +60,7 @@ impl PoolState {
             if self.high < oid {
                 passed.push((self.high, oid));
             }
-            self.high = oid + 1;
+            self.high = oid.saturating_add(1);
             return Some(passed);
         }
         let i = self.ranges.iter().position(|&(a, b)| a <= oid && oid < b)?;
@@ -272,7 +276,16 @@ impl Tx<'_> {
             return Err(MdError::new(errno::EINVAL, "a replayed create names objects after replays ended"));
         }
         for &(ost, oid) in objects.iter().flatten() {
-            if oid >= pools.fresh(ost) && pools.osts.get(&ost).is_some_and(|p| oid < p.high) {
+            let high = pools.osts.get(&ost).map_or(0, |p| p.high);
+            if oid.saturating_sub(high) > CLAIM_PAST_MAX {
+                return Err(MdError::new(
+                    errno::EINVAL,
+                    format!(
+                        "a replayed create names object {oid} of OST {ost}, far past the last this MDT made there ({high})"
+                    ),
+                ));
+            }
+            if oid >= pools.fresh(ost) && oid < high {
                 return Err(MdError::new(
                     errno::EEXIST,
                     format!("a replayed create's object {oid} of OST {ost} was made after the restart"),
