@@ -212,15 +212,8 @@ pub fn ask_move(drives: &[Arc<dyn BlockDevice>], epoch: u64, to: &str) -> Result
         return Err(format!("node name {to:?}: 1 to {NODE_MAX} bytes"));
     }
     let buf = MoveRequest { epoch, to: to.to_string(), stamp_ms: now_ms() }.encode();
-    let mut written = 0;
-    let mut first_error = String::new();
-    for d in drives {
-        match d.write_at(&buf, MOVE_OFFSET).and_then(|()| d.sync()) {
-            Ok(()) => written += 1,
-            Err(e) if first_error.is_empty() => first_error = format!("{}: {e}", d.path().display()),
-            Err(_) => {}
-        }
-    }
+    // Flushed: written once, and read by the holder maybe much later.
+    let (written, first_error) = write_each(drives, &buf, MOVE_OFFSET, true);
     if written < majority(drives.len()) {
         return Err(format!("the move request reached {written} of {} drives: {first_error}", drives.len()));
     }
@@ -339,11 +332,16 @@ fn claim(drives: &[Arc<dyn BlockDevice>], block: &LeaseBlock) -> Result<(), Leas
 /// flush per drive per heartbeat would also make a renewal as slow as the busiest drive's
 /// cache, and a renewal that slow fences its node.
 fn write_all(drives: &[Arc<dyn BlockDevice>], block: &LeaseBlock) -> (usize, String) {
-    let buf = block.encode();
+    write_each(drives, &block.encode(), LEASE_OFFSET, false)
+}
+
+/// Write `buf` at `offset` of every drive (flushed, with `flush`); how many took it, and
+/// the first failure.
+fn write_each(drives: &[Arc<dyn BlockDevice>], buf: &[u8], offset: u64, flush: bool) -> (usize, String) {
     let mut written = 0;
     let mut first_error = String::new();
     for d in drives {
-        match d.write_at(&buf, LEASE_OFFSET) {
+        match d.write_at(buf, offset).and_then(|()| if flush { d.sync() } else { Ok(()) }) {
             Ok(()) => written += 1,
             Err(e) if first_error.is_empty() => first_error = format!("{}: {e}", d.path().display()),
             Err(_) => {}

@@ -372,6 +372,13 @@ pub struct Spot {
     pub dir: PathBuf,
 }
 
+impl Spot {
+    /// The target as its primary serves it (its label, its lease's drives).
+    fn duty(&self) -> Duty {
+        Duty { kind: self.kind, index: self.index, dir: self.dir.clone(), primary: true }
+    }
+}
+
 /// Where a cluster file is: `--config`, or `DATA/cluster.toml`.
 #[derive(clap::Args)]
 pub struct ClusterAt {
@@ -429,15 +436,9 @@ fn find_spot<'a>(spots: &'a [Spot], fsname: &str, name: &str) -> Result<&'a Spot
     let want = name.to_ascii_uppercase();
     spots
         .iter()
-        .find(|s| {
-            let d = Duty { kind: s.kind, index: s.index, dir: s.dir.clone(), primary: true };
-            d.label() == want || s.kind.name(fsname, s.index).eq_ignore_ascii_case(name)
-        })
+        .find(|s| s.duty().label() == want || s.kind.name(fsname, s.index).eq_ignore_ascii_case(name))
         .ok_or_else(|| {
-            let known: Vec<String> = spots
-                .iter()
-                .map(|s| Duty { kind: s.kind, index: s.index, dir: s.dir.clone(), primary: true }.label())
-                .collect();
+            let known: Vec<String> = spots.iter().map(|s| s.duty().label()).collect();
             format!("no target {name:?} in the cluster file (it has {})", known.join(", "))
         })
 }
@@ -472,7 +473,7 @@ fn first_nid(served: &str, name: &str) -> Option<String> {
 /// Ask the holder of `spot` to hand it to `to` (default: its first other node). Errors
 /// name what is wrong, and nothing is written then.
 fn ask(spot: &Spot, to: Option<&str>, fsname: &str, mgs: &Nid) -> Result<Asked, String> {
-    let duty = Duty { kind: spot.kind, index: spot.index, dir: spot.dir.clone(), primary: true };
+    let duty = spot.duty();
     let label = duty.label();
     if spot.nodes.len() < 2 {
         return Err(format!("{label} has no failover node (only {})", spot.nodes.join(", ")));
@@ -507,9 +508,12 @@ fn wait_moves(asked: Vec<Asked>, mgs: &Nid, limit: Duration) -> crate::service::
     let started = std::time::Instant::now();
     let mut left = asked;
     while !left.is_empty() {
-        let served = served_nids(mgs);
+        // The MGS is asked (a connection each time) only once some lease moved, and once
+        // per round.
+        let mut served: Option<Option<String>> = None;
         left.retain(|a| match holder(&a.drives) {
             Ok(Some(b)) if b.epoch > a.epoch && !b.released && b.node == a.to => {
+                let served = served.get_or_insert_with(|| served_nids(mgs));
                 let now = served.as_deref().and_then(|s| first_nid(s, &a.name));
                 let registered = match (&a.nid_before, &now) {
                     (Some(before), Some(now)) => before != now,
@@ -563,7 +567,7 @@ pub fn failback(a: FailbackArgs) -> crate::service::CliResult {
     };
     let mut asked = Vec::new();
     for s in chosen {
-        let duty = Duty { kind: s.kind, index: s.index, dir: s.dir.clone(), primary: true };
+        let duty = s.duty();
         let primary = &s.nodes[0];
         let on = duty.lease_drives().ok().and_then(|d| holder(&d).ok().flatten());
         match on {
@@ -589,7 +593,7 @@ pub fn status(a: StatusArgs) -> crate::service::CliResult {
     let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
     let mut rows = Vec::new();
     for s in &spots {
-        let duty = Duty { kind: s.kind, index: s.index, dir: s.dir.clone(), primary: true };
+        let duty = s.duty();
         let (holder_node, lease, epoch, age_s) = match duty.lease_drives() {
             Err(e) if e.contains("in use") => (String::new(), "exclusive (no failover)".to_string(), 0, None),
             Err(e) => (String::new(), format!("unreadable: {e}"), 0, None),

@@ -178,8 +178,9 @@ fn bench_client_prints_every_figure() {
 }
 
 /// The failover bench, short: the MDT moved by hand and back, a node killed and another
-/// stopped, under writers through the mount; every acknowledged file reads back, nothing failed, the stopped node stepped
-/// down, no lease race ended with two writers, and the bench's folder is gone.
+/// stopped, under writers through the mount; every acknowledged file reads back, nothing
+/// failed, the stopped node stepped down, no lease race ended with two writers, and the
+/// bench's folder is gone.
 #[test]
 fn bench_failover_checks_every_acknowledged_file_and_leaves_nothing() {
     let dir = std::env::temp_dir().join(format!("nacre-bench-failover-test-{}", std::process::id()));

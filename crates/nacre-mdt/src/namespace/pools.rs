@@ -25,10 +25,6 @@ pub struct PoolState {
 }
 
 impl PoolState {
-    pub fn available(&self) -> u64 {
-        self.ranges.iter().map(|(a, b)| b - a).sum()
-    }
-
     /// Objects at or past `from` (see [`Pools::fresh_from`]) not yet given to a file.
     pub(super) fn available_from(&self, from: u64) -> u64 {
         self.ranges.iter().map(|&(a, b)| b - a.max(from).min(b)).sum()
