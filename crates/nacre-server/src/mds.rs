@@ -1178,7 +1178,7 @@ impl Mds {
                         Err(e) => return done(fail(e.status(), e.message)),
                     }
                 } else {
-                    if matches!(m & mode::S_IFMT, mode::S_IFREG | 0) {
+                    if matches!(m & mode::S_IFMT, mode::S_IFREG | 0) && req.replayed.is_none() {
                         self.ns.objects_ready().await;
                     }
                     let change = match m & mode::S_IFMT {
@@ -1243,7 +1243,9 @@ impl Mds {
                 Err(e) => return done(fail(e.status(), e.message)),
             },
             Request::CreateOpen { dir, name, perms, layout, read, write } => {
-                self.ns.objects_ready().await;
+                if req.replayed.is_none() {
+                    self.ns.objects_ready().await;
+                }
                 let change = match create_change(&c, dir, &name, perms, &layout) {
                     Ok(change) => change,
                     Err(e) => return done(fail(e.status(), e.message)),

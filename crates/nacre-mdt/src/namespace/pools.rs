@@ -10,9 +10,12 @@ pub(super) const POOL_RANGES_MAX: usize = 64;
 /// objects as a full pool holds (a client's first answer is not trusted beyond that).
 const CLAIM_PAST_MAX: u64 = POOL_RANGES_MAX as u64 * 1024;
 
+/// Longer than replays last (a recovery ends by `recovery_time_hard`, 225 s by default).
+const REPLAYS_MAX: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// How long after replays end new files wait for the pools to refill
 /// ([`Namespace::objects_ready`]).
-pub const REFILL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+pub const REFILL_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// One OST's precreated objects not yet given to a file: ranges `[next, end)`, oldest
 /// first.
@@ -413,6 +416,9 @@ impl Namespace {
         pools.marked = true;
         pools.replaying = true;
         pools.fresh_from = pools.osts.iter().map(|(o, p)| (*o, p.high)).collect();
+        // New creates wait for the refill from now until after replays end: one let in
+        // as recovery ends, before `end_replays`, finds only objects kept for replays.
+        *lock(&self.refill_until) = Some(std::time::Instant::now() + REPLAYS_MAX);
     }
 
     /// Replays are over: the objects from before this start that no replay claimed are
@@ -423,8 +429,8 @@ impl Namespace {
         *lock(&self.refill_until) = Some(std::time::Instant::now() + REFILL_WAIT);
     }
 
-    /// Wait while an attached OST has no object for a new file, for a while after replays
-    /// end: the pools held only objects from before the restart, and the precreates
+    /// Wait while an attached OST has no object for a new file, while replays run and for
+    /// a while after they end (not for replays themselves: they claim their objects): the pools held only objects from before the restart, and the precreates
     /// that refill them take a round trip to each OSS. A create then waits for them
     /// rather than fail with ENOSPC (as Lustre's MDS waits for its OSP's precreates).
     /// Once every pool has objects, or [`REFILL_WAIT`] has passed (an OST that does not
