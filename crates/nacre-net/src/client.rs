@@ -215,8 +215,7 @@ impl Client {
             server_obd_timeout_ms: AtomicU64::new(0),
             counters: Arc::default(),
             pinger: Mutex::new(None),
-            moves: AtomicU64::new(0),
-            moved: tokio::sync::Notify::new(),
+            moves: watch::channel(0).0,
             closed: std::sync::atomic::AtomicBool::new(false),
             kept: Mutex::new(Kept::default()),
         });
@@ -227,7 +226,8 @@ impl Client {
             imports.insert(target.clone(), Arc::downgrade(&import));
         }
         if cfg.ping {
-            let handle = tokio::spawn(pinger(Arc::downgrade(&import), self.shared.id ^ import_seed(target)));
+            let moves = import.moves.subscribe();
+            let handle = tokio::spawn(pinger(Arc::downgrade(&import), moves, self.shared.id ^ import_seed(target)));
             *lock(&import.pinger) = Some(handle.abort_handle());
         }
         Ok(import)
@@ -331,10 +331,9 @@ pub struct ImportStats {
 pub struct Import {
     /// Where the server is: moved by [`Import::retarget`] when it restarts elsewhere.
     target: Mutex<Nid>,
-    /// Moves of `target`, and their signal: a request waiting out an unreachable server
-    /// tries the new address at once.
-    moves: AtomicU64,
-    moved: tokio::sync::Notify,
+    /// How many times `target` moved: a request waiting out an unreachable server, and
+    /// the pinger, try the new address at once.
+    moves: watch::Sender<u64>,
     shared: Arc<Shared>,
     peer: Arc<CreditPool>,
     in_flight: Semaphore,
@@ -485,22 +484,14 @@ impl Import {
             imports.insert(nid.clone(), me);
         }
         drop(imports);
-        self.moves.fetch_add(1, Ordering::AcqRel);
-        self.moved.notify_waiters();
+        self.moves.send_modify(|m| *m += 1);
     }
 
     /// Wait `d` before trying an unreachable server again, or less: not past a move of
     /// the server that came after `seen` moves.
     async fn pause(&self, d: Duration, seen: u64) {
-        // Registered before the check: a move between the two still wakes it.
-        let moved = self.moved.notified();
-        if self.moves.load(Ordering::Acquire) != seen {
-            return;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(d) => {}
-            _ = moved => {}
-        }
+        let mut moves = self.moves.subscribe();
+        let _ = tokio::time::timeout(d, moves.wait_for(|m| *m != seen)).await;
     }
 
     /// Send a request and wait for its reply.
@@ -618,7 +609,7 @@ impl Import {
         loop {
             attempts += 1;
             let last_try = req.no_resend || attempts > cfg.max_resends;
-            let seen = self.moves.load(Ordering::Acquire);
+            let seen = *self.moves.borrow();
             let conn = match self.connection_waiting().await {
                 Ok(c) => c,
                 Err(e @ RpcError::Evicted { .. }) => return Err(e),
@@ -1134,8 +1125,11 @@ async fn read_replies(
     let _ = closed.send(true);
 }
 
-/// Ping the import's server whenever it has been idle for `obd_timeout/4`.
-async fn pinger(import: Weak<Import>, seed: u64) {
+/// Ping the import's server whenever it has been idle for `obd_timeout/4`, and at once
+/// when it moves: a server that restarted elsewhere waits in recovery for its clients
+/// from before, an idle one too, and should not wait a ping interval for it (Lustre's
+/// pinger likewise wakes for an import that needs to reconnect).
+async fn pinger(import: Weak<Import>, mut moves: watch::Receiver<u64>, seed: u64) {
     let mut rng = SplitMix(seed);
     loop {
         let Some(interval) = import.upgrade().map(|i| i.ping_interval()) else { return };
@@ -1143,9 +1137,12 @@ async fn pinger(import: Weak<Import>, seed: u64) {
         let tenth = interval.as_micros() as u64 / 10;
         let jitter = if tenth > 0 { rng.next() % (2 * tenth) } else { 0 };
         let sleep = interval.saturating_sub(Duration::from_micros(tenth)) + Duration::from_micros(jitter);
-        tokio::time::sleep(sleep).await;
+        let moved = tokio::select! {
+            _ = tokio::time::sleep(sleep) => false,
+            changed = moves.changed() => changed.is_ok(),
+        };
         let Some(imp) = import.upgrade() else { return };
-        if imp.last_sent() < interval {
+        if !moved && imp.last_sent() < interval {
             continue;
         }
         let started = Instant::now();

@@ -229,6 +229,39 @@ async fn an_import_follows_its_server_to_a_new_address_and_replays_there() {
     assert_eq!(a.stats().replays, 2);
 }
 
+/// An idle client (nothing to send) whose server moves: its pinger reconnects and
+/// replays at once, so the server recovering there, which waits for every client from
+/// before, is not held up for a ping interval (25 s by default). This is what a
+/// failover's pause hung on when the mount had nothing to send to a moved OST while a
+/// create waited for that OST's precreates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_import_reconnects_and_replays_as_soon_as_its_server_moves() {
+    let net = MemNetwork::new();
+    let toy = Toy::default();
+    let server = start(&net, &toy, false, 5_000).await;
+    let cfg = ClientConfig { ping: true, obd_timeout: Duration::from_secs(100), ..client_cfg() };
+    let a = Client::new(Arc::new(net.transport("a")), cfg).connect(&nid()).await.unwrap();
+    put(&a, "a1").await;
+    a.commit().await.unwrap();
+    put(&a, "a2").await;
+    drop(server);
+    toy.crash();
+    let moved: Nid = "mds1@mem".parse().unwrap();
+    let server = start_at(&net, &toy, true, 60_000, &moved).await;
+    assert!(server.stats().recovery.recovering);
+    a.retarget(&moved);
+    // No request from the client; its pinger alone brings it back. The bound is far
+    // below the ping interval and the recovery window.
+    let waited = std::time::Instant::now();
+    while server.stats().recovery.recovering && waited.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = server.stats().recovery;
+    assert!(!r.recovering, "still recovering after {:?}: {r:?}", waited.elapsed());
+    assert_eq!((r.clients, r.completed, r.evicted, r.replayed), (1, 1, 0, 1));
+    assert_eq!(strs(toy.values()), ["a1", "a2"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_does_not_come_back_is_evicted_and_the_others_finish() {
     let net = MemNetwork::new();

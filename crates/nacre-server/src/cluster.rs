@@ -16,19 +16,17 @@ use nacre_proto::mgs::{Config, Request, TargetEntry, TargetKind};
 use crate::mds::Mds;
 use crate::mdt::Namespace;
 use crate::mgs::Mgs;
-use crate::objects::{ObjectService, OstLink, PRECREATE_BATCH};
+use crate::objects::{ObjectService, PRECREATE_BATCH};
 use crate::oss::{Oss, OssConfig};
 
 /// Follow the file system's targets in the MGS's configuration, for as long as the task
 /// runs: tell the coordinator of operations over several MDTs where the other MDTs are,
-/// keep the OST pools, take the MDT's parameters stored with `set-param -P`, and
-/// whenever the set of OSTs changes, connect to each and (re)start the precreate and
-/// destroy tasks over them. Each OST is target 0 of the server at its NID.
+/// keep the OST pools, take the MDT's parameters stored with `set-param -P`, and keep
+/// precreate and destroy tasks on every OST (see [`ObjectService::follow`]).
 pub async fn follow_config(client: Client, mgs: Nid, mds: Arc<Mds>) {
     let (ns, dne) = (mds.namespace().clone(), mds.coordinator().clone());
     let mut have = 0;
-    let mut current: Vec<(u32, String)> = Vec::new();
-    let mut service: Option<ObjectService> = None;
+    let mut objects = ObjectService::new(ns.clone(), PRECREATE_BATCH);
     loop {
         let fetched = async {
             let imp = client.connect(&mgs).await.ok()?;
@@ -54,32 +52,13 @@ pub async fn follow_config(client: Client, mgs: Nid, mds: Arc<Mds>) {
             cfg.params.iter().map(|(n, v)| (n.as_str(), v.as_str())),
         ));
         mds.apply_stored(&cfg.params);
-        let osts: Vec<(u32, String)> = cfg
+        let osts: Vec<(u32, Nid)> = cfg
             .targets
             .iter()
             .filter(|t| t.kind == TargetKind::Ost)
-            .filter_map(|t| t.nids.first().map(|n| (t.index, n.clone())))
+            .filter_map(|t| Some((t.index, t.nids.first()?.parse().ok()?)))
             .collect();
-        if osts == current {
-            continue;
-        }
-        let mut links = Vec::new();
-        for (index, nid) in &osts {
-            let Ok(nid) = nid.parse::<Nid>() else { continue };
-            if let Ok(import) = client.connect(&nid).await {
-                links.push(OstLink { index: *index, import, target: 0 });
-            }
-        }
-        let complete = links.len() == osts.len();
-        drop(service.take());
-        service = Some(ObjectService::start(ns.clone(), links, PRECREATE_BATCH));
-        if complete {
-            current = osts;
-        } else {
-            // Some OST did not answer: ask again soon rather than at the next change.
-            have = 0;
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
+        objects.follow(&client, &osts);
     }
 }
 

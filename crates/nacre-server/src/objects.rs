@@ -2,18 +2,21 @@
 //! destroying the objects of removed files.
 //!
 //! Files take objects from the pools inside their create's transaction
-//! ([`crate::mdt::Namespace`]), so a create never waits on an OST. Here a task per OST asks
-//! its OSS for a batch (`precreate_batch`, 1,024 as on Helma) whenever the pool falls below
-//! half a batch, and records the new objects in the namespace before any file can take
-//! them. Another task reads the namespace's destroy log — written in the same
-//! transaction that removed the file, so it survives restarts — destroys the objects on
-//! their OSTs and then drops them from the log. An object already gone counts as
-//! destroyed, so a destroy repeated after a crash is harmless.
+//! ([`crate::mdt::Namespace`]), so a create never waits on an OST. Here, for each OST, a
+//! task asks its OSS for a batch (`precreate_batch`, 1,024 as on Helma) whenever the pool
+//! falls below half a batch, and records the new objects in the namespace before any file
+//! can take them; another reads the namespace's destroy log — written in the same
+//! transaction that removed the file, so it survives restarts — destroys that OST's
+//! objects and then drops them from the log. An object already gone counts as destroyed,
+//! so a destroy repeated after a crash is harmless. The tasks of one OST live and fail on
+//! their own: an OST that is away or moving holds up nothing of the others'.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nacre_net::client::Import;
+use nacre_net::client::{Client, Import};
+use nacre_net::nid::Nid;
 use nacre_proto::ost::{self, Request};
 
 use crate::mdt::Namespace;
@@ -34,16 +37,23 @@ pub struct OstLink {
     pub target: u32,
 }
 
-/// The precreate and destroy tasks of one MDT; they stop when this is dropped.
+/// The precreate and destroy tasks of one MDT, by OST index; they stop when this is
+/// dropped.
 pub struct ObjectService {
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    ns: Arc<Namespace>,
+    batch: u32,
+    osts: HashMap<u32, OstTasks>,
 }
 
-impl Drop for ObjectService {
+/// The tasks of one OST, and where they reach it.
+struct OstTasks {
+    at: Option<Nid>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for OstTasks {
     fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
+        self.task.abort();
     }
 }
 
@@ -52,18 +62,52 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 }
 
 impl ObjectService {
-    /// Attach `osts` to the namespace and start filling their pools and destroying what
-    /// removed files left. Runs on the current tokio runtime.
-    pub fn start(ns: Arc<Namespace>, osts: Vec<OstLink>, batch: u32) -> ObjectService {
-        let batch = batch.max(2);
-        let mut tasks = Vec::new();
-        for link in osts.clone() {
-            let ns = ns.clone();
-            tasks.push(tokio::spawn(async move { precreate(ns, link, batch).await }));
-        }
-        tasks.push(tokio::spawn(async move { destroy(ns, osts).await }));
-        ObjectService { tasks }
+    /// No OSTs yet (see [`ObjectService::follow`]); `batch` objects asked at once.
+    pub fn new(ns: Arc<Namespace>, batch: u32) -> ObjectService {
+        ObjectService { ns, batch: batch.max(2), osts: HashMap::new() }
     }
+
+    /// Attach `osts`, already connected, to the namespace and start filling their pools
+    /// and destroying what removed files left. Runs on the current tokio runtime.
+    pub fn start(ns: Arc<Namespace>, osts: Vec<OstLink>, batch: u32) -> ObjectService {
+        let mut service = ObjectService::new(ns, batch);
+        for link in osts {
+            let (ns, batch) = (service.ns.clone(), service.batch);
+            let task = tokio::spawn(serve(ns, link.clone(), batch));
+            service.osts.insert(link.index, OstTasks { at: None, task });
+        }
+        service
+    }
+
+    /// Serve the OSTs of the configuration, each (index, NID) target 0 of the server at
+    /// that NID: an OST seen before at the same NID keeps its tasks, whatever else
+    /// changed; one that is new or moved gets new ones, which connect through `client`
+    /// (trying again each second until it answers); one no longer listed is let go.
+    pub fn follow(&mut self, client: &Client, osts: &[(u32, Nid)]) {
+        self.osts.retain(|index, _| osts.iter().any(|(i, _)| i == index));
+        for (index, nid) in osts {
+            if self.osts.get(index).is_some_and(|t| t.at.as_ref() == Some(nid)) {
+                continue;
+            }
+            let (ns, client, nid2, batch, index) = (self.ns.clone(), client.clone(), nid.clone(), self.batch, *index);
+            let task = tokio::spawn(async move {
+                let import = loop {
+                    match client.connect(&nid2).await {
+                        Ok(i) => break i,
+                        Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+                    }
+                };
+                serve(ns, OstLink { index, import, target: 0 }, batch).await
+            });
+            // Replacing the entry drops (aborts) the tasks that reached it elsewhere.
+            self.osts.insert(index, OstTasks { at: Some(nid.clone()), task });
+        }
+    }
+}
+
+/// Keep the pool of `link`'s OST full and destroy the objects removed files left there.
+async fn serve(ns: Arc<Namespace>, link: OstLink, batch: u32) {
+    tokio::join!(precreate(ns.clone(), link.clone(), batch), destroy(ns, link));
 }
 
 async fn precreate(ns: Arc<Namespace>, link: OstLink, batch: u32) {
@@ -148,29 +192,25 @@ async fn cleanup_orphans(ns: &Arc<Namespace>, link: &OstLink) {
     }
 }
 
-async fn destroy(ns: Arc<Namespace>, osts: Vec<OstLink>) {
+async fn destroy(ns: Arc<Namespace>, link: OstLink) {
     loop {
-        // OST by OST, so that one that does not answer holds up only its own objects.
-        let mut any = false;
-        for link in &osts {
-            let (ns2, ost) = (ns.clone(), link.index);
-            let Some(Ok(pending)) = blocking(move || ns2.pending_destroys(Some(ost), DESTROY_PASS)).await else {
-                return;
-            };
-            let mut done = Vec::with_capacity(pending.len());
-            for (ost, oid) in pending {
-                let (op, body) = Request::Destroy { target: link.target, oid }.encode();
-                match link.import.call(op, &body, &[]).await {
-                    Ok(f) if f.header.status == 0 || f.header.status == ENOENT => done.push((ost, oid)),
-                    // Not now: try again on a later pass.
-                    _ => break,
-                }
+        let (ns2, ost) = (ns.clone(), link.index);
+        let Some(Ok(pending)) = blocking(move || ns2.pending_destroys(Some(ost), DESTROY_PASS)).await else {
+            return;
+        };
+        let mut done = Vec::with_capacity(pending.len());
+        for (ost, oid) in pending {
+            let (op, body) = Request::Destroy { target: link.target, oid }.encode();
+            match link.import.call(op, &body, &[]).await {
+                Ok(f) if f.header.status == 0 || f.header.status == ENOENT => done.push((ost, oid)),
+                // Not now: try again on a later pass.
+                _ => break,
             }
-            any |= !done.is_empty();
-            let ns2 = ns.clone();
-            if blocking(move || ns2.destroyed(done)).await.is_none() {
-                return;
-            }
+        }
+        let any = !done.is_empty();
+        let ns2 = ns.clone();
+        if blocking(move || ns2.destroyed(done)).await.is_none() {
+            return;
         }
         if !any {
             tokio::time::sleep(Duration::from_millis(50)).await;

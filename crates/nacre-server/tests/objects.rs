@@ -242,3 +242,49 @@ async fn two_mdts_precreate_apart_and_clean_up_only_their_own_orphans() {
         assert!(exists(&imp, o, oid).await, "MDT 1's pool object {oid:#x} is gone");
     }
 }
+
+/// The MDS follows the OSTs of the configuration: an OST listed where nothing answers
+/// holds up none of the others, and once the configuration names where it is now (its
+/// partner took it over, say) its pool fills there, while the OST that did not move
+/// keeps the tasks it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ost_that_does_not_answer_holds_up_none_of_the_others_and_is_served_where_it_moves() {
+    let net = MemNetwork::new();
+    let mut servers = Vec::new();
+    for name in ["oss0@mem", "oss1b@mem"] {
+        let oss = Oss::new(vec![ost(servers.len())], OssConfig::default()).unwrap();
+        let t = Arc::new(net.transport(name));
+        servers.push(Server::start(t, &name.parse().unwrap(), oss.handler(), ServerConfig::default()).await.unwrap());
+    }
+    let mdt = vol("mdt", Level::Raid10, 4, 32 << 20, 64 << 10);
+    let ns = Arc::new(Namespace::format(mdt, 0, NamespaceOptions::default()).unwrap());
+    let client = Client::new(Arc::new(net.transport("mds")), ClientConfig::default());
+    let mut svc = ObjectService::new(ns.clone(), 64);
+    let level = |ns: &Namespace, ost: u32| ns.pool_levels().into_iter().find(|(o, _)| *o == ost).map(|(_, n)| n);
+    // OST 1 is listed where nothing serves it.
+    let gone = (1, "oss1@mem".parse().unwrap());
+    svc.follow(&client, &[(0, servers[0].nid()), gone.clone()]);
+    wait_for("OST 0's pool to fill", || level(&ns, 0).is_some_and(|n| n >= 32)).await;
+    assert_eq!(level(&ns, 1), None, "OST 1 attached without answering");
+    // The same configuration again, or with only OST 1 moved, leaves OST 0's tasks be:
+    // its pool stays full without a precreate of its own objects over again.
+    svc.follow(&client, &[(0, servers[0].nid()), gone]);
+    let before = servers[0].stats();
+    svc.follow(&client, &[(0, servers[0].nid()), (1, servers[1].nid())]);
+    wait_for("OST 1's pool to fill where it moved", || level(&ns, 1).is_some_and(|n| n >= 32)).await;
+    let after = servers[0].stats();
+    // A restarted task would have asked OST 0 its last id again.
+    assert_eq!(after.requests, before.requests, "OST 0 was asked again: its tasks restarted");
+    // A file striped over both takes an object on each.
+    let ns2 = ns.clone();
+    let f = tokio::task::spawn_blocking(move || {
+        ns2.create_with_layout(&Cred::root(), Fid::ROOT, "f", 0o644, lfs("-c -1"), None).unwrap()
+    })
+    .await
+    .unwrap();
+    let osts: Vec<u32> = ns.objects(f.fid).unwrap().into_iter().flatten().map(|(o, _)| o).collect();
+    assert_eq!(osts.len(), 2, "{osts:?}");
+    // Dropped from the configuration: let go.
+    svc.follow(&client, &[(1, servers[1].nid())]);
+    drop(svc);
+}
