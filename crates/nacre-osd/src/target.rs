@@ -1224,6 +1224,42 @@ impl Target {
         Ok(())
     }
 
+    /// Remove every object of `oids` (distinct) that exists, in one transaction, and say
+    /// for each whether it existed. The MDS destroys removed files' objects in batches:
+    /// one commit for all of them, where a destroy each cost a commit each (most of an
+    /// unlink's cost on the OSS). A crash leaves each object whole or gone.
+    pub fn destroy_many(&self, oids: &[u64]) -> Result<Vec<bool>> {
+        // Taken in order: no two batches, nor a batch and a one-object lock, wait on each
+        // other in a cycle.
+        let mut order = oids.to_vec();
+        order.sort_unstable();
+        let _g: Vec<_> = order.iter().map(|&o| self.locks.exclusive(o)).collect();
+        let mut existed = Vec::with_capacity(oids.len());
+        for &oid in oids {
+            existed.push(match self.getattr(oid) {
+                Ok(_) => true,
+                Err(OsdError::NoSuchObject(_)) => false,
+                Err(e) => return Err(e),
+            });
+        }
+        let gone: Vec<u64> = oids.iter().zip(&existed).filter(|x| *x.1).map(|x| *x.0).collect();
+        for &oid in &gone {
+            self.destage_object(oid)?;
+        }
+        if gone.is_empty() {
+            return Ok(existed);
+        }
+        let small = self.lock_small();
+        let txn = self.db.begin_write()?;
+        let mut freed = Vec::new();
+        for &oid in &gone {
+            freed.extend(self.unmap_within(&txn, &small, oid, 0, u64::MAX, 0, Unmap::Destroy)?.1);
+        }
+        give_free(&txn, freed)?;
+        txn.commit()?;
+        Ok(existed)
+    }
+
     /// One transaction: unmap chunk indexes `[from, to)` of `oid`, give them to the free
     /// table, keep the first `frag_keep` bytes of its fragment (if it has one), and update
     /// the attributes with `change`.
@@ -1256,45 +1292,59 @@ impl Target {
         let txn = self.db.begin_write()?;
         // Before the unmap, which forgets the checksums of the chunks it frees.
         self.commit_sums(&txn, &mut sums)?;
-        let attr;
-        {
-            let mut map = txn.open_table(MAP)?;
-            let mut freed = Vec::new();
-            {
-                let gone = map.extract_from_if((oid, from)..(oid, to), |_, _| true)?;
-                for e in gone {
-                    let (_, v) = e?;
-                    freed.push(v.value());
-                }
-            }
-            let mut o = txn.open_table(OBJECTS)?;
-            let mut a = {
-                let v = o.get(oid)?.ok_or(OsdError::NoSuchObject(oid))?;
-                ObjectAttr::decode(oid, v.value())?
-            };
-            a.space = a.space.saturating_sub(freed.len() as u64 * self.chunk_bytes);
-            a.space = a.space.saturating_sub(self.cut_fragment_in(&txn, &small, oid, frag_keep)?);
-            match what {
-                Unmap::Keep(change) => {
-                    change(&mut a);
-                    a.mtime_ns = now_ns();
-                    a.ctime_ns = a.mtime_ns;
-                    o.insert(oid, a.encode().as_slice())?;
-                }
-                Unmap::Destroy => {
-                    o.remove(oid)?;
-                    let mut m = txn.open_table(META)?;
-                    let n = m.get("objects")?.map(|v| v.value()).unwrap_or(1);
-                    m.insert("objects", n.saturating_sub(1))?;
-                }
-            }
-            attr = a;
-            give_free(&txn, freed)?;
-        }
+        let (attr, freed) = self.unmap_within(&txn, &small, oid, from, to, frag_keep, what)?;
+        give_free(&txn, freed)?;
         txn.commit()?;
         drop(small);
         drop(sums);
         Ok(attr)
+    }
+
+    /// In `txn`: unmap chunk indexes `[from, to)` of `oid`, keep the first `frag_keep`
+    /// bytes of its fragment, and change or remove its attributes as `what` says; its
+    /// attributes after, and the chunks to give to the free table.
+    #[allow(clippy::too_many_arguments)]
+    fn unmap_within(
+        &self,
+        txn: &redb::WriteTransaction,
+        small: &small::SmallState,
+        oid: u64,
+        from: u64,
+        to: u64,
+        frag_keep: u64,
+        what: Unmap<'_>,
+    ) -> Result<(ObjectAttr, Vec<u64>)> {
+        let mut map = txn.open_table(MAP)?;
+        let mut freed = Vec::new();
+        {
+            let gone = map.extract_from_if((oid, from)..(oid, to), |_, _| true)?;
+            for e in gone {
+                let (_, v) = e?;
+                freed.push(v.value());
+            }
+        }
+        let mut o = txn.open_table(OBJECTS)?;
+        let mut a = {
+            let v = o.get(oid)?.ok_or(OsdError::NoSuchObject(oid))?;
+            ObjectAttr::decode(oid, v.value())?
+        };
+        a.space = a.space.saturating_sub(freed.len() as u64 * self.chunk_bytes);
+        a.space = a.space.saturating_sub(self.cut_fragment_in(txn, small, oid, frag_keep)?);
+        match what {
+            Unmap::Keep(change) => {
+                change(&mut a);
+                a.mtime_ns = now_ns();
+                a.ctime_ns = a.mtime_ns;
+                o.insert(oid, a.encode().as_slice())?;
+            }
+            Unmap::Destroy => {
+                o.remove(oid)?;
+                let mut m = txn.open_table(META)?;
+                let n = m.get("objects")?.map(|v| v.value()).unwrap_or(1);
+                m.insert("objects", n.saturating_sub(1))?;
+            }
+        }
+        Ok((a, freed))
     }
 
     /// Take `n` free chunks for a running write: contiguous when possible, next-fit from

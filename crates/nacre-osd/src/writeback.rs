@@ -615,20 +615,30 @@ impl WriteBack {
     /// write straight through) with every earlier held write committed and later writes
     /// to the object waiting until it is done.
     pub fn flushed<R>(&self, t: usize, oid: u64, f: impl FnOnce(&Target) -> Result<R>) -> Result<R> {
+        self.flushed_all(t, &[oid], f)
+    }
+
+    /// [`WriteBack::flushed`] for several objects at once (a batched destroy): all of
+    /// them are taken together, so two such calls never wait on each other in a cycle.
+    pub fn flushed_all<R>(&self, t: usize, oids: &[u64], f: impl FnOnce(&Target) -> Result<R>) -> Result<R> {
         let target = self.target(t)?.clone();
         let s = &self.shared;
         let held = {
             let mut st = lock(&s.st);
-            while st.busy.contains(&(t, oid)) {
+            while oids.iter().any(|o| st.busy.contains(&(t, *o))) {
                 st = s.changed.wait(st).unwrap_or_else(|e| e.into_inner());
             }
-            st.busy.insert((t, oid));
-            st.objects.contains_key(&(t, oid))
-                || st.committing.as_ref().is_some_and(|c| c.objects.contains_key(&(t, oid)))
+            st.busy.extend(oids.iter().map(|o| (t, *o)));
+            oids.iter().any(|o| {
+                st.objects.contains_key(&(t, *o))
+                    || st.committing.as_ref().is_some_and(|c| c.objects.contains_key(&(t, *o)))
+            })
         };
         let r = if held { self.commit().and_then(|_| f(&target)) } else { f(&target) };
         let mut st = lock(&s.st);
-        st.busy.remove(&(t, oid));
+        for o in oids {
+            st.busy.remove(&(t, *o));
+        }
         drop(st);
         s.changed.notify_all();
         r

@@ -1,4 +1,5 @@
-//! The OST service's messages: object create (in precreated batches), destroy, read, write
+//! The OST service's messages: object create (in precreated batches), destroy (one object,
+//! or a batch in one transaction), read, write
 //! (data in the frame's bulk, as one or more extents of one object, each with an optional
 //! CRC-32C), punch, truncate, getattr, setattr, sync and statfs. Every request names the
 //! target on the server.
@@ -23,6 +24,11 @@ pub const OST_SETATTR: u16 = 107;
 pub const OST_SYNC: u16 = 108;
 pub const OST_STATFS: u16 = 109;
 pub const OST_LAST_ID: u16 = 110;
+pub const OST_DESTROY_MANY: u16 = 111;
+
+/// Objects one batched destroy may name at most (the MDS sends what its destroy log holds
+/// for one OST, up to this).
+pub const DESTROY_MANY_MAX: usize = 1024;
 
 /// Bits of [`SetAttr::mask`]: which fields to change.
 pub mod set {
@@ -87,6 +93,13 @@ pub enum Request {
     Destroy {
         target: u32,
         oid: u64,
+    },
+    /// Destroy 1 to [`DESTROY_MANY_MAX`] distinct objects in one transaction; the reply
+    /// says which existed ([`encode_destroyed`]). An object already gone is no error: a
+    /// batch resent after a crash finds some of its objects destroyed.
+    DestroyMany {
+        target: u32,
+        oids: Vec<u64>,
     },
     /// Read `len` bytes; with `checksum` the reply carries the data's CRC-32C.
     Read {
@@ -170,6 +183,9 @@ impl Request {
         match self {
             Request::Create { target, count, group } => (OST_CREATE, e.u32(*target).u32(*count).u32(*group).done()),
             Request::Destroy { target, oid } => (OST_DESTROY, e.u32(*target).u64(*oid).done()),
+            Request::DestroyMany { target, oids } => {
+                (OST_DESTROY_MANY, oids.iter().fold(e.u32(*target).u32(oids.len() as u32), |e, o| e.u64(*o)).done())
+            }
             Request::Read { target, oid, offset, len, checksum } => {
                 (OST_READ, e.u32(*target).u64(*oid).u64(*offset).u32(*len).u8(*checksum as u8).done())
             }
@@ -198,6 +214,7 @@ impl Request {
         let name = match opcode {
             OST_CREATE => "create",
             OST_DESTROY => "destroy",
+            OST_DESTROY_MANY => "batched destroy",
             OST_READ => "read",
             OST_WRITE => "write",
             OST_PUNCH => "punch",
@@ -214,6 +231,7 @@ impl Request {
         let r = match opcode {
             OST_CREATE => Request::Create { target, count: d.u32("count")?, group: d.u32("group")? },
             OST_DESTROY => Request::Destroy { target, oid: d.u64("object")? },
+            OST_DESTROY_MANY => Request::DestroyMany { target, oids: get_oids(&mut d)? },
             OST_READ => Request::Read {
                 target,
                 oid: d.u64("object")?,
@@ -271,6 +289,42 @@ fn get_niobufs(d: &mut Dec<'_>) -> Result<Vec<Niobuf>, ProtoError> {
         v.push(Niobuf { offset, len, crc: has.then_some(crc) });
     }
     Ok(v)
+}
+
+/// A batched destroy's objects: 1 to [`DESTROY_MANY_MAX`], none twice.
+fn get_oids(d: &mut Dec<'_>) -> Result<Vec<u64>, ProtoError> {
+    let count = d.u32("object count")? as usize;
+    if count == 0 || count > DESTROY_MANY_MAX {
+        return Err(ProtoError::Invalid(format!("a destroy of {count} objects (1 to {DESTROY_MANY_MAX})")));
+    }
+    let mut oids = Vec::with_capacity(count);
+    for _ in 0..count {
+        oids.push(d.u64("object")?);
+    }
+    let mut sorted = oids.clone();
+    sorted.sort_unstable();
+    if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+        return Err(ProtoError::Invalid(format!("object {:#x} named twice in one destroy", w[0])));
+    }
+    Ok(oids)
+}
+
+/// The reply to a batched destroy: for each object, in the request's order, whether it
+/// existed (and is destroyed now) or was gone already.
+pub fn encode_destroyed(existed: &[bool]) -> Vec<u8> {
+    existed.iter().fold(Enc::new(VERSION).u32(existed.len() as u32), |e, x| e.u8(*x as u8)).done()
+}
+
+/// Decode [`encode_destroyed`]'s reply to a destroy of `asked` objects.
+pub fn decode_destroyed(b: &[u8], asked: usize) -> Result<Vec<bool>, ProtoError> {
+    let mut d = Dec::new(b, "batched destroy reply", VERSION)?;
+    let count = d.u32("object count")? as usize;
+    if count != asked {
+        return Err(ProtoError::Invalid(format!("a destroy of {asked} objects answered for {count}")));
+    }
+    let existed = (0..count).map(|_| Ok(d.u8("existed flag")? != 0)).collect::<Result<Vec<_>, ProtoError>>()?;
+    d.end()?;
+    Ok(existed)
 }
 
 /// Bytes the extents of a write carry.
@@ -352,6 +406,7 @@ mod tests {
         let all = [
             Request::Create { target: 1, count: 1024, group: 3 },
             Request::Destroy { target: 0, oid: 5 },
+            Request::DestroyMany { target: 1, oids: vec![5, 1 << 40, 3] },
             Request::Read { target: 2, oid: 7, offset: 1 << 40, len: 1 << 24, checksum: true },
             Request::Write {
                 target: 2,
@@ -395,6 +450,17 @@ mod tests {
         assert_eq!(decode_attr(&encode_attr(&a)), Ok(a));
         assert_eq!(decode_read(&encode_read(5, Some(7))), Ok((5, Some(7))));
         assert_eq!(decode_created(&encode_created(5, 7)), Ok((5, 7)));
+        assert_eq!(decode_destroyed(&encode_destroyed(&[true, false]), 2), Ok(vec![true, false]));
+        assert!(decode_destroyed(&encode_destroyed(&[true]), 2).unwrap_err().to_string().contains("answered for 1"));
+        for (oids, why) in [
+            (vec![], "a destroy of 0 objects"),
+            (vec![7, 8, 7], "object 0x7 named twice"),
+            ((0..=DESTROY_MANY_MAX as u64).collect(), "a destroy of 1025 objects (1 to 1024)"),
+        ] {
+            let (op, body) = Request::DestroyMany { target: 0, oids }.encode();
+            let got = Request::decode(op, &body).unwrap_err().to_string();
+            assert!(got.contains(why), "{got}");
+        }
         let s = StatFs { total_bytes: 1, free_bytes: 2, objects: 3, chunk_bytes: 4 };
         assert_eq!(decode_statfs(&encode_statfs(&s)), Ok(s));
     }

@@ -23,10 +23,9 @@ use crate::mdt::Namespace;
 
 /// Objects asked of an OSS at once (Lustre's `precreate_batch`, 1,024 on Helma).
 pub const PRECREATE_BATCH: u32 = 1024;
-/// Objects destroyed per pass of the destroy task.
+/// Objects destroyed per pass of the destroy task: one batched destroy, one transaction
+/// on the OST.
 const DESTROY_PASS: usize = 256;
-/// Lustre's ENOENT, negated as a reply status.
-const ENOENT: i32 = -2;
 
 /// An OST as the MDS reaches it: its index in the file system, the connection to its
 /// OSS, and its number on that OSS.
@@ -198,22 +197,32 @@ async fn destroy(ns: Arc<Namespace>, link: OstLink) {
         let Some(Ok(pending)) = blocking(move || ns2.pending_destroys(Some(ost), DESTROY_PASS)).await else {
             return;
         };
-        let mut done = Vec::with_capacity(pending.len());
-        for (ost, oid) in pending {
-            let (op, body) = Request::Destroy { target: link.target, oid }.encode();
-            match link.import.call(op, &body, &[]).await {
-                Ok(f) if f.header.status == 0 || f.header.status == ENOENT => done.push((ost, oid)),
-                // Not now: try again on a later pass.
-                _ => break,
-            }
+        if pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
         }
-        let any = !done.is_empty();
+        // Whether each object existed or was gone already (a pass repeated after a
+        // crash), it is destroyed now.
+        let oids: Vec<u64> = pending.iter().map(|p| p.1).collect();
+        let (op, body) = Request::DestroyMany { target: link.target, oids }.encode();
+        let destroyed = match link.import.call(op, &body, &[]).await {
+            Ok(f) if f.header.status == 0 => ost::decode_destroyed(&f.body, pending.len()).is_ok(),
+            _ => false,
+        };
+        if !destroyed {
+            // Not now: try again on a later pass.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
+        let full = pending.len() == DESTROY_PASS;
         let ns2 = ns.clone();
-        if blocking(move || ns2.destroyed(done)).await.is_none() {
+        if blocking(move || ns2.destroyed(pending)).await.is_none() {
             return;
         }
-        if !any {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        if !full {
+            // Let the next batch gather (an unlink storm brings hundreds in this time)
+            // rather than pay a transaction on the OST for every few objects.
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 }

@@ -563,6 +563,7 @@ impl Oss {
         let target = match &r {
             Request::Create { target, .. }
             | Request::Destroy { target, .. }
+            | Request::DestroyMany { target, .. }
             | Request::Read { target, .. }
             | Request::Write { target, .. }
             | Request::Punch { target, .. }
@@ -580,7 +581,7 @@ impl Oss {
         let started = Instant::now();
         let op = match &r {
             Request::Create { .. } => Op::Create,
-            Request::Destroy { .. } => Op::Destroy,
+            Request::Destroy { .. } | Request::DestroyMany { .. } => Op::Destroy,
             Request::Read { len, .. } => Op::Read(*len as u64),
             Request::Write { niobufs, .. } => Op::Write(ost::niobufs_bytes(niobufs)),
             Request::Punch { .. } | Request::Truncate { .. } => Op::Punch,
@@ -613,6 +614,10 @@ impl Oss {
             }
             Request::Destroy { oid, .. } => match wb.flushed(ti, oid, |t| t.destroy(oid)) {
                 Ok(()) => Reply::default(),
+                Err(e) => osd_fail(e),
+            },
+            Request::DestroyMany { oids, .. } => match wb.flushed_all(ti, &oids, |t| t.destroy_many(&oids)) {
+                Ok(existed) => Reply { status: 0, body: ost::encode_destroyed(&existed), ..Reply::default() },
                 Err(e) => osd_fail(e),
             },
             Request::Read { oid, offset, len, checksum, .. } => {
