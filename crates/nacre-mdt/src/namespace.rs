@@ -580,13 +580,14 @@ impl<'a> Tx<'a> {
     fn new(mem: &'a mut Mem, ns: &'a Namespace, opens: &'a HashMap<u128, u32>) -> Tx<'a> {
         // Stable under the namespace's lock: the transno this change will get.
         mem.stamp = ns.wal.next_transno();
+        let record = mem::reuse_record(std::mem::take(&mut mem.record));
         Tx {
             mem: std::cell::RefCell::new(mem),
             ns,
             alloc: *lock(&ns.alloc),
             now: now_ns(),
             opens,
-            log: std::cell::RefCell::new(mem::empty_record()),
+            log: std::cell::RefCell::new(record),
             count: Default::default(),
             undo: Default::default(),
             pools: std::cell::RefCell::new(lock(&ns.pools).clone()),
@@ -1048,7 +1049,7 @@ impl Namespace {
             tx.put_meta("next_oid", alloc.reserved as u64)?;
         }
         let record = tx.seal();
-        let transno = match self.wal.stage(record, reserved) {
+        let transno = match self.wal.stage(&record, reserved) {
             Ok(t) => t,
             Err(e) => {
                 // Not logged, so not kept.
@@ -1063,6 +1064,7 @@ impl Namespace {
         let touched = tx.touched.take();
         drop(tx);
         mem.versions.prune(committed);
+        mem.record = record;
         // Under the namespace's lock still: the next change starts from these.
         *lock(&self.alloc) = alloc;
         *lock(&self.pools) = pools;
