@@ -154,7 +154,7 @@ impl Region {
     }
 }
 
-/// Packed one after the other in one buffer: (transno, payload length) in order, and
+/// Records one after the other in one buffer: (transno, payload length) in order, and
 /// the payloads concatenated. Changes copy their records in rather than hand over a
 /// buffer each: a record allocated on a runtime thread and freed on the checkpoint
 /// thread made the allocator take (and the kernel zero) fresh pages over and over, 8–18%
@@ -229,7 +229,7 @@ fn frame(generation: u64, records: &Packed, buf: &mut Vec<u8>) -> Vec<u64> {
 struct State {
     /// The next transno to give.
     next: u64,
-    /// Packed staged and not yet being written.
+    /// Records staged and not yet being written.
     staged: Packed,
     staged_bytes: u64,
     /// Log bytes reserved by changes under way.
@@ -243,7 +243,7 @@ struct State {
     unimaged: Packed,
     unimaged_end: u64,
     unimaged_bytes: u64,
-    /// Emptied buffers of records, to use again.
+    /// Emptied buffers of records, to use again (see [`recycle`]).
     spare: Vec<Packed>,
     /// Every transno below this is in the image, and (`settled`) its DoM bytes out of
     /// memory.
@@ -683,12 +683,21 @@ fn write_loop(s: &Shared) {
     }
 }
 
-/// Keep `records`' buffers (emptied) for the next group or checkpoint: a few, which is
-/// all that is ever in use at once.
+/// Buffers of records kept for reuse: with the staged, the unimaged, the group being
+/// written and the batch being checkpointed, enough that none is allocated in turn.
+const SPARES_KEPT: usize = 2;
+
+/// Keep `records`' buffers (emptied) for the next group or checkpoint, unless enough
+/// are kept or they grew past half the ring (a quarter waits for a checkpoint at most,
+/// but for one group, and growing by doubling may have made room for twice that):
+/// memory kept idle stays under the ring's size.
 fn recycle(s: &Shared, mut records: Packed) {
+    if records.bytes.capacity() as u64 > s.region.room / 2 {
+        return;
+    }
     records.clear();
     let mut st = lock(&s.st);
-    if st.spare.len() < 4 {
+    if st.spare.len() < SPARES_KEPT {
         st.spare.push(records);
     }
 }
@@ -807,10 +816,37 @@ mod tests {
         for (t, r) in [(5u64, vec![1u8; 10]), (6, vec![2u8; 5000]), (7, Vec::new())] {
             recs.push(t, &r);
         }
-        let mut buf = vec![7u8; 3];
+        // A buffer used before, full of other bytes: the group comes out the same as
+        // in a fresh one, padding zeroed.
+        let mut buf = vec![0xeeu8; 3 * BLOCK as usize];
         let ends = frame(9, &recs, &mut buf);
         assert_eq!(buf.len() as u64 % BLOCK, 0);
         assert_eq!(ends, [framed(10), framed(10) + framed(5000), framed(10) + framed(5000) + framed(0)]);
         assert_eq!(u32::from_le_bytes(buf[0..4].try_into().unwrap()), MAGIC);
+        let mut fresh = Vec::new();
+        frame(9, &recs, &mut fresh);
+        assert!(buf == fresh, "a reused buffer framed differently");
+        assert!(buf[*ends.last().unwrap() as usize..].iter().all(|&b| b == 0), "padding not zeroed");
+    }
+
+    #[test]
+    fn packed_records_keep_their_order_and_split_where_asked() {
+        let recs: Vec<(u64, Vec<u8>)> = (0..5u64).map(|t| (t + 10, vec![t as u8; t as usize * 3])).collect();
+        let mut p = Packed::default();
+        for (t, r) in &recs {
+            p.push(*t, r);
+        }
+        let all: Vec<(u64, Vec<u8>)> = p.iter().map(|(t, r)| (t, r.to_vec())).collect();
+        assert_eq!(all, recs);
+        // The first two out; the other three stay, bytes and all.
+        let head = p.take_first(2, Packed::default());
+        assert_eq!(head.iter().map(|(t, r)| (t, r.to_vec())).collect::<Vec<_>>(), recs[..2]);
+        assert_eq!(p.iter().map(|(t, r)| (t, r.to_vec())).collect::<Vec<_>>(), recs[2..]);
+        // All of them: the buffers go, the spare's stay.
+        let mut spare = Packed::default();
+        spare.bytes.reserve(4096);
+        let rest = p.take_first(3, spare);
+        assert_eq!(rest.list.len(), 3);
+        assert!(p.is_empty() && p.bytes.capacity() >= 4096);
     }
 }
