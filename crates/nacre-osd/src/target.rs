@@ -1214,14 +1214,13 @@ impl Target {
         Ok(attr)
     }
 
-    /// Remove `oid` and give back its space.
+    /// Remove `oid` and give back its space, in one transaction: a crash leaves the
+    /// object whole or gone, never emptied.
     pub fn destroy(&self, oid: u64) -> Result<()> {
-        let _g = self.locks.exclusive(oid);
-        self.getattr(oid)?;
-        self.destage_object(oid)?;
-        // One transaction: a crash leaves the object whole or gone, never emptied.
-        self.unmap_in(oid, 0, u64::MAX, 0, PendingSums::new(self), Unmap::Destroy)?;
-        Ok(())
+        match self.destroy_many(&[oid])?[..] {
+            [true] => Ok(()),
+            _ => Err(OsdError::NoSuchObject(oid)),
+        }
     }
 
     /// Remove every object of `oids` (distinct) that exists, in one transaction, and say
@@ -1262,29 +1261,16 @@ impl Target {
 
     /// One transaction: unmap chunk indexes `[from, to)` of `oid`, give them to the free
     /// table, keep the first `frag_keep` bytes of its fragment (if it has one), and update
-    /// the attributes with `change`.
+    /// the attributes with `change`. It also stores `sums`, the checksums of the zeros a
+    /// truncate or punch wrote in place before it.
     fn commit_unmap(
         &self,
         oid: u64,
         from: u64,
         to: u64,
         frag_keep: u64,
-        sums: PendingSums<'_>,
-        change: impl FnOnce(&mut ObjectAttr),
-    ) -> Result<ObjectAttr> {
-        self.unmap_in(oid, from, to, frag_keep, sums, Unmap::Keep(Box::new(change)))
-    }
-
-    /// The unmap's transaction also stores `sums`, the checksums of the zeros a truncate
-    /// or punch wrote in place before it.
-    fn unmap_in(
-        &self,
-        oid: u64,
-        from: u64,
-        to: u64,
-        frag_keep: u64,
         mut sums: PendingSums<'_>,
-        what: Unmap<'_>,
+        change: impl FnOnce(&mut ObjectAttr),
     ) -> Result<ObjectAttr> {
         // Slabs change only under the small lock, taken before the transaction as
         // everywhere.
@@ -1292,6 +1278,7 @@ impl Target {
         let txn = self.db.begin_write()?;
         // Before the unmap, which forgets the checksums of the chunks it frees.
         self.commit_sums(&txn, &mut sums)?;
+        let what = Unmap::Keep(Box::new(change));
         let (attr, freed) = self.unmap_within(&txn, &small, oid, from, to, frag_keep, what)?;
         give_free(&txn, freed)?;
         txn.commit()?;

@@ -541,10 +541,7 @@ const RECORD_VERSION: u8 = 1;
 /// A redo record with no ops yet: a change appends its ops (see [`Op::encode`]) and
 /// [`seal_record`] writes their count, so the record is never copied.
 pub fn empty_record() -> Vec<u8> {
-    let mut r = Vec::with_capacity(512);
-    r.push(RECORD_VERSION);
-    r.extend_from_slice(&0u32.to_le_bytes());
-    r
+    reuse_record(Vec::new())
 }
 
 /// The biggest redo record buffer kept for the next change: a change that logged more
@@ -556,7 +553,7 @@ const RECORD_KEPT_MAX: usize = 256 << 10;
 /// nothing for its record (a 3,901-byte DoM create grew a fresh one twice).
 pub fn reuse_record(mut buf: Vec<u8>) -> Vec<u8> {
     if buf.capacity() < 512 || buf.capacity() > RECORD_KEPT_MAX {
-        return empty_record();
+        buf = Vec::with_capacity(512);
     }
     buf.clear();
     buf.push(RECORD_VERSION);

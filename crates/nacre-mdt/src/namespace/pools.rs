@@ -430,8 +430,9 @@ impl Namespace {
     }
 
     /// Wait while an attached OST has no object for a new file, while replays run and for
-    /// a while after they end (not for replays themselves: they claim their objects): the pools held only objects from before the restart, and the precreates
-    /// that refill them take a round trip to each OSS. A create then waits for them
+    /// a while after they end (not for replays themselves: they claim their objects):
+    /// the pools held only objects from before the restart, and the precreates that
+    /// refill them take a round trip to each OSS. A create then waits for them
     /// rather than fail with ENOSPC (as Lustre's MDS waits for its OSP's precreates).
     /// Once every pool has objects, or [`REFILL_WAIT`] has passed (an OST that does not
     /// answer is skipped by free placement), this returns at once.
