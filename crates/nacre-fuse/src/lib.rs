@@ -1,8 +1,10 @@
 //! Nacre through the kernel: a FUSE file system served by [`nacre_client`].
 //!
-//! Every request is answered from a task on the client's runtime, so slow ones (a large
-//! write, a create waiting on its MDT) do not hold up the others; the kernel side reads
-//! requests with several threads. Writes of up to 1 MiB come in one request; directory
+//! Several threads read requests from the kernel, and each request is served on the
+//! thread that read it (no thread wakeup to reach the runtime and none to come back), but
+//! on all of them but one at most: past that, and for a lock that waits for its holder, a
+//! request runs in a task on the client's runtime, so slow ones (a create waiting on an
+//! MDT that stopped) never hold up the others. Writes of up to 1 MiB come in one request; directory
 //! listings come with attributes (readdirplus). The kernel also checks permission bits
 //! against cached attributes (`default_permissions`); the MDS checks them again.
 //!
@@ -133,7 +135,7 @@ pub fn mount(
         lockers: Mutex::new(std::collections::HashSet::new()),
         pages: KeptPages::default(),
     });
-    let nacre = Nacre { shared: shared.clone(), rt: rt.clone(), reading_here: AtomicUsize::new(0) };
+    let nacre = Nacre { shared: shared.clone(), rt: rt.clone(), serving_here: AtomicUsize::new(0) };
     let session = fuser::spawn_mount(nacre, mountpoint, &c)?;
     if leases {
         let (weak, notifier) = (Arc::downgrade(&shared), session.notifier());
@@ -266,29 +268,31 @@ const CAPS_XATTR: &str = "security.capability";
 struct Nacre {
     shared: Arc<Shared>,
     rt: tokio::runtime::Handle,
-    /// Reads running on kernel reader threads now (see [`Nacre::read`]).
-    reading_here: AtomicUsize,
+    /// Requests being served on kernel reader threads now (see [`Nacre::here`]).
+    serving_here: AtomicUsize,
 }
 
-/// A read running on a kernel reader thread; the count goes down when it ends.
-struct ReadingHere<'a>(&'a AtomicUsize);
+/// A request being served on a kernel reader thread; the count goes down when it ends.
+struct ServingHere<'a>(&'a AtomicUsize);
 
-impl Drop for ReadingHere<'_> {
+impl Drop for ServingHere<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 impl Nacre {
-    /// A slot to run a read on this kernel reader thread, if one more reader thread than
-    /// that is left for everything else: a read stuck on an OST that is down must not
-    /// keep the mount from answering `stat` and `ls` and reads of other targets.
-    fn read_here(&self) -> Option<ReadingHere<'_>> {
+    /// A slot to serve a request on the kernel reader thread that read it, if one more
+    /// reader thread than that is left for everything else: a request stuck on a server
+    /// that is down must not keep the mount from answering `stat` and `ls` and reads of
+    /// other targets. Served here, a request costs no thread wakeup to reach the runtime
+    /// and none to come back with its answer.
+    fn here(&self) -> Option<ServingHere<'_>> {
         let most = self.shared.cfg.threads.saturating_sub(1);
-        self.reading_here
+        self.serving_here
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < most).then_some(n + 1))
             .ok()
-            .map(|_| ReadingHere(&self.reading_here))
+            .map(|_| ServingHere(&self.serving_here))
     }
 }
 
@@ -541,8 +545,10 @@ fn written(handles: &[Weak<File>]) -> Option<(u64, i64)> {
     writers.map(|f| (f.size_hint(), f.written_at())).reduce(|a, b| (a.0.max(b.0), a.1.max(b.1)))
 }
 
-/// Run `f` on the runtime and answer with its result.
-macro_rules! serve {
+/// Serve a request in a task on the runtime and answer with its result: for what may wait
+/// without bound (a lock that waits for its holder), which must not hold a kernel reader
+/// thread.
+macro_rules! serve_on_runtime {
     ($self:ident, $reply:ident, |$s:ident| $body:expr) => {{
         let $s = $self.shared.clone();
         $self.rt.spawn(async move {
@@ -552,6 +558,23 @@ macro_rules! serve {
                 Err(e) => $reply.error(e),
             }
         });
+    }};
+}
+
+/// Serve a request and answer with its result: on the kernel reader thread that read it
+/// when [`Nacre::here`] gives a slot, else in a task on the runtime.
+macro_rules! serve {
+    ($self:ident, $reply:ident, |$s:ident| $body:expr) => {{
+        if let Some(_slot) = $self.here() {
+            let $s = $self.shared.clone();
+            let r: Result<_, Errno> = $self.rt.block_on(async { $body });
+            match r {
+                Ok(answer) => answer($reply),
+                Err(e) => $reply.error(e),
+            }
+        } else {
+            serve_on_runtime!($self, $reply, |$s| $body)
+        }
     }};
 }
 
@@ -874,24 +897,11 @@ impl fuser::Filesystem for Nacre {
             reply.data(&data);
             return;
         }
-        // The rest runs here too, the kernel reader's thread waiting for it, while a
-        // reader thread is left for other requests: a task on the runtime answering it
-        // would cost a thread wakeup each way more.
-        let read = async move |s: &Shared| {
+        serve!(self, reply, |s| {
             let f = s.handle(fh)?;
             // The file's write-behind is shared by its handles: the read sends what any of
             // them left dirty first.
-            f.read(offset, size as usize).await.map_err(|e| err(&e))
-        };
-        if let Some(_slot) = self.read_here() {
-            match self.rt.block_on(read(&self.shared)) {
-                Ok(data) => reply.data(&data),
-                Err(e) => reply.error(e),
-            }
-            return;
-        }
-        serve!(self, reply, |s| {
-            let data = read(&s).await?;
+            let data = f.read(offset, size as usize).await.map_err(|e| err(&e))?;
             Ok(move |r: ReplyData| r.data(&data))
         })
     }
@@ -1013,7 +1023,7 @@ impl fuser::Filesystem for Nacre {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
-        serve!(self, reply, |s| {
+        let set = async move |s: Arc<Shared>| {
             let f = s.handle(fh)?;
             let kind = lock_kind(typ)?;
             if kind != lock::UNLOCK {
@@ -1021,7 +1031,9 @@ impl fuser::Filesystem for Nacre {
             }
             f.lock(lock_owner.0, pid, kind, start, end, sleep).await.map_err(|e| err(&e))?;
             Ok(|r: ReplyEmpty| r.ok())
-        })
+        };
+        // A lock that waits for its holder may wait for as long as the holder keeps it.
+        if sleep { serve_on_runtime!(self, reply, |s| set(s).await) } else { serve!(self, reply, |s| set(s).await) }
     }
 
     fn release(

@@ -1344,6 +1344,63 @@ fn reads_stuck_on_a_stopped_ost_leave_the_mount_answering() {
     }
 }
 
+/// Metadata requests also run on the mount's kernel reader threads, and never on all of
+/// them: with the process of MDT 1 stopped and a create waiting on it in each of four
+/// directories, the mount
+/// still looks up, makes, writes and reads files on MDT 0; the creates finish once MDT 1
+/// runs again.
+#[test]
+fn creates_stuck_on_a_stopped_mdt_leave_the_mount_answering() {
+    let fs = Up::start_with("stuck-mdt", &["--per-service", "--mdts", "2"]);
+    let (data, mnt) = (fs.data.clone(), fs.mnt.clone());
+    // A create holds its directory's lock in the kernel: one directory each, so that
+    // all four reach the mount.
+    let on1: Vec<_> = (0..4).map(|i| mnt.join(format!("on1-{i}"))).collect();
+    for d in &on1 {
+        run(&["mkdir", "-i", "1"], d);
+    }
+    let on0 = mnt.join("on0");
+    fs::create_dir(&on0).unwrap();
+    fs::write(on0.join("before"), b"made before").unwrap();
+    let pid: i32 = fs::read_to_string(data.join("nacre-mdt1.pid")).unwrap().trim().parse().unwrap();
+    /// Lets the MDT run again, pass or fail.
+    struct Cont(i32);
+    impl Drop for Cont {
+        fn drop(&mut self) {
+            // SAFETY: a signal to the MDT process this test stopped.
+            unsafe { libc::kill(self.0, libc::SIGCONT) };
+        }
+    }
+    // SAFETY: a signal to the MDT process `up` started for this test.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let cont = Cont(pid);
+    let makers: Vec<_> = (0..4)
+        .map(|i| {
+            let p = on1[i].join(format!("f{i}"));
+            std::thread::spawn(move || fs::write(&p, format!("file {i}")).map(|()| fs::read(&p).unwrap()))
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Meanwhile, what needs only MDT 0 (and the OSTs) is answered.
+    let elsewhere = std::thread::spawn(move || {
+        assert!(fs::metadata(on0.join("no-such-name")).is_err());
+        fs::write(on0.join("during"), b"made during").unwrap();
+        (fs::read(on0.join("before")).unwrap(), fs::read(on0.join("during")).unwrap())
+    });
+    let t = std::time::Instant::now();
+    while !elsewhere.is_finished() && t.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let answered = elsewhere.is_finished();
+    assert!(makers.iter().all(|m| !m.is_finished()), "MDT 1 was stopped, yet a create in it returned");
+    drop(cont);
+    assert!(answered, "the mount answered nothing while creates waited for a stopped MDT");
+    assert_eq!(elsewhere.join().unwrap(), (b"made before".to_vec(), b"made during".to_vec()));
+    for (i, m) in makers.into_iter().enumerate() {
+        assert_eq!(m.join().unwrap().unwrap(), format!("file {i}").into_bytes(), "f{i} after MDT 1 came back");
+    }
+}
+
 /// `nacre up --per-service` with two small OSTs, the MGS on `port`, mounted on `mnt`.
 fn up_per_service(data: &Path, mnt: &Path, port: u16) -> std::process::Output {
     nacre()
