@@ -577,11 +577,15 @@ impl Drop for Server {
 }
 
 /// Poll `run` once on the calling task; if it must wait, it goes on in a task of its own.
-async fn run_or_spawn(run: impl std::future::Future<Output = ()> + Send + 'static) {
+/// `run` is boxed before anything awaits, so the caller's future (a connection's, alive
+/// as long as the connection) holds a pointer to it, not the request's whole state.
+fn run_or_spawn(run: impl std::future::Future<Output = ()> + Send + 'static) -> impl std::future::Future<Output = ()> {
     let mut run = Box::pin(run);
-    let done = std::future::poll_fn(|cx| std::task::Poll::Ready(run.as_mut().poll(cx).is_ready())).await;
-    if !done {
-        tokio::spawn(run);
+    async move {
+        let done = std::future::poll_fn(|cx| std::task::Poll::Ready(run.as_mut().poll(cx).is_ready())).await;
+        if !done {
+            tokio::spawn(run);
+        }
     }
 }
 
@@ -854,49 +858,51 @@ impl Shared {
         self.counters.connections.fetch_sub(1, Ordering::Relaxed);
     }
 
-    async fn converse(self: Arc<Self>, read: &mut crate::transport::ReadHalf, route: &Arc<Route>) -> End {
+    /// A new connection's first frame, which must be a connect: the client's export, made
+    /// or found again, once the connect is answered.
+    async fn handshake(&self, read: &mut crate::transport::ReadHalf, route: &Arc<Route>) -> Result<Arc<Export>, End> {
         let limits = self.cfg.limits;
         // The handshake must come soon, or the connection is not worth a task and a
         // descriptor.
         let wait = self.cfg.obd_timeout.min(HANDSHAKE_WAIT_MAX);
         let first = match tokio::time::timeout(wait, read_header(&mut **read, &limits)).await {
             Ok(Ok(Some(h))) => h,
-            Ok(Ok(None)) | Err(_) => return End::Quiet,
-            Ok(Err(e)) => return End::Malformed(e.to_string()),
+            Ok(Ok(None)) | Err(_) => return Err(End::Quiet),
+            Ok(Err(e)) => return Err(End::Malformed(e.to_string())),
         };
         if first.opcode != OP_CONNECT || first.flags & flags::REPLY != 0 {
             let why = format!("opcode {} before the connect handshake", first.opcode);
             self.refuse(route, &first, status::ENOTCONN, &why).await;
-            return End::Malformed(why);
+            return Err(End::Malformed(why));
         }
         // Nothing is allocated for a peer before it has connected but the connect itself.
         if first.bulk_len != 0 || first.body_len as usize != CONNECT_REQUEST_BYTES {
             let why = format!("connect request of {} + {} bytes", first.body_len, first.bulk_len);
             self.refuse(route, &first, status::EPROTO, &why).await;
-            return End::Malformed(why);
+            return Err(End::Malformed(why));
         }
         let frame = match tokio::time::timeout(wait, read_rest(&mut **read, first, &self.pool)).await {
             Ok(Ok(f)) => f,
-            Ok(Err(e)) => return End::Malformed(e.to_string()),
-            Err(_) => return End::Malformed("connect request not finished in time".into()),
+            Ok(Err(e)) => return Err(End::Malformed(e.to_string())),
+            Err(_) => return Err(End::Malformed("connect request not finished in time".into())),
         };
         let req = match ConnectRequest::decode(&frame.body) {
             Ok(r) => r,
             Err(why) => {
                 self.refuse(route, &first, status::EPROTO, &why).await;
-                return End::Malformed(why);
+                return Err(End::Malformed(why));
             }
         };
         if let Some(why) = self.busy_recovering(req.client) {
             self.refuse(route, &first, status::EBUSY, &why).await;
-            return End::Quiet;
+            return Err(End::Quiet);
         }
         let (export, lost) = match self.attach(&req, &route.peer) {
             Ok(x) => x,
             Err(why) => {
                 self.counters.refused.fetch_add(1, Ordering::Relaxed);
                 self.refuse(route, &first, status::EUSERS, &why).await;
-                return End::Quiet;
+                return Err(End::Quiet);
             }
         };
         let body = ConnectReply {
@@ -908,6 +914,16 @@ impl Shared {
         }
         .encode();
         self.reply_now(&export, route, &first, 0, &body).await;
+        Ok(export)
+    }
+
+    async fn converse(self: Arc<Self>, read: &mut crate::transport::ReadHalf, route: &Arc<Route>) -> End {
+        let limits = self.cfg.limits;
+        // Boxed: what the handshake holds is not kept for the connection's life.
+        let export = match Box::pin(self.handshake(read, route)).await {
+            Ok(export) => export,
+            Err(end) => return end,
+        };
         let mut gone = export.gone.subscribe();
         loop {
             let h = tokio::select! {
@@ -935,13 +951,13 @@ impl Shared {
                 match h.opcode {
                     OP_PING => {
                         self.counters.pings.fetch_add(1, Ordering::Relaxed);
-                        self.reply_now(&export, route, &h, 0, &[]).await;
+                        Box::pin(self.reply_now(&export, route, &h, 0, &[])).await;
                     }
                     OP_DISCONNECT => {
                         if let Some(c) = &self.commits {
-                            c.forget(export.client).await;
+                            Box::pin(c.forget(export.client)).await;
                         }
-                        self.reply_now(&export, route, &h, 0, &[]).await;
+                        Box::pin(self.reply_now(&export, route, &h, 0, &[])).await;
                         self.drop_export(&export, "");
                         return End::Quiet;
                     }
@@ -957,11 +973,11 @@ impl Shared {
                     }
                     OP_REPLAY_DONE => {
                         self.replay_done(export.client);
-                        self.reply_now(&export, route, &h, 0, &[]).await;
+                        Box::pin(self.reply_now(&export, route, &h, 0, &[])).await;
                     }
                     op => {
                         let why = format!("transport opcode {op} is not known here");
-                        self.refuse(route, &h, status::EPROTO, &why).await;
+                        Box::pin(self.refuse(route, &h, status::EPROTO, &why)).await;
                         return End::Malformed(why);
                     }
                 }
@@ -988,7 +1004,7 @@ impl Shared {
                 match self.check_replay(export.client, frame.body) {
                     Ok(r) => (r.body, Some(r.reply)),
                     Err((status, why)) => {
-                        self.refuse(route, &h, status, &why).await;
+                        Box::pin(self.refuse(route, &h, status, &why)).await;
                         continue;
                     }
                 }
@@ -1008,7 +1024,7 @@ impl Shared {
                 Admit::Cached(header, body) => {
                     self.counters.replayed.fetch_add(1, Ordering::Relaxed);
                     let route = route.clone();
-                    self.send(&export, &route, &header, &body, &[]).await;
+                    Box::pin(self.send(&export, &route, &header, &body, &[])).await;
                     continue;
                 }
             }
@@ -1033,7 +1049,10 @@ impl Shared {
                 run_or_spawn(self.clone().run(queued, None)).await;
                 continue;
             }
-            let Some(queued) = self.run_here(queued).await else { continue };
+            if let Some(thread) = self.slot_here(&queued) {
+                run_or_spawn(self.clone().run(queued, Some(thread))).await;
+                continue;
+            }
             let (timed, refused) = {
                 let mut q = lock(&self.queue);
                 let r = q.push(queued, self.now_us()).err();
@@ -1225,26 +1244,19 @@ impl Shared {
         }
     }
 
-    /// Run `q`, of a quick opcode (`Service::quick`), on the calling connection task when
-    /// nothing waits before it (the policy queue is FIFO and empty) and a service slot is
-    /// free: polled once here, and should it wait after all, it goes on in a task of its
-    /// own. `Some(q)`: not run here; queue it.
-    async fn run_here(self: &Arc<Self>, q: Queued) -> Option<Queued> {
+    /// A service slot to run `q`, of a quick opcode (`Service::quick`), on the calling
+    /// connection task, when nothing waits before it (the policy queue is FIFO and empty)
+    /// and a slot is free; it is polled once there, and should it wait after all, it goes
+    /// on in a task of its own. `None`: queue it.
+    fn slot_here(&self, q: &Queued) -> Option<OwnedSemaphorePermit> {
         if !self.quick.contains(&q.header.opcode) || q.replayed.is_some() {
-            return Some(q);
+            return None;
         }
-        let thread = {
-            let queue = lock(&self.queue);
-            if !matches!(&*queue, Queue::Fifo(f) if f.is_empty()) {
-                return Some(q);
-            }
-            match self.threads.clone().try_acquire_owned() {
-                Ok(t) => t,
-                Err(_) => return Some(q),
-            }
-        };
-        run_or_spawn(self.clone().run(q, Some(thread))).await;
-        None
+        let queue = lock(&self.queue);
+        if !matches!(&*queue, Queue::Fifo(f) if f.is_empty()) {
+            return None;
+        }
+        self.threads.clone().try_acquire_owned().ok()
     }
 
     /// Wake when a rate-limited request may start.
