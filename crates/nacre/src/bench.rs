@@ -134,6 +134,22 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 100)]
         races: usize,
     },
+    /// Many clients mounting one file system at once (a mount storm): a `nacre up` in a
+    /// folder of its own, and N simulated clients in this process, each a whole mount. How
+    /// long until all were mounted, the tries that failed, and the server's memory per
+    /// client; one JSON line at the end.
+    Storm {
+        /// Folder for the bench's file system (removed afterwards).
+        #[arg(long, default_value = "/tmp")]
+        dir: PathBuf,
+        /// Simulated clients, all mounting at once (each holds two descriptors here and
+        /// two in the server).
+        #[arg(long, default_value_t = 2000)]
+        clients: usize,
+        /// Seconds the mounted clients idle before they unmount.
+        #[arg(long, default_value_t = 10)]
+        idle: u64,
+    },
 }
 
 pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
@@ -217,6 +233,15 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
             }
             let o = crate::failover::FailoverOptions { dir, writers, settle: Duration::from_secs(settle), races };
             let figures = crate::failover::run(&o, &mut std::io::stdout())?;
+            println!("{}", serde_json::to_string(&figures)?);
+            Ok(())
+        }
+        BenchCommand::Storm { dir, clients, idle } => {
+            if !(1..=1_000_000).contains(&clients) || idle > 3600 {
+                return Err("--clients must be 1 to 1,000,000 and --idle at most 3600".into());
+            }
+            let o = crate::storm::StormOptions { dir, clients, idle: Duration::from_secs(idle) };
+            let figures = crate::storm::run(&o, &mut std::io::stdout())?;
             println!("{}", serde_json::to_string(&figures)?);
             Ok(())
         }

@@ -142,7 +142,7 @@ impl Drop for Pair {
 
 /// A free port for the MGS below the kernel's ephemeral range (32768 and up), from which
 /// the services' own listeners and connections take theirs.
-fn spare_port() -> Option<u16> {
+pub(crate) fn spare_port() -> Option<u16> {
     let start = std::process::id() % 12_000;
     (0..12_000)
         .map(|i| (20_000 + (start + i) % 12_000) as u16)

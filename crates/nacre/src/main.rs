@@ -16,6 +16,7 @@ mod ost;
 mod raid;
 mod service;
 mod size;
+mod storm;
 mod up;
 
 use clap::{CommandFactory, Parser, Subcommand};

@@ -203,3 +203,35 @@ fn bench_failover_checks_every_acknowledged_file_and_leaves_nothing() {
     assert_eq!((v["double_serve_races"].as_u64(), v["double_serve_failures"].as_u64()), (Some(10), Some(0)), "{v}");
     assert!(v["no_holder_races"].as_u64().is_some(), "{v}");
 }
+
+/// The storm bench, small: 150 clients mount one file system at once, every one of them
+/// mounted with no try failed, the server's memory per client measured, and the bench's
+/// folder and server gone afterwards.
+#[test]
+fn bench_storm_mounts_every_client_and_leaves_nothing() {
+    let dir = std::env::temp_dir().join(format!("nacre-bench-storm-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = nacre().args(["bench", "storm", "--clients", "150", "--idle", "1", "--dir"]).arg(&dir).output().unwrap();
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(left.is_empty(), "the bench left {left:?}");
+    let v = bench_figures(&out, &["mount_s", "slowest_mount_s", "bytes_per_client", "idle_bytes_per_client"]);
+    assert_eq!((v["clients"].as_u64(), v["mounted"].as_u64()), (Some(150), Some(150)), "{v}");
+    assert_eq!((v["mount_failures"].as_u64(), v["failed_tries"].as_u64()), (Some(0), Some(0)), "{v}");
+    // A mount's own share of the server is tens of KiB at most, never megabytes.
+    assert!(v["bytes_per_client"].as_u64().unwrap() < 1 << 20, "{v}");
+}
+
+/// More clients than descriptors allow: a clear error that names the limit, nothing made.
+#[test]
+fn bench_storm_refuses_more_clients_than_descriptors() {
+    let dir = std::env::temp_dir().join(format!("nacre-bench-storm-many-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = nacre().args(["bench", "storm", "--clients", "1000000", "--dir"]).arg(&dir).output().unwrap();
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("descriptors") && err.contains("routers"), "{err}");
+    assert!(left.is_empty(), "the bench left {left:?}");
+}
