@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use nacre_net::client::{Client, ClientConfig, Import};
 use nacre_net::nid::Nid;
+use nacre_net::rpc::SplitMix;
 use nacre_net::transport::{TcpTransport, Transport};
 use nacre_proto::dne::{DirDefault, DirStripe};
 use nacre_proto::fid::Fid;
@@ -1544,20 +1545,51 @@ async fn fetch_config(client: &Client, mgs: &Nid, have: u64, wait_ms: u32) -> Re
     Config::decode(&f.body).map_err(|e| Error::protocol("MGS configuration", e))
 }
 
+/// How long a mount asks the MGS to hold each configuration poll.
+const CONFIG_WAIT: Duration = Duration::from_secs(30);
+/// The longest pause between polls of an MGS that does not answer.
+const CONFIG_RETRY_MAX: Duration = Duration::from_secs(8);
+
 /// Wait on the MGS for configuration changes and apply them, while the mount lives.
+///
+/// The MGS holds a bounded number of polls and answers the others at once with what they
+/// have. A mount answered early with nothing new pauses for about the wait it asked
+/// (jittered, from half of it to all of it) before it asks again: asking again at once
+/// made every mount past the MGS's bound spin on it (2,000 mounts kept both cores busy
+/// with config RPCs, `nacre bench storm`). Such a mount hears of a change within that
+/// pause; a held one, at once. An MGS that does not answer is asked again after a
+/// jittered pause that doubles from 1 s to [`CONFIG_RETRY_MAX`], so the mounts of a
+/// cluster do not all come back to it in step.
 async fn follow_config(fs: std::sync::Weak<Inner>, mut have: u64) {
+    let mut failures = 0u32;
+    let mut jitter: Option<SplitMix> = None;
     loop {
         let Some(inner) = fs.upgrade() else { return };
         let (client, mgs) = (inner.client.clone(), inner.mgs.clone());
         drop(inner);
-        match fetch_config(&client, &mgs, have, 30_000).await {
+        let jitter = jitter.get_or_insert_with(|| SplitMix(client.id()));
+        let asked = tokio::time::Instant::now();
+        let pause = match fetch_config(&client, &mgs, have, CONFIG_WAIT.as_millis() as u32).await {
             Ok(cfg) if cfg.version > have => {
+                failures = 0;
                 let Some(inner) = fs.upgrade() else { return };
                 have = cfg.version;
                 FileSystem { inner }.apply_config(&cfg);
+                None
             }
-            Ok(_) => {}
-            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+            Ok(_) => {
+                failures = 0;
+                (asked.elapsed() < CONFIG_WAIT / 2).then_some(CONFIG_WAIT)
+            }
+            Err(_) => {
+                failures += 1;
+                Some((Duration::from_secs(1) * 2u32.pow(failures.min(4) - 1)).min(CONFIG_RETRY_MAX))
+            }
+        };
+        if let Some(p) = pause {
+            // From half of `p` to all of it.
+            let half = p.as_millis() as u64 / 2;
+            tokio::time::sleep(Duration::from_millis(half + jitter.next_u64() % (half + 1))).await;
         }
     }
 }

@@ -138,14 +138,14 @@ pub struct Client {
 impl Client {
     pub fn new(transport: Arc<dyn Transport>, cfg: ClientConfig) -> Client {
         let mut ids = SplitMix(fresh_seed());
-        let id = ids.next().max(1);
+        let id = ids.next_u64().max(1);
         Client {
             shared: Arc::new(Shared {
                 imports: Mutex::new(HashMap::new()),
                 making: tokio::sync::Mutex::new(()),
                 transport,
                 ni: CreditPool::new(cfg.credits),
-                faults: Arc::new(FaultInjector::new(ids.next())),
+                faults: Arc::new(FaultInjector::new(ids.next_u64())),
                 cfg,
                 id,
                 epoch: Instant::now(),
@@ -1135,7 +1135,7 @@ async fn pinger(import: Weak<Import>, mut moves: watch::Receiver<u64>, seed: u64
         let Some(interval) = import.upgrade().map(|i| i.ping_interval()) else { return };
         // ±10% jitter.
         let tenth = interval.as_micros() as u64 / 10;
-        let jitter = if tenth > 0 { rng.next() % (2 * tenth) } else { 0 };
+        let jitter = if tenth > 0 { rng.next_u64() % (2 * tenth) } else { 0 };
         let sleep = interval.saturating_sub(Duration::from_micros(tenth)) + Duration::from_micros(jitter);
         let moved = tokio::select! {
             _ = tokio::time::sleep(sleep) => false,

@@ -169,7 +169,7 @@ impl FaultInjector {
                 continue;
             }
             let mut m = crate::rpc::SplitMix(*rng);
-            let z = m.next();
+            let z = m.next_u64();
             *rng = m.0;
             if z % 1_000_000 < r.p_micro {
                 if let Some(n) = r.remaining.as_mut() {

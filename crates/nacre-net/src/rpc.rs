@@ -316,10 +316,10 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// A small seeded generator (splitmix64) for jitter and ids; not for secrets.
 #[derive(Debug, Clone)]
-pub(crate) struct SplitMix(pub u64);
+pub struct SplitMix(pub u64);
 
 impl SplitMix {
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -338,10 +338,10 @@ pub(crate) fn fresh_seed() -> u64 {
     static STATE: OnceLock<AtomicU64> = OnceLock::new();
     let state = STATE.get_or_init(|| {
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-        AtomicU64::new(SplitMix(t).next() ^ (std::process::id() as u64).rotate_left(32))
+        AtomicU64::new(SplitMix(t).next_u64() ^ (std::process::id() as u64).rotate_left(32))
     });
     let mut m = SplitMix(state.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed));
-    m.next()
+    m.next_u64()
 }
 
 #[cfg(test)]

@@ -10,7 +10,8 @@
 //! It reports how long until every client was mounted and the slowest single mount, the
 //! tries that failed, and what the serving process's memory grew by per mounted client
 //! (its resident set, read from /proc). The clients then idle for a while, and the
-//! server's growth is read again; then they all unmount at once.
+//! server's growth and the CPU it used meanwhile are read (idle mounts cost pings, a
+//! mount that polls in a loop shows here); then they all unmount at once.
 //!
 //! Each client holds a connection to the MGS and one to MDT 0, so this process and the
 //! server's hold two descriptors per client: without routers (not built yet), the
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use nacre_client::{FileSystem, MountOptions};
 use nacre_net::nid::Nid;
+use nacre_net::rpc::SplitMix;
 use serde_json::json;
 
 pub struct StormOptions {
@@ -78,6 +80,20 @@ fn rss(pid: i32) -> Result<u64, Box<dyn std::error::Error>> {
     Ok(kib << 10)
 }
 
+/// CPU time process `pid` has used (user and system), in seconds.
+fn cpu_s(pid: i32) -> Result<f64, Box<dyn std::error::Error>> {
+    let p = format!("/proc/{pid}/stat");
+    let s = std::fs::read_to_string(&p).map_err(|e| format!("{p}: {e}"))?;
+    // After the command name (in parentheses, which may hold spaces): utime and stime
+    // are the 12th and 13th fields.
+    let rest = s.rsplit_once(')').map(|(_, r)| r).ok_or_else(|| format!("{p}: no command name"))?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| format!("{p}: field {i}"));
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok((ticks(11)? + ticks(12)?) as f64 / hz)
+}
+
 /// This process's descriptor limit, raised to its hard limit.
 fn fd_limit() -> u64 {
     let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
@@ -104,20 +120,11 @@ struct Mounted {
     fs: Result<FileSystem, String>,
 }
 
-/// The next of a SplitMix64 sequence: the backoffs' jitter.
-fn next_random(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 /// Mount as a node would: on failure wait a jittered backoff (growing from 0.1 s to 5 s)
 /// and try again, until [`MOUNT_DEADLINE`].
 async fn mount_one(mgs: Nid, seed: u64, started: Instant) -> Mounted {
     let mut failed_tries = 0;
-    let mut jitter = seed;
+    let mut jitter = SplitMix(seed);
     loop {
         match FileSystem::mount(&mgs, MountOptions::default()).await {
             Ok(fs) => return Mounted { failed_tries, took: started.elapsed(), fs: Ok(fs) },
@@ -127,7 +134,7 @@ async fn mount_one(mgs: Nid, seed: u64, started: Instant) -> Mounted {
             Err(_) => {
                 failed_tries += 1;
                 let ceiling_ms = (100u64 << failed_tries.min(6)).min(5_000);
-                let wait = Duration::from_millis(ceiling_ms / 2 + next_random(&mut jitter) % (ceiling_ms / 2 + 1));
+                let wait = Duration::from_millis(ceiling_ms / 2 + jitter.next_u64() % (ceiling_ms / 2 + 1));
                 tokio::time::sleep(wait).await;
             }
         }
@@ -211,14 +218,17 @@ pub fn run(o: &StormOptions, out: &mut dyn Write) -> Result<serde_json::Value, B
     if let Some(e) = errors.first() {
         writeln!(out, "{} clients never mounted; the first said: {e}", errors.len())?;
     }
+    let (cpu_before, idle_started) = (cpu_s(pid)?, Instant::now());
     std::thread::sleep(o.idle);
+    let idle_cpu = (cpu_s(pid)? - cpu_before) / idle_started.elapsed().as_secs_f64();
     let rss_idle = rss(pid)?;
     let idle_bytes_per_client = per_client(rss_idle.saturating_sub(rss_before));
     writeln!(
         out,
-        "after {} s idle: server {} MiB, {idle_bytes_per_client} bytes per client",
+        "after {} s idle: server {} MiB, {idle_bytes_per_client} bytes per client, {:.1}% of a core busy",
         o.idle.as_secs(),
-        rss_idle >> 20
+        rss_idle >> 20,
+        idle_cpu * 100.0
     )?;
     let started = Instant::now();
     rt.block_on(async {
@@ -240,6 +250,7 @@ pub fn run(o: &StormOptions, out: &mut dyn Write) -> Result<serde_json::Value, B
         "slowest_mount_s": slowest,
         "bytes_per_client": bytes_per_client,
         "idle_bytes_per_client": idle_bytes_per_client,
+        "idle_server_cpu_cores": idle_cpu,
         "server_rss_before_bytes": rss_before,
         "server_rss_mounted_bytes": rss_mounted,
         "unmount_s": unmount_s,
