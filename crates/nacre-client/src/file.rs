@@ -173,7 +173,7 @@ impl File {
         let mdt = mdt_of(fid)?;
         let r = Request::Open { fid, read: flags.read, write: flags.write, dom_read: read_on_open(&fs, flags) };
         let (reply, first) = fs.md(mdt, c, &r, &[]).await?;
-        let Reply::Opened { handle, attr, layout, objects } = reply else {
+        let Reply::Opened { handle, attr, layout, objects, .. } = reply else {
             return Err(Error::protocol("open", "the MDS did not answer with a handle"));
         };
         let layout = fs.sent_layout(attr.fid, &layout, objects)?;

@@ -921,7 +921,7 @@ impl FileSystem {
         flags: OpenFlags,
     ) -> Result<(Attr, File)> {
         let layout = layout.map(Layout::encode).unwrap_or_default();
-        let (handle, attr, layout, objects) = self
+        let (handle, attr, layout, objects, left) = self
             .by_name(c, dir, name, |at| {
                 let r = Request::CreateOpen {
                     dir: at,
@@ -933,12 +933,18 @@ impl FileSystem {
                 };
                 async move {
                     expect("create-open", self.md_at(at, c, &r).await?, |r| match r {
-                        Reply::Opened { handle, attr, layout, objects } => Some((handle, attr, layout, objects)),
+                        Reply::Opened { handle, attr, layout, objects, dir } => {
+                            Some((handle, attr, layout, objects, dir))
+                        }
                         _ => None,
                     })
                 }
             })
             .await?;
+        // The MDT answers with the directory as the create left it.
+        if let Some(a) = left {
+            self.left_dir(dir, a);
+        }
         let layout = self.sent_layout(attr.fid, &layout, objects)?;
         Ok((attr, File::opened(self.clone(), c, handle, attr, layout, flags)))
     }
@@ -1035,11 +1041,10 @@ impl FileSystem {
         }
     }
 
-    /// The attributes of directory `dir` as this mount's last unlink in it left them,
-    /// once: the kernel drops a directory's attributes at each unlink and asks for them
-    /// at the next operation's permission check, which this answers without a round
-    /// trip. Any later ask goes to the MDT. (A create-open could bring them too; its
-    /// reply has no room for them yet.)
+    /// The attributes of directory `dir` as this mount's last unlink or create-open in it
+    /// left them, once: the kernel drops a directory's attributes at each of those and
+    /// asks for them at the next operation's permission check, which this answers without
+    /// a round trip. Any later ask goes to the MDT.
     pub fn fresh_dir_attr(&self, dir: Fid) -> Option<Attr> {
         lock(&self.inner.dir_attrs).remove(&dir)
     }
@@ -1315,7 +1320,7 @@ impl FileSystem {
             })
             .await?;
         match reply {
-            Reply::Opened { handle, attr, layout, objects } => {
+            Reply::Opened { handle, attr, layout, objects, .. } => {
                 let layout = self.sent_layout(attr.fid, &layout, objects)?;
                 File::answered(self.clone(), c, handle, attr, layout, flags, &first).await
             }

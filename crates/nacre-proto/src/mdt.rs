@@ -885,12 +885,16 @@ pub enum Reply {
     Names(Vec<String>),
     /// An open handle and the file's attributes; for a regular file also its layout and
     /// objects (as [`Reply::Layout`]; empty if not sent), so that its first IO needs no
-    /// layout fetch, as Lustre's open reply carries the LOV EA.
+    /// layout fetch, as Lustre's open reply carries the LOV EA. A create-open's also
+    /// carries its directory as the create left it (`dir`): the kernel drops a directory's
+    /// attributes at each create and asks for them at the next operation's permission
+    /// check, which the mount then answers without a round trip.
     Opened {
         handle: u64,
         attr: Attr,
         layout: Vec<u8>,
         objects: Vec<Vec<(u32, u64)>>,
+        dir: Option<Attr>,
     },
     StatFs {
         inodes: u64,
@@ -1000,8 +1004,14 @@ impl Reply {
                 }
                 e.done()
             }
-            Reply::Opened { handle, attr, layout, objects } => {
-                put_objects(attr.put(e.u8(5).u64(*handle)).bytes(layout), objects).done()
+            // Kind 15 is kind 5 with the directory after it.
+            Reply::Opened { handle, attr, layout, objects, dir } => {
+                let e = attr.put(e.u8(if dir.is_some() { 15 } else { 5 }).u64(*handle)).bytes(layout);
+                let e = put_objects(e, objects);
+                match dir {
+                    Some(d) => d.put(e).done(),
+                    None => e.done(),
+                }
             }
             Reply::StatFs { inodes, bytes_used, bytes_total } => {
                 e.u8(6).u64(*inodes).u64(*bytes_used).u64(*bytes_total).done()
@@ -1082,11 +1092,13 @@ impl Reply {
                 }
                 Reply::Names(names)
             }
-            5 => {
+            k @ (5 | 15) => {
                 let handle = d.u64("handle")?;
                 let attr = Attr::get(&mut d)?;
                 let layout = d.bytes("layout", LAYOUT_BYTES_MAX)?.to_vec();
-                Reply::Opened { handle, attr, layout, objects: get_objects(&mut d)? }
+                let objects = get_objects(&mut d)?;
+                let dir = if k == 15 { Some(Attr::get(&mut d)?) } else { None };
+                Reply::Opened { handle, attr, layout, objects, dir }
             }
             6 => Reply::StatFs {
                 inodes: d.u64("inodes")?,
@@ -1272,8 +1284,9 @@ mod tests {
             },
             Reply::Bytes(b"v".to_vec()),
             Reply::Names(vec!["user.a".into(), "user.b".into()]),
-            Reply::Opened { handle: 5, attr: a, layout: vec![], objects: vec![] },
-            Reply::Opened { handle: 6, attr: a, layout: vec![4, 5], objects: vec![vec![(1, 7)]] },
+            Reply::Opened { handle: 5, attr: a, layout: vec![], objects: vec![], dir: None },
+            Reply::Opened { handle: 6, attr: a, layout: vec![4, 5], objects: vec![vec![(1, 7)]], dir: None },
+            Reply::Opened { handle: 7, attr: a, layout: vec![4], objects: vec![vec![(2, 9)]], dir: Some(a) },
             Reply::Created { attr: a, layout: vec![4, 5], objects: vec![vec![(1, 7), (2, 9)]] },
             Reply::StatFs { inodes: 1, bytes_used: 2, bytes_total: 3 },
             Reply::Done,

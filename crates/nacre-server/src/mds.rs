@@ -223,7 +223,7 @@ fn opened(ns: &Namespace, r: Result<OpenAnswer, MdError>) -> Reply {
 /// regular file (its first IO then needs no layout fetch).
 fn handle_reply(ns: &Namespace, handle: u64, attr: mdt::Attr) -> Result<mdt::Reply, MdError> {
     let (layout, objects) = if mode::is_reg(attr.mode) { ns.layout_and_objects(attr.fid)? } else { Default::default() };
-    Ok(mdt::Reply::Opened { handle, attr, layout, objects })
+    Ok(mdt::Reply::Opened { handle, attr, layout, objects, dir: None })
 }
 
 /// What a replayed create's first reply gave: the new inode's FID, and for a create-open
@@ -233,7 +233,7 @@ fn first_answer(replayed: &Option<Vec<u8>>) -> Option<(FirstAnswer, Option<u64>)
     match mdt::Reply::decode(replayed.as_deref()?).ok()? {
         mdt::Reply::Attr(a) | mdt::Reply::Writing(a) => Some((fid(a.fid), None)),
         mdt::Reply::Created { attr, layout, objects } => Some((FirstAnswer { fid: attr.fid, layout, objects }, None)),
-        mdt::Reply::Opened { handle, attr, layout, objects } => {
+        mdt::Reply::Opened { handle, attr, layout, objects, .. } => {
             Some((FirstAnswer { fid: attr.fid, layout, objects }, Some(handle)))
         }
         _ => None,
@@ -649,12 +649,35 @@ impl Mds {
             return fail(-EPROTO, "a replayed open without the handle it got".into());
         };
         self.count(req.header.opcode);
-        self.open_for(req.client, fid, read, write, Some(handle)).await
+        self.open_for(req.client, fid, read, write, Some(handle), None).await
     }
 
-    /// Open `fid` for `owner` on a blocking thread (the open takes the namespace's
-    /// locks): a new handle for a file just created, or `handle` again for a replay.
-    async fn open_for(&self, owner: u64, fid: Fid, read: bool, write: bool, handle: Option<u64>) -> Reply {
+    /// Open `fid` for `owner`: a new handle for a file just created, or `handle` again for
+    /// a replay; the reply carries `dir`, the directory as the create left it, if given. A
+    /// new handle is made here when the handle table is free (nearly always), else on a
+    /// blocking thread, as a replay's always is (the open then waits for the namespace's
+    /// locks): a thread hop per create-open was 2-4 context switches.
+    async fn open_for(
+        &self,
+        owner: u64,
+        fid: Fid,
+        read: bool,
+        write: bool,
+        handle: Option<u64>,
+        dir: Option<mdt::Attr>,
+    ) -> Reply {
+        let with_dir = move |r: mdt::Reply| match r {
+            mdt::Reply::Opened { handle, attr, layout, objects, .. } => {
+                mdt::Reply::Opened { handle, attr, layout, objects, dir }
+            }
+            r => r,
+        };
+        if handle.is_none()
+            && let Some(r) = self.ns.try_open_created(owner, fid, read, write)
+        {
+            let r = r.and_then(|(handle, attr)| handle_reply(&self.ns, handle, attr));
+            return Reply { open_state: true, ..answer(r, with_dir) };
+        }
         let ns = self.ns.clone();
         let opened = tokio::task::spawn_blocking(move || {
             let (handle, attr) = match handle {
@@ -665,7 +688,7 @@ impl Mds {
         })
         .await;
         match opened {
-            Ok(r) => Reply { open_state: true, ..answer(r, |r| r) },
+            Ok(r) => Reply { open_state: true, ..answer(r, with_dir) },
             Err(e) => fail(-errno::EIO, format!("open of {fid}: {e}")),
         }
     }
@@ -1256,7 +1279,7 @@ impl Mds {
                     && req.header.transno <= self.replay_from.load(Ordering::Relaxed)
                 {
                     // Its create is on the drives: only its handle is lost.
-                    return done(self.open_for(req.client, first.fid, read, write, Some(handle)).await);
+                    return done(self.open_for(req.client, first.fid, read, write, Some(handle), None).await);
                 }
                 let change = match first {
                     Some(first) => Namespace::replaying(first, change),
@@ -1268,7 +1291,8 @@ impl Mds {
                     (Err(e), _) => return done(fail(e.status(), e.message)),
                 };
                 // A replay gets the handle it had.
-                let reply = self.open_for(req.client, a.fid, read, write, handle).await;
+                let left = self.ns.getattr(dir).ok();
+                let reply = self.open_for(req.client, a.fid, read, write, handle, left).await;
                 let reply = depending(Reply { transno: n.transno, ..reply }, &n.depends);
                 return answered(reply, n);
             }

@@ -91,6 +91,15 @@ async fn lock_requests_are_checked_and_waits_hold_no_service_slot() {
         Reply::Opened { handle, attr, .. } => (handle, attr.fid),
         other => panic!("not opened: {other:?}"),
     };
+    // A create-open's reply brings its directory as the create left it.
+    let Reply::Attr(root) = a.call(Request::Getattr { fid: Fid::ROOT }).await.unwrap() else { panic!("no root") };
+    match a.call(create("first")).await.unwrap() {
+        Reply::Opened { dir: Some(d), .. } => {
+            assert_eq!(d.fid, Fid::ROOT);
+            assert!(d.mtime_ns > root.mtime_ns, "the directory as the create left it: {d:?} after {root:?}");
+        }
+        other => panic!("no directory in {other:?}"),
+    }
     let (ha, f) = opened(a.call(create("f")).await.unwrap());
     let (hg, g) = opened(a.call(create("g")).await.unwrap());
     let (hb, _) = opened(b.call(Request::Open { fid: f, read: true, write: true, dom_read: 0 }).await.unwrap());

@@ -146,6 +146,13 @@ impl Namespace {
         self.open_as(owner, None, fid, read, write)
     }
 
+    /// [`Namespace::open_created`] if the handle table is free now (no commit holds it),
+    /// `None` if it would have to wait.
+    pub fn try_open_created(&self, owner: u64, fid: Fid, read: bool, write: bool) -> Option<Result<(u64, Attr)>> {
+        let o = self.opens(Wait::No)?;
+        Some(self.open_locked(o, owner, None, fid, read, write, None))
+    }
+
     /// An open (or create-open) replayed after a restart: `fid` opened again as
     /// `handle`, the number its first open gave, even if unlinked meanwhile (an orphan,
     /// kept for this).
