@@ -1298,6 +1298,36 @@ fn a_killed_mds_process_comes_back_and_the_mount_replays_what_it_had_not_committ
     assert_eq!(other.ask("w", &d.join("f3"), 5, 1), "ok");
 }
 
+/// A serving process of `up --per-service` stopped (SIGSTOP) for a test; it runs again
+/// (SIGCONT) when this is dropped, pass or fail.
+struct Stopped(i32);
+
+impl Stopped {
+    /// Stop the process serving `tag` (`ost0`, `mdt1`) of the file system in `data`.
+    fn new(data: &Path, tag: &str) -> Stopped {
+        let pid: i32 = fs::read_to_string(data.join(format!("nacre-{tag}.pid"))).unwrap().trim().parse().unwrap();
+        // SAFETY: a signal to a process `up` started for this test.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: a signal to the process this test stopped.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// Whether thread `t` finishes within `limit` (it is left running if not).
+fn finishes_within<T>(t: &std::thread::JoinHandle<T>, limit: std::time::Duration) -> bool {
+    let started = std::time::Instant::now();
+    while !t.is_finished() && started.elapsed() < limit {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    t.is_finished()
+}
+
 /// Reads run on the mount's kernel reader threads, but never on all of them: with the
 /// process of the OST holding four files stopped (SIGSTOP) and a reader on each file,
 /// the mount still answers lookups and makes, writes and reads a file on the MDT; the
@@ -1319,18 +1349,7 @@ fn reads_stuck_on_a_stopped_ost_leave_the_mount_answering() {
     run(&["setstripe", "-E", "64K", "-L", "mdt"], &md);
     // The reads must reach the OST, not the kernel's page cache.
     fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
-    let pid: i32 = fs::read_to_string(data.join("nacre-ost0.pid")).unwrap().trim().parse().unwrap();
-    /// Lets the OST run again, pass or fail.
-    struct Cont(i32);
-    impl Drop for Cont {
-        fn drop(&mut self) {
-            // SAFETY: a signal to the OST process this test stopped.
-            unsafe { libc::kill(self.0, libc::SIGCONT) };
-        }
-    }
-    // SAFETY: a signal to the OST process `up` started for this test.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
-    let cont = Cont(pid);
+    let cont = Stopped::new(&data, "ost0");
     let readers: Vec<_> = (0..4)
         .map(|i| {
             let p = d.join(format!("f{i}"));
@@ -1344,11 +1363,7 @@ fn reads_stuck_on_a_stopped_ost_leave_the_mount_answering() {
         fs::write(md.join("small"), b"on the MDT").unwrap();
         fs::read(md.join("small")).unwrap()
     });
-    let t = std::time::Instant::now();
-    while !elsewhere.is_finished() && t.elapsed() < std::time::Duration::from_secs(10) {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let answered = elsewhere.is_finished();
+    let answered = finishes_within(&elsewhere, std::time::Duration::from_secs(10));
     assert!(readers.iter().all(|r| !r.is_finished()), "the OST was stopped, yet a read returned");
     drop(cont);
     assert!(answered, "the mount answered nothing while reads waited for a stopped OST");
@@ -1376,18 +1391,7 @@ fn creates_stuck_on_a_stopped_mdt_leave_the_mount_answering() {
     let on0 = mnt.join("on0");
     fs::create_dir(&on0).unwrap();
     fs::write(on0.join("before"), b"made before").unwrap();
-    let pid: i32 = fs::read_to_string(data.join("nacre-mdt1.pid")).unwrap().trim().parse().unwrap();
-    /// Lets the MDT run again, pass or fail.
-    struct Cont(i32);
-    impl Drop for Cont {
-        fn drop(&mut self) {
-            // SAFETY: a signal to the MDT process this test stopped.
-            unsafe { libc::kill(self.0, libc::SIGCONT) };
-        }
-    }
-    // SAFETY: a signal to the MDT process `up` started for this test.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
-    let cont = Cont(pid);
+    let cont = Stopped::new(&data, "mdt1");
     let makers: Vec<_> = (0..4)
         .map(|i| {
             let p = on1[i].join(format!("f{i}"));
@@ -1401,11 +1405,7 @@ fn creates_stuck_on_a_stopped_mdt_leave_the_mount_answering() {
         fs::write(on0.join("during"), b"made during").unwrap();
         (fs::read(on0.join("before")).unwrap(), fs::read(on0.join("during")).unwrap())
     });
-    let t = std::time::Instant::now();
-    while !elsewhere.is_finished() && t.elapsed() < std::time::Duration::from_secs(10) {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let answered = elsewhere.is_finished();
+    let answered = finishes_within(&elsewhere, std::time::Duration::from_secs(10));
     assert!(makers.iter().all(|m| !m.is_finished()), "MDT 1 was stopped, yet a create in it returned");
     drop(cont);
     assert!(answered, "the mount answered nothing while creates waited for a stopped MDT");
