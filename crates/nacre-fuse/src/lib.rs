@@ -4,9 +4,10 @@
 //! thread that read it (no thread wakeup to reach the runtime and none to come back), but
 //! on all of them but one at most: past that, and for a lock that waits for its holder, a
 //! request runs in a task on the client's runtime, so slow ones (a create waiting on an
-//! MDT that stopped) never hold up the others. Writes of up to 1 MiB come in one request; directory
-//! listings come with attributes (readdirplus). The kernel also checks permission bits
-//! against cached attributes (`default_permissions`); the MDS checks them again.
+//! MDT that stopped) never hold up the others. Writes of up to 1 MiB come in one request;
+//! directory listings come with attributes (readdirplus). The kernel also checks
+//! permission bits against cached attributes (`default_permissions`); the MDS checks them
+//! again.
 //!
 //! Entries and attributes the MDS leased to this mount are cached by the kernel for
 //! `lease_timeout`; when the MDS revokes a lease (another mount changed what it covers)
@@ -282,6 +283,16 @@ impl Drop for ServingHere<'_> {
 }
 
 impl Nacre {
+    /// Run `answer`, which serves a request: on this kernel reader thread if `here` and
+    /// [`Nacre::here`] gives a slot, else in a task on the runtime (what may wait without
+    /// bound, a lock that waits for its holder, must not hold a reader thread).
+    fn run(&self, answer: impl std::future::Future<Output = ()> + Send + 'static, here: bool) {
+        match here.then(|| self.here()).flatten() {
+            Some(_slot) => self.rt.block_on(answer),
+            None => drop(self.rt.spawn(answer)),
+        }
+    }
+
     /// A slot to serve a request on the kernel reader thread that read it, if one more
     /// reader thread than that is left for everything else: a request stuck on a server
     /// that is down must not keep the mount from answering `stat` and `ls` and reads of
@@ -545,19 +556,17 @@ fn written(handles: &[Weak<File>]) -> Option<(u64, i64)> {
     writers.map(|f| (f.size_hint(), f.written_at())).reduce(|a, b| (a.0.max(b.0), a.1.max(b.1)))
 }
 
-/// Serve a request in a task on the runtime and answer with its result: for what may wait
-/// without bound (a lock that waits for its holder), which must not hold a kernel reader
-/// thread.
-macro_rules! serve_on_runtime {
+/// The future that serves a request with `body` and answers it.
+macro_rules! answering {
     ($self:ident, $reply:ident, |$s:ident| $body:expr) => {{
         let $s = $self.shared.clone();
-        $self.rt.spawn(async move {
+        async move {
             let r: Result<_, Errno> = async { $body }.await;
             match r {
                 Ok(answer) => answer($reply),
                 Err(e) => $reply.error(e),
             }
-        });
+        }
     }};
 }
 
@@ -565,16 +574,8 @@ macro_rules! serve_on_runtime {
 /// when [`Nacre::here`] gives a slot, else in a task on the runtime.
 macro_rules! serve {
     ($self:ident, $reply:ident, |$s:ident| $body:expr) => {{
-        if let Some(_slot) = $self.here() {
-            let $s = $self.shared.clone();
-            let r: Result<_, Errno> = $self.rt.block_on(async { $body });
-            match r {
-                Ok(answer) => answer($reply),
-                Err(e) => $reply.error(e),
-            }
-        } else {
-            serve_on_runtime!($self, $reply, |$s| $body)
-        }
+        let answer = answering!($self, $reply, |$s| $body);
+        $self.run(answer, true)
     }};
 }
 
@@ -1023,7 +1024,7 @@ impl fuser::Filesystem for Nacre {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
-        let set = async move |s: Arc<Shared>| {
+        let answer = answering!(self, reply, |s| {
             let f = s.handle(fh)?;
             let kind = lock_kind(typ)?;
             if kind != lock::UNLOCK {
@@ -1031,9 +1032,9 @@ impl fuser::Filesystem for Nacre {
             }
             f.lock(lock_owner.0, pid, kind, start, end, sleep).await.map_err(|e| err(&e))?;
             Ok(|r: ReplyEmpty| r.ok())
-        };
+        });
         // A lock that waits for its holder may wait for as long as the holder keeps it.
-        if sleep { serve_on_runtime!(self, reply, |s| set(s).await) } else { serve!(self, reply, |s| set(s).await) }
+        self.run(answer, !sleep)
     }
 
     fn release(
