@@ -86,21 +86,24 @@ fn writer(dir: PathBuf, w: usize, stop: Arc<AtomicBool>, load: Arc<Mutex<Load>>)
     }
 }
 
-/// The bench's file system: `nacre up --ha` in a folder of its own, taken down and removed
-/// on drop whatever happened.
-struct Pair {
-    root: PathBuf,
-    data: PathBuf,
-    mnt: PathBuf,
+/// A bench's file system (`nacre up`, here `--ha`) in a folder of its own, its data in
+/// `data` and its mount, if any, on `mnt`: taken down, unmounted and removed on drop
+/// whatever happened (unless `NACRE_BENCH_KEEP` is set).
+pub(crate) struct BenchFs {
+    pub(crate) root: PathBuf,
+    pub(crate) data: PathBuf,
+    pub(crate) mnt: PathBuf,
 }
 
-impl Pair {
-    fn nacre() -> Result<Command, Box<dyn std::error::Error>> {
+impl BenchFs {
+    pub(crate) fn nacre() -> Result<Command, Box<dyn std::error::Error>> {
         Ok(Command::new(std::env::current_exe()?))
     }
 
-    fn pid(&self, node: &str) -> Result<i32, Box<dyn std::error::Error>> {
-        let p = self.data.join(format!("nacre-{node}.pid"));
+    /// The pid of the serving process of `node` (`""`: `up`'s own process).
+    pub(crate) fn pid(&self, node: &str) -> Result<i32, Box<dyn std::error::Error>> {
+        let name = if node.is_empty() { "nacre.pid".to_string() } else { format!("nacre-{node}.pid") };
+        let p = self.data.join(name);
         Ok(std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?.trim().parse()?)
     }
 
@@ -125,12 +128,12 @@ impl Pair {
     }
 }
 
-impl Drop for Pair {
+impl Drop for BenchFs {
     fn drop(&mut self) {
         if std::env::var_os("NACRE_BENCH_KEEP").is_some() {
             return;
         }
-        if let Ok(mut c) = Pair::nacre() {
+        if let Ok(mut c) = BenchFs::nacre() {
             let _ = c.arg("down").arg("--data").arg(&self.data).output();
         }
         if crate::fsys::is_mounted(&self.mnt) {
@@ -170,10 +173,10 @@ fn longest(ops: &[(Instant, Duration)], from: Instant, to: Instant) -> Duration 
 pub fn run(o: &FailoverOptions, out: &mut dyn Write) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     let root = o.dir.join(format!("nacre-bench-failover-{}", std::process::id()));
     std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
-    let pair = Pair { data: root.join("data"), mnt: root.join("mnt"), root };
+    let pair = BenchFs { data: root.join("data"), mnt: root.join("mnt"), root };
     std::fs::create_dir_all(&pair.mnt)?;
     let port = spare_port().ok_or("no free TCP port for the MGS between 20000 and 32000")?;
-    let up = Pair::nacre()?
+    let up = BenchFs::nacre()?
         .args(["up", "--ha", "--osts", "2", "--ost-size", "256M", "--mdt-size", "128M", "--port", &port.to_string()])
         .arg("--data")
         .arg(&pair.data)
@@ -194,7 +197,7 @@ pub fn run(o: &FailoverOptions, out: &mut dyn Write) -> Result<serde_json::Value
         let dir = pair.mnt.join(format!("w{w}"));
         std::fs::create_dir(&dir)?;
         // Every file over both OSTs, the first 64 KiB on the MDT (the default layout's DoM).
-        let s = Pair::nacre()?
+        let s = BenchFs::nacre()?
             .args(["setstripe", "-E", "64K", "-L", "mdt", "-E", "-1", "-c", "-1", "-S", "1M"])
             .arg(&dir)
             .output()?;
@@ -280,11 +283,11 @@ struct Events {
 
 /// The events, under load: move MDT0 to node b and back, kill node a, bring it back as a
 /// standby, stop node b, resume it.
-fn events(o: &FailoverOptions, pair: &Pair, out: &mut dyn Write) -> Result<Events, Box<dyn std::error::Error>> {
+fn events(o: &FailoverOptions, pair: &BenchFs, out: &mut dyn Write) -> Result<Events, Box<dyn std::error::Error>> {
     std::thread::sleep(o.settle);
     let move_at = Instant::now();
     for args in [&["failover", "MDT0"][..], &["failback"][..]] {
-        let m = Pair::nacre()?.args(args).arg("--data").arg(&pair.data).output()?;
+        let m = BenchFs::nacre()?.args(args).arg("--data").arg(&pair.data).output()?;
         if !m.status.success() {
             return Err(format!("nacre {}: {}", args.join(" "), String::from_utf8_lossy(&m.stderr)).into());
         }
@@ -304,7 +307,7 @@ fn events(o: &FailoverOptions, pair: &Pair, out: &mut dyn Write) -> Result<Event
     std::thread::sleep(o.settle);
 
     let cluster = pair.data.join("cluster.toml");
-    let back = Pair::nacre()?.args(["server", "--config"]).arg(&cluster).args(["--node", "a"]).output()?;
+    let back = BenchFs::nacre()?.args(["server", "--config"]).arg(&cluster).args(["--node", "a"]).output()?;
     if !back.status.success() {
         return Err(format!("node a back: {}", String::from_utf8_lossy(&back.stderr)).into());
     }

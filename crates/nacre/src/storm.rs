@@ -19,13 +19,14 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nacre_client::{FileSystem, MountOptions};
 use nacre_net::nid::Nid;
 use nacre_net::rpc::SplitMix;
 use serde_json::json;
+
+use crate::failover::BenchFs;
 
 pub struct StormOptions {
     /// Where the bench makes its folder (removed afterwards).
@@ -40,33 +41,6 @@ pub struct StormOptions {
 const MOUNT_DEADLINE: Duration = Duration::from_secs(300);
 /// Descriptors this process keeps for itself beside its clients' connections.
 const SPARE_FDS: u64 = 256;
-
-/// The bench's file system: `nacre up` in a folder of its own, taken down and removed on
-/// drop whatever happened.
-struct Served {
-    root: PathBuf,
-    data: PathBuf,
-}
-
-impl Served {
-    fn nacre() -> Result<Command, Box<dyn std::error::Error>> {
-        Ok(Command::new(std::env::current_exe()?))
-    }
-
-    fn pid(&self) -> Result<i32, Box<dyn std::error::Error>> {
-        let p = self.data.join("nacre.pid");
-        Ok(std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?.trim().parse()?)
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if let Ok(mut c) = Served::nacre() {
-            let _ = c.arg("down").arg("--data").arg(&self.data).output();
-        }
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
 
 /// The resident set of process `pid`, in bytes.
 fn rss(pid: i32) -> Result<u64, Box<dyn std::error::Error>> {
@@ -155,10 +129,10 @@ pub fn run(o: &StormOptions, out: &mut dyn Write) -> Result<serde_json::Value, B
     }
     let root = o.dir.join(format!("nacre-bench-storm-{}", std::process::id()));
     std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
-    let served = Served { data: root.join("data"), root };
+    let served = BenchFs { data: root.join("data"), mnt: root.join("mnt"), root };
     let port = crate::failover::spare_port().ok_or("no free TCP port for the MGS between 20000 and 32000")?;
     // The server inherits the raised limit.
-    let up = Served::nacre()?
+    let up = BenchFs::nacre()?
         .args(["up", "--osts", "1", "--ost-size", "64M", "--mdt-size", "64M", "--port", &port.to_string()])
         .arg("--data")
         .arg(&served.data)
@@ -166,7 +140,7 @@ pub fn run(o: &StormOptions, out: &mut dyn Write) -> Result<serde_json::Value, B
     if !up.status.success() {
         return Err(format!("nacre up: {}", String::from_utf8_lossy(&up.stderr)).into());
     }
-    let pid = served.pid()?;
+    let pid = served.pid("")?;
     let mgs: Nid = format!("127.0.0.1@tcp:{port}").parse()?;
     writeln!(out, "file system up in {} (process {pid}), MGS at {mgs}", served.data.display())?;
 
