@@ -914,16 +914,20 @@ impl Import {
             let _ = tokio::io::AsyncWriteExt::shutdown(&mut *w).await;
             return Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "cut by a fault rule"));
         };
-        let mut w = conn.writer.lock().await;
-        // A call cancelled in the middle of a frame must not leave half of it on a
-        // connection others go on using: the server would read the next frame's bytes as
-        // this one's rest. Until the frame is whole, dropping this guard breaks the link.
-        let guard = BreakOnDrop(conn);
-        for _ in 0..copies {
-            write_frame(&mut *w, header, body, bulk).await?;
-        }
-        std::mem::forget(guard);
-        Ok(())
+        crate::inline::unlocked(async {
+            let mut w = conn.writer.lock().await;
+            // A call cancelled in the middle of a frame must not leave half of it on a
+            // connection others go on using: the server would read the next frame's bytes
+            // as this one's rest. Until the frame is whole, dropping this guard breaks the
+            // link.
+            let guard = BreakOnDrop(conn);
+            for _ in 0..copies {
+                write_frame(&mut *w, header, body, bulk).await?;
+            }
+            std::mem::forget(guard);
+            Ok(())
+        })
+        .await
     }
 
     /// Learn from a reply: the server's service estimate, and the round trip less the
@@ -1022,14 +1026,15 @@ impl Import {
         link.cookie = r.cookie;
         self.server_obd_timeout_ms.store(r.obd_timeout_ms as u64, Ordering::Relaxed);
         let (closed_tx, closed) = watch::channel(false);
-        let reader = tokio::spawn(read_replies(
+        let task = stream.read_task();
+        let reader = tokio::spawn(task.run(read_replies(
             stream.read,
             self.pending.clone(),
             s.cfg.limits,
             s.epoch,
             closed_tx,
             self.counters.clone(),
-        ));
+        )));
         let conn = Conn {
             broken: std::sync::atomic::AtomicBool::new(false),
             writer: tokio::sync::Mutex::new(stream.write),

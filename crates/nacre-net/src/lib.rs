@@ -3,6 +3,7 @@
 //!
 //! - [`nid`]: endpoint names (`127.0.0.1@tcp:9000`, `oss0@mem`).
 //! - [`transport`]: the [`transport::Transport`] trait with TCP and in-memory transports.
+//!   In-memory pipes run their reader on the writer's thread (`inline`).
 //! - [`frame`]: the wire header and a decoder that bounds every length it reads.
 //! - [`credits`]: peer and interface credit pools with LNet's counters.
 //! - [`rpc`], [`client`], [`server`]: RPC with xids, bulk, `max_rpcs_in_flight`, bounded
@@ -18,6 +19,7 @@ pub mod credits;
 pub mod fault;
 pub mod frame;
 pub mod glob;
+mod inline;
 pub mod nid;
 pub mod recovery;
 pub mod rpc;

@@ -287,9 +287,11 @@ pub struct Service {
     pub commits: Option<Arc<dyn Commits>>,
     /// Start in recovery for these clients (ignored without `commits`, or with no client).
     pub recovering: Option<Recovering>,
-    /// Opcodes the service answers at once from memory (lookups, getattrs): when nothing
-    /// waits before one, it runs on its connection's task, with no task spawned for it,
-    /// as a ping does.
+    /// Opcodes the service usually answers without waiting, from memory (lookups,
+    /// getattrs, and an MDS's changes, which it answers before their commit): when
+    /// nothing waits before one, it runs on its connection's task, with no task spawned
+    /// for it, as a ping does. Polled once there, and should it wait after all, it goes
+    /// on in a task of its own.
     pub quick: Vec<u16>,
     /// Opcodes whose handler may wait for other clients (a lock request waiting for a
     /// conflicting lock to go): each runs at once, holding no service slot, polled once
@@ -513,8 +515,9 @@ impl Server {
                         s.counters.refused.fetch_add(1, Ordering::Relaxed);
                         drop(stream);
                     }
-                    Ok(stream) => {
-                        conns.spawn(s.clone().serve(stream));
+                    Ok(mut stream) => {
+                        let task = stream.read_task();
+                        conns.spawn(task.run(s.clone().serve(stream)));
                     }
                     // Out of descriptors or memory: back off instead of spinning. Errors
                     // of one connection (a peer that reset at once) need no pause.
@@ -1405,14 +1408,14 @@ impl Shared {
             return;
         };
         let (mut cut, mut gone) = (route.cut.subscribe(), export.gone.subscribe());
-        let write = async {
+        let write = crate::inline::unlocked(async {
             let _credits = acquire_send(&export.credits, &self.ni).await;
             let mut w = route.writer.lock().await;
             for _ in 0..copies {
                 write_frame(&mut *w, header, body, bulk).await?;
             }
             Ok::<(), std::io::Error>(())
-        };
+        });
         tokio::select! {
             r = tokio::time::timeout(self.cfg.obd_timeout, write) => {
                 if !matches!(r, Ok(Ok(()))) {

@@ -5,7 +5,9 @@
 //! Two are here: [`TcpTransport`] (sockets with `TCP_NODELAY`, one stream per connection;
 //! the RPC layer opens `conns_per_peer` of them to each peer) and [`MemTransport`]
 //! (in-process pipes between named endpoints of one [`MemNetwork`], for tests where
-//! sockets add nothing but time).
+//! sockets add nothing but time); [`Shortcut`] is TCP with pipes inside one process. The
+//! writer of a pipe runs its reader's task on its own thread (`crate::inline`), so a
+//! message inside one process costs no thread wake-up.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -17,6 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
+use crate::inline::{PipeWrite, Reader};
 use crate::nid::Nid;
 use crate::rpc::lock;
 
@@ -30,6 +33,54 @@ pub struct Stream {
     pub write: WriteHalf,
     pub local: Nid,
     pub peer: Nid,
+    /// An in-memory pipe's reading task, which the other end's writer runs.
+    reader: Option<Arc<Reader>>,
+}
+
+impl Stream {
+    /// How to run the task that will read this stream (take it before moving `read`
+    /// into the task).
+    pub fn read_task(&mut self) -> ReadTask {
+        ReadTask(self.reader.take())
+    }
+}
+
+/// The task that reads a [`Stream`], to spawn. On an in-memory pipe the writer at the
+/// other end runs it on its own thread when its bytes wake it (see [`crate::inline`]);
+/// on a socket it is the task itself.
+pub struct ReadTask(Option<Arc<Reader>>);
+
+impl ReadTask {
+    pub fn run(self, task: impl Future<Output = ()> + Send + 'static) -> BoxFuture<'static, ()> {
+        match self.0 {
+            Some(reader) => Box::pin(reader.start(Box::pin(task))),
+            None => Box::pin(task),
+        }
+    }
+}
+
+/// Two connected in-memory streams: `a` at `a_nid` to `b` at `b_nid`. Each one's writer
+/// runs the other's reading task (see [`crate::inline`]).
+fn pipe(a_nid: Nid, b_nid: Nid) -> (Stream, Stream) {
+    let (a, b) = tokio::io::duplex(MEM_PIPE_BYTES);
+    let (ar, aw) = tokio::io::split(a);
+    let (br, bw) = tokio::io::split(b);
+    let (a_reader, b_reader) = (Reader::new(), Reader::new());
+    let a = Stream {
+        read: Box::new(ar),
+        write: Box::new(PipeWrite { pipe: aw, reader: b_reader.clone() }),
+        local: a_nid.clone(),
+        peer: b_nid.clone(),
+        reader: Some(a_reader.clone()),
+    };
+    let b = Stream {
+        read: Box::new(br),
+        write: Box::new(PipeWrite { pipe: bw, reader: a_reader }),
+        local: b_nid,
+        peer: a_nid,
+        reader: Some(b_reader),
+    };
+    (a, b)
 }
 
 /// Something that connects to and listens on NIDs.
@@ -76,7 +127,7 @@ fn tcp_stream(s: TcpStream) -> io::Result<Stream> {
     s.set_nodelay(true)?;
     let (local, peer) = (Nid::Tcp(s.local_addr()?), Nid::Tcp(s.peer_addr()?));
     let (r, w) = s.into_split();
-    Ok(Stream { read: Box::new(r), write: Box::new(w), local, peer })
+    Ok(Stream { read: Box::new(r), write: Box::new(w), local, peer, reader: None })
 }
 
 struct TcpListen {
@@ -133,15 +184,11 @@ impl Transport for MemTransport {
             let tx = lock(&self.net.listeners).get(name).cloned();
             let tx =
                 tx.ok_or_else(|| io::Error::new(io::ErrorKind::ConnectionRefused, format!("nothing listens on {to}")))?;
-            let (a, b) = tokio::io::duplex(MEM_PIPE_BYTES);
-            let (ar, aw) = tokio::io::split(a);
-            let (br, bw) = tokio::io::split(b);
-            let theirs =
-                Stream { read: Box::new(br), write: Box::new(bw), local: to.clone(), peer: self.local.clone() };
+            let (ours, theirs) = pipe(self.local.clone(), to.clone());
             tx.send(theirs)
                 .await
                 .map_err(|_| io::Error::new(io::ErrorKind::ConnectionRefused, format!("{to} stopped")))?;
-            Ok(Stream { read: Box::new(ar), write: Box::new(aw), local: self.local.clone(), peer: to.clone() })
+            Ok(ours)
         })
     }
 
@@ -219,14 +266,11 @@ impl Transport for Shortcut {
             let Some(tx) = tx else { return TcpTransport.connect(to).await };
             static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
             let me = Nid::Mem(format!("local-{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
-            let (a, b) = tokio::io::duplex(MEM_PIPE_BYTES);
-            let (ar, aw) = tokio::io::split(a);
-            let (br, bw) = tokio::io::split(b);
-            let theirs = Stream { read: Box::new(br), write: Box::new(bw), local: to.clone(), peer: me.clone() };
+            let (ours, theirs) = pipe(me, to.clone());
             tx.send(theirs)
                 .await
                 .map_err(|_| io::Error::new(io::ErrorKind::ConnectionRefused, format!("{to} stopped")))?;
-            Ok(Stream { read: Box::new(ar), write: Box::new(aw), local: me, peer: to.clone() })
+            Ok(ours)
         })
     }
 

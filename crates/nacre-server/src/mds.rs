@@ -48,6 +48,28 @@ const READS: [u16; 12] = [
     param::OP_GET_PARAM,
 ];
 
+/// Requests that change the namespace: run in memory and answered before their commit
+/// (see `Mds::serve_change`).
+const CHANGES: [u16; 13] = [
+    mdt::MDS_CREATE,
+    mdt::MDS_CREATE_OPEN,
+    mdt::MDS_UNLINK,
+    mdt::MDS_DOM_WRITE,
+    mdt::MDS_RENAME,
+    mdt::MDS_SETATTR,
+    mdt::MDS_MKDIR,
+    mdt::MDS_SETDIRDEFAULT,
+    mdt::MDS_UPDATE,
+    mdt::MDS_LINK,
+    mdt::MDS_SETXATTR,
+    mdt::MDS_REMOVEXATTR,
+    mdt::MDS_SETDIRLAYOUT,
+];
+
+/// Opens and closes, answered from memory unless the handle table is busy (see
+/// `Mds::try_open`).
+const OPENS: [u16; 3] = [mdt::MDS_OPEN, mdt::MDS_OPEN_AT, mdt::MDS_CLOSE];
+
 /// How long a lock request waits for a conflicting lock before it is answered
 /// ETIMEDOUT and its client asks again: well within the transport's `at_max`, so the
 /// request never times out while it waits.
@@ -393,7 +415,9 @@ impl Mds {
         Service {
             commits: Some(Arc::new(MdtCommits(self.ns.clone(), self.replayed.clone(), self.locks.clone()))),
             recovering: Some(Recovering { clients, last_committed: self.ns.last_committed() }),
-            quick: READS.to_vec(),
+            // A change waits only for room in the log or for another MDT; an open or a
+            // close for a busy handle table. Those few go on in a task of their own.
+            quick: [&READS[..], &CHANGES, &OPENS].concat(),
             waits: vec![mdt::MDS_LOCK, mdt::MDS_UNLOCK, mdt::MDS_LEASES],
         }
     }
@@ -1115,22 +1139,7 @@ impl Mds {
     /// wait on the namespace's locks, take a blocking thread.
     /// `None` for every other request.
     async fn serve_change(self: &Arc<Self>, req: &Incoming) -> Option<Answered> {
-        if !matches!(
-            req.header.opcode,
-            mdt::MDS_CREATE
-                | mdt::MDS_CREATE_OPEN
-                | mdt::MDS_UNLINK
-                | mdt::MDS_DOM_WRITE
-                | mdt::MDS_RENAME
-                | mdt::MDS_SETATTR
-                | mdt::MDS_MKDIR
-                | mdt::MDS_SETDIRDEFAULT
-                | mdt::MDS_UPDATE
-                | mdt::MDS_LINK
-                | mdt::MDS_SETXATTR
-                | mdt::MDS_REMOVEXATTR
-                | mdt::MDS_SETDIRLAYOUT
-        ) {
+        if !CHANGES.contains(&req.header.opcode) {
             return None;
         }
         // A malformed body goes to `handle`, which answers it.
