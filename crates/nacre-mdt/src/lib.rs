@@ -13,5 +13,5 @@ pub mod namespace;
 
 pub use namespace::{
     Cred, FirstAnswer, MdError, MdtStatFs, Namespace, NamespaceOptions, Numbered, OpenAnswer, Recaller, RenameMode,
-    ReplyKey, SetAttr, Wait,
+    ReplyKey, SetAttr,
 };

@@ -90,14 +90,6 @@ pub fn remote_attr(fid: Fid, kind: u32) -> Attr {
     Attr { fid, mode: kind & mode::S_IFMT, ..Attr::default() }
 }
 
-/// Whether a call may wait for a lock: `No` on the transport's task, which must not
-/// block (the call then answers `None` and is tried again where it may wait).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Wait {
-    Yes,
-    No,
-}
-
 /// What an open by name finds.
 pub enum OpenAnswer {
     /// Opened here: the handle, the attributes, and the file's bytes if sent with them.

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use nacre_mdt::{Cred, FirstAnswer, MdError, Namespace, NamespaceOptions, RenameMode, ReplyKey, SetAttr, Wait};
+use nacre_mdt::{Cred, FirstAnswer, MdError, Namespace, NamespaceOptions, RenameMode, ReplyKey, SetAttr};
 use nacre_proto::acl;
 use nacre_proto::fid::Fid;
 use nacre_proto::layout::Layout;
@@ -765,9 +765,9 @@ fn open_unlinked_files_live_until_the_last_close_and_restart_keeps_everything() 
     assert!(matches!(ns.try_close_file(2, h1), Some(Err(e)) if e.errno == errno::EBADF), "not client 2's");
     // Opening without waiting gives what opening does; the last close of a linked file
     // needs no change.
-    let (h3, a, _) = ns.open_reading(Wait::No, 1, &c, g.fid, true, false, 0).unwrap().unwrap();
+    let (h3, a, _) = ns.open_reading(1, &c, g.fid, true, false, 0).unwrap();
     assert_eq!(a.fid, g.fid);
-    assert_eq!(errno_of(ns.open_reading(Wait::No, 1, &c, d.fid, false, true, 0).unwrap()), errno::EISDIR);
+    assert_eq!(errno_of(ns.open_reading(1, &c, d.fid, false, true, 0)), errno::EISDIR);
     assert!(matches!(ns.try_close_file(1, h3), Some(Ok(()))));
     assert!(ns.getattr(g.fid).is_ok());
     // An orphan whose handle dies with the server goes at the next start.
@@ -896,8 +896,7 @@ fn open_by_name_brings_a_small_dom_file_with_it() {
     let body: Vec<u8> = (0..3901u32).map(|i| (i * 13 % 251) as u8).collect();
     ns.write_dom(&c, f.fid, 0, &body, false, None).unwrap();
     let open = |name: &str, read: bool, write: bool, dom_read: u32| match ns
-        .open_at(Wait::Yes, 7, &c, ROOT, name, read, write, dom_read)
-        .expect("a call that waits answers")
+        .open_at(7, &c, ROOT, name, read, write, dom_read)
     {
         Ok(OpenAnswer::Here((h, a, data))) => {
             ns.close_file(7, h).unwrap();
@@ -923,10 +922,7 @@ fn open_by_name_brings_a_small_dom_file_with_it() {
     assert!(open("plain", true, false, 64 << 10).unwrap().1.is_empty());
     assert_eq!(errno_of(open("absent", true, false, 0)), errno::ENOENT);
     ns.create(&c, ROOT, "private", 0o600, None).unwrap();
-    assert_eq!(
-        errno_of(ns.open_at(Wait::Yes, 8, &Cred::user(5, 5), ROOT, "private", true, false, 0).unwrap().map(|_| ())),
-        errno::EACCES
-    );
+    assert_eq!(errno_of(ns.open_at(8, &Cred::user(5, 5), ROOT, "private", true, false, 0).map(|_| ())), errno::EACCES);
 }
 
 #[test]

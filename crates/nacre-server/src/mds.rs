@@ -18,10 +18,10 @@ use nacre_proto::param;
 use crate::dne::{Coordinator, coordinator_client, update_digest};
 use crate::leases::{Leases, Poll};
 use crate::locks::{Lock, LockTable, Owner, Resource};
+use crate::mdt::OpenAnswer;
 use crate::mdt::namespace::RenameMode;
 use crate::mdt::namespace::{Answer, NEEDS_COORDINATION};
 use crate::mdt::{Cred, FirstAnswer, MdError, Namespace, Numbered, ReplyKey, SetAttr};
-use crate::mdt::{OpenAnswer, Wait};
 use crate::tunable::number;
 
 /// Bytes of names and attributes one readdir reply carries at most.
@@ -66,8 +66,7 @@ const CHANGES: [u16; 13] = [
     mdt::MDS_SETDIRLAYOUT,
 ];
 
-/// Opens and closes, answered from memory unless the handle table is busy (see
-/// `Mds::try_open`).
+/// Opens and closes, answered from memory (see `Mds::try_open`).
 const OPENS: [u16; 3] = [mdt::MDS_OPEN, mdt::MDS_OPEN_AT, mdt::MDS_CLOSE];
 
 /// How long a lock request waits for a conflicting lock before it is answered
@@ -415,8 +414,8 @@ impl Mds {
         Service {
             commits: Some(Arc::new(MdtCommits(self.ns.clone(), self.replayed.clone(), self.locks.clone()))),
             recovering: Some(Recovering { clients, last_committed: self.ns.last_committed() }),
-            // A change waits only for room in the log or for another MDT; an open or a
-            // close for a busy handle table. Those few go on in a task of their own.
+            // A change waits only for room in the log or for another MDT, and so does
+            // the last close of an unlinked file. Those few go on in a task of their own.
             quick: [&READS[..], &CHANGES, &OPENS].concat(),
             waits: vec![mdt::MDS_LOCK, mdt::MDS_UNLOCK, mdt::MDS_LEASES],
         }
@@ -481,7 +480,8 @@ impl Mds {
     /// run where they arrive: they read memory, and a hop to another thread would cost
     /// more than they do (≈ 25 µs to wake a thread here). Changes run in memory on the
     /// transport's task and await their log write there (see `serve_change`). Opens and
-    /// closes run where they arrive too when they need not wait (see `try_open`);
+    /// closes run where they arrive too, but for a last close that removes a file (see
+    /// `try_open`);
     /// otherwise, and for everything else, on blocking threads.
     pub async fn serve(self: &Arc<Self>, req: Incoming) -> Reply {
         if READS.contains(&req.header.opcode) {
@@ -677,10 +677,9 @@ impl Mds {
     }
 
     /// Open `fid` for `owner`: a new handle for a file just created, or `handle` again for
-    /// a replay; the reply carries `dir`, the directory as the create left it, if given. A
-    /// new handle is made here when the handle table is free (nearly always), else on a
-    /// blocking thread, as a replay's always is (the open then waits for the namespace's
-    /// locks): a thread hop per create-open was 2-4 context switches.
+    /// a replay; the reply carries `dir`, the directory as the create left it, if given.
+    /// Served where it arrives: the handle table is held only for moments, by changes
+    /// run in memory and other opens.
     async fn open_for(
         &self,
         owner: u64,
@@ -696,57 +695,45 @@ impl Mds {
             }
             r => r,
         };
-        if handle.is_none()
-            && let Some(r) = self.ns.try_open_created(owner, fid, read, write)
-        {
-            let r = r.and_then(|(handle, attr)| handle_reply(&self.ns, handle, attr));
-            return Reply { open_state: true, ..answer(r, with_dir) };
-        }
-        let ns = self.ns.clone();
-        let opened = tokio::task::spawn_blocking(move || {
-            let (handle, attr) = match handle {
-                Some(h) => ns.reopen(owner, fid, read, write, h)?,
-                None => ns.open_created(owner, fid, read, write)?,
-            };
-            handle_reply(&ns, handle, attr)
-        })
-        .await;
-        match opened {
-            Ok(r) => Reply { open_state: true, ..answer(r, with_dir) },
-            Err(e) => fail(-errno::EIO, format!("open of {fid}: {e}")),
-        }
+        let ns = &self.ns;
+        let opened = match handle {
+            Some(h) => ns.reopen(owner, fid, read, write, h),
+            None => ns.open_created(owner, fid, read, write),
+        };
+        let r = opened.and_then(|(handle, attr)| handle_reply(ns, handle, attr));
+        Reply { open_state: true, ..answer(r, with_dir) }
     }
 
-    /// An open, open-by-name or close served on the transport's task, when it need not
-    /// wait: no commit holds the handle table, and a close removes no unlinked file.
-    /// `None`: not one of those, or it must wait (then `handle` serves it).
+    /// An open, open-by-name or close served on the transport's task, unless it is a
+    /// close that must remove a file unlinked meanwhile (a change, which may wait for room
+    /// in the log). `None`: not one of those, or such a close (then `handle` serves it).
     fn try_open(&self, req: &Incoming) -> Option<Reply> {
         if !matches!(req.header.opcode, mdt::MDS_OPEN | mdt::MDS_OPEN_AT | mdt::MDS_CLOSE) {
             return None;
         }
         // A malformed body goes to `handle`, which answers it.
         let (creds, r) = Request::decode(req.header.opcode, &req.body).ok()?;
-        let reply = self.serve_open(req.client, &cred(creds), r, Wait::No)?;
+        let reply = self.serve_open(req.client, &cred(creds), r, false)?;
         self.count(req.header.opcode);
         Some(reply)
     }
 
     /// An open, open-by-name or close for client `owner`. `None`: not one of those, or,
-    /// with [`Wait::No`], it would have to wait for the handle table or (a last close of an
-    /// unlinked file) make a change.
-    fn serve_open(&self, owner: u64, c: &Cred, r: Request, wait: Wait) -> Option<Reply> {
+    /// unless `may_change`, a last close of a file unlinked meanwhile, which removes it (a
+    /// change, which may wait for room in the log).
+    fn serve_open(&self, owner: u64, c: &Cred, r: Request, may_change: bool) -> Option<Reply> {
         let ns = &self.ns;
         let mut reply = match r {
             Request::Open { fid, read, write, dom_read } => {
-                opened(ns, ns.open_reading(wait, owner, c, fid, read, write, dom_read)?.map(OpenAnswer::Here))
+                opened(ns, ns.open_reading(owner, c, fid, read, write, dom_read).map(OpenAnswer::Here))
             }
             Request::OpenAt { dir, name, read, write, dom_read } => {
-                opened(ns, ns.open_at(wait, owner, c, dir, &name, read, write, dom_read)?)
+                opened(ns, ns.open_at(owner, c, dir, &name, read, write, dom_read))
             }
             Request::Close { handle } => {
-                let closed = match wait {
-                    Wait::No => ns.try_close_file(owner, handle)?,
-                    Wait::Yes => ns.close_file(owner, handle),
+                let closed = match may_change {
+                    false => ns.try_close_file(owner, handle)?,
+                    true => ns.close_file(owner, handle),
                 };
                 answer(closed, |_| mdt::Reply::Done)
             }
@@ -1412,7 +1399,7 @@ impl Mds {
             Request::Getattr { fid } => answer(ns.getattr(fid), |a| attr_reply(ns, a)),
             Request::Lookup { dir, name } => answer(ns.lookup(&c, dir, &name), |a| attr_reply(ns, a)),
             Request::LookupMany { dir, names } => answer(ns.lookup_many(&c, dir, &names), |v| {
-                // One look at the handle table for every name: a commit may hold it.
+                // One look at the handle table for every name.
                 let writing = ns.open_for_write(
                     v.iter().filter_map(|r| r.as_ref().ok()).filter(|a| mode::is_reg(a.mode)).map(|a| a.fid),
                 );
@@ -1434,8 +1421,8 @@ impl Mds {
                 })
             }
             r @ (Request::Open { .. } | Request::OpenAt { .. } | Request::Close { .. }) => self
-                .serve_open(req.client, &c, r, Wait::Yes)
-                .unwrap_or_else(|| fail(-errno::EIO, "the handle table was held after waiting for it".into())),
+                .serve_open(req.client, &c, r, true)
+                .unwrap_or_else(|| fail(-errno::EIO, "an open or close that was not served".into())),
             Request::Readlink { fid } => answer(ns.readlink(fid), mdt::Reply::Bytes),
             Request::Getxattr { fid, name } => answer(ns.getxattr(&c, fid, &name), mdt::Reply::Bytes),
             Request::Listxattr { fid } => answer(ns.listxattr(&c, fid), mdt::Reply::Names),

@@ -84,23 +84,18 @@ impl Namespace {
     /// [`Namespace::open_file`], with the whole file's bytes when it is opened for reading,
     /// its layout keeps all of them here and they are at most `dom_read` (DoM
     /// read-on-open: a small file is opened and read in one request); none otherwise.
-    /// `None` only with [`Wait::No`], while a commit holds the handle table.
-    #[allow(clippy::too_many_arguments)]
     pub fn open_reading(
         &self,
-        wait: Wait,
         owner: u64,
         cred: &Cred,
         fid: Fid,
         read: bool,
         write: bool,
         dom_read: u32,
-    ) -> Option<Result<(u64, Attr, Vec<u8>)>> {
-        let o = self.opens(wait)?;
-        Some(self.open_locked(o, owner, Some(cred), fid, read, write, None).map(|(handle, attr)| {
-            let data = self.read_on_open(cred, &attr, read, dom_read);
-            (handle, attr, data)
-        }))
+    ) -> Result<(u64, Attr, Vec<u8>)> {
+        let (handle, attr) = self.open_locked(lock(&self.opens), owner, Some(cred), fid, read, write, None)?;
+        let data = self.read_on_open(cred, &attr, read, dom_read);
+        Ok((handle, attr, data))
     }
 
     /// The whole of a file just opened, if it was opened for reading and its bytes are
@@ -117,11 +112,10 @@ impl Namespace {
     }
 
     /// Open `name` in `dir` as [`Namespace::open_reading`] (the lookup and the open in one
-    /// call), unless the entry's inode is on another MDT. `None` only with [`Wait::No`].
+    /// call), unless the entry's inode is on another MDT.
     #[allow(clippy::too_many_arguments)]
     pub fn open_at(
         &self,
-        wait: Wait,
         owner: u64,
         cred: &Cred,
         dir: Fid,
@@ -129,28 +123,18 @@ impl Namespace {
         read: bool,
         write: bool,
         dom_read: u32,
-    ) -> Option<Result<OpenAnswer>> {
-        let a = match self.lookup(cred, dir, name) {
-            Ok(a) => a,
-            Err(e) => return Some(Err(e)),
-        };
+    ) -> Result<OpenAnswer> {
+        let a = self.lookup(cred, dir, name)?;
         if a.fid.mdt() != Some(self.index) {
-            return Some(Ok(OpenAnswer::Elsewhere(a)));
+            return Ok(OpenAnswer::Elsewhere(a));
         }
-        Some(self.open_reading(wait, owner, cred, a.fid, read, write, dom_read)?.map(OpenAnswer::Here))
+        self.open_reading(owner, cred, a.fid, read, write, dom_read).map(OpenAnswer::Here)
     }
 
     /// Open a regular file the caller has just made (create-open): as open(2) with
     /// O_CREAT, the creator may open it whatever its mode says.
     pub fn open_created(&self, owner: u64, fid: Fid, read: bool, write: bool) -> Result<(u64, Attr)> {
         self.open_as(owner, None, fid, read, write)
-    }
-
-    /// [`Namespace::open_created`] if the handle table is free now (no commit holds it),
-    /// `None` if it would have to wait.
-    pub fn try_open_created(&self, owner: u64, fid: Fid, read: bool, write: bool) -> Option<Result<(u64, Attr)>> {
-        let o = self.opens(Wait::No)?;
-        Some(self.open_locked(o, owner, None, fid, read, write, None))
     }
 
     /// An open (or create-open) replayed after a restart: `fid` opened again as
@@ -172,19 +156,6 @@ impl Namespace {
         self.open_locked(lock(&self.opens), owner, cred, fid, read, write, None)
     }
 
-    /// The open-handle table; with `Wait::No`, only if no commit holds it now (a commit
-    /// holds it for its whole batch).
-    pub(super) fn opens(&self, wait: Wait) -> Option<MutexGuard<'_, Opens>> {
-        match wait {
-            Wait::Yes => Some(lock(&self.opens)),
-            Wait::No => match self.opens.try_lock() {
-                Ok(g) => Some(g),
-                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-                Err(std::sync::TryLockError::WouldBlock) => None,
-            },
-        }
-    }
-
     /// `open_as` with the handle table held; `handle`: the number to give (a replay's).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn open_locked(
@@ -202,7 +173,7 @@ impl Namespace {
         {
             return Err(MdError::new(errno::EEXIST, format!("a replayed open's handle {h:#x} is taken")));
         }
-        // Under the lock a commit holds for its whole batch: the inode read here is not
+        // Under the lock every change holds while it runs: the inode read here is not
         // being removed meanwhile.
         let a = self.getattr(fid)?;
         // A replayed open (`handle`) may reopen a file unlinked while it was open.
@@ -321,11 +292,11 @@ impl Namespace {
         Ok(())
     }
 
-    /// [`Namespace::close_file`] if it need not wait: `None` (and nothing done) while a
-    /// commit holds the handle table, or when this close must remove a file unlinked
-    /// meanwhile (a change, which waits for its commit).
+    /// [`Namespace::close_file`] if it makes no change: `None` (and nothing done) when
+    /// this close must remove a file unlinked meanwhile (a change, which may wait for
+    /// room in the log).
     pub fn try_close_file(&self, owner: u64, handle: u64) -> Option<Result<()>> {
-        let mut o = self.opens(Wait::No)?;
+        let mut o = lock(&self.opens);
         if let Some(&(k, by, _)) = o.handles.get(&handle)
             && by == owner
             && o.counts.get(&k) == Some(&1)
