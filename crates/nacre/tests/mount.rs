@@ -1374,17 +1374,17 @@ fn reads_stuck_on_a_stopped_ost_leave_the_mount_answering() {
 }
 
 /// Metadata requests also run on the mount's kernel reader threads, and never on all of
-/// them: with the process of MDT 1 stopped and a create waiting on it in each of four
-/// directories, the mount
-/// still looks up, makes, writes and reads files on MDT 0; the creates finish once MDT 1
-/// runs again.
+/// them: with the process of MDT 1 stopped and a create waiting on it in each of eight
+/// directories (as many as the mount has reader threads), the mount still looks up, makes,
+/// writes and reads files on MDT 0; the creates finish once MDT 1 runs again.
 #[test]
 fn creates_stuck_on_a_stopped_mdt_leave_the_mount_answering() {
     let fs = Up::start_with("stuck-mdt", &["--per-service", "--mdts", "2"]);
     let (data, mnt) = (fs.data.clone(), fs.mnt.clone());
     // A create holds its directory's lock in the kernel: one directory each, so that
-    // all four reach the mount.
-    let on1: Vec<_> = (0..4).map(|i| mnt.join(format!("on1-{i}"))).collect();
+    // all of them reach the mount, one for each of its kernel reader threads.
+    const READERS: usize = 8;
+    let on1: Vec<_> = (0..READERS).map(|i| mnt.join(format!("on1-{i}"))).collect();
     for d in &on1 {
         run(&["mkdir", "-i", "1"], d);
     }
@@ -1392,7 +1392,7 @@ fn creates_stuck_on_a_stopped_mdt_leave_the_mount_answering() {
     fs::create_dir(&on0).unwrap();
     fs::write(on0.join("before"), b"made before").unwrap();
     let cont = Stopped::new(&data, "mdt1");
-    let makers: Vec<_> = (0..4)
+    let makers: Vec<_> = (0..READERS)
         .map(|i| {
             let p = on1[i].join(format!("f{i}"));
             std::thread::spawn(move || fs::write(&p, format!("file {i}")).map(|()| fs::read(&p).unwrap()))
