@@ -136,11 +136,8 @@ async fn precreate(ns: Arc<Namespace>, link: OstLink, batch: u32) {
                 None => return,
             }
         }
-        let ns2 = ns.clone();
-        let level = blocking(move || ns2.pool_levels())
-            .await
-            .and_then(|l| l.into_iter().find(|(o, _)| *o == link.index))
-            .map(|l| l.1);
+        // Read from memory: no blocking thread for it (two thread wake-ups per look).
+        let level = ns.pool_levels().into_iter().find(|(o, _)| *o == link.index).map(|l| l.1);
         let Some(level) = level else { return };
         if level >= batch as u64 / 2 {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -198,10 +195,8 @@ async fn cleanup_orphans(ns: &Arc<Namespace>, link: &OstLink) {
 
 async fn destroy(ns: Arc<Namespace>, link: OstLink) {
     loop {
-        let (ns2, ost) = (ns.clone(), link.index);
-        let Some(Ok(pending)) = blocking(move || ns2.pending_destroys(Some(ost), DESTROY_PASS)).await else {
-            return;
-        };
+        // Read from memory, as the pool's level is.
+        let Ok(pending) = ns.pending_destroys(Some(link.index), DESTROY_PASS) else { return };
         if pending.is_empty() {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
