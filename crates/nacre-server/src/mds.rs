@@ -229,7 +229,7 @@ fn answer<T>(r: Result<T, MdError>, f: impl FnOnce(T) -> mdt::Reply) -> Reply {
 /// the bulk (DoM read-on-open), or the attributes of a file to open at its own MDT.
 fn opened(ns: &Namespace, r: Result<OpenAnswer, MdError>) -> Reply {
     match r {
-        Ok(OpenAnswer::Here((handle, attr, data))) => match handle_reply(ns, handle, attr) {
+        Ok(OpenAnswer::Here((handle, attr, data))) => match handle_reply(ns, handle, attr, None) {
             Ok(body) => {
                 Reply { open_state: true, status: 0, body: body.encode(), bulk: Bytes::from(data), ..Reply::default() }
             }
@@ -241,10 +241,11 @@ fn opened(ns: &Namespace, r: Result<OpenAnswer, MdError>) -> Reply {
 }
 
 /// The reply naming an open handle, with the file's layout and objects when it is a
-/// regular file (its first IO then needs no layout fetch).
-fn handle_reply(ns: &Namespace, handle: u64, attr: mdt::Attr) -> Result<mdt::Reply, MdError> {
+/// regular file (its first IO then needs no layout fetch), and for a create-open the
+/// directory as the create left it.
+fn handle_reply(ns: &Namespace, handle: u64, attr: mdt::Attr, dir: Option<mdt::Attr>) -> Result<mdt::Reply, MdError> {
     let (layout, objects) = if mode::is_reg(attr.mode) { ns.layout_and_objects(attr.fid)? } else { Default::default() };
-    Ok(mdt::Reply::Opened { handle, attr, layout, objects, dir: None })
+    Ok(mdt::Reply::Opened { handle, attr, layout, objects, dir })
 }
 
 /// What a replayed create's first reply gave: the new inode's FID, and for a create-open
@@ -479,10 +480,9 @@ impl Mds {
     /// Serve one request: the one dispatch of this MDS. Lookups, getattrs and listings
     /// run where they arrive: they read memory, and a hop to another thread would cost
     /// more than they do (≈ 25 µs to wake a thread here). Changes run in memory on the
-    /// transport's task and await their log write there (see `serve_change`). Opens and
-    /// closes run where they arrive too, but for a last close that removes a file (see
-    /// `try_open`);
-    /// otherwise, and for everything else, on blocking threads.
+    /// transport's task and are answered there before their commit (see `serve_change`).
+    /// Opens and closes run where they arrive too, but for a last close that removes a
+    /// file (see `try_open`); that close, and everything else, runs on blocking threads.
     pub async fn serve(self: &Arc<Self>, req: Incoming) -> Reply {
         if READS.contains(&req.header.opcode) {
             return self.handle(req);
@@ -673,14 +673,14 @@ impl Mds {
             return fail(-EPROTO, "a replayed open without the handle it got".into());
         };
         self.count(req.header.opcode);
-        self.open_for(req.client, fid, read, write, Some(handle), None).await
+        self.open_for(req.client, fid, read, write, Some(handle), None)
     }
 
     /// Open `fid` for `owner`: a new handle for a file just created, or `handle` again for
     /// a replay; the reply carries `dir`, the directory as the create left it, if given.
     /// Served where it arrives: the handle table is held only for moments, by changes
     /// run in memory and other opens.
-    async fn open_for(
+    fn open_for(
         &self,
         owner: u64,
         fid: Fid,
@@ -689,26 +689,20 @@ impl Mds {
         handle: Option<u64>,
         dir: Option<mdt::Attr>,
     ) -> Reply {
-        let with_dir = move |r: mdt::Reply| match r {
-            mdt::Reply::Opened { handle, attr, layout, objects, .. } => {
-                mdt::Reply::Opened { handle, attr, layout, objects, dir }
-            }
-            r => r,
-        };
         let ns = &self.ns;
         let opened = match handle {
             Some(h) => ns.reopen(owner, fid, read, write, h),
             None => ns.open_created(owner, fid, read, write),
         };
-        let r = opened.and_then(|(handle, attr)| handle_reply(ns, handle, attr));
-        Reply { open_state: true, ..answer(r, with_dir) }
+        let r = opened.and_then(|(handle, attr)| handle_reply(ns, handle, attr, dir));
+        Reply { open_state: true, ..answer(r, |r| r) }
     }
 
     /// An open, open-by-name or close served on the transport's task, unless it is a
     /// close that must remove a file unlinked meanwhile (a change, which may wait for room
     /// in the log). `None`: not one of those, or such a close (then `handle` serves it).
     fn try_open(&self, req: &Incoming) -> Option<Reply> {
-        if !matches!(req.header.opcode, mdt::MDS_OPEN | mdt::MDS_OPEN_AT | mdt::MDS_CLOSE) {
+        if !OPENS.contains(&req.header.opcode) {
             return None;
         }
         // A malformed body goes to `handle`, which answers it.
@@ -1121,9 +1115,8 @@ impl Mds {
     }
 
     /// Every change (creates of every kind, links, unlinks, renames, setattrs, xattrs,
-    /// layouts, DoM writes, DNE's) goes to group commit from the transport's task and
-    /// awaits its answer there: no blocking thread per request. Opens and closes, which
-    /// wait on the namespace's locks, take a blocking thread.
+    /// layouts, DoM writes, DNE's) runs in memory on the transport's task and is answered
+    /// there, before its commit: no blocking thread per request.
     /// `None` for every other request.
     async fn serve_change(self: &Arc<Self>, req: &Incoming) -> Option<Answered> {
         if !CHANGES.contains(&req.header.opcode) {
@@ -1275,7 +1268,7 @@ impl Mds {
                     && req.header.transno <= self.replay_from.load(Ordering::Relaxed)
                 {
                     // Its create is on the drives: only its handle is lost.
-                    return done(self.open_for(req.client, first.fid, read, write, Some(handle), None).await);
+                    return done(self.open_for(req.client, first.fid, read, write, Some(handle), None));
                 }
                 let change = match first {
                     Some(first) => Namespace::replaying(first, change),
@@ -1288,7 +1281,7 @@ impl Mds {
                 };
                 // A replay gets the handle it had.
                 let left = self.ns.getattr(dir).ok();
-                let reply = self.open_for(req.client, a.fid, read, write, handle, left).await;
+                let reply = self.open_for(req.client, a.fid, read, write, handle, left);
                 let reply = depending(Reply { transno: n.transno, ..reply }, &n.depends);
                 return answered(reply, n);
             }
