@@ -62,23 +62,28 @@ fn on_thread<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'stat
     rx.recv_timeout(Duration::from_secs(60)).expect("the calls did not finish within a minute")
 }
 
-#[test]
-fn a_call_from_outside_the_runtime_is_served_on_the_callers_thread() {
-    let (rt, _server, _client, import) = served();
+/// Answers to `n` calls (bodies 0, 1, ... as 4 bytes) made one after the other within
+/// one future, on a thread named `caller` outside the runtime.
+fn calls_from_a_thread(rt: &tokio::runtime::Runtime, import: Arc<Import>, n: u32) -> Vec<Vec<u8>> {
     let handle = rt.handle().clone();
-    let answers = on_thread("caller", move || {
+    on_thread("caller", move || {
         handle.block_on(async {
             let mut answers = Vec::new();
-            for i in 0..100u32 {
-                let body = i.to_le_bytes();
-                answers.push((body, import.call(OP_WHERE, &body, &[]).await.unwrap().body));
+            for i in 0..n {
+                answers.push(import.call(OP_WHERE, &i.to_le_bytes(), &[]).await.unwrap().body);
             }
             answers
         })
-    });
+    })
+}
+
+#[test]
+fn a_call_from_outside_the_runtime_is_served_on_the_callers_thread() {
+    let (rt, _server, _client, import) = served();
+    let answers = calls_from_a_thread(&rt, import, 100);
     let mut here = 0;
-    for (body, answer) in &answers {
-        assert_eq!(&answer[..4], body, "an answer to another request");
+    for (i, answer) in answers.iter().enumerate() {
+        assert_eq!(answer[..4], (i as u32).to_le_bytes(), "an answer to another request");
         match &answer[4..] {
             b"@caller" => here += 1,
             b"@runtime-worker" => {}
@@ -93,18 +98,9 @@ fn a_call_from_outside_the_runtime_is_served_on_the_callers_thread() {
 #[test]
 fn a_thousand_calls_within_one_poll_of_their_caller_all_complete() {
     let (rt, _server, _client, import) = served();
-    let handle = rt.handle().clone();
-    let answers = on_thread("caller", move || {
-        // Each call is answered before the caller's future waits, so all of them run in
-        // one poll of it, whose cooperative budget is spent after a hundred or so.
-        handle.block_on(async {
-            let mut answers = Vec::new();
-            for i in 0..1000u32 {
-                answers.push(import.call(OP_WHERE, &i.to_le_bytes(), &[]).await.unwrap().body);
-            }
-            answers
-        })
-    });
+    // Each call is answered before the caller's future waits, so all of them run in one
+    // poll of it, whose cooperative budget is spent after a hundred or so.
+    let answers = calls_from_a_thread(&rt, import, 1000);
     for (i, answer) in answers.iter().enumerate() {
         assert_eq!(answer[..4], (i as u32).to_le_bytes());
     }
