@@ -1115,15 +1115,20 @@ async fn read_replies(
         if h.flags & flags::REPLY == 0 {
             continue;
         }
-        let mut p = lock(&pending);
-        let Some(w) = p.get_mut(&h.xid) else { continue };
-        if h.flags & flags::EARLY != 0 {
-            let now = epoch.elapsed().as_millis() as u64;
-            w.deadline_ms.fetch_max(now + h.timeout_ms as u64, Ordering::AcqRel);
-            counters.early_replies.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        if let Some(tx) = w.tx.take() {
+        let tx = {
+            let mut p = lock(&pending);
+            let Some(w) = p.get_mut(&h.xid) else { continue };
+            if h.flags & flags::EARLY != 0 {
+                let now = epoch.elapsed().as_millis() as u64;
+                w.deadline_ms.fetch_max(now + h.timeout_ms as u64, Ordering::AcqRel);
+                counters.early_replies.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            w.tx.take()
+        };
+        // Sent with the map let go: the send wakes the caller, and callers of other
+        // threads take the map to send and to forget their requests.
+        if let Some(tx) = tx {
             let _ = tx.send(frame);
         }
     }
