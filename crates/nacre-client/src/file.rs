@@ -32,6 +32,21 @@ const READ_ON_OPEN_MAX: u32 = 64 << 10;
 /// Largest offset a file may reach (`i64::MAX`, as `off_t`).
 const FILE_SIZE_MAX: u64 = i64::MAX as u64;
 
+/// A file's size, mtime and ctime at one moment, as its MDT had them. Every change of a
+/// file sets its ctime, so two equal stamps mean no change between them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+impl Stamp {
+    pub fn of(a: &Attr) -> Stamp {
+        Stamp { size: a.size, mtime_ns: a.mtime_ns, ctime_ns: a.ctime_ns }
+    }
+}
+
 /// How a file is opened: open(2)'s access mode and the flags the client acts on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OpenFlags {
@@ -153,8 +168,9 @@ pub struct File {
     fid: Fid,
     handle: u64,
     flags: OpenFlags,
-    /// Sent with the open, or fetched at the first IO.
-    layout: tokio::sync::OnceCell<Arc<FileLayout>>,
+    /// Sent with the open, or fetched at the first IO; replaced by a later one when a
+    /// write gives a component its objects (see [`File::layout`]).
+    layout: std::sync::Mutex<Option<Arc<FileLayout>>>,
     st: tokio::sync::Mutex<State>,
     /// The file's read-ahead chunks and write-behind, shared with its other handles on
     /// this mount.
@@ -165,7 +181,9 @@ pub struct File {
     written_at: AtomicI64,
     closed: AtomicBool,
     /// See [`File::opened_as`].
-    opened_as: (u64, i64),
+    opened_as: Stamp,
+    /// See [`File::closed_as`].
+    closed_as: std::sync::OnceLock<Stamp>,
 }
 
 impl File {
@@ -240,19 +258,26 @@ impl File {
             fid: attr.fid,
             handle,
             flags,
-            layout: tokio::sync::OnceCell::new_with(layout),
+            layout: std::sync::Mutex::new(layout),
             st: tokio::sync::Mutex::new(State { size: attr.size, errors_seen, ..State::default() }),
             shared,
             size_hint: AtomicU64::new(attr.size),
             written_at: AtomicI64::new(0),
             closed: AtomicBool::new(false),
-            opened_as: (attr.size, attr.mtime_ns),
+            opened_as: Stamp::of(&attr),
+            closed_as: std::sync::OnceLock::new(),
         }
     }
 
-    /// The file's size and mtime as its open found them on the MDT.
-    pub fn opened_as(&self) -> (u64, i64) {
+    /// The file's size, mtime and ctime as its open found them on the MDT.
+    pub fn opened_as(&self) -> Stamp {
         self.opened_as
+    }
+
+    /// The file's size, mtime and ctime as this handle's close left them on the MDT, if
+    /// it was open for writing and the MDS said (`None` before the close).
+    pub fn closed_as(&self) -> Option<Stamp> {
+        self.closed_as.get().copied()
     }
 
     pub fn fid(&self) -> Fid {
@@ -263,19 +288,59 @@ impl File {
         self.flags
     }
 
-    /// The file's layout and objects (fetched once, at the first IO).
+    /// The file's layout and objects (fetched at the first IO if the open did not send
+    /// them), or a later one this mount has seen: components only ever gain objects.
     pub async fn layout(&self) -> Result<Arc<FileLayout>> {
-        self.layout.get_or_try_init(|| self.fs.file_layout(&self.creds, self.fid)).await.cloned()
+        if let Some(l) = self.known_layout() {
+            return Ok(l);
+        }
+        let l = self.fs.file_layout(&self.creds, self.fid).await?;
+        Ok(self.keep_layout(l))
     }
 
-    /// Whether the file's bytes can only live on the MDT (its layout, known already, has
-    /// DoM components only, so no write goes past them): its MDT size is then exact, set
-    /// by each write. With an OST component, a writer elsewhere may have written past
-    /// the MDT's size without publishing it yet.
+    /// [`File::layout`] if it needs no RPC.
+    fn known_layout(&self) -> Option<Arc<FileLayout>> {
+        let mut own = lock(&self.layout);
+        let l = own.as_ref()?;
+        // A write through another handle here may have given a component its objects.
+        if l.incomplete()
+            && let Some(later) = self.fs.cached_layout(self.fid)
+            && later.instantiated() > l.instantiated()
+        {
+            *own = Some(later);
+        }
+        own.clone()
+    }
+
+    /// Keep `l` as the file's layout unless the one kept has as many objects.
+    fn keep_layout(&self, l: Arc<FileLayout>) -> Arc<FileLayout> {
+        let mut own = lock(&self.layout);
+        match &*own {
+            Some(kept) if kept.instantiated() >= l.instantiated() => kept.clone(),
+            _ => own.insert(l).clone(),
+        }
+    }
+
+    /// The layout with objects for every striped component a write up to byte `end`
+    /// reaches: those that have none get them first (a layout intent to the MDS, once
+    /// per component, as Lustre instantiates PFL components at the first write).
+    async fn layout_to_write(&self, end: u64) -> Result<Arc<FileLayout>> {
+        let l = self.layout().await?;
+        if !l.lacks_objects_before(end) {
+            return Ok(l);
+        }
+        let l = self.fs.layout_intent(&self.creds, self.fid, self.handle, end).await?;
+        Ok(self.keep_layout(l))
+    }
+
+    /// Whether the file's bytes can only be on the MDT, so that its MDT size is exact
+    /// (each DoM write sets it): no component has OST objects, and none can get them
+    /// unseen by this mount: the layout has no striped component, or this mount holds a
+    /// lease on the file's attributes (a writer elsewhere opens the file for writing
+    /// first, which calls the lease back). Otherwise a writer elsewhere may have written
+    /// past the MDT's size without publishing it yet.
     fn all_on_mdt(&self) -> bool {
-        self.layout
-            .get()
-            .is_some_and(|l| l.layout.components.iter().all(|c| matches!(c.kind, nacre_proto::layout::Kind::Mdt)))
+        self.known_layout().is_some_and(|l| l.no_objects() && (!l.incomplete() || self.fs.attr_leased(self.fid)))
     }
 
     /// The size as this handle knows it, dirty writes included (no RPC).
@@ -318,8 +383,9 @@ impl File {
         let end = offset.checked_add(len).filter(|&e| e <= FILE_SIZE_MAX).ok_or_else(|| {
             Error::new(errno::EFBIG, format!("a write of {len} bytes at {offset} passes the largest file size"))
         })?;
-        // A write past the layout's end fails now, not at write-back.
-        let layout = self.layout().await?;
+        // A write past the layout's end fails now, not at write-back; the components it
+        // reaches get their objects now.
+        let layout = self.layout_to_write(end).await?;
         layout.plan(offset, len, u64::MAX)?;
         self.forget_chunks();
         self.wrote(&mut st, end);
@@ -385,9 +451,9 @@ impl File {
         let mut st = self.st.try_lock().ok()?;
         let len = data.len() as u64;
         let end = offset.checked_add(len).filter(|&e| e <= FILE_SIZE_MAX)?;
-        let layout = self.layout.get()?;
+        let layout = self.known_layout()?;
         layout.plan(offset, len, u64::MAX).ok()?;
-        let unit = self.flush_unit(layout);
+        let unit = self.flush_unit(&layout);
         {
             let mut wb = lock(&self.shared.behind);
             if wb.error_since(st.errors_seen).is_some() || wb.overlaps(offset, end) || wb.bytes() + len >= unit {
@@ -431,7 +497,7 @@ impl File {
             let to = end.checked_add(len).filter(|&e| e <= FILE_SIZE_MAX).ok_or_else(|| {
                 Error::new(errno::EFBIG, format!("an append of {len} bytes at {end} passes the largest file size"))
             })?;
-            let layout = self.layout().await?;
+            let layout = self.layout_to_write(to).await?;
             layout.plan(end, len, u64::MAX)?;
             self.forget_chunks();
             write_range(&self.fs, &self.creds, self.handle, self.fid, &layout, end, Bytes::copy_from_slice(data))
@@ -798,7 +864,7 @@ impl File {
             .iter()
             .filter_map(|p| match p.place {
                 Place::Object { ost, .. } => Some(ost),
-                Place::Mdt => None,
+                Place::Mdt | Place::Hole => None,
             })
             .collect();
         self.sync_osts(osts).await?;
@@ -813,7 +879,7 @@ impl File {
     /// lives on the MDT (DoM only) has nothing to tell: each DoM write set its size and
     /// mtime there.
     async fn publish_size(&self, st: &mut State) -> Result<()> {
-        if self.layout().await?.objects.iter().all(Vec::is_empty) {
+        if self.layout().await?.no_objects() {
             st.written = false;
             return Ok(());
         }
@@ -896,6 +962,11 @@ impl File {
             self.fs.release_append(self.fid, Some(self.handle)).await;
         }
         let closed = self.fs.md(mdt_of(self.fid)?, &self.creds, &Request::Close { handle: self.handle }, &[]).await;
+        if let Ok((Reply::Attr(a), _)) = &closed
+            && a.fid == self.fid
+        {
+            let _ = self.closed_as.set(Stamp::of(a));
+        }
         r.and(closed.map(|_| ()))
     }
 }
@@ -913,7 +984,7 @@ impl Drop for File {
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
         let (fs, creds, fid, handle, layout) =
-            (self.fs.clone(), self.creds.clone(), self.fid, self.handle, self.layout.get().cloned());
+            (self.fs.clone(), self.creds.clone(), self.fid, self.handle, lock(&self.layout).clone());
         let shared = self.shared.clone();
         let (taken, waits) = {
             let mut wb = lock(&shared.behind);
@@ -1027,6 +1098,16 @@ pub(crate) async fn write_extents(
     extents: &[(u64, Rope)],
 ) -> Result<()> {
     let rpc_bytes = fs.inner.params.rpc_bytes();
+    // Writes reach components without objects only when they were taken in before the
+    // layout the handle knew had them (the write itself asked for them).
+    let end = extents.iter().map(|(o, d)| o.saturating_add(d.len())).max().unwrap_or(0);
+    let fresh;
+    let layout = if layout.lacks_objects_before(end) {
+        fresh = fs.layout_intent(c, fid, handle, end).await?;
+        &*fresh
+    } else {
+        layout
+    };
     let mut dom = Vec::new();
     let mut objects: BTreeMap<(u32, u64), Vec<(u64, Bytes)>> = BTreeMap::new();
     for (offset, data) in extents {
@@ -1035,6 +1116,8 @@ pub(crate) async fn write_extents(
             match p.place {
                 Place::Mdt => dom.push((p.offset, bytes)),
                 Place::Object { ost, oid } => objects.entry((ost, oid)).or_default().push((p.offset, bytes)),
+                // `plan` gives none (a component without objects is an error).
+                Place::Hole => {}
             }
         }
     }
@@ -1117,7 +1200,18 @@ pub(crate) async fn read_range(
     offset: u64,
     len: u64,
 ) -> Result<Vec<u8>> {
-    let mut pieces = layout.plan(offset, len, fs.inner.params.rpc_bytes())?;
+    // A striped component without objects may have got them from another mount's
+    // write since this layout was read: look again before reading it as a hole.
+    let fresh;
+    let layout = if layout.lacks_objects_before(offset.saturating_add(len)) {
+        fresh = fs.current_layout(c, fid).await?;
+        &*fresh
+    } else {
+        layout
+    };
+    let mut pieces = layout.plan_read(offset, len, fs.inner.params.rpc_bytes())?;
+    // A hole's bytes are the zeros `out` starts with.
+    pieces.retain(|p| p.place != Place::Hole);
     let checksums = fs.inner.params.checksums();
     let read = |p: Piece| {
         let (fs, c) = (fs.clone(), c.clone());
@@ -1159,6 +1253,7 @@ pub(crate) async fn read_range(
                     }
                     data.extend_from_slice(&bulk);
                 }
+                Place::Hole => {}
             }
             Ok::<_, Error>((p, data))
         }

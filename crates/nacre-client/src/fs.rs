@@ -640,7 +640,7 @@ impl FileSystem {
 
     /// As [`FileSystem::glimpse`], with the bytes of space the OST objects hold.
     pub(crate) async fn glimpse_space(&self, c: &Creds, mut a: Attr) -> Result<(Attr, u64)> {
-        let l = self.file_layout(c, a.fid).await?;
+        let l = self.current_layout(c, a.fid).await?;
         let mut sizes = Vec::with_capacity(l.objects.len());
         let mut space = 0;
         for comp in &l.objects {
@@ -1104,7 +1104,7 @@ impl FileSystem {
             return Ok(a);
         }
         self.truncate_objects(c, fid, s.size).await?;
-        if self.file_layout(c, fid).await?.objects.iter().all(Vec::is_empty) {
+        if self.current_layout(c, fid).await?.no_objects() {
             return Ok(a);
         }
         // What the objects hold now, for st_blocks (a truncate gives space back).
@@ -1120,7 +1120,8 @@ impl FileSystem {
     }
 
     async fn truncate_objects(&self, c: &Creds, fid: Fid, size: u64) -> Result<()> {
-        let l = self.file_layout(c, fid).await?;
+        // Every object another mount's write may have made too.
+        let l = self.current_layout(c, fid).await?;
         let sizes = l.object_sizes(size);
         let mut set = tokio::task::JoinSet::new();
         for (comp, objects) in l.objects.iter().enumerate() {
@@ -1179,7 +1180,8 @@ impl FileSystem {
         Ok(Some(FileLayout { layout, objects }))
     }
 
-    /// A file's layout (cached: a file's layout and objects do not change).
+    /// A file's layout, cached (components only gain objects: see
+    /// [`FileSystem::current_layout`] for where that matters).
     pub(crate) async fn file_layout(&self, c: &Creds, fid: Fid) -> Result<Arc<FileLayout>> {
         if let Some(l) = lock(&self.inner.layouts).get(&fid) {
             return Ok(l.clone());
@@ -1188,6 +1190,48 @@ impl FileSystem {
             .getlayout(c, fid)
             .await?
             .ok_or_else(|| Error::new(errno::ENODATA, format!("{fid} has no layout (not a regular file?)")))?;
+        Ok(self.cache_layout(fid, l))
+    }
+
+    /// A file's layout as it is now. The cached one while it cannot have changed: each
+    /// striped component has its objects, or this mount holds a lease on the file's
+    /// attributes (a layout intent from another mount would have called it back).
+    /// Otherwise fetched again: another mount's write may have given a component its
+    /// objects since.
+    pub(crate) async fn current_layout(&self, c: &Creds, fid: Fid) -> Result<Arc<FileLayout>> {
+        if let Some(l) = self.cached_layout(fid)
+            && (!l.incomplete() || self.attr_leased(fid))
+        {
+            return Ok(l);
+        }
+        let l = self
+            .getlayout(c, fid)
+            .await?
+            .ok_or_else(|| Error::new(errno::ENODATA, format!("{fid} has no layout (not a regular file?)")))?;
+        Ok(self.cache_layout(fid, l))
+    }
+
+    /// The layout this mount last saw of `fid`, if it keeps one.
+    pub(crate) fn cached_layout(&self, fid: Fid) -> Option<Arc<FileLayout>> {
+        lock(&self.inner.layouts).get(&fid).cloned()
+    }
+
+    /// Give the striped components of `fid`'s layout that begin before byte `end` their
+    /// OST objects (a layout intent, for a write through `handle`): the layout after.
+    pub(crate) async fn layout_intent(&self, c: &Creds, fid: Fid, handle: u64, end: u64) -> Result<Arc<FileLayout>> {
+        let r = self.md_at(fid, c, &Request::LayoutIntent { fid, handle, end }).await?;
+        let (layout, objects) = expect("layout intent", r, |r| match r {
+            Reply::Layout { layout, objects } => Some((layout, objects)),
+            _ => None,
+        })?;
+        let layout = Layout::decode(&layout).map_err(|e| Error::protocol("layout", e))?;
+        let l = FileLayout { layout, objects };
+        if l.lacks_objects_before(end) {
+            return Err(Error::new(
+                errno::ENOSPC,
+                format!("the MDS gave {fid} no OST objects for its bytes before {end} (no OST has objects to give)"),
+            ));
+        }
         Ok(self.cache_layout(fid, l))
     }
 

@@ -24,7 +24,7 @@ mod statahead;
 pub mod striping;
 
 pub use error::{Error, Result};
-pub use file::{File, OpenFlags};
+pub use file::{File, OpenFlags, Stamp};
 pub use fs::{FileSystem, MountOptions, Revoker, StatFs, TargetUsage};
 pub use nacre_proto::fid::Fid;
 pub use nacre_proto::mdt::lease::Key as LeaseKey;

@@ -12,8 +12,10 @@ use nacre_proto::layout::{DEFAULT_STRIPE_SIZE, EOF, Kind, Layout, Striping, stri
 use crate::error::{Error, Result, errno};
 
 /// A file's layout with the objects the MDS gave each component: per component, (OST
-/// index, object id) per stripe. A component without objects (a DoM one, or a file made
-/// while no OST was there) has an empty list.
+/// index, object id) per stripe. A component without objects has an empty list: a DoM
+/// one, or a striped one no write has reached yet (the MDS gives a striped component
+/// its objects at the first write that needs them, a layout intent, as Lustre
+/// instantiates PFL components), or one of a file made while no OST was there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileLayout {
     pub layout: Layout,
@@ -27,6 +29,8 @@ pub enum Place {
     Mdt,
     /// An OST object.
     Object { ost: u32, oid: u64 },
+    /// Bytes of a striped component that has no objects yet: zeros (a read only).
+    Hole,
 }
 
 /// One RPC's worth of an IO: `len` bytes at `offset` of `place`, gathered from (or
@@ -40,11 +44,54 @@ pub struct Piece {
 }
 
 impl FileLayout {
+    /// Does a striped component that begins before byte `end` still lack its objects
+    /// (so a write up to `end` needs a layout intent first, and a read there a fresh
+    /// look at the layout)?
+    pub fn lacks_objects_before(&self, end: u64) -> bool {
+        self.layout
+            .components
+            .iter()
+            .enumerate()
+            .any(|(i, c)| c.start < end && matches!(c.kind, Kind::Stripes(_)) && self.objects_of(i).is_empty())
+    }
+
+    /// May this layout still change: does a striped component lack its objects? Once
+    /// each has them, the layout and objects are the file's for good.
+    pub fn incomplete(&self) -> bool {
+        self.lacks_objects_before(EOF)
+    }
+
+    /// How many components have their objects (a layout only ever gains them).
+    pub fn instantiated(&self) -> usize {
+        self.objects.iter().filter(|o| !o.is_empty()).count()
+    }
+
+    /// Does no OST object hold any of the file's bytes yet (its bytes, if any, are all
+    /// on the MDT)?
+    pub fn no_objects(&self) -> bool {
+        self.objects.iter().all(Vec::is_empty)
+    }
+
+    fn objects_of(&self, component: usize) -> &[(u32, u64)] {
+        self.objects.get(component).map(Vec::as_slice).unwrap_or_default()
+    }
+
     /// Split `[offset, offset + len)` of the file into pieces of at most `rpc_max` bytes,
     /// joining the stripes that are adjacent in one object (a write of a whole stripe
     /// width gives one piece per object). Bytes no component covers (past the end of a
-    /// DoM-only layout) are `EFBIG`; a striped component without objects is `ENOSPC`.
+    /// DoM-only layout) are `EFBIG`; a striped component without objects is `ENOSPC`
+    /// (a write gets them first with a layout intent).
     pub fn plan(&self, offset: u64, len: u64, rpc_max: u64) -> Result<Vec<Piece>> {
+        self.plan_as(offset, len, rpc_max, false)
+    }
+
+    /// [`FileLayout::plan`] for a read: the bytes of a striped component without objects
+    /// are a hole (no write has reached them), read as zeros ([`Place::Hole`]).
+    pub fn plan_read(&self, offset: u64, len: u64, rpc_max: u64) -> Result<Vec<Piece>> {
+        self.plan_as(offset, len, rpc_max, true)
+    }
+
+    fn plan_as(&self, offset: u64, len: u64, rpc_max: u64, holes: bool) -> Result<Vec<Piece>> {
         let rpc_max = rpc_max.max(1);
         let end = offset.checked_add(len).ok_or_else(|| Error::new(errno::EFBIG, "offset and length overflow"))?;
         let mut pieces: Vec<Piece> = Vec::new();
@@ -63,14 +110,16 @@ impl FileLayout {
                     x = comp_end;
                 }
                 Kind::Stripes(s) => {
-                    let objects = self.objects.get(ci).map(Vec::as_slice).unwrap_or_default();
+                    let objects = self.objects_of(ci);
+                    if objects.is_empty() && holes {
+                        push(&mut pieces, Place::Hole, x, x, comp_end - x, rpc_max);
+                        x = comp_end;
+                        continue;
+                    }
                     if objects.is_empty() {
                         return Err(Error::new(
                             errno::ENOSPC,
-                            format!(
-                                "component {} of the file has no OST objects (no OST was there when it was made)",
-                                ci + 1
-                            ),
+                            format!("component {} of the file has no OST objects (no OST could give them)", ci + 1),
                         ));
                     }
                     let size = stripe_size(s);
@@ -248,6 +297,26 @@ mod tests {
         for p in &pieces {
             assert_eq!((p.offset, p.len, p.spans.len()), (0, 4 << 20, 4));
         }
+    }
+
+    /// A striped component without objects (no write has reached it) is a hole to a
+    /// read and needs a layout intent before a write.
+    #[test]
+    fn components_without_objects_read_as_holes_and_are_named_for_writes() {
+        let f = with_objects("-E 64K -L mdt -E 1M -c 1 -S 64K -E -1 -c 2 -S 64K", &[0, 0, 0]);
+        assert!(f.incomplete() && f.no_objects() && f.instantiated() == 0);
+        assert!(!f.lacks_objects_before(65_536), "the DoM component needs none");
+        assert!(f.lacks_objects_before(65_537));
+        assert_eq!(f.plan(60_000, 10_000, 1 << 20).unwrap_err().errno, errno::ENOSPC);
+        let pieces = f.plan_read(60_000, 2 << 20, 1 << 20).unwrap();
+        let holes: u64 = pieces.iter().filter(|p| p.place == Place::Hole).map(|p| p.len).sum();
+        let mdt: u64 = pieces.iter().filter(|p| p.place == Place::Mdt).map(|p| p.len).sum();
+        assert_eq!((mdt, holes), (65_536 - 60_000, (2 << 20) - (65_536 - 60_000)));
+        let half = with_objects("-E 64K -L mdt -E 1M -c 1 -S 64K -E -1 -c 2 -S 64K", &[0, 1, 0]);
+        assert!(half.incomplete() && !half.lacks_objects_before(1 << 20) && half.lacks_objects_before((1 << 20) + 1));
+        check_cover(&half, 0, 1 << 20, 1 << 20);
+        let full = with_objects("-E 64K -L mdt -E 1M -c 1 -S 64K -E -1 -c 2 -S 64K", &[0, 1, 2]);
+        assert!(!full.incomplete() && full.instantiated() == 2 && !full.no_objects());
     }
 
     #[test]

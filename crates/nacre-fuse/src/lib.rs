@@ -32,7 +32,7 @@ use fuser::{
     ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 use nacre_client::error::errno;
-use nacre_client::{Attr, Creds, Error, Fid, File, FileSystem, LeaseKey, OpenFlags, SetAttr};
+use nacre_client::{Attr, Creds, Error, Fid, File, FileSystem, LeaseKey, OpenFlags, SetAttr, Stamp};
 use nacre_proto::layout::Layout;
 use nacre_proto::mdt::{lock, mode, set, xattr};
 
@@ -177,15 +177,26 @@ struct Shared {
 }
 
 /// Files whose pages the kernel may keep from one open to the next (`FOPEN_KEEP_CACHE`),
-/// so that reading an unchanged file again costs no request. A file's entry is its size
-/// and mtime as an open found them while this mount held a lease on its attributes; the
-/// lease's revocation (another mount changed the file, or will write it) drops the entry.
-/// An open keeps the pages only if it finds the entry, the same size and mtime, and the
-/// lease still held; any other open lets the kernel drop them (and, leased and not for
-/// writing, makes the entry afresh). Without leases no open keeps them.
+/// so that reading an unchanged file again costs no request. A file's entry is its
+/// [`Stamp`] (size, mtime, ctime) while this mount holds a lease on its attributes: as an
+/// open for reading found it, or as the close of a handle that wrote it through the
+/// kernel's pages left it (the pages then hold what was written). The lease's revocation
+/// (another mount changed the file, or will write it) drops the entry. An open keeps the
+/// pages only if it finds the entry, the same stamp, and the lease still held; any other
+/// open lets the kernel drop them (and, leased and not for writing, makes the entry
+/// afresh). Without leases no open keeps them.
 #[derive(Default)]
 struct KeptPages {
-    files: Mutex<std::collections::HashMap<Fid, (u64, i64)>>,
+    files: Mutex<Kept>,
+}
+
+#[derive(Default)]
+struct Kept {
+    stamps: std::collections::HashMap<Fid, Stamp>,
+    /// Files with a handle open here that wrote, or may write, around the kernel's
+    /// pages (O_DIRECT, appends without the write-back cache): until the last handle of
+    /// the file here closes, no close vouches for the pages.
+    around: std::collections::HashSet<Fid>,
 }
 
 /// Files whose kept pages are remembered at most (then the memory starts over: the next
@@ -193,26 +204,54 @@ struct KeptPages {
 const KEPT_PAGES_MAX: usize = 65_536;
 
 impl KeptPages {
-    /// Whether an open of `fid` that found it as `stamp` (size, mtime) keeps its pages.
-    /// Call under the lease gate, with `leased` read under it.
-    fn open(&self, fid: Fid, stamp: (u64, i64), leased: bool, write: bool) -> bool {
-        let mut files = lock(&self.files);
-        let keep = leased && files.get(&fid) == Some(&stamp);
+    /// Whether an open of `fid` that found it as `stamp` keeps its pages. `around`: the
+    /// open writes around the kernel's pages. Call under the lease gate, with `leased`
+    /// read under it.
+    fn open(&self, fid: Fid, stamp: Stamp, leased: bool, write: bool, around: bool) -> bool {
+        let mut k = lock(&self.files);
+        let keep = leased && k.stamps.get(&fid) == Some(&stamp);
+        if write && around {
+            k.around.insert(fid);
+        }
         if leased && !write {
-            if files.len() >= KEPT_PAGES_MAX {
-                files.clear();
-            }
-            files.insert(fid, stamp);
+            k.remember(fid, stamp);
         } else {
             // Written through this open: its size and mtime change.
-            files.remove(&fid);
+            k.stamps.remove(&fid);
         }
         keep
     }
 
+    /// A handle that wrote `fid` through the kernel's pages closed, leaving the file as
+    /// `stamp` (`None`: the MDS did not say). Call under the lease gate, with `leased`
+    /// read under it.
+    fn written(&self, fid: Fid, stamp: Option<Stamp>, leased: bool) {
+        let mut k = lock(&self.files);
+        match stamp {
+            Some(stamp) if leased && !k.around.contains(&fid) => k.remember(fid, stamp),
+            _ => {
+                k.stamps.remove(&fid);
+            }
+        }
+    }
+
+    /// The last handle of `fid` here closed.
+    fn closed_all(&self, fid: Fid) {
+        lock(&self.files).around.remove(&fid);
+    }
+
     /// `fid` may have changed: the next open drops its pages.
     fn forget(&self, fid: Fid) {
-        lock(&self.files).remove(&fid);
+        lock(&self.files).stamps.remove(&fid);
+    }
+}
+
+impl Kept {
+    fn remember(&mut self, fid: Fid, stamp: Stamp) {
+        if self.stamps.len() >= KEPT_PAGES_MAX {
+            self.stamps.clear();
+        }
+        self.stamps.insert(fid, stamp);
     }
 }
 
@@ -870,12 +909,13 @@ impl fuser::Filesystem for Nacre {
                     h.resized(0).await;
                 }
             }
+            let mut how = fopen(flags, s.cfg.writeback_cache);
+            let around = how.contains(FopenFlags::FOPEN_DIRECT_IO);
             let keep = s.cfg.leases && {
                 let _gate = s.fs.lease_gate();
-                s.pages.open(fid, f.opened_as(), s.fs.attr_leased(fid), flags.write)
+                s.pages.open(fid, f.opened_as(), s.fs.attr_leased(fid), flags.write, around)
             };
             let fh = s.add_handle(f);
-            let mut how = fopen(flags, s.cfg.writeback_cache);
             if keep {
                 how |= FopenFlags::FOPEN_KEEP_CACHE;
             }
@@ -1062,6 +1102,12 @@ impl fuser::Filesystem for Nacre {
                 eprintln!("nacre-fuse: letting go of the locks of {}: {e}", f.fid());
             }
             let (fid, closed) = (f.fid(), f.close().await);
+            if f.flags().write && s.cfg.leases {
+                // What it wrote went through the kernel's pages (unless it wrote around
+                // them): they hold the file as the close left it.
+                let _gate = s.fs.lease_gate();
+                s.pages.written(fid, f.closed_as(), s.fs.attr_leased(fid));
+            }
             let this = Arc::as_ptr(&f);
             drop(f);
             // Only open files stay listed by FID (every attribute answer walks them): this
@@ -1072,6 +1118,7 @@ impl fuser::Filesystem for Nacre {
                     v.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), this));
                     if v.is_empty() {
                         o.by_fid.remove(&fid);
+                        s.pages.closed_all(fid);
                     }
                 }
             }
@@ -1309,13 +1356,20 @@ impl fuser::Filesystem for Nacre {
                 }
                 Err(e) => return Err(err(&e)),
             };
+            let how = fopen(open, s.cfg.writeback_cache);
+            if s.cfg.leases {
+                // Never keeps pages: a new file has none, and a found one's entry goes
+                // if this opens it for writing.
+                let _gate = s.fs.lease_gate();
+                let around = how.contains(FopenFlags::FOPEN_DIRECT_IO);
+                s.pages.open(a.fid, f.opened_as(), false, open.write, around);
+            }
             let fh = s.add_handle(f);
             let (fa, g) = s.entry(&a);
             if made {
                 // Made with no xattrs: its writes need not ask for file capabilities.
                 s.absent.absent(fa.ino.0, CAPS_XATTR, ABSENT_TTL);
             }
-            let how = fopen(open, s.cfg.writeback_cache);
             let (s, name) = (s.clone(), name.to_string());
             Ok(move |r: ReplyCreate| {
                 let _gate = s.fs.lease_gate();

@@ -1307,7 +1307,7 @@ pub struct FirstAnswer {
 }
 
 /// The lease key an op writes, if leases cover it: an inode's attributes, xattrs, symlink
-/// target, layout, data on the MDT and directory stripes count as its attributes; an
+/// target, layout and objects, data on the MDT and directory stripes count as its attributes; an
 /// entry as its name.
 fn lease_key(op: &Op) -> Option<LeaseKey> {
     match op {
@@ -1315,6 +1315,7 @@ fn lease_key(op: &Op) -> Option<LeaseKey> {
         | Op::Symlink(k, _)
         | Op::Xattr(k, _, _)
         | Op::Layout(k, _)
+        | Op::Objects(k, _)
         | Op::Dom(k, _, _)
         | Op::DirStripe(k, _)
         | Op::DirDefault(k, _) => Some(LeaseKey::Attr(Fid::from_key(*k))),
@@ -1322,7 +1323,6 @@ fn lease_key(op: &Op) -> Option<LeaseKey> {
         Op::Meta(..)
         | Op::Orphan(..)
         | Op::Reply(..)
-        | Op::Objects(..)
         | Op::Pool(..)
         | Op::Destroy(..)
         | Op::Intent(..)

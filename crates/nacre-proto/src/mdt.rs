@@ -213,6 +213,10 @@ pub const MDS_UNLOCK: u16 = 328;
 /// A client's callback channel (a long poll): it acknowledges the lease revocations it
 /// has carried out and waits for the next ones (see [`lease`]).
 pub const MDS_LEASES: u16 = 329;
+/// A writer's intent to write a file up to an offset: the MDT gives the components of the
+/// file's layout that begin before it their OST objects, if they have none yet (Lustre's
+/// layout intent for PFL files), and answers with the layout.
+pub const MDS_LAYOUT_INTENT: u16 = 330;
 
 /// Byte-range locks: the kinds of [`Request::Lock`] (`fcntl`'s `F_RDLCK`, `F_WRLCK`,
 /// `F_UNLCK`) and its flags.
@@ -545,6 +549,14 @@ pub enum Request {
         offset: u64,
         handle: u64,
     },
+    /// Give every component of the file's layout that begins before byte `end` its OST
+    /// objects, if it has none yet, for a write through `handle` (open for writing by the
+    /// caller). Answered with [`Reply::Layout`]: the layout as it is after.
+    LayoutIntent {
+        fid: Fid,
+        handle: u64,
+        end: u64,
+    },
     /// A directory placed and striped as asked (`lfs mkdir -i MDT -c COUNT`): `mdt` -1
     /// and `count` 0 follow the parent's default; `count` -1 stripes over every MDT.
     Mkdir {
@@ -669,6 +681,7 @@ impl Request {
             Request::Setdirlayout { dir, layout } => (MDS_SETDIRLAYOUT, dir.put(e).bytes(layout).done()),
             Request::DomRead { fid, offset, len } => (MDS_DOM_READ, fid.put(e).u64(*offset).u32(*len).done()),
             Request::DomWrite { fid, offset, handle } => (MDS_DOM_WRITE, fid.put(e).u64(*offset).u64(*handle).done()),
+            Request::LayoutIntent { fid, handle, end } => (MDS_LAYOUT_INTENT, fid.put(e).u64(*handle).u64(*end).done()),
             Request::Mkdir { dir, name, mode, mdt, count } => {
                 (MDS_MKDIR, s(dir.put(e), name).u32(*mode).u32(*mdt as u32).u32(*count as u32).done())
             }
@@ -713,6 +726,7 @@ impl Request {
             MDS_SETDIRLAYOUT => "setdirlayout",
             MDS_DOM_READ => "dom read",
             MDS_DOM_WRITE => "dom write",
+            MDS_LAYOUT_INTENT => "layout intent",
             MDS_MKDIR => "mkdir",
             MDS_GETDIRSTRIPE => "getdirstripe",
             MDS_SETDIRDEFAULT => "setdirdefault",
@@ -843,6 +857,9 @@ impl Request {
             }
             MDS_DOM_WRITE => {
                 Request::DomWrite { fid: Fid::get(&mut d, "fid")?, offset: d.u64("offset")?, handle: d.u64("handle")? }
+            }
+            MDS_LAYOUT_INTENT => {
+                Request::LayoutIntent { fid: Fid::get(&mut d, "fid")?, handle: d.u64("handle")?, end: d.u64("end")? }
             }
             MDS_MKDIR => Request::Mkdir {
                 dir: Fid::get(&mut d, "directory")?,
@@ -1235,6 +1252,7 @@ mod tests {
             Request::Setdirlayout { dir: f, layout: vec![3] },
             Request::DomRead { fid: f, offset: 5, len: 3901 },
             Request::DomWrite { fid: f, offset: 1 << 19, handle: 7 },
+            Request::LayoutIntent { fid: f, handle: 7, end: 1 << 20 },
             Request::Mkdir { dir: f, name: "d".into(), mode: 0o755, mdt: 1, count: -1 },
             Request::Getdirstripe { dir: f },
             Request::Setdirdefault { dir: f, default: vec![4] },

@@ -50,7 +50,7 @@ const READS: [u16; 12] = [
 
 /// Requests that change the namespace: run in memory and answered before their commit
 /// (see `Mds::serve_change`).
-const CHANGES: [u16; 13] = [
+const CHANGES: [u16; 14] = [
     mdt::MDS_CREATE,
     mdt::MDS_CREATE_OPEN,
     mdt::MDS_UNLINK,
@@ -64,6 +64,7 @@ const CHANGES: [u16; 13] = [
     mdt::MDS_SETXATTR,
     mdt::MDS_REMOVEXATTR,
     mdt::MDS_SETDIRLAYOUT,
+    mdt::MDS_LAYOUT_INTENT,
 ];
 
 /// Opens and closes, answered from memory (see `Mds::try_open`).
@@ -79,7 +80,7 @@ const LOCK_WAIT_SLICE: std::time::Duration = std::time::Duration::from_secs(60);
 const LEASE_POLL_SLICE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Operations counted in `md_stats`, by opcode.
-const OPS: [(u16, &str); 30] = [
+const OPS: [(u16, &str); 31] = [
     (mdt::MDS_GETATTR, "getattr"),
     (mdt::MDS_LOOKUP, "lookup"),
     (mdt::MDS_READDIR, "readdir"),
@@ -110,6 +111,7 @@ const OPS: [(u16, &str); 30] = [
     (mdt::MDS_LOCK, "lock"),
     (mdt::MDS_UNLOCK, "unlock"),
     (mdt::MDS_LEASES, "leases"),
+    (mdt::MDS_LAYOUT_INTENT, "layout_intent"),
 ];
 
 /// The parameters `set_param` changes.
@@ -725,11 +727,18 @@ impl Mds {
                 opened(ns, ns.open_at(owner, c, dir, &name, read, write, dom_read))
             }
             Request::Close { handle } => {
+                let written = ns.handle_of(owner, handle).filter(|&(_, write)| write).map(|(fid, _)| fid);
                 let closed = match may_change {
                     false => ns.try_close_file(owner, handle)?,
                     true => ns.close_file(owner, handle),
                 };
-                answer(closed, |_| mdt::Reply::Done)
+                // A writer's close answers the file's attributes as it leaves them: the
+                // mount that wrote it knows, by them, that a later open finds the file
+                // unchanged since (and keeps the kernel's pages of it).
+                answer(closed, |_| match written.and_then(|fid| ns.getattr(fid).ok()) {
+                    Some(a) if a.nlink > 0 => mdt::Reply::Attr(a),
+                    _ => mdt::Reply::Done,
+                })
             }
             _ => return None,
         };
@@ -1254,6 +1263,31 @@ impl Mds {
                 Ok(v) => v,
                 Err(e) => return done(fail(e.status(), e.message)),
             },
+            Request::LayoutIntent { fid, handle, end } => {
+                if req.replayed.is_none() {
+                    self.ns.objects_ready().await;
+                }
+                // A replay was checked when it first ran: its handle may be closed since.
+                let through = req.replayed.is_some() || self.ns.writes_through(handle, fid, req.client);
+                let change = Namespace::layout_intent_change(&c, fid, end, through);
+                // A replay takes back the objects its first answer gave.
+                let first = req.replayed.as_deref().and_then(|b| match mdt::Reply::decode(b) {
+                    Ok(mdt::Reply::Layout { layout, objects }) => Some(FirstAnswer { fid, layout, objects }),
+                    _ => None,
+                });
+                let change = match first {
+                    Some(first) => Namespace::replaying(first, change),
+                    None => change,
+                };
+                let (r, n) = self.ns.submit_numbered(key, change, 0).await;
+                // The layout as it is now: a resend, or a component another writer gave
+                // objects meanwhile, gets the same objects as the first run.
+                let reply = match r.and_then(|_| self.ns.layout_and_objects(fid)) {
+                    Ok((layout, objects)) => ok(mdt::Reply::Layout { layout, objects }),
+                    Err(e) => fail(e.status(), e.message),
+                };
+                return answered(depending(Reply { transno: n.transno, ..reply }, &n.depends), n);
+            }
             Request::CreateOpen { dir, name, perms, layout, read, write } => {
                 if req.replayed.is_none() {
                     self.ns.objects_ready().await;
@@ -1454,6 +1488,7 @@ impl Mds {
             | Request::Removexattr { .. }
             | Request::Setdirlayout { .. }
             | Request::DomWrite { .. }
+            | Request::LayoutIntent { .. }
             | Request::Mkdir { .. }
             | Request::Setdirdefault { .. }
             | Request::Update { .. } => fail(-errno::EIO, "changes are served by Mds::serve".into()),

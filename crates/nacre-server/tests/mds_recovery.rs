@@ -675,3 +675,66 @@ async fn replayed_creates_keep_the_objects_their_first_answer_gave() {
     assert_eq!(destroyed.len(), 1 + 47, "{destroyed:?}");
     assert!(destroyed.iter().all(|&(_, o)| o == 100 || (103..150).contains(&o)), "{destroyed:?}");
 }
+
+/// A layout intent answered before a restart is replayed with the objects its first
+/// answer gave (its client may have written them), as a create is: here another client's
+/// create that took the pool's front dies with the MDS, so a replay that took the pool's
+/// front again would give the writer that file's object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replayed_layout_intents_keep_the_objects_their_first_answer_gave() {
+    let (net, v) = (MemNetwork::new(), volume());
+    let mdt = Mdt::start(&net, &v, true).await;
+    mdt.ns.attach_osts(&[0]).unwrap();
+    mdt.ns.add_precreated(0, 100, 50).unwrap();
+    let (a, b) = (Md::connect(&net, "a").await, Md::connect(&net, "b").await);
+    a.mkdir(Fid::ROOT, "a-first").await;
+    let pfl = Layout::from_lfs_args(&["-E", "64K", "-L", "mdt", "-E", "-1", "-c", "1"]).unwrap().encode();
+    let r = Request::Create {
+        dir: Fid::ROOT,
+        name: "pfl".into(),
+        mode: mode::S_IFREG | 0o644,
+        target: vec![],
+        layout: pfl,
+        rdev: 0,
+    };
+    let file = b.attr(r).await;
+    assert!(mdt.ns.objects(file.fid).unwrap().iter().all(Vec::is_empty), "no object before a write needs one");
+    let handle = b.open(file.fid).await;
+    b.imp.commit().await.unwrap();
+    // Uncommitted: a's file takes object 100, then b's write past 64 KiB object 101.
+    let striped = Layout::from_lfs_args(&["-c", "1"]).unwrap().encode();
+    let r = Request::Create {
+        dir: Fid::ROOT,
+        name: "lost".into(),
+        mode: mode::S_IFREG | 0o644,
+        target: vec![],
+        layout: striped,
+        rdev: 0,
+    };
+    a.call(r).await;
+    let first = match b.call(Request::LayoutIntent { fid: file.fid, handle, end: 70_000 }).await {
+        Reply::Layout { objects, .. } => objects,
+        other => panic!("a layout intent answers the layout: {other:?}"),
+    };
+    assert_eq!(first, vec![vec![], vec![(0, 101)]]);
+    // Asked again (a second writer, or a resend): the same objects.
+    match b.call(Request::LayoutIntent { fid: file.fid, handle, end: 1 << 30 }).await {
+        Reply::Layout { objects, .. } => assert_eq!(objects, first),
+        other => panic!("{other:?}"),
+    }
+    mdt.crash();
+
+    // a dies with the MDS; b replays its open and its intents.
+    let mdt = Mdt::start(&net, &v, false).await;
+    mdt.ns.add_precreated(0, 150, 50).unwrap();
+    b.mkdir(Fid::ROOT, "after").await;
+    let status = mdt.status();
+    assert!(status.contains("evicted_clients: 1") && status.contains("failed_replays: 0"), "{status}");
+    assert_eq!(mdt.ns.objects(file.fid).unwrap(), first, "the replayed intent kept its object");
+    assert_eq!(mdt.ns.pending_destroys(Some(0), 10).unwrap(), vec![(0, 100)], "the lost create's object is destroyed");
+    // Bad input changes nothing: a handle that is not the caller's, a directory.
+    let e = b.try_call(Request::LayoutIntent { fid: Fid::ROOT, handle: 0, end: 1 }, &[]).await.unwrap_err();
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+    assert_eq!(mdt.ns.objects(file.fid).unwrap(), first);
+    b.call(Request::Close { handle }).await;
+}

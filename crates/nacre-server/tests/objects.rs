@@ -120,8 +120,32 @@ async fn files_get_objects_by_layout_and_removed_files_lose_them() {
     let mut o = osts_of(over.fid)[0].clone();
     o.sort();
     assert_eq!(o, vec![0, 0, 1, 1, 2, 2], "overstriping puts two stripes on each OST");
-    let p = osts_of(pfl.fid);
-    assert_eq!((p[0].len(), p[1].len(), p[2].len()), (0, 1, 2), "DoM has no objects");
+    // A PFL file whose first component is on the MDT takes no object when it is made;
+    // a write's layout intent gives the components it reaches theirs, and only those,
+    // once.
+    assert!(osts_of(pfl.fid).iter().all(Vec::is_empty), "{:?}", osts_of(pfl.fid));
+    let ns2 = ns.clone();
+    let comps = tokio::task::spawn_blocking(move || {
+        let lens = |ns: &Namespace| ns.objects(pfl.fid).unwrap().iter().map(Vec::len).collect::<Vec<_>>();
+        let mut seen = Vec::new();
+        for end in [1 << 20, (1 << 20) + 1, (1 << 20) + 2, (64 << 20) + 1] {
+            ns2.layout_intent(&Cred::root(), pfl.fid, end, None).unwrap();
+            seen.push((lens(&ns2), ns2.objects(pfl.fid).unwrap()));
+        }
+        // Not a file, or no write permission: refused, nothing given.
+        let dir = ns2.layout_intent(&Cred::root(), Fid::ROOT, 1 << 30, None).unwrap_err();
+        let user = ns2.layout_intent(&Cred::user(1000, 1000), a.fid, 1 << 30, None).unwrap_err();
+        (seen, dir.errno, user.errno)
+    })
+    .await
+    .unwrap();
+    let (seen, dir, user) = comps;
+    assert!(seen[0].0.iter().all(|&n| n == 0), "the DoM component needs no object: {:?}", seen[0].0);
+    assert_eq!(seen[1].0, vec![0, 1, 0], "a write past 1 MiB reaches the second component only");
+    assert_eq!(seen[2].1, seen[1].1, "asked again: the same objects");
+    assert_eq!(seen[3].0, vec![0, 1, 2], "past 64 MiB: the third");
+    assert_eq!(seen[3].1[1], seen[1].1[1], "the second keeps its object");
+    assert_eq!((dir, user), (errno::EINVAL, errno::EACCES));
     assert_eq!(bad.errno, errno::EINVAL);
     assert!(bad.message.contains("OST 7"), "{}", bad.message);
     // Every object exists on its OST, and no two files share one.

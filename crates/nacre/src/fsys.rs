@@ -541,8 +541,16 @@ pub fn getstripe(a: PathArg) -> CliResult {
             None => println!("(no layout)"),
             Some(l) => {
                 print!("{}", l.layout);
-                for (i, objs) in l.objects.iter().enumerate() {
+                for (i, c) in l.layout.components.iter().enumerate() {
+                    let objs = l.objects.get(i).map(Vec::as_slice).unwrap_or_default();
                     if objs.is_empty() {
+                        if matches!(c.kind, nacre_proto::layout::Kind::Stripes(_)) {
+                            // As Lustre's PFL components without `lcme_flags: init`.
+                            println!(
+                                "component {}: no objects yet (the first write that reaches it gives them)",
+                                i + 1
+                            );
+                        }
                         continue;
                     }
                     println!("component {}:\n\tobdidx\t\t objid\t\t objid\t\t group", i + 1);

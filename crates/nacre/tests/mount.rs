@@ -981,16 +981,39 @@ fn ost_reads(mgs: &str) -> u64 {
 }
 
 /// A file read again, unchanged, is read from the kernel's pages: the open keeps them
-/// (FOPEN_KEEP_CACHE) while the mount holds a lease on the file's attributes. A change
-/// from another mount revokes the lease, and the next open drops the pages: the new bytes
-/// are read, never the old.
+/// (FOPEN_KEEP_CACHE) while the mount holds a lease on the file's attributes, and a file
+/// this mount wrote is read from the pages it was written through. A change from another
+/// mount revokes the lease, and the next open drops the pages: the new bytes are read,
+/// never the old.
 #[test]
 fn an_unchanged_file_is_read_again_from_the_kernels_pages_until_another_mount_changes_it() {
     let (fs, mgs, second, _) = leased_pair("kept-pages");
     let (a, b) = (fs.mnt.join("f"), second.join("f"));
     // Past the first 64 KiB (on the MDT): on the OSTs.
     let mut data: Vec<u8> = (0..4u32 << 20).map(|i| (i * 7 + i / 4093) as u8).collect();
+    let (before, closes) = (ost_reads(&mgs), fs.mds_ops("close"));
     fs::write(&a, &data).unwrap();
+    // The kernel releases a file after close(2) returns: its last close vouches for the
+    // pages once the mount has served that release.
+    let t = std::time::Instant::now();
+    while fs.mds_ops("close") == closes {
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "the written file was never released");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(fs::read(&a).unwrap() == data, "the first mount read other bytes");
+    assert_eq!(
+        ost_reads(&mgs),
+        before,
+        "a file written here was read from the OSTs, not the pages it was written through"
+    );
+    // Changed by the second mount, it is read anew (below, the other way round).
+    {
+        let mut f = fs::OpenOptions::new().write(true).open(&b).unwrap();
+        f.seek(SeekFrom::Start(1 << 20)).unwrap();
+        f.write_all(b"changed by the second mount").unwrap();
+    }
+    data[1 << 20..(1 << 20) + 27].copy_from_slice(b"changed by the second mount");
+    assert!(fs::read(&a).unwrap() == data, "the first mount kept its old pages after the second changed the file");
     // The first read fetches the bytes and makes the lease and the pages' entry; the
     // next opens keep the pages.
     assert!(fs::read(&b).unwrap() == data, "the second mount read other bytes");

@@ -249,7 +249,7 @@ impl Tx<'_> {
         // writes.
         let objects = match (&layout, replayed) {
             (Some(_), Some((_, objects))) => Some(self.claim(&objects)?),
-            (Some(l), None) => self.instantiate(l)?,
+            (Some(l), None) => self.instantiate(l, &Vec::new(), 1)?,
             (None, _) => None,
         };
         // A setgid directory passes its group (and, to subdirectories, the bit) down.

@@ -57,6 +57,12 @@ fn release(o: &mut Opens, owner: u64, handle: u64) -> Result<Option<u128>> {
 }
 
 impl Namespace {
+    /// The file `owner`'s `handle` has open, and whether for writing.
+    pub fn handle_of(&self, owner: u64, handle: u64) -> Option<(Fid, bool)> {
+        let o = lock(&self.opens);
+        o.handles.get(&handle).filter(|(_, by, _)| *by == owner).map(|&(k, _, write)| (Fid::from_key(k), write))
+    }
+
     /// Whether `handle` is `owner`'s, on `fid`, and open for writing.
     pub fn writes_through(&self, handle: u64, fid: Fid, owner: u64) -> bool {
         lock(&self.opens).handles.get(&handle).is_some_and(|&(k, by, write)| k == fid.key() && by == owner && write)

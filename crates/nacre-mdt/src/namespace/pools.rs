@@ -167,17 +167,27 @@ impl Pools {
 }
 
 impl Tx<'_> {
-    /// Give a new file its OST objects: for each striped component, its stripe count
-    /// of objects on consecutive OSTs from its starting one (round-robin when it has
-    /// none), more than one per OST only when overstriping. Without OSTs attached a file
-    /// has a layout and no objects.
+    /// Give a file's striped components that begin before byte `upto` and have no
+    /// objects yet their OST objects: for each, its stripe count of objects on
+    /// consecutive OSTs from its starting one (round-robin when it has none), more than
+    /// one per OST only when overstriping. `have` is what the file has already (empty for
+    /// a new file). The other components stay without objects until a write reaches them
+    /// (a layout intent), as Lustre instantiates PFL components: a new file gets objects
+    /// only for the component that holds its byte 0, so a small file whose first
+    /// component is on the MDT takes none. Without OSTs attached a file has a layout and
+    /// no objects.
     ///
-    /// It checks before it takes: on an error nothing is taken. The objects are written
-    /// with [`Tx::put_objects`].
-    pub(super) fn instantiate(&self, l: &Layout) -> Result<Option<FileObjects>> {
+    /// `None`: nothing to give (no OST, or no such component). It checks before it
+    /// takes: on an error nothing is taken. The objects are written with
+    /// [`Tx::put_objects`].
+    pub(super) fn instantiate(&self, l: &Layout, have: &FileObjects, upto: u64) -> Result<Option<FileObjects>> {
         let mut pools = self.pools.borrow_mut();
         let osts: Vec<u32> = pools.osts.keys().copied().collect();
-        if osts.is_empty() {
+        let missing = |i: usize| have.get(i).is_none_or(Vec::is_empty);
+        let wanted = |i: usize, c: &nacre_proto::layout::Component| {
+            matches!(c.kind, Kind::Stripes(_)) && c.start < upto && missing(i)
+        };
+        if osts.is_empty() || !l.components.iter().enumerate().any(|(i, c)| wanted(i, c)) {
             return Ok(None);
         }
         // Free placement (no starting OST) uses the OSTs that have objects, as Lustre
@@ -185,11 +195,15 @@ impl Tx<'_> {
         let ready: Vec<u32> = osts.iter().copied().filter(|&o| pools.available(o) > 0).collect();
         let mut objects: FileObjects = Vec::with_capacity(l.components.len());
         let mut want: Vec<(usize, u32)> = Vec::new();
-        for c in &l.components {
+        for (i, c) in l.components.iter().enumerate() {
             let Kind::Stripes(s) = &c.kind else {
                 objects.push(Vec::new());
                 continue;
             };
+            if !wanted(i, c) {
+                objects.push(have.get(i).cloned().unwrap_or_default());
+                continue;
+            }
             let in_pool: Vec<u32>;
             let mut list: &[u32] = if s.offset < 0 && !ready.is_empty() { &ready } else { &osts };
             if let Some(p) = &s.pool {
@@ -226,12 +240,12 @@ impl Tx<'_> {
                 want.push((objects.len() - 1, list[((start + i) % m) as usize]));
             }
         }
-        if want.len() > nacre_proto::layout::STRIPE_COUNT_MAX as usize {
+        let total = want.len() + have.iter().map(Vec::len).sum::<usize>();
+        if total > nacre_proto::layout::STRIPE_COUNT_MAX as usize {
             return Err(MdError::new(
                 errno::EINVAL,
                 format!(
-                    "layout asks for {} objects; a file has at most {}",
-                    want.len(),
+                    "layout asks for {total} objects; a file has at most {}",
                     nacre_proto::layout::STRIPE_COUNT_MAX
                 ),
             ));
@@ -313,6 +327,47 @@ impl Tx<'_> {
         Ok(objects.clone())
     }
 
+    /// The OST objects of file `fid`, per component of its layout (empty: none yet).
+    fn objects_of(&self, fid: Fid) -> Result<FileObjects> {
+        self.m().objects.get(&fid.key()).map(|v| decode_objects(v)).transpose().map(Option::unwrap_or_default)
+    }
+
+    /// A replayed layout intent's objects, as its first answer gave them (`first`):
+    /// claimed back (see [`Tx::claim`]) for the components that begin before `upto` and
+    /// have none now. `None`: no such component.
+    fn claim_missing(
+        &self,
+        l: &Layout,
+        have: &FileObjects,
+        first: &FileObjects,
+        upto: u64,
+    ) -> Result<Option<FileObjects>> {
+        if first.len() != l.components.len() {
+            let (c, o) = (l.components.len(), first.len());
+            return Err(MdError::new(
+                errno::EINVAL,
+                format!("a replayed layout intent names objects for {o} components of {c}"),
+            ));
+        }
+        let mut claim: FileObjects = vec![Vec::new(); l.components.len()];
+        for (i, c) in l.components.iter().enumerate() {
+            if c.start < upto && have.get(i).is_none_or(Vec::is_empty) {
+                claim[i] = first[i].clone();
+            }
+        }
+        if claim.iter().all(Vec::is_empty) {
+            return Ok(None);
+        }
+        self.claim(&claim)?;
+        let mut objects = claim;
+        for (i, o) in have.iter().enumerate() {
+            if !o.is_empty() {
+                objects[i] = o.clone();
+            }
+        }
+        Ok(Some(objects))
+    }
+
     pub(super) fn put_objects(&self, fid: Fid, objects: &FileObjects) -> Result<()> {
         self.apply(Op::Objects(fid.key(), Some(encode_objects(objects).into())));
         Ok(())
@@ -325,6 +380,41 @@ impl Tx<'_> {
 }
 
 impl Namespace {
+    /// Give the striped components of file `fid` that begin before byte `end` their
+    /// OST objects, if they have none (see [`Namespace::layout_intent_change`]).
+    pub fn layout_intent(&self, cred: &Cred, fid: Fid, end: u64, key: Option<ReplyKey>) -> Result<()> {
+        self.change(key, Self::layout_intent_change(cred, fid, end, false))?;
+        Ok(())
+    }
+
+    /// The change a layout intent makes ([`nacre_proto::mdt::Request::LayoutIntent`]): the
+    /// components of regular file `fid`'s layout that begin before byte `end` get their
+    /// OST objects if they have none yet; a replay gets back those its first run gave.
+    /// `through`: the caller writes through a handle it opened for writing (permission
+    /// was checked at open); otherwise it needs write permission now.
+    pub fn layout_intent_change(cred: &Cred, fid: Fid, end: u64, through: bool) -> Change {
+        let cred = cred.clone();
+        Box::new(move |tx| {
+            let (a, _) = tx.get(fid)?;
+            if !mode::is_reg(a.mode) {
+                return Err(MdError::new(errno::EINVAL, format!("{fid} is not a regular file: it has no objects")));
+            }
+            if !through && !tx.permits(&cred, &a, W) {
+                return Err(denied(&cred, "write", &a));
+            }
+            let l = tx.layout_of(fid)?.ok_or_else(|| MdError::new(errno::EINVAL, format!("{fid} has no layout")))?;
+            let have = tx.objects_of(fid)?;
+            let objects = match tx.replay_objects.take() {
+                Some((_, first)) => tx.claim_missing(&l, &have, &first, end)?,
+                None => tx.instantiate(&l, &have, end)?,
+            };
+            if let Some(o) = &objects {
+                tx.put_objects(fid, o)?;
+            }
+            Ok(Answer::Done)
+        })
+    }
+
     /// The OST pools as the MGS defines them (`lov.pool.NAME` parameters): layouts may
     /// name only these, and their objects go only to their OSTs.
     pub fn set_ost_pools(&self, pools: BTreeMap<String, Vec<u32>>) {
