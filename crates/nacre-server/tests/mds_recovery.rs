@@ -221,6 +221,19 @@ impl Md {
     }
 }
 
+/// The create of regular file `name` under the root with the layout `lfs` gives
+/// (`setstripe` arguments).
+fn file_with_layout(name: &str, lfs: &[&str]) -> Request {
+    Request::Create {
+        dir: Fid::ROOT,
+        name: name.into(),
+        mode: mode::S_IFREG | 0o644,
+        target: vec![],
+        layout: Layout::from_lfs_args(lfs).unwrap().encode(),
+        rdev: 0,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replays_rebuild_the_tree_every_client_was_answered() {
     let (net, v) = (MemNetwork::new(), volume());
@@ -613,14 +626,7 @@ async fn replayed_creates_keep_the_objects_their_first_answer_gave() {
     b.imp.commit().await.unwrap();
     let striped = Layout::from_lfs_args(&["-c", "1"]).unwrap().encode();
     let create = |md: &Md, name: &str| {
-        let r = Request::Create {
-            dir: Fid::ROOT,
-            name: name.into(),
-            mode: mode::S_IFREG | 0o644,
-            target: vec![],
-            layout: striped.clone(),
-            rdev: 0,
-        };
+        let r = file_with_layout(name, &["-c", "1"]);
         let md = md.imp.clone();
         async move {
             let (op, body) = r.encode(&Creds::default());
@@ -688,30 +694,12 @@ async fn replayed_layout_intents_keep_the_objects_their_first_answer_gave() {
     mdt.ns.add_precreated(0, 100, 50).unwrap();
     let (a, b) = (Md::connect(&net, "a").await, Md::connect(&net, "b").await);
     a.mkdir(Fid::ROOT, "a-first").await;
-    let pfl = Layout::from_lfs_args(&["-E", "64K", "-L", "mdt", "-E", "-1", "-c", "1"]).unwrap().encode();
-    let r = Request::Create {
-        dir: Fid::ROOT,
-        name: "pfl".into(),
-        mode: mode::S_IFREG | 0o644,
-        target: vec![],
-        layout: pfl,
-        rdev: 0,
-    };
-    let file = b.attr(r).await;
+    let file = b.attr(file_with_layout("pfl", &["-E", "64K", "-L", "mdt", "-E", "-1", "-c", "1"])).await;
     assert!(mdt.ns.objects(file.fid).unwrap().iter().all(Vec::is_empty), "no object before a write needs one");
     let handle = b.open(file.fid).await;
     b.imp.commit().await.unwrap();
     // Uncommitted: a's file takes object 100, then b's write past 64 KiB object 101.
-    let striped = Layout::from_lfs_args(&["-c", "1"]).unwrap().encode();
-    let r = Request::Create {
-        dir: Fid::ROOT,
-        name: "lost".into(),
-        mode: mode::S_IFREG | 0o644,
-        target: vec![],
-        layout: striped,
-        rdev: 0,
-    };
-    a.call(r).await;
+    a.call(file_with_layout("lost", &["-c", "1"])).await;
     let first = match b.call(Request::LayoutIntent { fid: file.fid, handle, end: 70_000 }).await {
         Reply::Layout { objects, .. } => objects,
         other => panic!("a layout intent answers the layout: {other:?}"),
