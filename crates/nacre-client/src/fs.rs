@@ -639,8 +639,13 @@ impl FileSystem {
     }
 
     /// As [`FileSystem::glimpse`], with the bytes of space the OST objects hold.
-    pub(crate) async fn glimpse_space(&self, c: &Creds, mut a: Attr) -> Result<(Attr, u64)> {
+    pub(crate) async fn glimpse_space(&self, c: &Creds, a: Attr) -> Result<(Attr, u64)> {
         let l = self.current_layout(c, a.fid).await?;
+        self.glimpse_objects(&l, a).await
+    }
+
+    /// [`FileSystem::glimpse_space`] over the objects of layout `l`.
+    async fn glimpse_objects(&self, l: &FileLayout, mut a: Attr) -> Result<(Attr, u64)> {
         let mut sizes = Vec::with_capacity(l.objects.len());
         let mut space = 0;
         for comp in &l.objects {
@@ -1103,12 +1108,12 @@ impl FileSystem {
         if !mode::is_reg(a.mode) {
             return Ok(a);
         }
-        self.truncate_objects(c, fid, s.size).await?;
-        if self.current_layout(c, fid).await?.no_objects() {
+        let l = self.truncate_objects(c, fid, s.size).await?;
+        if l.no_objects() {
             return Ok(a);
         }
         // What the objects hold now, for st_blocks (a truncate gives space back).
-        let (_, space) = self.glimpse_space(c, a).await?;
+        let (_, space) = self.glimpse_objects(&l, a).await?;
         // Through the same handle as the truncate, if it came through one.
         let blocks = SetAttr {
             mask: set::OST_BLOCKS | (s.mask & set::BY_HANDLE),
@@ -1119,7 +1124,9 @@ impl FileSystem {
         attr_of("setattr", self.md_at(fid, c, &Request::Setattr { fid, set: blocks }).await?)
     }
 
-    async fn truncate_objects(&self, c: &Creds, fid: Fid, size: u64) -> Result<()> {
+    /// Cut or extend every object of `fid` to what a file of `size` bytes holds in it;
+    /// the layout it went by.
+    async fn truncate_objects(&self, c: &Creds, fid: Fid, size: u64) -> Result<Arc<FileLayout>> {
         // Every object another mount's write may have made too.
         let l = self.current_layout(c, fid).await?;
         let sizes = l.object_sizes(size);
@@ -1131,7 +1138,7 @@ impl FileSystem {
                 set.spawn(async move { fs.ost_call(ost, &ost::Request::Truncate { target: 0, oid, size }, &[]).await });
             }
         }
-        all(set, "truncate").await.map(|_| ())
+        all(set, "truncate").await.map(|_| l)
     }
 
     pub async fn readlink(&self, c: &Creds, fid: Fid) -> Result<Vec<u8>> {

@@ -245,6 +245,14 @@ async fn components_get_objects_at_the_first_write_that_reaches_them() {
         assert_eq!(&got[..3901], &small[..]);
         assert!(got[3901..].iter().all(|&x| x == 0), "bytes the truncate should have cut came back");
     }
+    // A truncate asks for a layout that may have changed once, however many steps use it.
+    let (g, h) = a.create_open(&c, dir.fid, "g", 0o644, None, OpenFlags::WRITE).await.unwrap();
+    h.write(100_000, b"past the DoM component").await.unwrap();
+    h.close().await.unwrap();
+    let fetched = md_ops(&t, 0, "getlayout");
+    b.setattr(&c, g.fid, cut(70_000)).await.unwrap();
+    assert_eq!(md_ops(&t, 0, "getlayout"), fetched + 1, "one layout fetch for the truncate");
+    assert_eq!(b.getattr(&c, g.fid).await.unwrap().size, 70_000);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
