@@ -1098,8 +1098,9 @@ pub(crate) async fn write_extents(
     extents: &[(u64, Rope)],
 ) -> Result<()> {
     let rpc_bytes = fs.inner.params.rpc_bytes();
-    // Writes reach components without objects only when they were taken in before the
-    // layout the handle knew had them (the write itself asked for them).
+    // A write gets the objects it reaches before it is taken in (`File::write`), but the
+    // layout a write-back goes by may predate that (another handle's, or one dropped
+    // unclosed): ask again (for objects given already, the MDS answers them).
     let end = extents.iter().map(|(o, d)| o.saturating_add(d.len())).max().unwrap_or(0);
     let fresh;
     let layout = if layout.lacks_objects_before(end) {

@@ -609,6 +609,17 @@ async fn a_create_opens_handle_survives_a_restart_when_the_replay_learns_it_was_
     a.call(Request::Close { handle }).await;
 }
 
+/// A new MDT with OST 0 attached and objects 100..150 in its pool, and two clients, `a`
+/// having made a change (so the MDT waits for it after a restart).
+async fn with_one_ost(net: &MemNetwork, v: &Arc<Volume>) -> (Mdt, Md, Md) {
+    let mdt = Mdt::start(net, v, true).await;
+    mdt.ns.attach_osts(&[0]).unwrap();
+    mdt.ns.add_precreated(0, 100, 50).unwrap();
+    let (a, b) = (Md::connect(net, "a").await, Md::connect(net, "b").await);
+    a.mkdir(Fid::ROOT, "a-first").await;
+    (mdt, a, b)
+}
+
 /// A create answered before a restart is replayed with the OST objects its first answer
 /// gave (the client may have written them), not whatever the pool holds then: here the
 /// client that made the first file dies with the MDS, so a replay that took the pool's
@@ -617,11 +628,7 @@ async fn a_create_opens_handle_survives_a_restart_when_the_replay_learns_it_was_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replayed_creates_keep_the_objects_their_first_answer_gave() {
     let (net, v) = (MemNetwork::new(), volume());
-    let mdt = Mdt::start(&net, &v, true).await;
-    mdt.ns.attach_osts(&[0]).unwrap();
-    mdt.ns.add_precreated(0, 100, 50).unwrap();
-    let (a, b) = (Md::connect(&net, "a").await, Md::connect(&net, "b").await);
-    a.mkdir(Fid::ROOT, "a-first").await;
+    let (mdt, a, b) = with_one_ost(&net, &v).await;
     b.mkdir(Fid::ROOT, "b-first").await;
     b.imp.commit().await.unwrap();
     let striped = Layout::from_lfs_args(&["-c", "1"]).unwrap().encode();
@@ -689,11 +696,7 @@ async fn replayed_creates_keep_the_objects_their_first_answer_gave() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replayed_layout_intents_keep_the_objects_their_first_answer_gave() {
     let (net, v) = (MemNetwork::new(), volume());
-    let mdt = Mdt::start(&net, &v, true).await;
-    mdt.ns.attach_osts(&[0]).unwrap();
-    mdt.ns.add_precreated(0, 100, 50).unwrap();
-    let (a, b) = (Md::connect(&net, "a").await, Md::connect(&net, "b").await);
-    a.mkdir(Fid::ROOT, "a-first").await;
+    let (mdt, a, b) = with_one_ost(&net, &v).await;
     let file = b.attr(file_with_layout("pfl", &["-E", "64K", "-L", "mdt", "-E", "-1", "-c", "1"])).await;
     assert!(mdt.ns.objects(file.fid).unwrap().iter().all(Vec::is_empty), "no object before a write needs one");
     let handle = b.open(file.fid).await;
