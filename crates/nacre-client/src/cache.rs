@@ -25,6 +25,7 @@ use tokio::sync::{OwnedSemaphorePermit, watch};
 use crate::behind::WriteBehind;
 use crate::error::{Error, Result, errno};
 use crate::fs::lock;
+use crate::whole::Image;
 
 /// A chunk's bytes once fetched (`None` while on the way).
 pub(crate) type Fetch = watch::Receiver<Option<Result<Bytes>>>;
@@ -117,11 +118,12 @@ pub(crate) struct Chunks {
     stats: Arc<ReadAheadStats>,
 }
 
-/// What the handles of one file on this mount share: its read-ahead chunks and its
-/// write-behind.
+/// What the handles of one file on this mount share: its read-ahead chunks, its
+/// write-behind, and the image of a small file they write (see `whole`).
 pub(crate) struct Shared {
     pub chunks: Mutex<Chunks>,
     pub behind: Mutex<WriteBehind>,
+    pub image: Mutex<Image>,
 }
 
 /// The live caches of a mount, by file; an entry dies with the last handle of its file.
@@ -160,9 +162,27 @@ impl Caches {
                 stats: self.stats.clone(),
             }),
             behind: Mutex::new(WriteBehind::default()),
+            image: Mutex::new(Image::default()),
         });
         files.insert(attr.fid, Arc::downgrade(&s));
         s
+    }
+
+    /// `fid` was cut or extended to `size` bytes through this mount.
+    pub(crate) fn resized(&self, fid: Fid, size: u64) {
+        let s = lock(&self.files).get(&fid).and_then(Weak::upgrade);
+        if let Some(s) = s {
+            lock(&s.image).resized(size);
+        }
+    }
+
+    /// `fid` changed, or will, where this mount does not see it: the image its handles
+    /// here were writing is no longer the file.
+    pub(crate) fn changed_elsewhere(&self, fid: Fid) {
+        let s = lock(&self.files).get(&fid).and_then(Weak::upgrade);
+        if let Some(s) = s {
+            lock(&s.image).unknown();
+        }
     }
 }
 

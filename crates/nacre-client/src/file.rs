@@ -31,6 +31,17 @@ const DOM_RPC_MAX: u64 = 1 << 20;
 const READ_ON_OPEN_MAX: u32 = 64 << 10;
 /// Largest offset a file may reach (`i64::MAX`, as `off_t`).
 const FILE_SIZE_MAX: u64 = i64::MAX as u64;
+/// What a file opened with no request opened with: its attributes and bytes, and the
+/// count of this mount's changes to it (its image's) they stand for. The bytes answer the
+/// reads until a change here.
+struct Local {
+    attr: Attr,
+    bytes: Bytes,
+    changes: u64,
+}
+
+/// Numbers for the files opened with no request.
+static LOCAL_HANDLES: AtomicU64 = AtomicU64::new(0);
 
 /// A file's size, mtime and ctime at one moment, as its MDT had them. Every change of a
 /// file sets its ctime, so two equal stamps mean no change between them.
@@ -166,7 +177,14 @@ pub struct File {
     fs: FileSystem,
     creds: Creds,
     fid: Fid,
+    /// Its handle on the MDT, or, for a file opened here from what the mount knows of
+    /// it ([`File::known_whole`]), a number of this mount's (which only tells its
+    /// read-ahead stream apart from those of the file's other handles).
     handle: u64,
+    /// Opened with no request ([`File::known_whole`]).
+    local: Option<Local>,
+    /// The MDT handle such a file opened when it needed one (to take a lock).
+    mds_handle: tokio::sync::OnceCell<u64>,
     flags: OpenFlags,
     /// Sent with the open, or fetched at the first IO; replaced by a later one when a
     /// write gives a component its objects (see [`File::layout`]).
@@ -222,19 +240,72 @@ impl File {
         if flags.truncate && flags.write {
             f.set_len(0).await?;
         } else if !first.is_empty() {
-            f.prime(first);
+            let bytes = Bytes::copy_from_slice(first);
+            if !flags.write && bytes.len() as u64 == attr.size {
+                f.keep_whole(&attr, &bytes);
+            }
+            f.prime(bytes);
         }
         Ok(f)
     }
 
+    /// A file opened for reading with no request: `fid` is a small file this mount knows
+    /// whole and holds the lease on (see `whole`). The caller checked the permission.
+    /// `None`: it must be opened on its MDT.
+    pub(crate) fn known_whole(fs: &FileSystem, c: &Creds, fid: Fid, flags: OpenFlags) -> Option<File> {
+        if flags.write || flags.truncate || read_on_open(fs, flags) == 0 || fs.writers_of(fid) > 0 {
+            return None;
+        }
+        let w = {
+            let _gate = fs.lease_gate();
+            if !fs.attr_leased(fid) {
+                return None;
+            }
+            fs.inner.whole.get(fid)?
+        };
+        let handle = LOCAL_HANDLES.fetch_add(1, Ordering::Relaxed);
+        let mut f = File::opened(fs.clone(), c, handle, w.attr, Some(w.layout), flags);
+        let changes = lock(&f.shared.image).changes;
+        f.local = Some(Local { attr: w.attr, bytes: w.bytes.clone(), changes });
+        f.prime(w.bytes);
+        Some(f)
+    }
+
+    /// Keep `bytes` as all of the file, `attr` as its MDT has it, if it lives on its MDT
+    /// alone and the mount holds the lease on it.
+    fn keep_whole(&self, attr: &Attr, bytes: &Bytes) {
+        let Some(layout) = self.known_layout().filter(|l| l.no_objects()) else { return };
+        let _gate = self.fs.lease_gate();
+        if self.fs.attr_leased(self.fid) {
+            let w = crate::whole::Whole { attr: *attr, layout, bytes: bytes.clone() };
+            self.fs.inner.whole.keep(w);
+        }
+    }
+
+    /// The file's handle on its MDT: for one opened with no request, one opened for
+    /// reading now (the first time it is needed).
+    async fn mds_handle(&self) -> Result<u64> {
+        if self.local.is_none() {
+            return Ok(self.handle);
+        }
+        let open = || async {
+            let r = Request::Open { fid: self.fid, read: true, write: false, dom_read: 0 };
+            match self.fs.md(mdt_of(self.fid)?, &self.creds, &r, &[]).await?.0 {
+                Reply::Opened { handle, .. } => Ok(handle),
+                _ => Err(Error::protocol("open", "the MDS did not answer with a handle")),
+            }
+        };
+        self.mds_handle.get_or_try_init(open).await.copied()
+    }
+
     /// The whole file as the MDT sent it with the open: its only chunk, ready for the
     /// first read (which then costs no RPC).
-    fn prime(&self, data: &[u8]) {
+    fn prime(&self, data: Bytes) {
         let size = self.size_hint();
         if data.len() as u64 != size || size > self.fs.inner.params.rpc_bytes() {
             return;
         }
-        lock(&self.shared.chunks).insert(0, cache::ready(Bytes::copy_from_slice(data)), None, true);
+        lock(&self.shared.chunks).insert(0, cache::ready(data), None, true);
     }
 
     /// A file the MDT has opened as `handle` (by an open, or a create-open), with its
@@ -249,14 +320,25 @@ impl File {
     ) -> File {
         if flags.write {
             fs.add_writer(attr.fid);
+            fs.inner.whole.forget(attr.fid);
         }
         let shared = fs.inner.caches.open(&attr);
         let errors_seen = lock(&shared.behind).errors();
+        if flags.write && fs.writers_of(attr.fid) == 1 && attr.size == 0 && lock(&shared.behind).is_idle() {
+            // The one writer here of a file empty on its MDT, with the lease on it: from
+            // here on its bytes are what this mount writes (see `whole`).
+            let _gate = fs.lease_gate();
+            if fs.attr_leased(attr.fid) {
+                lock(&shared.image).empty();
+            }
+        }
         File {
             fs,
             creds: c.clone(),
             fid: attr.fid,
             handle,
+            local: None,
+            mds_handle: tokio::sync::OnceCell::new(),
             flags,
             layout: std::sync::Mutex::new(layout),
             st: tokio::sync::Mutex::new(State { size: attr.size, errors_seen, ..State::default() }),
@@ -267,6 +349,13 @@ impl File {
             opened_as: Stamp::of(&attr),
             closed_as: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The attributes of a file opened with no request that its MDT no longer has
+    /// (another mount removed it meanwhile), as the open found them, with no link left:
+    /// what `fstat` of it shows, as of a file open elsewhere when it was unlinked.
+    pub fn removed_attr(&self) -> Option<Attr> {
+        self.local.as_ref().map(|l| Attr { nlink: 0, ..l.attr })
     }
 
     /// The file's size, mtime and ctime as its open found them on the MDT.
@@ -359,8 +448,11 @@ impl File {
         self.size_hint.store(size, Ordering::Relaxed);
     }
 
-    /// This handle wrote up to `end`: the file is at least that long, and written now.
-    fn wrote(&self, st: &mut State, end: u64) {
+    /// This handle wrote `data` at `offset`: the file is at least that long, and written
+    /// now.
+    fn wrote(&self, st: &mut State, offset: u64, data: &[u8]) {
+        lock(&self.shared.image).wrote(offset, data);
+        let end = offset + data.len() as u64;
         self.set_size(st, st.size.max(end));
         st.written = true;
         self.written_at.fetch_max(now_ns(), Ordering::Relaxed);
@@ -388,7 +480,7 @@ impl File {
         let layout = self.layout_to_write(end).await?;
         layout.plan(offset, len, u64::MAX)?;
         self.forget_chunks();
-        self.wrote(&mut st, end);
+        self.wrote(&mut st, offset, data);
         let through =
             || write_range(&self.fs, &self.creds, self.handle, self.fid, &layout, offset, Bytes::copy_from_slice(data));
         if self.flags.direct || self.flags.sync {
@@ -463,7 +555,7 @@ impl File {
             wb.add(offset, data, Some(permit));
         }
         self.forget_chunks();
-        self.wrote(&mut st, end);
+        self.wrote(&mut st, offset, data);
         Some(data.len())
     }
 
@@ -502,7 +594,7 @@ impl File {
             self.forget_chunks();
             write_range(&self.fs, &self.creds, self.handle, self.fid, &layout, end, Bytes::copy_from_slice(data))
                 .await?;
-            self.wrote(st, to);
+            self.wrote(st, end, data);
             Ok(data.len())
         }
         .await;
@@ -619,6 +711,9 @@ impl File {
     /// has landed. `None`: it needs [`File::read`] (which the caller then runs; this one
     /// changes nothing).
     pub fn read_ready(&self, offset: u64, len: usize) -> Option<Vec<u8>> {
+        if let Some(out) = self.read_local(offset, len) {
+            return Some(out);
+        }
         let read_ahead = self.fs.inner.params.read_ahead_per_file.load(Ordering::Relaxed) > 0;
         if !self.flags.read || self.flags.direct || !read_ahead || self.may_be_dirty() {
             return None;
@@ -643,6 +738,34 @@ impl File {
         if !self.flags.read {
             return Err(Error::new(errno::EBADF, format!("{} is not open for reading", self.fid)));
         }
+        if let Some(out) = self.read_local(offset, len) {
+            return Ok(out);
+        }
+        match self.read_from_servers(offset, len).await {
+            // Opened with no request, it has no handle keeping it: another mount may have
+            // removed it since, and what it had was read.
+            Err(e) if self.local.is_some() && (e.errno == errno::ENOENT || e.errno == errno::ESTALE) => Ok(Vec::new()),
+            r => r,
+        }
+    }
+
+    /// A read of a file opened with no request, answered from the bytes it opened with
+    /// while no write or truncate here came since: within them, and past their end (none)
+    /// while the mount holds the lease (no other mount can have made the file longer).
+    fn read_local(&self, offset: u64, len: usize) -> Option<Vec<u8>> {
+        let Local { bytes, changes, .. } = self.local.as_ref()?;
+        if lock(&self.shared.image).changes != *changes || self.may_be_dirty() {
+            return None;
+        }
+        let n = bytes.len() as u64;
+        if offset >= n && !self.fs.attr_leased(self.fid) {
+            return None;
+        }
+        let (from, to) = (offset.min(n) as usize, offset.saturating_add(len as u64).min(n) as usize);
+        Some(bytes[from..to].to_vec())
+    }
+
+    async fn read_from_servers(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
         let mut st = self.st.lock().await;
         if self.may_be_dirty() {
             self.settle().await;
@@ -911,7 +1034,8 @@ impl File {
     /// is kept for replay after an MDS restart (the mount's own append locks are not: a
     /// restart voids a kept one, and the next append takes it again).
     async fn lock_as(&self, owner: u64, pid: u32, kind: u8, flags: u8, start: u64, end: u64) -> Result<()> {
-        let r = Request::Lock { fid: self.fid, handle: self.handle, owner, pid, kind, flags, start, end };
+        let handle = self.mds_handle().await?;
+        let r = Request::Lock { fid: self.fid, handle, owner, pid, kind, flags, start, end };
         loop {
             match self.fs.md(mdt_of(self.fid)?, &self.creds, &r, &[]).await {
                 Err(e) if flags & lock::WAIT != 0 && e.errno == errno::ETIMEDOUT => continue,
@@ -921,7 +1045,7 @@ impl File {
         }
         if flags & lock::APPEND == 0 {
             let new = lock::Held { owner: (), write: kind == lock::WRITE, start, end, pid };
-            self.fs.locked(self.fid, self.handle, owner, new, kind == lock::UNLOCK).await;
+            self.fs.locked(self.fid, handle, owner, new, kind == lock::UNLOCK).await;
         }
         Ok(())
     }
@@ -929,8 +1053,8 @@ impl File {
     /// What would conflict with a lock of `kind` over `start..=end` for `owner`
     /// (`F_GETLK`): the kind, range and pid of such a lock, or `None`.
     pub async fn test_lock(&self, owner: u64, kind: u8, start: u64, end: u64) -> Result<Option<(u8, u64, u64, u32)>> {
-        let r =
-            Request::Lock { fid: self.fid, handle: self.handle, owner, pid: 0, kind, flags: lock::TEST, start, end };
+        let handle = self.mds_handle().await?;
+        let r = Request::Lock { fid: self.fid, handle, owner, pid: 0, kind, flags: lock::TEST, start, end };
         match self.fs.md(mdt_of(self.fid)?, &self.creds, &r, &[]).await?.0 {
             Reply::Lock { kind: lock::UNLOCK, .. } => Ok(None),
             Reply::Lock { kind, start, end, pid } => Ok(Some((kind, start, end, pid))),
@@ -961,11 +1085,22 @@ impl File {
             self.fs.drop_writer(self.fid);
             self.fs.release_append(self.fid, Some(self.handle)).await;
         }
-        let closed = self.fs.md(mdt_of(self.fid)?, &self.creds, &Request::Close { handle: self.handle }, &[]).await;
+        // A file opened with no request has no handle to give back, unless it took one.
+        let handle = if self.local.is_some() { self.mds_handle.get().copied() } else { Some(self.handle) };
+        let Some(handle) = handle else { return r };
+        let closed = self.fs.md(mdt_of(self.fid)?, &self.creds, &Request::Close { handle }, &[]).await;
         if let Ok((Reply::Attr(a), _)) = &closed
             && a.fid == self.fid
         {
             let _ = self.closed_as.set(Stamp::of(a));
+            // The last writer here leaves the file as this mount wrote it from empty.
+            if r.is_ok()
+                && self.flags.write
+                && self.fs.writers_of(self.fid) == 0
+                && let Some(bytes) = lock(&self.shared.image).bytes(a.size)
+            {
+                self.keep_whole(a, &bytes);
+            }
         }
         r.and(closed.map(|_| ()))
     }
@@ -983,6 +1118,17 @@ impl Drop for File {
             self.fs.drop_writer(self.fid);
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        if self.local.is_some() {
+            // Opened for reading with no request: nothing dirty, and a handle only if it
+            // took one.
+            if let (Some(&handle), Ok(mdt)) = (self.mds_handle.get(), mdt_of(self.fid)) {
+                let (fs, creds) = (self.fs.clone(), self.creds.clone());
+                rt.spawn(async move {
+                    let _ = fs.md(mdt, &creds, &Request::Close { handle }, &[]).await;
+                });
+            }
+            return;
+        }
         let (fs, creds, fid, handle, layout) =
             (self.fs.clone(), self.creds.clone(), self.fid, self.handle, lock(&self.layout).clone());
         let shared = self.shared.clone();

@@ -27,6 +27,7 @@ use crate::leases::Leases;
 use crate::params::{Budget, Params, Tunables};
 use crate::statahead::{Fetch, Probe, Statahead, WAIT_MAX};
 use crate::striping::FileLayout;
+use crate::whole::WholeFiles;
 use nacre_proto::mdt::lease::Key as LeaseKey;
 
 /// Resends of one request of a mount before the program's call fails (see
@@ -114,6 +115,8 @@ pub(crate) struct Inner {
     sizing: Mutex<HashMap<Fid, Arc<tokio::sync::Mutex<()>>>>,
     /// Read-ahead chunks of the files open here, shared by each file's handles.
     pub(crate) caches: Caches,
+    /// Small files known whole, whose opens for reading need no request.
+    pub(crate) whole: WholeFiles,
     /// Attributes fetched ahead of numbered lookups.
     statahead: Statahead,
     /// Changes this mount sent to the MDTs, counted as each goes out and as it comes
@@ -273,6 +276,7 @@ impl FileSystem {
             locks: Mutex::new(HashMap::new()),
             sizing: Mutex::new(HashMap::new()),
             caches: Caches::default(),
+            whole: WholeFiles::default(),
             statahead: Statahead::default(),
             changes: AtomicU64::new(0),
             lock_keys: AtomicU64::new(0),
@@ -503,6 +507,8 @@ impl FileSystem {
                     dirs.remove(f);
                     layouts.remove(f);
                     stripes.remove(f);
+                    self.inner.whole.forget(*f);
+                    self.inner.caches.changed_elsewhere(*f);
                 }
             }
         }
@@ -1100,11 +1106,13 @@ impl FileSystem {
     /// Change attributes. A size change truncates (or extends) the file's OST objects
     /// too, after the MDT has checked and recorded it.
     pub async fn setattr(&self, c: &Creds, fid: Fid, s: SetAttr) -> Result<Attr> {
+        self.inner.whole.forget(fid);
         if s.mask & set::SIZE == 0 {
             return attr_of("setattr", self.md_at(fid, c, &Request::Setattr { fid, set: s }).await?);
         }
         let _still = self.size_guard(fid).await;
         let a = attr_of("setattr", self.md_at(fid, c, &Request::Setattr { fid, set: s }).await?)?;
+        self.inner.caches.resized(fid, s.size);
         if !mode::is_reg(a.mode) {
             return Ok(a);
         }
@@ -1358,6 +1366,17 @@ impl FileSystem {
         File::open(self.clone(), c, fid, flags).await
     }
 
+    /// [`FileSystem::open`] for a caller that has checked, itself, that `c` may open
+    /// `fid` so, against attributes this mount holds a lease on (a kernel mounting with
+    /// `default_permissions`): an open for reading of a small file this mount knows whole
+    /// is then answered here, with no request (see `whole`).
+    pub async fn open_permitted(&self, c: &Creds, fid: Fid, flags: OpenFlags) -> Result<File> {
+        match File::known_whole(self, c, fid, flags) {
+            Some(f) => Ok(f),
+            None => self.open(c, fid, flags).await,
+        }
+    }
+
     /// Open `name` in `dir`: the lookup and the open in one request (Lustre's open
     /// intent). A small file whose bytes are all on the MDT comes with them (DoM
     /// read-on-open), so reading it costs no further RPC.
@@ -1469,6 +1488,10 @@ impl FileSystem {
         if nacre_net::glob::glob(pattern, &ra) {
             out.push((ra, self.inner.caches.stats.render()));
         }
+        let whole = format!("llite.{}.whole_files", self.inner.fsname);
+        if nacre_net::glob::glob(pattern, &whole) {
+            out.push((whole, self.inner.whole.render()));
+        }
         out
     }
 
@@ -1490,6 +1513,9 @@ impl FileSystem {
             // As Lustre's: any write clears the counters.
             self.inner.caches.stats.clear();
             return Ok(());
+        }
+        if knob == "whole_files" {
+            return Err(Error::new(errno::EINVAL, "llite.*.whole_files counts what the mount keeps; it is not set"));
         }
         self.inner.params.set(knob, value).map_err(|m| Error::new(errno::EINVAL, m))?;
         if knob == "max_rpcs_in_flight" {

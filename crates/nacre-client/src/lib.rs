@@ -22,6 +22,7 @@ mod leases;
 pub mod params;
 mod statahead;
 pub mod striping;
+mod whole;
 
 pub use error::{Error, Result};
 pub use file::{File, OpenFlags, Stamp};

@@ -534,10 +534,12 @@ impl Shared {
     }
 
     /// Open `fid` for the kernel: as [`Shared::kernel_flags`] says, falling back to the
-    /// caller's own flags if reading is refused.
+    /// caller's own flags if reading is refused. The kernel checked the caller's
+    /// permission (`default_permissions`) against attributes it holds under this mount's
+    /// leases, so a small file the mount knows whole opens with no request.
     async fn open_file(&self, c: &Creds, fid: Fid, flags: OpenFlags) -> Result<File, Errno> {
         let k = self.kernel_flags(flags);
-        match self.fs.open(c, fid, k).await {
+        match self.fs.open_permitted(c, fid, k).await {
             Err(e) if e.errno == errno::EACCES && k != flags => {
                 self.fs.open(c, fid, OpenFlags { append: false, ..flags }).await.map_err(|e| err(&e))
             }
@@ -696,7 +698,16 @@ impl fuser::Filesystem for Nacre {
             let before = s.dirty_size(fid);
             let a = match s.fs.fresh_dir_attr(fid) {
                 Some(a) => a,
-                None => s.fs.getattr(&c, fid).await.map_err(|e| err(&e))?,
+                None => match s.fs.getattr(&c, fid).await {
+                    Ok(a) => a,
+                    // A file another mount removed while open here with no request (the
+                    // MDT keeps no orphan for a handle it never gave): as it was, with no
+                    // link. (`fstat` names no handle.)
+                    Err(e) if e.errno == libc::ENOENT || e.errno == libc::ESTALE => {
+                        s.handles_of(fid).iter().find_map(|f| f.removed_attr()).ok_or_else(|| err(&e))?
+                    }
+                    Err(e) => return Err(err(&e)),
+                },
             };
             let fa = s.file_attr_after(ino.0, &a, before);
             Ok(s.attr_answer(fid, fa))

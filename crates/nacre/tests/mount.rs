@@ -1034,6 +1034,86 @@ fn an_unchanged_file_is_read_again_from_the_kernels_pages_until_another_mount_ch
     let _ = Command::new("umount").arg("-l").arg(&second).status();
 }
 
+/// A small file this mount wrote, or read whole, opens again for reading with no request
+/// to the MDS while the mount holds its lease (its bytes are here). It reads as written;
+/// read through such an open after another mount unlinked it, it still reads as it was; a
+/// lock taken through it holds against the other mount; and a change from either mount
+/// is read at the next open.
+#[test]
+fn a_small_file_this_mount_knows_whole_opens_with_no_request_until_it_changes() {
+    let (fs, _mgs, second, _) = leased_pair("whole");
+    let (a, b) = (|n: &str| fs.mnt.join(n), |n: &str| second.join(n));
+    let data: Vec<u8> = (0..3901u32).map(|i| (i * 31 + i / 251) as u8).collect();
+    // The kernel releases a file after close(2) returns: the file is known whole (and
+    // leased to others) once the mount has served that release.
+    let write = |p: &Path, data: &[u8]| {
+        let closes = fs.mds_ops("close");
+        fs::write(p, data).unwrap();
+        let t = std::time::Instant::now();
+        while fs.mds_ops("close") == closes {
+            assert!(t.elapsed() < std::time::Duration::from_secs(10), "the written file was never released");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+    write(&a("f"), &data);
+    let asked = || fs.mds_ops("open") + fs.mds_ops("open_at") + fs.mds_ops("close") + fs.mds_ops("dom_read");
+    let before = asked();
+    for _ in 0..3 {
+        assert!(fs::read(a("f")).unwrap() == data, "the first mount read other bytes");
+    }
+    assert_eq!(asked(), before, "opens of a small file written here asked the MDS");
+
+    // Open here, then unlinked by the other mount: it reads as it was to the end.
+    let mut open = File::open(a("f")).unwrap();
+    fs::remove_file(b("f")).unwrap();
+    let mut got = Vec::new();
+    open.read_to_end(&mut got).unwrap();
+    assert!(got == data, "a file open here and unlinked elsewhere read other bytes");
+    let m = open.metadata().unwrap();
+    assert_eq!((m.len(), m.nlink()), (3901, 0), "fstat of a file open here and unlinked elsewhere");
+    drop(open);
+    assert_eq!(fs::metadata(a("f")).map_err(|e| e.raw_os_error()).err(), Some(Some(libc::ENOENT)));
+
+    // Read whole by the second mount: its next opens ask nothing either; a lock taken
+    // through such an open holds against the first mount until it closes.
+    write(&a("g"), &data);
+    assert!(fs::read(b("g")).unwrap() == data, "the second mount read other bytes");
+    let before = asked();
+    assert!(fs::read(b("g")).unwrap() == data);
+    assert_eq!(asked(), before, "the second open of a file read whole asked the MDS");
+    let flock = |f: &File, how: i32| {
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a descriptor this test owns.
+        if unsafe { libc::flock(f.as_raw_fd(), how) } == 0 {
+            Ok(())
+        } else {
+            Err(errno(std::io::Error::last_os_error()))
+        }
+    };
+    let held = File::open(b("g")).unwrap();
+    flock(&held, libc::LOCK_EX | libc::LOCK_NB).unwrap();
+    let other = File::open(a("g")).unwrap();
+    assert_eq!(flock(&other, libc::LOCK_EX | libc::LOCK_NB), Err(libc::EWOULDBLOCK), "the lock did not hold");
+    drop(held);
+    let t = std::time::Instant::now();
+    while flock(&other, libc::LOCK_EX | libc::LOCK_NB).is_err() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "the lock outlived its holder's close");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    drop(other);
+
+    // Changed by the first mount (same size), then by the second: each reads the other's.
+    let mut changed = data.clone();
+    changed[100..107].copy_from_slice(b"changed");
+    fs::OpenOptions::new().write(true).open(a("g")).unwrap().write_all_at(b"changed", 100).unwrap();
+    assert!(fs::read(b("g")).unwrap() == changed, "the second mount read its old bytes after a change");
+    assert!(fs::read(a("g")).unwrap() == changed, "the first mount read other bytes after its own change");
+    changed[200..206].copy_from_slice(b"second");
+    fs::OpenOptions::new().write(true).open(b("g")).unwrap().write_all_at(b"second", 200).unwrap();
+    assert!(fs::read(a("g")).unwrap() == changed, "the first mount read its old bytes after a change");
+    let _ = Command::new("umount").arg("-l").arg(&second).status();
+}
+
 /// Two mounts with leases: what the second caches (stats answered by the kernel, no
 /// request) it drops the moment the first changes it — a chmod, a write closed, a rename,
 /// an unlink, a name made where a lookup found none, an ACL — each seen on the very next
