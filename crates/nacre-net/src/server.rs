@@ -1189,16 +1189,17 @@ impl Shared {
     fn prune(&self, s: &mut Slots, _export: &Export) {
         let acked = s.acked;
         let mut freed = 0;
-        let mut dropped = 0;
-        s.map.retain(|&xid, slot| {
-            let keep = xid >= acked || matches!(slot, Slot::Running { .. });
-            if !keep {
-                freed += cached_bytes(slot);
-                dropped += 1;
+        // Only what is below `acked` (a long request still running there, such as a
+        // callback poll, keeps the xids after it above `acked`: the whole map is not
+        // walked for every request).
+        let gone: Vec<u64> =
+            s.map.range(..acked).filter(|(_, slot)| !matches!(slot, Slot::Running { .. })).map(|(&x, _)| x).collect();
+        for xid in gone {
+            if let Some(slot) = s.map.remove(&xid) {
+                freed += cached_bytes(&slot);
+                s.done -= 1;
             }
-            keep
-        });
-        s.done -= dropped;
+        }
         while s.done > self.cfg.reply_cache_max {
             let oldest = s.map.iter().find(|(_, v)| !matches!(v, Slot::Running { .. })).map(|(k, _)| *k);
             let Some(k) = oldest else { break };

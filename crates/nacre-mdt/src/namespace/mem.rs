@@ -178,6 +178,8 @@ pub struct Mem {
     pub xattrs: BTreeMap<(u128, Box<str>), Box<[u8]>>,
     pub orphans: BTreeSet<u128>,
     pub replies: BTreeMap<(u64, u64), Box<[u8]>>,
+    /// How many of `replies` each client has (a client with none is not here).
+    pub reply_counts: HashMap<u64, usize>,
     /// Layouts ([`nacre_proto::layout::Layout::encode`]), each kept once however many
     /// files have it.
     shared_layouts: HashSet<Arc<[u8]>>,
@@ -674,8 +676,21 @@ impl Mem {
             }
             Op::Reply(c, x, v) => {
                 add = len_of(&v);
+                let put = v.is_some();
                 let old = swap!(self.replies, (c, x), v);
                 sub = len_of(&old);
+                match (put, old.is_some()) {
+                    (true, false) => *self.reply_counts.entry(c).or_default() += 1,
+                    (false, true) => {
+                        if let Some(n) = self.reply_counts.get_mut(&c) {
+                            *n -= 1;
+                            if *n == 0 {
+                                self.reply_counts.remove(&c);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
                 Op::Reply(c, x, old)
             }
             Op::Layout(k, v) => {
@@ -961,6 +976,27 @@ mod tests {
 
     fn ent(dir: u128, hash: u64, name: &str, to: Option<(u128, u32)>) -> Op {
         Op::Dirent { dir, hash, name: name.into(), to }
+    }
+
+    #[test]
+    fn reply_records_are_counted_per_client_through_puts_removals_and_undo() {
+        let mut m = Mem::default();
+        let rec = || Some(b"r".to_vec().into_boxed_slice());
+        let counted = |m: &Mem, c: u64| m.replies.range((c, 0)..=(c, u64::MAX)).count();
+        let mut undo = Vec::new();
+        for (c, x) in [(1, 1), (1, 2), (2, 1), (1, 2), (1, 3)] {
+            undo.push(m.apply(Op::Reply(c, x, rec())));
+        }
+        undo.push(m.apply(Op::Reply(1, 1, None)));
+        undo.push(m.apply(Op::Reply(3, 1, None)));
+        for c in [1, 2, 3] {
+            assert_eq!(m.reply_counts.get(&c).copied().unwrap_or(0), counted(&m, c), "client {c}");
+        }
+        assert_eq!(m.reply_counts.get(&1), Some(&2), "a record put twice counts once");
+        for u in undo.into_iter().rev() {
+            m.undo(u);
+        }
+        assert!(m.replies.is_empty() && m.reply_counts.is_empty(), "undone, nothing is counted");
     }
 
     #[test]
