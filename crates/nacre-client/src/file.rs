@@ -468,9 +468,20 @@ impl File {
         if data.is_empty() {
             return Ok(0);
         }
-        if self.flags.append {
-            return self.append(&mut st, data).await;
+        let r = if self.flags.append {
+            self.append(&mut st, data).await
+        } else {
+            self.write_at(&mut st, offset, data).await
+        };
+        if r.is_err() {
+            // Whatever of it reached the servers, this mount no longer knows the file's bytes.
+            lock(&self.shared.image).unknown();
         }
+        r
+    }
+
+    /// [`File::write`] of a write that is not an append.
+    async fn write_at(&self, st: &mut State, offset: u64, data: &[u8]) -> Result<usize> {
         let len = data.len() as u64;
         let end = offset.checked_add(len).filter(|&e| e <= FILE_SIZE_MAX).ok_or_else(|| {
             Error::new(errno::EFBIG, format!("a write of {len} bytes at {offset} passes the largest file size"))
@@ -480,11 +491,11 @@ impl File {
         let layout = self.layout_to_write(end).await?;
         layout.plan(offset, len, u64::MAX)?;
         self.forget_chunks();
-        self.wrote(&mut st, offset, data);
+        self.wrote(st, offset, data);
         let through =
             || write_range(&self.fs, &self.creds, self.handle, self.fid, &layout, offset, Bytes::copy_from_slice(data));
         if self.flags.direct || self.flags.sync {
-            self.flush(&mut st).await?;
+            self.flush(st).await?;
             through().await?;
             // The OSTs answer small writes before they commit them.
             self.commit_osts(&layout, offset, len).await?;
@@ -505,7 +516,7 @@ impl File {
             permit = budget.try_take(len);
         }
         if permit.is_none() {
-            self.flush(&mut st).await?;
+            self.flush(st).await?;
             permit = budget.try_take(len);
         }
         if permit.is_none() {
@@ -525,7 +536,7 @@ impl File {
                 }
                 // It overwrites bytes still dirty (this handle's or another's): send
                 // those first, so the order holds.
-                None => self.flush(&mut st).await?,
+                None => self.flush(st).await?,
             }
         }
     }
@@ -1097,6 +1108,7 @@ impl File {
             if r.is_ok()
                 && self.flags.write
                 && self.fs.writers_of(self.fid) == 0
+                && lock(&self.shared.behind).errors() == 0
                 && let Some(bytes) = lock(&self.shared.image).bytes(a.size)
             {
                 self.keep_whole(a, &bytes);
