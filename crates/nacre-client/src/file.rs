@@ -202,6 +202,8 @@ pub struct File {
     opened_as: Stamp,
     /// See [`File::closed_as`].
     closed_as: std::sync::OnceLock<Stamp>,
+    /// See [`File::closed_whole`].
+    closed_whole: std::sync::OnceLock<Bytes>,
 }
 
 impl File {
@@ -273,13 +275,16 @@ impl File {
 
     /// Keep `bytes` as all of the file, `attr` as its MDT has it, if it lives on its MDT
     /// alone and the mount holds the lease on it.
-    fn keep_whole(&self, attr: &Attr, bytes: &Bytes) {
-        let Some(layout) = self.known_layout().filter(|l| l.no_objects()) else { return };
+    /// Returns whether it did.
+    fn keep_whole(&self, attr: &Attr, bytes: &Bytes) -> bool {
+        let Some(layout) = self.known_layout().filter(|l| l.no_objects()) else { return false };
         let _gate = self.fs.lease_gate();
-        if self.fs.attr_leased(self.fid) {
+        let leased = self.fs.attr_leased(self.fid);
+        if leased {
             let w = crate::whole::Whole { attr: *attr, layout, bytes: bytes.clone() };
             self.fs.inner.whole.keep(w);
         }
+        leased
     }
 
     /// The file's handle on its MDT: for one opened with no request, one opened for
@@ -348,6 +353,7 @@ impl File {
             closed: AtomicBool::new(false),
             opened_as: Stamp::of(&attr),
             closed_as: std::sync::OnceLock::new(),
+            closed_whole: std::sync::OnceLock::new(),
         }
     }
 
@@ -356,6 +362,12 @@ impl File {
     /// what `fstat` of it shows, as of a file open elsewhere when it was unlinked.
     pub fn removed_attr(&self) -> Option<Attr> {
         self.local.as_ref().map(|l| Attr { nlink: 0, ..l.attr })
+    }
+
+    /// All of the file's bytes as this handle's close left it, if the close made the
+    /// mount know it whole (see `whole`).
+    pub fn closed_whole(&self) -> Option<Bytes> {
+        self.closed_whole.get().cloned()
     }
 
     /// The file's size, mtime and ctime as its open found them on the MDT.
@@ -1110,8 +1122,9 @@ impl File {
                 && self.fs.writers_of(self.fid) == 0
                 && lock(&self.shared.behind).errors() == 0
                 && let Some(bytes) = lock(&self.shared.image).bytes(a.size)
+                && self.keep_whole(a, &bytes)
             {
-                self.keep_whole(a, &bytes);
+                let _ = self.closed_whole.set(bytes);
             }
         }
         r.and(closed.map(|_| ()))

@@ -139,9 +139,11 @@ pub fn mount(
         absent: AbsentXattrs::default(),
         lockers: Mutex::new(std::collections::HashSet::new()),
         pages: KeptPages::default(),
+        notifier: std::sync::OnceLock::new(),
     });
     let nacre = Nacre { shared: shared.clone(), rt: rt.clone(), serving_here: AtomicUsize::new(0) };
     let session = fuser::spawn_mount(nacre, mountpoint, &c)?;
+    let _ = shared.notifier.set(session.notifier());
     if leases {
         let (weak, notifier) = (Arc::downgrade(&shared), session.notifier());
         let _rt = rt.enter();
@@ -174,6 +176,8 @@ struct Shared {
     /// closes cost no request.
     lockers: Mutex<std::collections::HashSet<(Fid, u64)>>,
     pages: KeptPages,
+    /// The session's, to hand the kernel a small file's last page (see `release`).
+    notifier: std::sync::OnceLock<fuser::Notifier>,
 }
 
 /// Files whose pages the kernel may keep from one open to the next (`FOPEN_KEEP_CACHE`),
@@ -224,13 +228,17 @@ impl KeptPages {
 
     /// A handle that wrote `fid` through the kernel's pages closed, leaving the file as
     /// `stamp` (`None`: the MDS did not say). Call under the lease gate, with `leased`
-    /// read under it.
-    fn written(&self, fid: Fid, stamp: Option<Stamp>, leased: bool) {
+    /// read under it. Returns whether the pages are vouched for.
+    fn written(&self, fid: Fid, stamp: Option<Stamp>, leased: bool) -> bool {
         let mut k = lock(&self.files);
         match stamp {
-            Some(stamp) if leased && !k.around.contains(&fid) => k.remember(fid, stamp),
+            Some(stamp) if leased && !k.around.contains(&fid) => {
+                k.remember(fid, stamp);
+                true
+            }
             _ => {
                 k.stamps.remove(&fid);
+                false
             }
         }
     }
@@ -305,6 +313,9 @@ impl AbsentXattrs {
         }
     }
 }
+
+/// The kernel's page size (what a write in part of a page leaves it unable to use).
+const PAGE_BYTES: usize = 4096;
 
 /// What the kernel asks of every file before each write.
 const CAPS_XATTR: &str = "security.capability";
@@ -1116,8 +1127,22 @@ impl fuser::Filesystem for Nacre {
             if f.flags().write && s.cfg.leases {
                 // What it wrote went through the kernel's pages (unless it wrote around
                 // them): they hold the file as the close left it.
-                let _gate = s.fs.lease_gate();
-                s.pages.written(fid, f.closed_as(), s.fs.attr_leased(fid));
+                let vouched = {
+                    let _gate = s.fs.lease_gate();
+                    s.pages.written(fid, f.closed_as(), s.fs.attr_leased(fid))
+                };
+                // All but a last page written in part: a small file the mount now knows
+                // whole has it stored too, so the next open here reads nothing (a
+                // 3,901-byte file is otherwise read once, for that page). Should the lease
+                // go meanwhile, the next open drops the pages anyway.
+                if vouched
+                    && let (Some(bytes), Some(ino), Some(n)) =
+                        (f.closed_whole(), s.inodes.ino_of(fid), s.notifier.get())
+                    && bytes.len() % PAGE_BYTES != 0
+                {
+                    let last = bytes.len() / PAGE_BYTES * PAGE_BYTES;
+                    let _ = n.store(INodeNo(ino), last as u64, &bytes[last..]);
+                }
             }
             let this = Arc::as_ptr(&f);
             drop(f);
