@@ -210,16 +210,19 @@ impl File {
     pub(crate) async fn open(fs: FileSystem, c: &Creds, fid: Fid, flags: OpenFlags) -> Result<File> {
         let mdt = mdt_of(fid)?;
         let r = Request::Open { fid, read: flags.read, write: flags.write, dom_read: read_on_open(&fs, flags) };
+        let changes = fs.change_count();
         let (reply, first) = fs.md(mdt, c, &r, &[]).await?;
         let Reply::Opened { handle, attr, layout, objects, .. } = reply else {
             return Err(Error::protocol("open", "the MDS did not answer with a handle"));
         };
         let layout = fs.sent_layout(attr.fid, &layout, objects)?;
-        File::answered(fs, c, handle, attr, layout, flags, &first).await
+        File::answered(fs, c, handle, attr, layout, flags, &first, changes).await
     }
 
     /// The file an MDT opened as `handle` for an open by FID or by name, with its bytes
     /// if it sent them (DoM read-on-open): a regular file, cut if O_TRUNC asked.
+    /// `changes`: [`FileSystem::change_count`] before the open was sent.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn answered(
         fs: FileSystem,
         c: &Creds,
@@ -228,6 +231,7 @@ impl File {
         layout: Option<Arc<FileLayout>>,
         flags: OpenFlags,
         first: &[u8],
+        changes: u64,
     ) -> Result<File> {
         if !mode::is_reg(attr.mode) {
             let _ = fs.md(mdt_of(attr.fid)?, c, &Request::Close { handle }, &[]).await;
@@ -243,7 +247,9 @@ impl File {
             f.set_len(0).await?;
         } else if !first.is_empty() {
             let bytes = Bytes::copy_from_slice(first);
-            if !flags.write && bytes.len() as u64 == attr.size {
+            // Known whole unless a change of this mount's went out or came back meanwhile
+            // (a truncate here may have come after the bytes the MDT read).
+            if !flags.write && bytes.len() as u64 == attr.size && f.fs.change_count() == changes {
                 f.keep_whole(&attr, &bytes);
             }
             f.prime(bytes);

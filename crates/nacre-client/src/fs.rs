@@ -1113,6 +1113,8 @@ impl FileSystem {
         let _still = self.size_guard(fid).await;
         let a = attr_of("setattr", self.md_at(fid, c, &Request::Setattr { fid, set: s }).await?)?;
         self.inner.caches.resized(fid, s.size);
+        // What an open that read the file before the truncate kept meanwhile.
+        self.inner.whole.forget(fid);
         if !mode::is_reg(a.mode) {
             return Ok(a);
         }
@@ -1361,6 +1363,13 @@ impl FileSystem {
         Ok(out)
     }
 
+    /// Changes this mount has sent and had answered, counted at each (see
+    /// `Inner::changes`): equal before and after a read, none went out or came back
+    /// meanwhile.
+    pub(crate) fn change_count(&self) -> u64 {
+        self.inner.changes.load(Ordering::Acquire)
+    }
+
     /// Open `fid`; `flags` as open(2)'s access mode, O_APPEND and O_TRUNC.
     pub async fn open(&self, c: &Creds, fid: Fid, flags: OpenFlags) -> Result<File> {
         File::open(self.clone(), c, fid, flags).await
@@ -1382,6 +1391,7 @@ impl FileSystem {
     /// read-on-open), so reading it costs no further RPC.
     pub async fn open_at(&self, c: &Creds, dir: Fid, name: &str, flags: OpenFlags) -> Result<File> {
         let dom_read = crate::file::read_on_open(self, flags);
+        let changes = self.change_count();
         let (reply, first) = self
             .by_name(c, dir, name, |at| {
                 let r =
@@ -1392,7 +1402,7 @@ impl FileSystem {
         match reply {
             Reply::Opened { handle, attr, layout, objects, .. } => {
                 let layout = self.sent_layout(attr.fid, &layout, objects)?;
-                File::answered(self.clone(), c, handle, attr, layout, flags, &first).await
+                File::answered(self.clone(), c, handle, attr, layout, flags, &first, changes).await
             }
             // The inode is on another MDT: open it there.
             Reply::Attr(a) => self.open(c, a.fid, flags).await,
