@@ -1157,3 +1157,88 @@ async fn writes_taken_at_once_land_and_the_rest_are_left_to_the_full_path() {
     assert!(h.read(0, 400_000).await.unwrap() == data, "every byte, from another mount");
     h.close().await.unwrap();
 }
+
+/// A mount taking leases opens a small file it wrote whole, or read whole, for reading
+/// with no request to the MDT (`open_permitted`), and reads what was written; a truncate or
+/// an open for writing here makes the next open ask the MDT, which then reads what the
+/// file holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_file_known_whole_opens_with_no_request_until_this_mount_changes_it() {
+    let t = TestFs::start(1, 1).await;
+    // Leases even on what was just changed, so each step runs under one.
+    t.local.mdses()[0].set_param("mdt.mdt0.lease_contended_ms", "0").unwrap();
+    let fs = t.mount("c1").await;
+    fs.start_leases(Arc::new(|_| {}));
+    let c = Creds::default();
+    let dom = lfs("-E 64K -L mdt -E eof -c 1");
+    // Grants count once the callback channel is up: until then a create takes no lease.
+    let probe = fs.create(&c, Fid::ROOT, "probe", 0o644, None).await.unwrap();
+    let started = std::time::Instant::now();
+    while !fs.attr_leased(probe.fid) {
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "no lease was ever granted");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        fs.getattr(&c, probe.fid).await.unwrap();
+    }
+    let body = pattern(41, 3901);
+    let a = fs.create(&c, Fid::ROOT, "small", 0o644, Some(&dom)).await.unwrap();
+    let f = fs.open(&c, a.fid, OpenFlags::WRITE).await.unwrap();
+    write_in(&f, 0, &body, &[1000, 901, 2000]).await;
+    f.close().await.unwrap();
+    // Its handles gone, this mount keeps no image of the file (the writes below start
+    // from what the MDT has).
+    drop(f);
+    let opens = || md_ops(&t, 0, "open") + md_ops(&t, 0, "close") + md_ops(&t, 0, "dom_read");
+    let read_fid = |fid: Fid, want: Vec<u8>| {
+        let fs = fs.clone();
+        async move {
+            let f = fs.open_permitted(&Creds::default(), fid, OpenFlags::READ).await.unwrap();
+            let got = f.read(0, 8192).await.unwrap();
+            f.close().await.unwrap();
+            assert!(got == want, "read {} bytes, not the {} written", got.len(), want.len());
+        }
+    };
+    let read = |want: Vec<u8>| read_fid(a.fid, want);
+    let before = opens();
+    read(body.clone()).await;
+    read(body.clone()).await;
+    assert_eq!(opens(), before, "a file written whole here asked the MDT to be read");
+    assert!(fs.get_param("llite.*.whole_files")[0].1.contains("opens_answered 2"));
+
+    // Cut here: the next open asks the MDT and reads the cut file; it knows it whole then.
+    fs.setattr(&c, a.fid, SetAttr { mask: set::SIZE, size: 100, ..SetAttr::default() }).await.unwrap();
+    let before = opens();
+    read(body[..100].to_vec()).await;
+    assert!(opens() > before, "the open after a truncate did not ask the MDT");
+    let before = opens();
+    read(body[..100].to_vec()).await;
+    assert_eq!(opens(), before, "a file read whole asked the MDT again");
+
+    // Written in the middle through a handle opened here, with no image of the file to
+    // write into: asked again, read as written.
+    let f = fs.open(&c, a.fid, OpenFlags::WRITE).await.unwrap();
+    f.write(10, b"changed").await.unwrap();
+    f.close().await.unwrap();
+    let mut want = body[..100].to_vec();
+    want[10..17].copy_from_slice(b"changed");
+    let before = opens();
+    read(want).await;
+    assert!(opens() > before, "the open after a write here did not ask the MDT");
+
+    // While a handle of its first writer lives here, the mount's image of the file does
+    // too: a truncate and a later writer's bytes go into it, and that writer's close
+    // makes the file known whole again.
+    let b = fs.create(&c, Fid::ROOT, "imaged", 0o644, Some(&dom)).await.unwrap();
+    let first = fs.open(&c, b.fid, OpenFlags::WRITE).await.unwrap();
+    write_in(&first, 0, &body, &[4096]).await;
+    first.close().await.unwrap();
+    fs.setattr(&c, b.fid, SetAttr { mask: set::SIZE, size: 100, ..SetAttr::default() }).await.unwrap();
+    let second = fs.open(&c, b.fid, OpenFlags::WRITE).await.unwrap();
+    second.write(10, b"changed").await.unwrap();
+    second.close().await.unwrap();
+    let before = opens();
+    let mut want = body[..100].to_vec();
+    want[10..17].copy_from_slice(b"changed");
+    read_fid(b.fid, want).await;
+    assert_eq!(opens(), before, "the file this mount wrote, cut and wrote again asked the MDT to be read");
+    drop(first);
+}
