@@ -170,18 +170,20 @@ impl Caches {
 
     /// `fid` was cut or extended to `size` bytes through this mount.
     pub(crate) fn resized(&self, fid: Fid, size: u64) {
-        let s = lock(&self.files).get(&fid).and_then(Weak::upgrade);
-        if let Some(s) = s {
-            lock(&s.image).resized(size);
-        }
+        self.with_image(fid, |i| i.resized(size));
     }
 
     /// `fid` changed, or will, where this mount does not see it: the image its handles
     /// here were writing is no longer the file.
     pub(crate) fn changed_elsewhere(&self, fid: Fid) {
+        self.with_image(fid, Image::unknown);
+    }
+
+    /// Apply `f` to the image of `fid`'s handles here, if any is open.
+    fn with_image(&self, fid: Fid, f: impl FnOnce(&mut Image)) {
         let s = lock(&self.files).get(&fid).and_then(Weak::upgrade);
         if let Some(s) = s {
-            lock(&s.image).unknown();
+            f(&mut lock(&s.image));
         }
     }
 }

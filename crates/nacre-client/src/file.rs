@@ -273,9 +273,9 @@ impl File {
         };
         let handle = LOCAL_HANDLES.fetch_add(1, Ordering::Relaxed);
         let mut f = File::opened(fs.clone(), c, handle, w.attr, Some(w.layout), flags);
+        // Its reads are answered from `local`, not from the file's chunks.
         let changes = lock(&f.shared.image).changes;
-        f.local = Some(Local { attr: w.attr, bytes: w.bytes.clone(), changes });
-        f.prime(w.bytes);
+        f.local = Some(Local { attr: w.attr, bytes: w.bytes, changes });
         Some(f)
     }
 
