@@ -1017,7 +1017,7 @@ impl Namespace {
                 if let Some(k) = key
                     && !r.as_ref().is_err_and(|e| e.errno == NEEDS_COORDINATION)
                 {
-                    first = !tx.m().reply_counts.contains_key(&k.client);
+                    first = tx.m().reply_count(k.client) == 0;
                     tx.put_reply(k.client, k.xid, &Stored { digest: k.digest, answer: r.clone() }.encode())?;
                     self.prune_replies(&tx, k)?;
                 }
@@ -1185,8 +1185,7 @@ impl Namespace {
                 m.replies.range((k.client, 0)..(k.client, k.acked_below)).map(|(key, _)| key.1).collect();
             // Counted, not walked: a client's oldest request still waiting (a callback
             // poll) can keep a thousand records above it.
-            let all = m.reply_counts.get(&k.client).copied().unwrap_or(0);
-            let kept = all.saturating_sub(old.len());
+            let kept = m.reply_count(k.client).saturating_sub(old.len());
             (old, kept)
         };
         // Another MDT's steps are kept until it says their intents ended: dropping one

@@ -1189,9 +1189,9 @@ impl Shared {
     fn prune(&self, s: &mut Slots, _export: &Export) {
         let acked = s.acked;
         let mut freed = 0;
-        // Only what is below `acked` (a long request still running there, such as a
-        // callback poll, keeps the xids after it above `acked`: the whole map is not
-        // walked for every request).
+        // Only what is below `acked` is looked at: a long request still running (a
+        // callback poll) holds `acked` at its xid, so the replies after it stay, and
+        // walking the whole map for every request would cost more each time.
         let gone: Vec<u64> =
             s.map.range(..acked).filter(|(_, slot)| !matches!(slot, Slot::Running { .. })).map(|(&x, _)| x).collect();
         for xid in gone {

@@ -908,6 +908,11 @@ impl Mem {
     }
 
     /// The entry `name` of `dir`: its child and type.
+    /// Reply records kept for `client` (counted as they are put and removed).
+    pub fn reply_count(&self, client: u64) -> usize {
+        self.reply_counts.get(&client).copied().unwrap_or(0)
+    }
+
     pub fn entry(&self, dir: u128, hash: u64, name: &str) -> Option<(u128, u32)> {
         find(self.dirs.get(&dir)?.get(&hash), name).map(|e| (e.child, e.kind))
     }
@@ -990,7 +995,7 @@ mod tests {
         undo.push(m.apply(Op::Reply(1, 1, None)));
         undo.push(m.apply(Op::Reply(3, 1, None)));
         for c in [1, 2, 3] {
-            assert_eq!(m.reply_counts.get(&c).copied().unwrap_or(0), counted(&m, c), "client {c}");
+            assert_eq!(m.reply_count(c), counted(&m, c), "client {c}");
         }
         assert_eq!(m.reply_counts.get(&1), Some(&2), "a record put twice counts once");
         for u in undo.into_iter().rev() {

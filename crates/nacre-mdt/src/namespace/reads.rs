@@ -211,6 +211,6 @@ impl Namespace {
 
     /// Reply records kept for `client`.
     pub fn reply_records(&self, client: u64) -> Result<usize> {
-        Ok(read(&self.mem).reply_counts.get(&client).copied().unwrap_or(0))
+        Ok(read(&self.mem).reply_count(client))
     }
 }
