@@ -123,10 +123,14 @@ impl Transport for TcpTransport {
     }
 }
 
+/// Bytes a socket's reader takes from the kernel at once.
+const READ_BUFFER_BYTES: usize = 4 << 10;
+
 fn tcp_stream(s: TcpStream) -> io::Result<Stream> {
     s.set_nodelay(true)?;
     let (local, peer) = (Nid::Tcp(s.local_addr()?), Nid::Tcp(s.peer_addr()?));
     let (r, w) = s.into_split();
+    let r = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, r);
     Ok(Stream { read: Box::new(r), write: Box::new(w), local, peer, reader: None })
 }
 
