@@ -145,6 +145,21 @@ async fn start_at(net: &MemNetwork, toy: &Toy, recovering: bool, soft_ms: u64, a
     panic!("the stopped server still listens");
 }
 
+/// Stop a server as a crash does: it serves nothing more. Dropping it only asks its tasks
+/// to stop; a connection task that has already read a request could still apply and
+/// answer it, so wait until the last of them has ended.
+async fn crash(server: Server) {
+    let handle = server.handle();
+    drop(server);
+    for _ in 0..500 {
+        if handle.stats().is_none() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the stopped server still runs after 5 s");
+}
+
 async fn put(i: &Import, v: &str) -> u64 {
     i.call(OP_PUT, v.as_bytes(), &[]).await.unwrap().header.transno
 }
@@ -175,7 +190,7 @@ async fn replays_rebuild_every_answered_change_in_transno_order() {
     }
     assert_eq!((a.uncommitted(), b.uncommitted()), (2, 2));
     let answered = toy.values();
-    drop(server);
+    crash(server).await;
     toy.crash();
     assert_eq!(strs(toy.values()), ["a1", "b0"]);
     let server = start(&net, &toy, true, 5_000).await;
@@ -208,7 +223,7 @@ async fn an_import_follows_its_server_to_a_new_address_and_replays_there() {
         put(&a, v).await;
     }
     assert_eq!(a.uncommitted(), 2);
-    drop(server);
+    crash(server).await;
     toy.crash();
     let in_flight = {
         let a = a.clone();
@@ -244,7 +259,7 @@ async fn an_idle_import_reconnects_and_replays_as_soon_as_its_server_moves() {
     put(&a, "a1").await;
     a.commit().await.unwrap();
     put(&a, "a2").await;
-    drop(server);
+    crash(server).await;
     toy.crash();
     let moved: Nid = "mds1@mem".parse().unwrap();
     let server = start_at(&net, &toy, true, 60_000, &moved).await;
@@ -273,7 +288,7 @@ async fn a_client_that_does_not_come_back_is_evicted_and_the_others_finish() {
     a.commit().await.unwrap();
     put(&b, "b2").await;
     put(&a, "a2").await;
-    drop(server);
+    crash(server).await;
     toy.crash();
     let server = start(&net, &toy, true, 400).await;
     // Only a comes back: its replay waits for b (transno 3 may still come), then the
@@ -302,7 +317,7 @@ async fn new_clients_wait_for_recovery_and_the_replay_list_stays_bounded() {
         assert!(a.uncommitted() <= 4, "past replay_max the client asks for a commit");
     }
     assert!(a.stats().commits >= 2);
-    drop(server);
+    crash(server).await;
     toy.crash();
     let durable = toy.values().len();
     assert!(durable >= 8, "{durable}: the commits made most of them durable");
@@ -394,7 +409,7 @@ async fn in_flight_requests_go_again_to_a_restarted_server_and_fail_after_an_evi
     let a = client.connect(&nid()).await.unwrap();
     put(&a, "a1").await;
     a.commit().await.unwrap();
-    drop(server);
+    crash(server).await;
     let in_flight = {
         let a = a.clone();
         tokio::spawn(async move { a.call(OP_PUT, b"a2", &[]).await.map(|f| f.header.transno) })
