@@ -511,7 +511,7 @@ impl Mds {
         self.serve_known(req)
     }
 
-    /// [`Mds::serve`] for a request whose client is known (or needs not be).
+    /// [`Mds::serve`] for a request whose client is known (or need not be).
     fn serve_known(self: &Arc<Self>, req: Incoming) -> BoxFuture<'static, Reply> {
         let mds = self.clone();
         match req.header.opcode {

@@ -907,12 +907,12 @@ impl Mem {
         l
     }
 
-    /// The entry `name` of `dir`: its child and type.
     /// Reply records kept for `client` (counted as they are put and removed).
     pub fn reply_count(&self, client: u64) -> usize {
         self.reply_counts.get(&client).copied().unwrap_or(0)
     }
 
+    /// The entry `name` of `dir`: its child and type.
     pub fn entry(&self, dir: u128, hash: u64, name: &str) -> Option<(u128, u32)> {
         find(self.dirs.get(&dir)?.get(&hash), name).map(|e| (e.child, e.kind))
     }
