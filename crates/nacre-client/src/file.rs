@@ -997,15 +997,18 @@ impl File {
         }
         self.fs.commit_fid(self.fid).await
     }
-
-    /// Ask each of `osts` (once) to commit everything it answered, and wait.
+    /// Ask each of `osts` (once, all at the same time) to commit everything it answered,
+    /// and wait for them all: a commit waits on its drives' flushes, and one OST's need
+    /// not wait for another's (an fsync of a file striped over two OSTs took the sum).
     async fn sync_osts(&self, mut osts: Vec<u32>) -> Result<()> {
         osts.sort_unstable();
         osts.dedup();
+        let mut set = tokio::task::JoinSet::new();
         for o in osts {
-            self.fs.ost_call(o, &ost::Request::Sync { target: 0 }, &[]).await?;
+            let fs = self.fs.clone();
+            set.spawn(async move { fs.ost_call(o, &ost::Request::Sync { target: 0 }, &[]).await });
         }
-        Ok(())
+        all(set, "sync").await.map(|_| ())
     }
 
     /// Wait until the targets holding `[offset, offset + len)` (OSTs, and the MDT for

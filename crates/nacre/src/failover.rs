@@ -273,6 +273,12 @@ pub fn run(o: &FailoverOptions, out: &mut dyn Write) -> Result<serde_json::Value
     }))
 }
 
+/// The last `n` lines of `text`.
+fn tail(text: &str, n: usize) -> &str {
+    let cut = text.trim_end().rmatch_indices('\n').nth(n.saturating_sub(1)).map_or(0, |(i, _)| i + 1);
+    &text[cut..]
+}
+
 /// When each event began, and whether node b stepped down on waking.
 struct Events {
     move_at: Instant,
@@ -289,7 +295,13 @@ fn events(o: &FailoverOptions, pair: &BenchFs, out: &mut dyn Write) -> Result<Ev
     for args in [&["failover", "MDT0"][..], &["failback"][..]] {
         let m = BenchFs::nacre()?.args(args).arg("--data").arg(&pair.data).output()?;
         if !m.status.success() {
-            return Err(format!("nacre {}: {}", args.join(" "), String::from_utf8_lossy(&m.stderr)).into());
+            // What each node did meanwhile is the why (the command only sees the drives
+            // and the MGS).
+            let tails: String = ["a", "b"]
+                .iter()
+                .map(|n| format!("\n--- node {n}'s log, its end:\n{}", tail(&pair.log(n), 40)))
+                .collect();
+            return Err(format!("nacre {}: {}{tails}", args.join(" "), String::from_utf8_lossy(&m.stderr)).into());
         }
         for line in String::from_utf8_lossy(&m.stdout).lines().filter(|l| l.contains("moved")) {
             writeln!(out, "{line}")?;
@@ -390,4 +402,17 @@ fn race(dir: &Path, n: usize) -> Result<(usize, usize, usize), Box<dyn std::erro
         }
     }
     Ok((n, two, none))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tail;
+
+    #[test]
+    fn tail_keeps_the_last_lines() {
+        assert_eq!(tail("a\nb\nc\n", 2), "b\nc\n");
+        assert_eq!(tail("a\nb\nc", 5), "a\nb\nc");
+        assert_eq!(tail("", 3), "");
+        assert_eq!(tail("one line\n", 1), "one line\n");
+    }
 }
