@@ -63,7 +63,12 @@ impl Default for MountOptions {
 
 /// One target as the MGS described it, and the link to it once made.
 struct Link {
+    /// Where the MGS says it is served now (its first NID)...
     nid: Nid,
+    /// ...and every NID it may be served at, that one first: the import walks them when
+    /// it cannot reach the target (a failover the MGS has not told of, or with the MGS
+    /// gone too).
+    nids: Vec<Nid>,
     import: Option<Arc<Import>>,
     /// RPCs in flight to it (`max_rpcs_in_flight`).
     gate: Arc<Budget>,
@@ -330,23 +335,27 @@ impl FileSystem {
             let mut t = self.inner.targets.write().unwrap_or_else(|e| e.into_inner());
             t.version = cfg.version;
             for e in &cfg.targets {
-                let Some(nid) = e.nids.first().and_then(|n| n.parse::<Nid>().ok()) else { continue };
+                let nids: Vec<Nid> = e.nids.iter().filter_map(|n| n.parse::<Nid>().ok()).collect();
+                let Some(nid) = nids.first().cloned() else { continue };
                 let map = match e.kind {
                     TargetKind::Mdt => &mut t.mdts,
                     TargetKind::Ost => &mut t.osts,
                 };
                 match map.get_mut(&e.index) {
-                    Some(l) if l.nid == nid => {}
                     Some(l) => {
-                        // Restarted elsewhere: the same import follows it, with what it
-                        // kept for replay (a target recovering there waits for it).
                         if let Some(i) = &l.import {
-                            i.retarget(&nid);
+                            i.set_nids(nids.clone());
+                            // Restarted elsewhere: the same import follows it, with what
+                            // it kept for replay (a target recovering there waits for it).
+                            if l.nid != nid {
+                                i.retarget(&nid);
+                            }
                         }
                         l.nid = nid;
+                        l.nids = nids;
                     }
                     None => {
-                        map.insert(e.index, Link { nid, import: None, gate: Arc::new(Budget::new(rpcs)) });
+                        map.insert(e.index, Link { nid, nids, import: None, gate: Arc::new(Budget::new(rpcs)) });
                     }
                 }
             }
@@ -361,7 +370,7 @@ impl FileSystem {
 
     /// The link to target `index` of `kind`, and its RPC gate; made at first use.
     pub(crate) async fn target_link(&self, kind: TargetKind, index: u32) -> Result<(Arc<Import>, Arc<Budget>)> {
-        let nid = {
+        let (nid, nids) = {
             let t = self.inner.targets.read().unwrap_or_else(|e| e.into_inner());
             let map = if kind == TargetKind::Mdt { &t.mdts } else { &t.osts };
             let Some(l) = map.get(&index) else {
@@ -373,10 +382,10 @@ impl FileSystem {
             if let Some(i) = &l.import {
                 return Ok((i.clone(), l.gate.clone()));
             }
-            l.nid.clone()
+            (l.nid.clone(), l.nids.clone())
         };
         let name = kind.name(&self.inner.fsname, index);
-        let import = self.inner.client.connect(&nid).await.map_err(|e| Error::rpc(&name, e))?;
+        let import = self.inner.client.connect_any(&nids).await.map_err(|e| Error::rpc(&name, e))?;
         let mut t = self.inner.targets.write().unwrap_or_else(|e| e.into_inner());
         let map = if kind == TargetKind::Mdt { &mut t.mdts } else { &mut t.osts };
         match map.get_mut(&index) {
@@ -1502,6 +1511,16 @@ impl FileSystem {
         if nacre_net::glob::glob(pattern, &whole) {
             out.push((whole, self.inner.whole.render()));
         }
+        let t = self.inner.targets.read().unwrap_or_else(|e| e.into_inner());
+        for (scope, kind, map) in [("mdc", TargetKind::Mdt, &t.mdts), ("osc", TargetKind::Ost, &t.osts)] {
+            for (&i, l) in map {
+                let target = kind.name(&self.inner.fsname, i);
+                let n = format!("{scope}.{target}-{scope}.import");
+                if nacre_net::glob::glob(pattern, &n) {
+                    out.push((n, render_import(&target, l)));
+                }
+            }
+        }
         out
     }
 
@@ -1527,6 +1546,9 @@ impl FileSystem {
         if knob == "whole_files" {
             return Err(Error::new(errno::EINVAL, "llite.*.whole_files counts what the mount keeps; it is not set"));
         }
+        if knob == "import" {
+            return Err(Error::new(errno::EINVAL, "{mdc,osc}.*.import shows a target's link; it is not set"));
+        }
         self.inner.params.set(knob, value).map_err(|m| Error::new(errno::EINVAL, m))?;
         if knob == "max_rpcs_in_flight" {
             let n = self.inner.params.rpcs_in_flight.load(Ordering::Relaxed);
@@ -1539,11 +1561,35 @@ impl FileSystem {
     }
 }
 
-/// `(scope, knob)` of a client parameter name: `osc.ANY.KNOB` or `llite.ANY.KNOB`.
+/// `(scope, knob)` of a client parameter name: `osc.ANY.KNOB`, `mdc.ANY.KNOB` or
+/// `llite.ANY.KNOB`.
 fn client_knob(name: &str) -> Option<(&str, &str)> {
     let (scope, rest) = name.split_once('.')?;
     let (_, knob) = rest.rsplit_once('.')?;
-    matches!(scope, "osc" | "llite").then_some((scope, knob))
+    matches!(scope, "osc" | "mdc" | "llite").then_some((scope, knob))
+}
+
+/// `{mdc,osc}.*.import`: the link to a target, as Lustre's import file shows it: every
+/// NID the target may be at, the one the import uses, and what its connections did.
+fn render_import(target: &str, l: &Link) -> String {
+    let nids: Vec<String> = l.nids.iter().map(|n| n.to_string()).collect();
+    let mut out = format!("import:\n    target: {target}\n    failover_nids: [{}]\n", nids.join(", "));
+    match &l.import {
+        None => out.push_str("    current_connection: none (not used yet)\n"),
+        Some(i) => {
+            let s = i.stats();
+            out.push_str(&format!(
+                "    current_connection: {}\n    connects: {}\n    walks: {}\n    evictions: {}\n    replays: {}\n    uncommitted: {}\n",
+                i.target(),
+                s.connects,
+                s.walks,
+                s.evictions,
+                s.replays,
+                s.uncommitted
+            ));
+        }
+    }
+    out
 }
 
 /// Wait for every task of `set` and give their results; a failure does not stop the

@@ -197,6 +197,7 @@ impl Client {
         let now = self.shared.now_ms();
         let import = Arc::new(Import {
             target: Mutex::new(target.clone()),
+            nids: Mutex::new(Vec::new()),
             shared: self.shared.clone(),
             peer: CreditPool::new(cfg.peer_credits),
             in_flight: Semaphore::new(cfg.max_rpcs_in_flight.max(1)),
@@ -231,6 +232,26 @@ impl Client {
             *lock(&import.pinger) = Some(handle.abort_handle());
         }
         Ok(import)
+    }
+}
+
+impl Client {
+    /// Connect to a server that may be at any of `nids` (a target and its failover
+    /// partners, in the order to try them): the first that answers. The import keeps
+    /// the list and walks it when it loses the server ([`Import::set_nids`]).
+    pub async fn connect_any(&self, nids: &[Nid]) -> Result<Arc<Import>, RpcError> {
+        let mut last = RpcError::Closed;
+        for nid in nids {
+            match self.connect(nid).await {
+                Ok(import) => {
+                    import.set_nids(nids.to_vec());
+                    return Ok(import);
+                }
+                Err(e @ RpcError::Evicted { .. }) => return Err(e),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
     }
 }
 
@@ -296,6 +317,7 @@ struct ImportCounters {
     replay_failures: AtomicU64,
     replays_lost: AtomicU64,
     commits: AtomicU64,
+    walks: AtomicU64,
 }
 
 /// Counters of an import, as `get-param` prints them.
@@ -317,6 +339,9 @@ pub struct ImportStats {
     pub replays_lost: u64,
     /// Commits asked for (`fsync`, a full replay list).
     pub commits: u64,
+    /// Moves to the next of the server's NIDs after a failed connect (see
+    /// [`Import::set_nids`]).
+    pub walks: u64,
     /// Changes kept for replay now, their bytes, and the server's `last_committed`.
     pub uncommitted: usize,
     pub uncommitted_bytes: usize,
@@ -329,8 +354,12 @@ pub struct ImportStats {
 
 /// A client's link to one server.
 pub struct Import {
-    /// Where the server is: moved by [`Import::retarget`] when it restarts elsewhere.
+    /// Where the server is: moved by [`Import::retarget`] when it restarts elsewhere, and
+    /// along `nids` when it cannot be reached.
     target: Mutex<Nid>,
+    /// Every NID the server may be at (a failover pair's, as the MGS lists them), in
+    /// order; empty or one: only `target`. See [`Import::set_nids`].
+    nids: Mutex<Vec<Nid>>,
     /// How many times `target` moved: a request waiting out an unreachable server, and
     /// the pinger, try the new address at once.
     moves: watch::Sender<u64>,
@@ -468,10 +497,52 @@ impl Import {
     /// open files) stays, so a server recovering there gets it back; requests in flight
     /// are resent there.
     pub fn retarget(&self, nid: &Nid) {
+        self.move_to(nid, None);
+    }
+
+    /// Every NID the server may be at, in the order to try them (the MGS lists a
+    /// target's active NID first, then its failover partners'). When the server cannot
+    /// be reached where the import points, it tries the next NID of the list at once,
+    /// each once per round; after a whole round it waits a request deadline before the
+    /// next (as after any failed connect: a dead pair costs a connect per NID per
+    /// deadline, never a storm). So a client finds a target that failed over with no word
+    /// from the MGS (which may have gone down with it), as Lustre's imports walk their
+    /// failover NIDs. The list does not move the import: [`Import::retarget`] does.
+    pub fn set_nids(&self, nids: Vec<Nid>) {
+        *lock(&self.nids) = nids;
+    }
+
+    /// The NID after `failed` in the list, if the import still points at `failed` (a
+    /// caller that failed at the same moment may have moved it already) and the list has
+    /// another; the import moves there. Whether it moved.
+    fn walk_from(&self, failed: &Nid) -> bool {
+        let next = {
+            let nids = lock(&self.nids);
+            if nids.len() < 2 {
+                return false;
+            }
+            let at = nids.iter().position(|n| n == failed);
+            nids[at.map_or(0, |i| (i + 1) % nids.len())].clone()
+        };
+        let moved = self.move_to(&next, Some(failed));
+        if moved {
+            self.counters.walks.fetch_add(1, Ordering::Relaxed);
+        }
+        moved
+    }
+
+    /// How many NIDs a round of walking tries.
+    fn nid_count(&self) -> usize {
+        lock(&self.nids).len().max(1)
+    }
+
+    /// Point the import at `nid` (only if it points at `from`, when given); whether it
+    /// moved.
+    fn move_to(&self, nid: &Nid, from: Option<&Nid>) -> bool {
         let old = {
             let mut t = lock(&self.target);
-            if *t == *nid {
-                return;
+            if *t == *nid || from.is_some_and(|f| *t != *f) {
+                return false;
             }
             std::mem::replace(&mut *t, nid.clone())
         };
@@ -485,6 +556,7 @@ impl Import {
         }
         drop(imports);
         self.moves.send_modify(|m| *m += 1);
+        true
     }
 
     /// Wait `d` before trying an unreachable server again, or less: not past a move of
@@ -550,6 +622,7 @@ impl Import {
             replay_failures: get(&c.replay_failures),
             replays_lost: get(&c.replays_lost),
             commits: get(&c.commits),
+            walks: get(&c.walks),
             uncommitted: kept.requests.len(),
             uncommitted_bytes: kept.bytes,
             last_committed: kept.last_committed,
@@ -606,18 +679,40 @@ impl Import {
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         let mut attempts = 0u32;
+        // NIDs tried since the last pause (see `set_nids`).
+        let mut walked = 0;
         loop {
             attempts += 1;
             let last_try = req.no_resend || attempts > cfg.max_resends;
             let seen = *self.moves.borrow();
+            let tried = self.target();
             let conn = match self.connection_waiting().await {
-                Ok(c) => c,
+                Ok(c) => {
+                    walked = 0;
+                    c
+                }
                 Err(e @ RpcError::Evicted { .. }) => return Err(e),
-                Err(e) if last_try => return Err(e),
-                Err(_) => {
-                    // The server is unreachable: wait a deadline before trying again, so
-                    // a dead server is not hammered with connects, unless it moves.
-                    self.pause(self.timeout(), seen).await;
+                Err(e) => {
+                    // The server is unreachable there. The next of its NIDs is tried at
+                    // once; after a whole round (or with one NID), a deadline is waited
+                    // before trying again, so a dead server is not hammered with
+                    // connects, unless it moves.
+                    let moved = self.walk_from(&tried);
+                    if last_try {
+                        return Err(e);
+                    }
+                    if moved {
+                        walked += 1;
+                        if walked < self.nid_count() {
+                            continue;
+                        }
+                        walked = 0;
+                        // The move just made does not end the pause; another does.
+                        let seen = *self.moves.borrow();
+                        self.pause(self.timeout(), seen).await;
+                    } else {
+                        self.pause(self.timeout(), seen).await;
+                    }
                     continue;
                 }
             };

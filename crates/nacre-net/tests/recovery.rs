@@ -430,3 +430,81 @@ async fn in_flight_requests_go_again_to_a_restarted_server_and_fail_after_an_evi
     assert_eq!(a.stats().evictions, 1);
     put(&a, "a4").await;
 }
+
+/// A client that knows every NID of its server (a failover pair's, as the MGS lists
+/// them) finds it on its own when it moves: no one retargets the import, as when the MGS
+/// went down with the node. It walks to the partner, replays there, and walks back when
+/// the server moves back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_walks_its_servers_nids_to_where_it_serves_now_and_back() {
+    let net = MemNetwork::new();
+    let toy = Toy::default();
+    let (first, partner): (Nid, Nid) = (nid(), "mds1@mem".parse().unwrap());
+    let server = start(&net, &toy, false, 5_000).await;
+    let client = Client::new(Arc::new(net.transport("a")), client_cfg());
+    let a = client.connect_any(&[first.clone(), partner.clone()]).await.unwrap();
+    assert_eq!(a.target(), first);
+    put(&a, "a1").await;
+    a.commit().await.unwrap();
+    put(&a, "a2").await;
+    crash(server).await;
+    toy.crash();
+    let server = start_at(&net, &toy, true, 5_000, &partner).await;
+    // Sent to the first NID, where nothing listens now: it walks to the partner, replays
+    // a2 there, and a3 runs after it.
+    put(&a, "a3").await;
+    assert_eq!(a.target(), partner);
+    assert_eq!(strs(toy.values()), ["a1", "a2", "a3"]);
+    let r = server.stats().recovery;
+    assert_eq!((r.clients, r.completed, r.evicted, r.replayed), (1, 1, 0, 1));
+    assert_eq!(a.stats().walks, 1);
+
+    // Moved back: the second move is found the same way.
+    crash(server).await;
+    toy.crash();
+    let server = start_at(&net, &toy, true, 5_000, &first).await;
+    put(&a, "a4").await;
+    assert_eq!(a.target(), first);
+    assert_eq!(strs(toy.values()), ["a1", "a2", "a3", "a4"]);
+    assert_eq!(server.stats().recovery.evicted, 0);
+    assert_eq!((a.stats().walks, a.stats().evictions), (2, 0));
+}
+
+/// With every NID of its server dead, an import tries each once per round and then waits
+/// a request deadline (never under `at_min`): a dead pair costs a connect per NID per
+/// deadline, not a storm. And a client that could reach none of them at first connects to
+/// the first that answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_walks_dead_nids_once_per_deadline_and_connects_to_the_first_that_answers() {
+    let net = MemNetwork::new();
+    let toy = Toy::default();
+    let nids: Vec<Nid> = ["mds0@mem", "mds1@mem", "mds2@mem"].iter().map(|n| n.parse().unwrap()).collect();
+    let server = start_at(&net, &toy, false, 5_000, &nids[2]).await;
+    let client = Client::new(Arc::new(net.transport("a")), ClientConfig { max_resends: 12, ..client_cfg() });
+    let a = client.connect_any(&nids).await.unwrap();
+    assert_eq!(a.target(), nids[2]);
+    put(&a, "a1").await;
+    a.commit().await.unwrap();
+    crash(server).await;
+
+    let started = std::time::Instant::now();
+    let e = a.call(OP_PUT, b"a2", &[]).await;
+    let took = started.elapsed();
+    assert!(matches!(e, Err(RpcError::Closed | RpcError::Timeout { .. } | RpcError::Io(_))), "{e:?}");
+    let walks = a.stats().walks;
+    // 13 tries, a walk after each failed connect (the first may instead have found the
+    // old connection not yet closed); every third walk ends a round, and a deadline is
+    // waited before the next.
+    assert!((12..=13).contains(&walks), "{walks} walks in {took:?}");
+    let at_min = client_cfg().at.at_min;
+    assert!(took >= at_min * 3, "{walks} walks in {took:?}: no pause between rounds");
+    assert_eq!(strs(toy.values()), ["a1"]);
+
+    // None of the three answers a new client either; once one does, it is the one.
+    assert!(Client::new(Arc::new(net.transport("b")), client_cfg()).connect_any(&nids).await.is_err());
+    let _server = start_at(&net, &toy, false, 5_000, &nids[1]).await;
+    let b = Client::new(Arc::new(net.transport("b")), client_cfg()).connect_any(&nids).await.unwrap();
+    assert_eq!(b.target(), nids[1]);
+    put(&b, "b1").await;
+    assert_eq!(strs(toy.values()), ["a1", "b1"]);
+}

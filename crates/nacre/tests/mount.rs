@@ -1605,6 +1605,16 @@ fn layout_commands_tunables_and_mount_options() {
     assert!(get("llite.*.max_read_ahead_mb").contains("=32"));
     let out = nacre().args(["set-param", "llite.*.max_read_ahead_mb=lots"]).output().unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("not a number"));
+    // The link to each target: every NID it may be served at, and the one in use.
+    let imp = get("mdc.*.import");
+    assert!(
+        imp.contains("target: nacre-MDT0000")
+            && imp.contains("failover_nids: [127.0.0.1@tcp:")
+            && imp.contains("current_connection: 127.0.0.1@tcp:"),
+        "{imp}"
+    );
+    let out = nacre().args(["set-param", "mdc.*.import=1"]).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("it is not set"));
     // flock: a second process cannot take a lock the first holds (kernel-local locks).
     let lockf = m.join("on1/one");
     let mut holder = Command::new("flock").arg(&lockf).args(["-c", "sleep 2"]).spawn().unwrap();
