@@ -385,7 +385,7 @@ impl FileSystem {
             (l.nid.clone(), l.nids.clone())
         };
         let name = kind.name(&self.inner.fsname, index);
-        let import = self.inner.client.connect_any(&nids).await.map_err(|e| Error::rpc(&name, e))?;
+        let import = self.inner.client.connect_any(&name, &nids).await.map_err(|e| Error::rpc(&name, e))?;
         let mut t = self.inner.targets.write().unwrap_or_else(|e| e.into_inner());
         let map = if kind == TargetKind::Mdt { &mut t.mdts } else { &mut t.osts };
         match map.get_mut(&index) {

@@ -44,7 +44,7 @@ use crate::frame::{BODY_BYTES_LIMIT, BULK_BYTES_LIMIT, Frame, FrameHeader, Frame
 use crate::nid::Nid;
 use crate::rpc::{
     ConnectReply, ConnectRequest, OP_COMMIT, OP_CONNECT, OP_DISCONNECT, OP_PING, OP_REPLAY_DONE, Replay, RpcError,
-    SplitMix, fresh_seed, lock, read_frame, status, write_frame,
+    SplitMix, fresh_seed, lock, read_frame, status, target_id, write_frame,
 };
 use crate::transport::{Transport, WriteHalf};
 
@@ -180,6 +180,11 @@ impl Client {
     /// Connect to a server: the first connection is opened (and its errors returned)
     /// now, the others of `conns_per_peer` as requests need them.
     pub async fn connect(&self, target: &Nid) -> Result<Arc<Import>, RpcError> {
+        self.connect_named(target, 0).await
+    }
+
+    /// [`Client::connect`], naming the service meant (its [`target_id`]; 0: any).
+    async fn connect_named(&self, target: &Nid, target_id: u64) -> Result<Arc<Import>, RpcError> {
         let existing = lock(&self.shared.imports).get(target).and_then(Weak::upgrade);
         if let Some(import) = existing {
             import.connection_waiting().await?;
@@ -197,6 +202,7 @@ impl Client {
         let now = self.shared.now_ms();
         let import = Arc::new(Import {
             target: Mutex::new(target.clone()),
+            target_id,
             nids: Mutex::new(Vec::new()),
             shared: self.shared.clone(),
             peer: CreditPool::new(cfg.peer_credits),
@@ -236,13 +242,16 @@ impl Client {
 }
 
 impl Client {
-    /// Connect to a server that may be at any of `nids` (a target and its failover
-    /// partners, in the order to try them): the first that answers. The import keeps
-    /// the list and walks it when it loses the server ([`Import::set_nids`]).
-    pub async fn connect_any(&self, nids: &[Nid]) -> Result<Arc<Import>, RpcError> {
+    /// Connect to the target named `name` (`nacre-MDT0000`), which may be at any of
+    /// `nids` (its NID and its failover partners', in the order to try them): the first
+    /// that serves it. Every connect of the import names it, so a server serving
+    /// something else at one of those NIDs (a port a moved target left, taken since)
+    /// refuses it. The import keeps the list and walks it when it loses the server
+    /// ([`Import::set_nids`]).
+    pub async fn connect_any(&self, name: &str, nids: &[Nid]) -> Result<Arc<Import>, RpcError> {
         let mut last = RpcError::Closed;
         for nid in nids {
-            match self.connect(nid).await {
+            match self.connect_named(nid, target_id(name)).await {
                 Ok(import) => {
                     import.set_nids(nids.to_vec());
                     return Ok(import);
@@ -357,6 +366,8 @@ pub struct Import {
     /// Where the server is: moved by [`Import::retarget`] when it restarts elsewhere, and
     /// along `nids` when it cannot be reached.
     target: Mutex<Nid>,
+    /// The service every connect names (its [`target_id`]; 0: whatever listens there).
+    target_id: u64,
     /// Every NID the server may be at (a failover pair's, as the MGS lists them), in
     /// order; empty or one: only `target`. See [`Import::set_nids`].
     nids: Mutex<Vec<Nid>>,
@@ -513,9 +524,13 @@ impl Import {
     }
 
     /// The NID after `failed` in the list, if the import still points at `failed` (a
-    /// caller that failed at the same moment may have moved it already) and the list has
-    /// another; the import moves there. Whether it moved.
+    /// caller that failed at the same moment may have moved it already), has no live
+    /// connection there, and the list has another; the import moves there. Whether it
+    /// moved.
     fn walk_from(&self, failed: &Nid) -> bool {
+        if lock(&self.conns).iter().any(|c| !c.is_closed()) {
+            return false;
+        }
         let next = {
             let nids = lock(&self.nids);
             if nids.len() < 2 {
@@ -555,7 +570,11 @@ impl Import {
             imports.insert(nid.clone(), me);
         }
         drop(imports);
-        self.moves.send_modify(|m| *m += 1);
+        // A walk tells no one: requests waiting out a dead server keep their pause (each
+        // failed connect would otherwise wake them all to fail again, a storm).
+        if from.is_none() {
+            self.moves.send_modify(|m| *m += 1);
+        }
         true
     }
 
@@ -679,10 +698,13 @@ impl Import {
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         let mut attempts = 0u32;
-        // NIDs tried since the last pause (see `set_nids`).
-        let mut walked = 0;
+        // NIDs tried since the last pause (see `set_nids`), and whether this pass is the
+        // same attempt at the next of them.
+        let (mut walked, mut hop) = (0, false);
         loop {
-            attempts += 1;
+            if !std::mem::take(&mut hop) {
+                attempts += 1;
+            }
             let last_try = req.no_resend || attempts > cfg.max_resends;
             let seen = *self.moves.borrow();
             let tried = self.target();
@@ -694,25 +716,26 @@ impl Import {
                 Err(e @ RpcError::Evicted { .. }) => return Err(e),
                 Err(e) => {
                     // The server is unreachable there. The next of its NIDs is tried at
-                    // once; after a whole round (or with one NID), a deadline is waited
-                    // before trying again, so a dead server is not hammered with
-                    // connects, unless it moves.
-                    let moved = self.walk_from(&tried);
-                    if last_try {
-                        return Err(e);
-                    }
+                    // once, as part of the same attempt; after a whole round (or with one
+                    // NID), a deadline is waited before the next attempt, so a dead server
+                    // is not hammered with connects, unless it moves.
+                    // A server that answered "full" or "recovering" is there: no walk.
+                    let there = matches!(&e, RpcError::Refused { status: status::EUSERS | status::EBUSY, .. });
+                    let moved = !there && self.walk_from(&tried);
                     if moved {
                         walked += 1;
                         if walked < self.nid_count() {
+                            hop = true;
                             continue;
                         }
                         walked = 0;
-                        // The move just made does not end the pause; another does.
-                        let seen = *self.moves.borrow();
-                        self.pause(self.timeout(), seen).await;
-                    } else {
-                        self.pause(self.timeout(), seen).await;
                     }
+                    if last_try {
+                        return Err(e);
+                    }
+                    // A move this import just made does not end the pause; another does.
+                    let seen = if moved { *self.moves.borrow() } else { seen };
+                    self.pause(self.timeout(), seen).await;
                     continue;
                 }
             };
@@ -1081,7 +1104,7 @@ impl Import {
         let mut stream = tokio::time::timeout(self.timeout(), s.transport.connect(&target))
             .await
             .map_err(|_| RpcError::Timeout { xid: 0, after: self.timeout(), attempts: 1 })??;
-        let req = ConnectRequest { client: s.id, cookie: link.cookie }.encode();
+        let req = ConnectRequest { client: s.id, cookie: link.cookie, target: self.target_id }.encode();
         let header = FrameHeader {
             opcode: OP_CONNECT,
             xid: 0,

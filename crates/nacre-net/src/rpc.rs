@@ -46,6 +46,8 @@ pub mod status {
     pub const EBUSY: i32 = -16;
     /// A replay the server cannot take: its recovery is over, or the client is not in it.
     pub const ESTALE: i32 = -116;
+    /// The connect names a target this server does not serve.
+    pub const ENODEV: i32 = -19;
 }
 
 /// Errors of an RPC call or of a connection.
@@ -197,6 +199,16 @@ pub struct ConnectRequest {
     pub client: u64,
     /// The export the client believes it has (0: a new client).
     pub cookie: u64,
+    /// The service the client means to reach ([`target_id`] of its name; 0: whatever
+    /// listens there). A server serving another refuses with ENODEV, as a Lustre server
+    /// refuses a connect naming a target it does not have: a NID a target left may be
+    /// another service's now (ports are taken as services start).
+    pub target: u64,
+}
+
+/// The id of a service named `name` (`nacre-MDT0000`) in connect requests: never 0.
+pub fn target_id(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3)).max(1)
 }
 
 /// The body of a connect reply.
@@ -218,7 +230,7 @@ pub struct ConnectReply {
 }
 
 /// Bytes of an encoded [`ConnectRequest`]; a connect header must announce exactly this.
-pub const CONNECT_REQUEST_BYTES: usize = 20;
+pub const CONNECT_REQUEST_BYTES: usize = 28;
 
 const CONNECT_MAGIC: u32 = u32::from_le_bytes(*b"NCCN");
 
@@ -228,10 +240,11 @@ fn take<const N: usize>(b: &[u8], at: usize) -> Option<[u8; N]> {
 
 impl ConnectRequest {
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(20);
+        let mut b = Vec::with_capacity(CONNECT_REQUEST_BYTES);
         b.extend_from_slice(&CONNECT_MAGIC.to_le_bytes());
         b.extend_from_slice(&self.client.to_le_bytes());
         b.extend_from_slice(&self.cookie.to_le_bytes());
+        b.extend_from_slice(&self.target.to_le_bytes());
         b
     }
 
@@ -245,10 +258,11 @@ impl ConnectRequest {
         }
         let client = take::<8>(b, 4).map(u64::from_le_bytes).unwrap_or(0);
         let cookie = take::<8>(b, 12).map(u64::from_le_bytes).unwrap_or(0);
+        let target = take::<8>(b, 20).map(u64::from_le_bytes).unwrap_or(0);
         if client == 0 {
             return Err("client id 0 is reserved".into());
         }
-        Ok(ConnectRequest { client, cookie })
+        Ok(ConnectRequest { client, cookie, target })
     }
 }
 
@@ -358,10 +372,14 @@ mod tests {
 
     #[test]
     fn connect_messages_round_trip_and_bad_ones_are_named() {
-        let r = ConnectRequest { client: 7, cookie: 9 };
+        let r = ConnectRequest { client: 7, cookie: 9, target: target_id("nacre-OST0003") };
         assert_eq!(ConnectRequest::decode(&r.encode()), Ok(r));
         assert!(ConnectRequest::decode(&r.encode()[..19]).unwrap_err().contains("19 bytes"));
-        assert!(ConnectRequest::decode(&ConnectRequest { client: 0, cookie: 1 }.encode()).unwrap_err().contains("0"));
+        assert!(
+            ConnectRequest::decode(&ConnectRequest { client: 0, cookie: 1, target: 0 }.encode())
+                .unwrap_err()
+                .contains("0")
+        );
         let mut bad = r.encode();
         bad[0] ^= 1;
         assert!(ConnectRequest::decode(&bad).unwrap_err().contains("magic"));

@@ -272,6 +272,8 @@ struct Shared {
     quick: Vec<u16>,
     /// `Service::waits`.
     waits: Vec<u16>,
+    /// `Service::target`, and its id.
+    target: Option<(String, u64)>,
     /// Set while recovering (checked on every request without taking the lock).
     recovering: std::sync::atomic::AtomicBool,
     recovery: Mutex<Option<Recovery<Queued>>>,
@@ -298,6 +300,9 @@ pub struct Service {
     /// on its connection's task and, if it must wait, in a task of its own, so waiters
     /// never hold up the service. The service bounds how many may wait.
     pub waits: Vec<u16>,
+    /// The target this serves (`nacre-OST0003`): a connect naming another
+    /// ([`crate::rpc::target_id`]) is refused with ENODEV. `None` answers any connect.
+    pub target: Option<String>,
 }
 
 /// A client as the server knows it.
@@ -499,6 +504,10 @@ impl Server {
             commits: service.commits,
             quick: service.quick,
             waits: service.waits,
+            target: service.target.map(|t| {
+                let id = crate::rpc::target_id(&t);
+                (t, id)
+            }),
             recovering: std::sync::atomic::AtomicBool::new(recovery.is_some()),
             recovery: Mutex::new(recovery),
             recovered: Mutex::new(RecoveryStats::default()),
@@ -896,6 +905,14 @@ impl Shared {
                 return Err(End::Malformed(why));
             }
         };
+        if let Some((name, id)) = &self.target
+            && req.target != 0
+            && req.target != *id
+        {
+            let why = format!("{name} is served here, not the target this connect names");
+            self.refuse(route, &first, status::ENODEV, &why).await;
+            return Err(End::Quiet);
+        }
         if let Some(why) = self.busy_recovering(req.client) {
             self.refuse(route, &first, status::EBUSY, &why).await;
             return Err(End::Quiet);

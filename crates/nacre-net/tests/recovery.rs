@@ -126,6 +126,13 @@ async fn start(net: &MemNetwork, toy: &Toy, recovering: bool, soft_ms: u64) -> S
 }
 
 async fn start_at(net: &MemNetwork, toy: &Toy, recovering: bool, soft_ms: u64, at: &Nid) -> Server {
+    start_named(net, toy, recovering, soft_ms, at, TOY).await
+}
+
+/// The name the toy service answers connects for.
+const TOY: &str = "toy";
+
+async fn start_named(net: &MemNetwork, toy: &Toy, recovering: bool, soft_ms: u64, at: &Nid, name: &str) -> Server {
     let service = Service {
         commits: Some(Arc::new(toy.clone())),
         recovering: recovering
@@ -133,6 +140,7 @@ async fn start_at(net: &MemNetwork, toy: &Toy, recovering: bool, soft_ms: u64, a
         // Listing reads memory: served on the connection's task.
         quick: vec![OP_LIST],
         waits: vec![],
+        target: Some(name.to_string()),
     };
     // The stopped server's listener goes when its task is next polled.
     for _ in 0..100 {
@@ -363,7 +371,7 @@ async fn bad_replays_are_refused_and_change_nothing() {
         let t = t.clone();
         async move {
             let mut s = t.connect(&nid()).await.unwrap();
-            let body = ConnectRequest { client, cookie: 7 }.encode();
+            let body = ConnectRequest { client, cookie: 7, target: 0 }.encode();
             let r = raw_call(&mut s, FrameHeader { opcode: OP_CONNECT, ..FrameHeader::default() }, &body).await;
             (s, r)
         }
@@ -442,7 +450,7 @@ async fn an_import_walks_its_servers_nids_to_where_it_serves_now_and_back() {
     let (first, partner): (Nid, Nid) = (nid(), "mds1@mem".parse().unwrap());
     let server = start(&net, &toy, false, 5_000).await;
     let client = Client::new(Arc::new(net.transport("a")), client_cfg());
-    let a = client.connect_any(&[first.clone(), partner.clone()]).await.unwrap();
+    let a = client.connect_any(TOY, &[first.clone(), partner.clone()]).await.unwrap();
     assert_eq!(a.target(), first);
     put(&a, "a1").await;
     a.commit().await.unwrap();
@@ -470,18 +478,28 @@ async fn an_import_walks_its_servers_nids_to_where_it_serves_now_and_back() {
     assert_eq!((a.stats().walks, a.stats().evictions), (2, 0));
 }
 
-/// With every NID of its server dead, an import tries each once per round and then waits
-/// a request deadline (never under `at_min`): a dead pair costs a connect per NID per
-/// deadline, not a storm. And a client that could reach none of them at first connects to
-/// the first that answers.
+/// With every NID of its server dead or serving something else, an import tries each once
+/// per attempt and then waits a request deadline (never under `at_min`): a dead pair costs
+/// a connect per NID per deadline, not a storm, and walking spends none of the request's
+/// resends. A NID where another service listens now (a
+/// port the target left, taken since) refuses the connect, which names its target, and is
+/// never used. A client that could reach none of them at first connects to the first that
+/// serves its target.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_import_walks_dead_nids_once_per_deadline_and_connects_to_the_first_that_answers() {
     let net = MemNetwork::new();
-    let toy = Toy::default();
+    let (toy, other) = (Toy::default(), Toy::default());
     let nids: Vec<Nid> = ["mds0@mem", "mds1@mem", "mds2@mem"].iter().map(|n| n.parse().unwrap()).collect();
+    let _other = start_named(&net, &other, false, 5_000, &nids[0], "other").await;
     let server = start_at(&net, &toy, false, 5_000, &nids[2]).await;
     let client = Client::new(Arc::new(net.transport("a")), ClientConfig { max_resends: 12, ..client_cfg() });
-    let a = client.connect_any(&nids).await.unwrap();
+    let e = client.connect_any(TOY, &nids[..1]).await.map(|_| ()).unwrap_err();
+    assert!(
+        matches!(&e, RpcError::Refused { status: nacre_net::rpc::status::ENODEV, reason, .. }
+            if reason.contains("other is served here")),
+        "{e:?}"
+    );
+    let a = client.connect_any(TOY, &nids).await.unwrap();
     assert_eq!(a.target(), nids[2]);
     put(&a, "a1").await;
     a.commit().await.unwrap();
@@ -492,19 +510,37 @@ async fn an_import_walks_dead_nids_once_per_deadline_and_connects_to_the_first_t
     let took = started.elapsed();
     assert!(matches!(e, Err(RpcError::Closed | RpcError::Timeout { .. } | RpcError::Io(_))), "{e:?}");
     let walks = a.stats().walks;
-    // 13 tries, a walk after each failed connect (the first may instead have found the
-    // old connection not yet closed); every third walk ends a round, and a deadline is
-    // waited before the next.
-    assert!((12..=13).contains(&walks), "{walks} walks in {took:?}");
+    // 13 attempts, each a round of the three NIDs (a walk after each failed connect; the
+    // first attempt may instead have found the old connection not yet closed), with a
+    // deadline waited between rounds.
+    assert!((37..=39).contains(&walks), "{walks} walks in {took:?}");
     let at_min = client_cfg().at.at_min;
-    assert!(took >= at_min * 3, "{walks} walks in {took:?}: no pause between rounds");
+    assert!(took >= at_min * 12, "{walks} walks in {took:?}: no pause between rounds");
     assert_eq!(strs(toy.values()), ["a1"]);
+    assert!(other.values().is_empty(), "a request went to the service at the first NID");
 
-    // None of the three answers a new client either; once one does, it is the one.
-    assert!(Client::new(Arc::new(net.transport("b")), client_cfg()).connect_any(&nids).await.is_err());
+    // Eight requests at once: a walk made by one does not wake the others out of their
+    // pause (each would fail again at once and walk on: a storm of connects).
+    let (before, started) = (a.stats().walks, std::time::Instant::now());
+    let calls: Vec<_> = (0..8)
+        .map(|i| {
+            let a = a.clone();
+            tokio::spawn(async move { a.call(OP_PUT, format!("c{i}").as_bytes(), &[]).await.is_err() })
+        })
+        .collect();
+    for c in calls {
+        assert!(c.await.unwrap());
+    }
+    let (walks, took) = (a.stats().walks - before, started.elapsed());
+    assert!(walks <= 8 * 39, "{walks} walks for 8 requests of 13 attempts over 3 NIDs");
+    assert!(took >= at_min * 12, "{walks} walks in {took:?}: the requests' pauses were cut short");
+
+    // None of the three serves a new client either; once one does, it is the one.
+    assert!(Client::new(Arc::new(net.transport("b")), client_cfg()).connect_any(TOY, &nids).await.is_err());
     let _server = start_at(&net, &toy, false, 5_000, &nids[1]).await;
-    let b = Client::new(Arc::new(net.transport("b")), client_cfg()).connect_any(&nids).await.unwrap();
+    let b = Client::new(Arc::new(net.transport("b")), client_cfg()).connect_any(TOY, &nids).await.unwrap();
     assert_eq!(b.target(), nids[1]);
     put(&b, "b1").await;
     assert_eq!(strs(toy.values()), ["a1", "b1"]);
+    assert!(other.values().is_empty());
 }

@@ -485,7 +485,7 @@ async fn raw_connected(server: &Server, client: u64) -> tokio::net::TcpStream {
     use nacre_net::rpc::{ConnectRequest, OP_CONNECT};
     let Nid::Tcp(addr) = server.nid() else { panic!("tcp server") };
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let body = ConnectRequest { client, cookie: 0 }.encode();
+    let body = ConnectRequest { client, cookie: 0, target: 0 }.encode();
     let h = FrameHeader { opcode: OP_CONNECT, body_len: body.len() as u32, ..FrameHeader::default() };
     s.write_all(&encode_frame(&h, &body, &[])).await.unwrap();
     let mut reply = [0u8; nacre_net::frame::HEADER_BYTES + 16];

@@ -211,7 +211,8 @@ impl Local {
             if !recover {
                 oss.forget_clients().map_err(|e| format!("ost{i}: {e}"))?;
             }
-            let server = serve(format!("ost{i}"), gated(oss.handler(), gate.clone()), oss.service()).await?;
+            let service = Service { target: Some(TargetKind::Ost.name(&fsname, i)), ..oss.service() };
+            let server = serve(format!("ost{i}"), gated(oss.handler(), gate.clone()), service).await?;
             oss.attach(server.handle());
             register(TargetKind::Ost, i, server.nid()).await?;
             servers.push(server);
@@ -231,7 +232,8 @@ impl Local {
                     .map_err(|e| format!("{name}: {e}"))?
                     .map_err(|e| format!("{name}: {e}"))?;
             }
-            let server = serve(name, gated(mds.handler(), gate.clone()), mds.service()).await?;
+            let service = Service { target: Some(TargetKind::Mdt.name(&fsname, index)), ..mds.service() };
+            let server = serve(name, gated(mds.handler(), gate.clone()), service).await?;
             mds.follow_evictions(server.handle());
             register(TargetKind::Mdt, index, server.nid()).await?;
             servers.push(server);
