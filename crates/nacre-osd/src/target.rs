@@ -1474,7 +1474,19 @@ impl Target {
         Ok(out)
     }
 
-    /// Make everything written so far durable on the drives (Lustre's OST sync).
+    /// Make everything written so far durable on the drives, data before index: what an
+    /// `fsync` waits for (Lustre's OST sync). The marks of regions written in place stay
+    /// until those go quiet (see `sums`): clearing them here cost every fsync a third
+    /// flush and an index commit, and the next write in place to a region another commit
+    /// to mark it again.
+    pub fn flush(&self) -> Result<()> {
+        self.data.flush()?;
+        self.meta.flush()?;
+        Ok(())
+    }
+
+    /// [`Target::flush`], with every mark cleared first, so that a stop after it leaves
+    /// no region to check again at the next open (a scrub's end, a clean stop).
     pub fn sync(&self) -> Result<()> {
         // Clearing marks flushes the data first (a mark may go only once its chunk's bytes
         // are on the drives).

@@ -664,7 +664,7 @@ impl Oss {
                 attr_reply(t.setattr(oid, &from_wire(&set)).and_then(|_| wb.getattr(ti, oid)))
             }
             // What was answered before commit is on the drives when a sync is answered.
-            Request::Sync { .. } => match wb.commit().and_then(|_| t.sync()) {
+            Request::Sync { .. } => match wb.commit().and_then(|_| t.flush()) {
                 Ok(()) => Reply::default(),
                 Err(e) => osd_fail(e),
             },
