@@ -61,6 +61,8 @@ fn bench_mds_prints_every_figure() {
             "stat_per_s",
             "unlink_per_s",
             "ping_per_s",
+            "ping_beside_min_per_s",
+            "ping_beside_max_per_s",
             "readdir_per_s",
             "dom_files_per_s",
             "local_create_per_s",
