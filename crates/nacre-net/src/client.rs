@@ -239,9 +239,7 @@ impl Client {
         }
         Ok(import)
     }
-}
 
-impl Client {
     /// Connect to the target named `name` (`nacre-MDT0000`), which may be at any of
     /// `nids` (its NID and its failover partners', in the order to try them): the first
     /// that serves it. Every connect of the import names it, so a server serving
@@ -733,8 +731,6 @@ impl Import {
                     if last_try {
                         return Err(e);
                     }
-                    // A move this import just made does not end the pause; another does.
-                    let seen = if moved { *self.moves.borrow() } else { seen };
                     self.pause(self.timeout(), seen).await;
                     continue;
                 }
