@@ -555,13 +555,7 @@ async fn nacre_round(
         .await?
     };
     bursts.push(ping_rate(&imports, burst).await?);
-    let ping_secs = all(&imports, move |_, imp| async move {
-        for _ in 0..per {
-            imp.ping().await.map_err(bad)?;
-        }
-        Ok(())
-    })
-    .await?;
+    let ping = ping_rate(&imports, per).await?;
     // Locks: every client opens client 0's first file (untimed), then takes and drops a
     // write lock on a byte of its own, `per` times.
     let shared = fids.lock().unwrap_or_else(|e| e.into_inner())[0][0];
@@ -732,7 +726,7 @@ async fn nacre_round(
         create: total / create_secs,
         stat: total / stat_secs,
         unlink: total / unlink_secs,
-        ping: total / ping_secs,
+        ping,
         readdir: total / readdir_secs,
         dom: total / dom_secs,
         setattr: total / setattr_secs,

@@ -263,7 +263,7 @@ impl Client {
 }
 
 fn import_seed(nid: &Nid) -> u64 {
-    nid.to_string().bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    crate::rpc::fnv1a(&nid.to_string())
 }
 
 /// A caller waiting for its reply.

@@ -208,7 +208,12 @@ pub struct ConnectRequest {
 
 /// The id of a service named `name` (`nacre-MDT0000`) in connect requests: never 0.
 pub fn target_id(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3)).max(1)
+    fnv1a(name).max(1)
+}
+
+/// The 64-bit FNV-1a hash of `s`.
+pub(crate) fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
 }
 
 /// The body of a connect reply.
