@@ -997,6 +997,7 @@ impl File {
         }
         self.fs.commit_fid(self.fid).await
     }
+
     /// Ask each of `osts` (once, all at the same time) to commit everything it answered,
     /// and wait for them all: a commit waits on its drives' flushes, and one OST's need
     /// not wait for another's (an fsync of a file striped over two OSTs took the sum).

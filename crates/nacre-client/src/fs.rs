@@ -63,11 +63,9 @@ impl Default for MountOptions {
 
 /// One target as the MGS described it, and the link to it once made.
 struct Link {
-    /// Where the MGS says it is served now (its first NID)...
-    nid: Nid,
-    /// ...and every NID it may be served at, that one first: the import walks them when
-    /// it cannot reach the target (a failover the MGS has not told of, or with the MGS
-    /// gone too).
+    /// Every NID it may be served at, never empty, the one the MGS says it is served at
+    /// now first: the import walks them when it cannot reach the target (a failover the
+    /// MGS has not told of, or with the MGS gone too).
     nids: Vec<Nid>,
     import: Option<Arc<Import>>,
     /// RPCs in flight to it (`max_rpcs_in_flight`).
@@ -336,7 +334,7 @@ impl FileSystem {
             t.version = cfg.version;
             for e in &cfg.targets {
                 let nids: Vec<Nid> = e.nids.iter().filter_map(|n| n.parse::<Nid>().ok()).collect();
-                let Some(nid) = nids.first().cloned() else { continue };
+                let Some(nid) = nids.first() else { continue };
                 let map = match e.kind {
                     TargetKind::Mdt => &mut t.mdts,
                     TargetKind::Ost => &mut t.osts,
@@ -347,15 +345,14 @@ impl FileSystem {
                             i.set_nids(nids.clone());
                             // Restarted elsewhere: the same import follows it, with what
                             // it kept for replay (a target recovering there waits for it).
-                            if l.nid != nid {
-                                i.retarget(&nid);
+                            if l.nids.first() != Some(nid) {
+                                i.retarget(nid);
                             }
                         }
-                        l.nid = nid;
                         l.nids = nids;
                     }
                     None => {
-                        map.insert(e.index, Link { nid, nids, import: None, gate: Arc::new(Budget::new(rpcs)) });
+                        map.insert(e.index, Link { nids, import: None, gate: Arc::new(Budget::new(rpcs)) });
                     }
                 }
             }
@@ -370,7 +367,7 @@ impl FileSystem {
 
     /// The link to target `index` of `kind`, and its RPC gate; made at first use.
     pub(crate) async fn target_link(&self, kind: TargetKind, index: u32) -> Result<(Arc<Import>, Arc<Budget>)> {
-        let (nid, nids) = {
+        let nids = {
             let t = self.inner.targets.read().unwrap_or_else(|e| e.into_inner());
             let map = if kind == TargetKind::Mdt { &t.mdts } else { &t.osts };
             let Some(l) = map.get(&index) else {
@@ -382,14 +379,15 @@ impl FileSystem {
             if let Some(i) = &l.import {
                 return Ok((i.clone(), l.gate.clone()));
             }
-            (l.nid.clone(), l.nids.clone())
+            l.nids.clone()
         };
         let name = kind.name(&self.inner.fsname, index);
         let import = self.inner.client.connect_any(&name, &nids).await.map_err(|e| Error::rpc(&name, e))?;
         let mut t = self.inner.targets.write().unwrap_or_else(|e| e.into_inner());
         let map = if kind == TargetKind::Mdt { &mut t.mdts } else { &mut t.osts };
         match map.get_mut(&index) {
-            Some(l) if l.nid == nid => {
+            // The first NID is where the MGS said it was when we began.
+            Some(l) if l.nids.first() == nids.first() => {
                 l.import = Some(import.clone());
                 Ok((import, l.gate.clone()))
             }
