@@ -16,7 +16,7 @@ use nacre_net::nid::Nid;
 use nacre_net::transport::TcpTransport;
 use nacre_osd::{Target, TargetOptions};
 use nacre_raid::Level;
-use nacre_server::cluster::{Local, MgsAt};
+use nacre_server::cluster::{Listen, Local, MgsAt, Registration};
 use nacre_server::mdt::{Namespace, NamespaceOptions};
 use nacre_server::mgs::Mgs;
 use serde_json::{Value, json};
@@ -69,7 +69,8 @@ pub async fn serve(dir: &Path, o: &ClientBenchOptions) -> Result<Local, BenchErr
                 .map_err(bad)?;
         osts.push((i, Arc::new(t)));
     }
-    let listen = |_: &str| -> Nid { "127.0.0.1@tcp:0".parse().unwrap_or_else(|_| unreachable!("a fixed NID")) };
+    let listen =
+        |_: &str| -> Listen { "127.0.0.1@tcp:0".parse::<Nid>().unwrap_or_else(|_| unreachable!("a fixed NID")).into() };
     let n_osts = osts.len();
     let local = Local::start(
         Arc::new(TcpTransport),
@@ -77,7 +78,7 @@ pub async fn serve(dir: &Path, o: &ClientBenchOptions) -> Result<Local, BenchErr
         MgsAt::Here(mgs),
         vec![Arc::new(ns)],
         osts,
-        Duration::ZERO,
+        Registration::Wait(Duration::ZERO),
         false,
         None,
     )

@@ -152,10 +152,11 @@ async fn serve_mdts(dir: &Path, drive: u64, n: u32) -> Result<Vec<Served>, Bench
         out.push(s);
         mds.push(m);
     }
-    let nids: std::collections::HashMap<u32, Nid> =
-        out.iter().enumerate().map(|(i, s)| (i as u32, s.server.nid())).collect();
+    let nids: std::collections::HashMap<u32, Vec<Nid>> =
+        out.iter().enumerate().map(|(i, s)| (i as u32, vec![s.server.nid()])).collect();
     for m in &mds {
-        m.coordinator().set_peers(n, Client::new(Arc::new(TcpTransport), ClientConfig::default()), nids.clone());
+        let client = Client::new(Arc::new(TcpTransport), ClientConfig::default());
+        m.coordinator().set_peers(n, client, "nacre", nids.clone());
     }
     Ok(out)
 }

@@ -22,11 +22,14 @@ use crate::oss::{Oss, OssConfig};
 /// Follow the file system's targets in the MGS's configuration, for as long as the task
 /// runs: tell the coordinator of operations over several MDTs where the other MDTs are,
 /// keep the OST pools, take the MDT's parameters stored with `set-param -P`, and keep
-/// precreate and destroy tasks on every OST (see [`ObjectService::follow`]).
-pub async fn follow_config(client: Client, mgs: Nid, mds: Arc<Mds>) {
+/// precreate and destroy tasks on every OST (see [`ObjectService::follow`]). Until the
+/// MGS first answers, the targets `known` (from the node's cluster file) stand in for its
+/// list, so that an MDT taken over while the MGS is down reaches its OSTs.
+pub async fn follow_config(client: Client, mgs: Nid, fsname: String, known: Vec<TargetEntry>, mds: Arc<Mds>) {
     let (ns, dne) = (mds.namespace().clone(), mds.coordinator().clone());
     let mut have = 0;
     let mut objects = ObjectService::new(ns.clone(), PRECREATE_BATCH);
+    let mut known = Some(known).filter(|k| !k.is_empty());
     loop {
         let fetched = async {
             let imp = client.connect(&mgs).await.ok()?;
@@ -35,30 +38,38 @@ pub async fn follow_config(client: Client, mgs: Nid, mds: Arc<Mds>) {
             (f.header.status == 0).then(|| Config::decode(&f.body).ok()).flatten()
         }
         .await;
+        let targets = match &fetched {
+            Some(cfg) => &cfg.targets,
+            None => match (have, &known) {
+                (0, Some(targets)) => targets,
+                _ => {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            },
+        };
+        let nids = |t: &TargetEntry| -> Vec<Nid> { t.nids.iter().filter_map(|n| n.parse().ok()).collect() };
+        let mdts: HashMap<u32, Vec<Nid>> = targets
+            .iter()
+            .filter(|t| t.kind == TargetKind::Mdt && t.index != ns.index())
+            .map(|t| (t.index, nids(t)))
+            .collect();
+        let count = targets.iter().filter(|t| t.kind == TargetKind::Mdt).map(|t| t.index + 1).max().unwrap_or(1);
+        dne.set_peers(count, client.clone(), &fsname, mdts);
+        let osts: Vec<(u32, Vec<Nid>)> =
+            targets.iter().filter(|t| t.kind == TargetKind::Ost).map(|t| (t.index, nids(t))).collect();
+        objects.follow(&client, &fsname, &osts);
         let Some(cfg) = fetched else {
+            // The node's own list, used once; the MGS is asked again after a pause.
+            known = None;
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
         };
         have = cfg.version;
-        let mdts: HashMap<u32, Nid> = cfg
-            .targets
-            .iter()
-            .filter(|t| t.kind == TargetKind::Mdt && t.index != ns.index())
-            .filter_map(|t| Some((t.index, t.nids.first()?.parse().ok()?)))
-            .collect();
-        let count = cfg.targets.iter().filter(|t| t.kind == TargetKind::Mdt).map(|t| t.index + 1).max().unwrap_or(1);
-        dne.set_peers(count, client.clone(), mdts);
         ns.set_ost_pools(nacre_proto::layout::pools::from_params(
             cfg.params.iter().map(|(n, v)| (n.as_str(), v.as_str())),
         ));
         mds.apply_stored(&cfg.params);
-        let osts: Vec<(u32, Nid)> = cfg
-            .targets
-            .iter()
-            .filter(|t| t.kind == TargetKind::Ost)
-            .filter_map(|t| Some((t.index, t.nids.first()?.parse().ok()?)))
-            .collect();
-        objects.follow(&client, &osts);
     }
 }
 
@@ -66,23 +77,29 @@ pub async fn follow_config(client: Client, mgs: Nid, mds: Arc<Mds>) {
 /// node (registration then goes over the network, retried until the MGS answers).
 pub enum MgsAt {
     Here(Arc<Mgs>),
-    Remote { nid: Nid, fsname: String },
+    /// On another node; `known` lists the file system's targets as this node's cluster
+    /// file has them (empty when it knows none), used while the MGS does not answer.
+    Remote {
+        nid: Nid,
+        fsname: String,
+        known: Vec<TargetEntry>,
+    },
 }
 
-/// Register target `index` of `kind`, served at `nid`, with the MGS at `mgs` (`nacre mdt
-/// serve` and `ost serve` register so too).
+/// Register target `index` of `kind`, served at `nids[0]` (its failover nodes' NIDs
+/// after it), with the MGS at `mgs` (`nacre mdt serve` and `ost serve` register so too).
 pub async fn register_remote(
     client: &Client,
     mgs: &Nid,
     fsname: &str,
     kind: TargetKind,
     index: u32,
-    nid: &Nid,
+    nids: &[Nid],
 ) -> Result<(), String> {
     let import = client.connect(mgs).await.map_err(|e| format!("MGS {mgs}: {e}"))?;
     let (op, body) = Request::Register {
         fsname: fsname.to_string(),
-        target: TargetEntry { kind, index, nids: vec![nid.to_string()] },
+        target: TargetEntry { kind, index, nids: nids.iter().map(Nid::to_string).collect() },
     }
     .encode();
     let reply = import.call(op, &body, &[]).await.map_err(|e| format!("MGS {mgs}: {e}"))?;
@@ -96,6 +113,32 @@ pub async fn register_remote(
         ));
     }
     Ok(())
+}
+
+/// Where a service of a [`Local`] listens, and the NIDs of the other nodes that may serve
+/// its target. These are registered with the MGS after its own, so that clients know
+/// where to look before the target first moves, even when the MGS is down then.
+#[derive(Clone, Debug)]
+pub struct Listen {
+    pub nid: Nid,
+    pub failover: Vec<Nid>,
+}
+
+impl From<Nid> for Listen {
+    fn from(nid: Nid) -> Listen {
+        Listen { nid, failover: Vec::new() }
+    }
+}
+
+/// How long [`Local::start`] waits for a remote MGS to take its targets' registrations.
+#[derive(Clone, Copy, Debug)]
+pub enum Registration {
+    /// Up to this long, then the start fails.
+    Wait(Duration),
+    /// Not at all: a target serves at once and registers in the background, retrying
+    /// until the MGS answers (a target taken over on a failover node, whose clients
+    /// find it by its NID listed already).
+    Background,
 }
 
 /// Whether the targets of a [`Local`] may still answer: a node's lease on their drives.
@@ -148,8 +191,8 @@ impl Drop for Local {
 impl Local {
     /// Serve the MGS (if here), the MDTs `mdts` and the OSTs `osts` (with their indices)
     /// on `transport`. `listen(name)` gives where each service listens (`name` is `mgs`,
-    /// `mdt0`, `ost3`…; a TCP port of 0 takes any free one). With a remote MGS, each
-    /// target registers with it, waiting up to `wait` for it to answer. With `recover`,
+    /// `mdt0`, `ost3`…; a TCP port of 0 takes any free one) and its target's failover
+    /// NIDs. With a remote MGS, each target registers with it as `registration` says. With `recover`,
     /// each MDT waits for its clients from before a restart to replay (see
     /// `nacre_net::recovery`); without, it forgets them (a whole file system restarting
     /// with its own new mount, where nobody from before comes back). With a `gate`, the
@@ -157,54 +200,78 @@ impl Local {
     #[allow(clippy::too_many_arguments)]
     pub async fn start(
         transport: Arc<dyn Transport>,
-        listen: impl Fn(&str) -> Nid,
+        listen: impl Fn(&str) -> Listen,
         mgs: MgsAt,
         mdts: Vec<Arc<Namespace>>,
         osts: Vec<(u32, Arc<Target>)>,
-        wait: Duration,
+        registration: Registration,
         recover: bool,
         gate: Option<Gate>,
     ) -> Result<Local, String> {
         let serve = |name: String, handler, service| {
-            let nid = listen(&name);
+            let at = listen(&name);
             let transport = transport.clone();
             async move {
-                Server::start_service(transport, &nid, handler, ServerConfig::default(), service)
+                let server = Server::start_service(transport, &at.nid, handler, ServerConfig::default(), service)
                     .await
-                    .map_err(|e| format!("{name}: cannot listen on {nid}: {e}"))
+                    .map_err(|e| format!("{name}: cannot listen on {}: {e}", at.nid))?;
+                // The NID served (a port of 0 became a real one), then the failover ones.
+                let nids: Vec<Nid> = std::iter::once(server.nid()).chain(at.failover).collect();
+                Ok::<_, String>((server, nids))
             }
         };
         let mut servers = Vec::new();
-        let (here, mgs_nid, fsname) = match mgs {
+        let (here, mgs_nid, fsname, known) = match mgs {
             MgsAt::Here(m) => {
-                let server = serve("mgs".into(), m.handler(), Service::default()).await?;
+                let (server, _) = serve("mgs".into(), m.handler(), Service::default()).await?;
                 let nid = server.nid();
                 servers.push(server);
                 let fsname = m.config().fsname;
-                (Some(m), nid, fsname)
+                (Some(m), nid, fsname, Vec::new())
             }
-            MgsAt::Remote { nid, fsname } => (None, nid, fsname),
+            MgsAt::Remote { nid, fsname, known } => (None, nid, fsname, known),
         };
         let client = Client::new(transport.clone(), ClientConfig { ping: false, ..ClientConfig::default() });
-        let register = |kind: TargetKind, index: u32, nid: Nid| {
+        let wait = match registration {
+            Registration::Wait(wait) => Some(wait),
+            Registration::Background => None,
+        };
+        let register = |kind: TargetKind, index: u32, nids: Vec<Nid>| {
             let (here, client, mgs_nid, fsname) = (here.clone(), client.clone(), mgs_nid.clone(), fsname.clone());
             async move {
+                let name = kind.name(&fsname, index);
                 if let Some(m) = &here {
+                    let nids = nids.iter().map(Nid::to_string).collect();
                     return m
-                        .register(&fsname, &TargetEntry { kind, index, nids: vec![nid.to_string()] })
+                        .register(&fsname, &TargetEntry { kind, index, nids })
                         .map(|_| ())
-                        .map_err(|e| format!("registering {}: {e}", kind.name(&fsname, index)));
+                        .map_err(|e| format!("registering {name}: {e}"));
                 }
                 let started = tokio::time::Instant::now();
+                let mut said = false;
                 loop {
-                    match register_remote(&client, &mgs_nid, &fsname, kind, index, &nid).await {
-                        Ok(()) => return Ok(()),
-                        Err(e) if started.elapsed() >= wait => return Err(e),
-                        Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+                    match register_remote(&client, &mgs_nid, &fsname, kind, index, &nids).await {
+                        Ok(()) => {
+                            if said {
+                                eprintln!("{name}: registered with the MGS at {mgs_nid}");
+                            }
+                            return Ok(());
+                        }
+                        Err(e) if wait.is_some_and(|w| started.elapsed() >= w) => return Err(e),
+                        Err(e) => {
+                            if wait.is_none() && !said {
+                                eprintln!("{name}: serving; registering when the MGS answers ({e})");
+                                said = true;
+                            }
+                            tokio::time::sleep(Duration::from_millis(500)).await
+                        }
                     }
                 }
             }
         };
+        let background = wait.is_none() && here.is_none();
+        // Registrations in the background, and the MDTs' configuration followers.
+        let mut followers = Vec::new();
         let mut osses = Vec::new();
         for (i, t) in osts {
             let oss = Oss::new(vec![t], OssConfig::default()).map_err(|e| format!("ost{i}: {e}"))?;
@@ -212,14 +279,18 @@ impl Local {
                 oss.forget_clients().map_err(|e| format!("ost{i}: {e}"))?;
             }
             let service = Service { target: Some(TargetKind::Ost.name(&fsname, i)), ..oss.service() };
-            let server = serve(format!("ost{i}"), gated(oss.handler(), gate.clone()), service).await?;
+            let (server, nids) = serve(format!("ost{i}"), gated(oss.handler(), gate.clone()), service).await?;
             oss.attach(server.handle());
-            register(TargetKind::Ost, i, server.nid()).await?;
+            let registering = register(TargetKind::Ost, i, nids);
+            if background {
+                followers.push(tokio::spawn(registering).abort_handle());
+            } else {
+                registering.await?;
+            }
             servers.push(server);
             osses.push(oss);
         }
         let mut mdses = Vec::new();
-        let mut followers = Vec::new();
         let mut clients = Vec::new();
         for ns in mdts {
             let index = ns.index();
@@ -233,13 +304,18 @@ impl Local {
                     .map_err(|e| format!("{name}: {e}"))?;
             }
             let service = Service { target: Some(TargetKind::Mdt.name(&fsname, index)), ..mds.service() };
-            let server = serve(name, gated(mds.handler(), gate.clone()), service).await?;
+            let (server, nids) = serve(name, gated(mds.handler(), gate.clone()), service).await?;
             mds.follow_evictions(server.handle());
-            register(TargetKind::Mdt, index, server.nid()).await?;
+            let registering = register(TargetKind::Mdt, index, nids);
+            if background {
+                followers.push(tokio::spawn(registering).abort_handle());
+            } else {
+                registering.await?;
+            }
             servers.push(server);
             let client = Client::new(transport.clone(), ClientConfig::default());
             clients.push(client.clone());
-            let task = tokio::spawn(follow_config(client, mgs_nid.clone(), mds.clone()));
+            let task = tokio::spawn(follow_config(client, mgs_nid.clone(), fsname.clone(), known.clone(), mds.clone()));
             followers.push(task.abort_handle());
             mdses.push(mds);
         }

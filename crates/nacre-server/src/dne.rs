@@ -25,6 +25,7 @@ use nacre_net::nid::Nid;
 use nacre_proto::dne::{DirDefault, DirStripe, HASH_FNV_1A_64, Update};
 use nacre_proto::fid::Fid;
 use nacre_proto::mdt::{self, Attr, Creds, Request, errno, mode};
+use nacre_proto::mgs::TargetKind;
 use nacre_proto::wire::Enc;
 use tokio::sync::{Semaphore, watch};
 
@@ -66,7 +67,9 @@ fn creds(c: &Cred) -> Creds {
 #[derive(Default)]
 struct Links {
     client: Option<Client>,
-    nids: HashMap<u32, Nid>,
+    fsname: String,
+    /// Each other MDT's NIDs, active first.
+    nids: HashMap<u32, Vec<Nid>>,
     imports: HashMap<u32, Arc<Import>>,
 }
 
@@ -133,25 +136,27 @@ impl Coordinator {
         self.mdts.load(Ordering::Relaxed)
     }
 
-    /// The file system has `mdts` MDTs, reached through `client` at `nids`.
-    pub fn set_peers(&self, mdts: u32, client: Client, nids: HashMap<u32, Nid>) {
+    /// File system `fsname` has `mdts` MDTs, reached through `client` at `nids` (each
+    /// MDT's NIDs, active first: a link walks them when the one it uses fails).
+    pub fn set_peers(&self, mdts: u32, client: Client, fsname: &str, nids: HashMap<u32, Vec<Nid>>) {
         let mut l = lock(&self.links);
-        // A link to an MDT that moved (restarted elsewhere) goes; the next step reconnects.
-        l.imports.retain(|m, i| nids.get(m) == Some(&i.target()));
+        // A link to an MDT at none of its NIDs now goes; the next step reconnects.
+        l.imports.retain(|m, i| nids.get(m).is_some_and(|n| n.contains(&i.target())));
         l.client = Some(client);
+        l.fsname = fsname.to_string();
         l.nids = nids;
         self.mdts.store(mdts.max(1), Ordering::Relaxed);
     }
 
     async fn import(&self, mdt: u32) -> Option<Arc<Import>> {
-        let (client, nid) = {
+        let (client, (name, nids)) = {
             let l = lock(&self.links);
             if let Some(i) = l.imports.get(&mdt) {
                 return Some(i.clone());
             }
-            (l.client.clone()?, l.nids.get(&mdt)?.clone())
+            (l.client.clone()?, (TargetKind::Mdt.name(&l.fsname, mdt), l.nids.get(&mdt)?.clone()))
         };
-        let i = client.connect(&nid).await.ok()?;
+        let i = client.connect_any(&name, &nids).await.ok()?;
         lock(&self.links).imports.insert(mdt, i.clone());
         Some(i)
     }

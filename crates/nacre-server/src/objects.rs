@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use nacre_net::client::{Client, Import};
 use nacre_net::nid::Nid;
+use nacre_proto::mgs::TargetKind;
 use nacre_proto::ost::{self, Request};
 
 use crate::mdt::Namespace;
@@ -49,9 +50,9 @@ pub struct ObjectService {
     osts: HashMap<u32, OstTasks>,
 }
 
-/// The tasks of one OST, and where they reach it.
+/// The tasks of one OST, and where they reach it (its NIDs, sorted).
 struct OstTasks {
-    at: Option<Nid>,
+    at: Option<Vec<Nid>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -83,20 +84,25 @@ impl ObjectService {
         service
     }
 
-    /// Serve the OSTs of the configuration, each (index, NID) target 0 of the server at
-    /// that NID: an OST seen before at the same NID keeps its tasks, whatever else
-    /// changed; one that is new or moved gets new ones, which connect through `client`
-    /// (trying again each second until it answers); one no longer listed is let go.
-    pub fn follow(&mut self, client: &Client, osts: &[(u32, Nid)]) {
+    /// Serve the OSTs of the configuration of file system `fsname`, each (index, NIDs)
+    /// target 0 of the server at the first NID that answers for it (the import walks the
+    /// others when that one fails): an OST seen before at the same NIDs keeps its tasks,
+    /// whatever else changed or whichever NID is listed first now; one that is new or
+    /// moved gets new ones, which connect through `client` (trying again each second
+    /// until it answers); one no longer listed is let go.
+    pub fn follow(&mut self, client: &Client, fsname: &str, osts: &[(u32, Vec<Nid>)]) {
         self.osts.retain(|index, _| osts.iter().any(|(i, _)| i == index));
-        for (index, nid) in osts {
-            if self.osts.get(index).is_some_and(|t| t.at.as_ref() == Some(nid)) {
+        for (index, nids) in osts {
+            let mut set = nids.clone();
+            set.sort();
+            if self.osts.get(index).is_some_and(|t| t.at.as_ref() == Some(&set)) {
                 continue;
             }
-            let (ns, client, nid2, batch, index) = (self.ns.clone(), client.clone(), nid.clone(), self.batch, *index);
+            let (ns, client, batch, index) = (self.ns.clone(), client.clone(), self.batch, *index);
+            let (name, nids) = (TargetKind::Ost.name(fsname, index), nids.clone());
             let task = tokio::spawn(async move {
                 let import = loop {
-                    match client.connect(&nid2).await {
+                    match client.connect_any(&name, &nids).await {
                         Ok(i) => break i,
                         Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
                     }
@@ -104,7 +110,7 @@ impl ObjectService {
                 serve(ns, OstLink { index, import, target: 0 }, batch).await
             });
             // Replacing the entry drops (aborts) the tasks that reached it elsewhere.
-            self.osts.insert(index, OstTasks { at: Some(nid.clone()), task });
+            self.osts.insert(index, OstTasks { at: Some(set), task });
         }
     }
 }

@@ -49,18 +49,18 @@ async fn file_system(n: u32) -> (Fs, MemNetwork) {
                 .await
                 .unwrap(),
         );
-        nids.insert(i, nid);
+        nids.insert(i, vec![nid]);
         mds.push(m);
     }
     for (i, m) in mds.iter().enumerate() {
         let peer = Client::new(Arc::new(net.transport(&format!("mds{i}-peer"))), ClientConfig::default());
-        m.coordinator().set_peers(n, peer, nids.clone());
+        m.coordinator().set_peers(n, peer, "nacre", nids.clone());
         m.recover().unwrap();
     }
     let client = Client::new(Arc::new(net.transport("c0")), ClientConfig::default());
     let mut imps = Vec::new();
     for i in 0..n {
-        imps.push(client.connect(&nids[&i]).await.unwrap());
+        imps.push(client.connect(&nids[&i][0]).await.unwrap());
     }
     (Fs { _servers: servers, mds, imps, creds: Creds::default() }, net)
 }
@@ -384,7 +384,7 @@ async fn a_crash_of_the_coordinator_is_finished_at_restart() {
     let s1 =
         Server::start(Arc::new(net.transport("mds1")), &nid1, mds1.handler(), ServerConfig::default()).await.unwrap();
     let v0 = volume("mdt0");
-    let peers = HashMap::from([(1, nid1.clone())]);
+    let peers = HashMap::from([(1, vec![nid1.clone()])]);
     let mkdir = Request::Mkdir { dir: Fid::ROOT, name: "d".into(), mode: 0o755, mdt: 1, count: 0 };
     {
         // Its log waits long for company: what nobody waits for stays in memory, so the
@@ -395,6 +395,7 @@ async fn a_crash_of_the_coordinator_is_finished_at_restart() {
         mds0.coordinator().set_peers(
             2,
             Client::new(Arc::new(net.transport("old0")), ClientConfig::default()),
+            "nacre",
             peers.clone(),
         );
         // Every answer of MDT 1 to this MDT 0 is lost: the step is done there, never
@@ -426,7 +427,12 @@ async fn a_crash_of_the_coordinator_is_finished_at_restart() {
     // MDT 0 restarts on its volume and finishes what it began.
     let ns0 = Arc::new(Namespace::open(v0, NamespaceOptions::default()).unwrap());
     let mds0 = Mds::new("mdt0", ns0.clone());
-    mds0.coordinator().set_peers(2, Client::new(Arc::new(net.transport("new0")), ClientConfig::default()), peers);
+    mds0.coordinator().set_peers(
+        2,
+        Client::new(Arc::new(net.transport("new0")), ClientConfig::default()),
+        "nacre",
+        peers,
+    );
     assert_eq!(mds0.recover().unwrap(), 1, "the intent was on the drives before its step left");
     for _ in 0..500 {
         if ns0.intents().unwrap().is_empty() {

@@ -286,15 +286,15 @@ async fn an_ost_that_does_not_answer_holds_up_none_of_the_others_and_is_served_w
     let mut svc = ObjectService::new(ns.clone(), 64);
     let level = |ns: &Namespace, ost: u32| ns.pool_levels().into_iter().find(|(o, _)| *o == ost).map(|(_, n)| n);
     // OST 1 is listed where nothing serves it.
-    let gone = (1, "oss1@mem".parse().unwrap());
-    svc.follow(&client, &[(0, servers[0].nid()), gone.clone()]);
+    let gone = (1, vec!["oss1@mem".parse().unwrap()]);
+    svc.follow(&client, "nacre", &[(0, vec![servers[0].nid()]), gone.clone()]);
     wait_for("OST 0's pool to fill", || level(&ns, 0).is_some_and(|n| n >= 32)).await;
     assert_eq!(level(&ns, 1), None, "OST 1 attached without answering");
     // The same configuration again, or with only OST 1 moved, leaves OST 0's tasks be:
     // its pool stays full without a precreate of its own objects over again.
-    svc.follow(&client, &[(0, servers[0].nid()), gone]);
+    svc.follow(&client, "nacre", &[(0, vec![servers[0].nid()]), gone]);
     let before = servers[0].stats();
-    svc.follow(&client, &[(0, servers[0].nid()), (1, servers[1].nid())]);
+    svc.follow(&client, "nacre", &[(0, vec![servers[0].nid()]), (1, vec![servers[1].nid()])]);
     wait_for("OST 1's pool to fill where it moved", || level(&ns, 1).is_some_and(|n| n >= 32)).await;
     let after = servers[0].stats();
     // A restarted task would have asked OST 0 its last id again.
@@ -309,6 +309,6 @@ async fn an_ost_that_does_not_answer_holds_up_none_of_the_others_and_is_served_w
     let osts: Vec<u32> = ns.objects(f.fid).unwrap().into_iter().flatten().map(|(o, _)| o).collect();
     assert_eq!(osts.len(), 2, "{osts:?}");
     // Dropped from the configuration: let go.
-    svc.follow(&client, &[(1, servers[1].nid())]);
+    svc.follow(&client, "nacre", &[(1, vec![servers[1].nid()])]);
     drop(svc);
 }

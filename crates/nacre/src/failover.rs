@@ -144,12 +144,12 @@ impl Drop for BenchFs {
 }
 
 /// A free port for the MGS below the kernel's ephemeral range (32768 and up), from which
-/// the services' own listeners and connections take theirs.
+/// connections take theirs, with the 15 after it free too (the nodes' fixed ports).
 pub(crate) fn spare_port() -> Option<u16> {
-    let start = std::process::id() % 12_000;
-    (0..12_000)
-        .map(|i| (20_000 + (start + i) % 12_000) as u16)
-        .find(|&p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+    let start = std::process::id() % 750;
+    (0..750)
+        .map(|i| (20_000 + 16 * ((start + i) % 750)) as u16)
+        .find(|&p| (p..p + 16).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()))
 }
 
 fn signal(pid: i32, sig: libc::c_int) -> Result<(), String> {

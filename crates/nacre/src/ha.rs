@@ -30,7 +30,7 @@ use nacre_net::transport::Shortcut;
 use nacre_proto::mgs::TargetKind;
 use nacre_raid::BlockDevice;
 use nacre_raid::lease::{Held, LeaseError, LeaseOptions, holder};
-use nacre_server::cluster::{Local, MgsAt};
+use nacre_server::cluster::{Listen, Local, MgsAt, Registration};
 
 use crate::service::Access;
 
@@ -46,6 +46,9 @@ pub struct Duty {
     pub dir: PathBuf,
     /// This node's own target (else a partner's it stands by for).
     pub primary: bool,
+    /// Where this node serves it, and where its other nodes do (when their ports are
+    /// fixed: see `up::ClusterFile`).
+    pub listen: Listen,
 }
 
 impl Duty {
@@ -100,9 +103,11 @@ impl Duty {
 #[derive(Clone)]
 pub struct Node {
     pub name: String,
-    pub host: String,
     pub mgs: Nid,
     pub fsname: String,
+    /// The file system's targets as the cluster file places them, for the MDTs taken
+    /// here while the MGS does not answer.
+    known: Vec<nacre_proto::mgs::TargetEntry>,
     pub lease: LeaseOptions,
     /// Leases held, by target label, dropped (released) by [`Node::release`] once every
     /// target closed, or handed over when an operator moves one.
@@ -112,12 +117,12 @@ pub struct Node {
 }
 
 impl Node {
-    pub fn new(name: &str, host: &str, mgs: Nid, fsname: &str) -> Node {
+    pub fn new(name: &str, mgs: Nid, fsname: &str, known: Vec<nacre_proto::mgs::TargetEntry>) -> Node {
         Node {
             name: name.into(),
-            host: host.into(),
             mgs,
             fsname: fsname.into(),
+            known,
             lease: LeaseOptions::new(name),
             held: Arc::default(),
             stopping: Arc::new(tokio::sync::watch::channel(false).0),
@@ -214,11 +219,13 @@ impl Node {
             Opened::Mdt(ns) => (vec![ns.clone()], vec![]),
             Opened::Ost(t) => (vec![], vec![(duty.index, t.clone())]),
         };
-        let (host, mgs_nid) = (self.host.clone(), self.mgs.clone());
-        let listen = move |_: &str| -> Nid { format!("{host}@tcp:0").parse().unwrap_or_else(|_| mgs_nid.clone()) };
-        let mgs = MgsAt::Remote { nid: self.mgs.clone(), fsname: self.fsname.clone() };
+        let at = duty.listen.clone();
+        let listen = move |_: &str| at.clone();
+        let mgs = MgsAt::Remote { nid: self.mgs.clone(), fsname: self.fsname.clone(), known: self.known.clone() };
+        // Served at once, registered when the MGS answers: clients that know the target's
+        // NIDs find it here even while the MGS is down.
         let local =
-            Local::start(Arc::new(Shortcut), listen, mgs, mdts, osts, Duration::from_secs(300), true, Some(gate))
+            Local::start(Arc::new(Shortcut), listen, mgs, mdts, osts, Registration::Background, true, Some(gate))
                 .await
                 .map_err(|e| TakeError::Other(format!("{label}: {e}")))?;
         eprintln!("{label}: opened, registered and serving in {:.1} s", started.elapsed().as_secs_f64());
@@ -364,19 +371,10 @@ impl std::fmt::Display for TakeError {
 
 /// A target as the cluster file places it (for `nacre status`).
 pub struct Spot {
-    pub kind: TargetKind,
-    pub index: u32,
     /// Its primary, then its failover nodes.
     pub nodes: Vec<String>,
-    /// Its drive files, as its primary sees them.
-    pub dir: PathBuf,
-}
-
-impl Spot {
     /// The target as its primary serves it (its label, its lease's drives).
-    fn duty(&self) -> Duty {
-        Duty { kind: self.kind, index: self.index, dir: self.dir.clone(), primary: true }
-    }
+    pub duty: Duty,
 }
 
 /// Where a cluster file is: `--config`, or `DATA/cluster.toml`.
@@ -436,9 +434,9 @@ fn find_spot<'a>(spots: &'a [Spot], fsname: &str, name: &str) -> Result<&'a Spot
     let want = name.to_ascii_uppercase();
     spots
         .iter()
-        .find(|s| s.duty().label() == want || s.kind.name(fsname, s.index).eq_ignore_ascii_case(name))
+        .find(|s| s.duty.label() == want || s.duty.kind.name(fsname, s.duty.index).eq_ignore_ascii_case(name))
         .ok_or_else(|| {
-            let known: Vec<String> = spots.iter().map(|s| s.duty().label()).collect();
+            let known: Vec<String> = spots.iter().map(|s| s.duty.label()).collect();
             format!("no target {name:?} in the cluster file (it has {})", known.join(", "))
         })
 }
@@ -473,7 +471,7 @@ fn first_nid(served: &str, name: &str) -> Option<String> {
 /// Ask the holder of `spot` to hand it to `to` (default: its first other node). Errors
 /// name what is wrong, and nothing is written then.
 fn ask(spot: &Spot, to: Option<&str>, fsname: &str, mgs: &Nid) -> Result<Asked, String> {
-    let duty = spot.duty();
+    let duty = &spot.duty;
     let label = duty.label();
     if spot.nodes.len() < 2 {
         return Err(format!("{label} has no failover node (only {})", spot.nodes.join(", ")));
@@ -495,7 +493,7 @@ fn ask(spot: &Spot, to: Option<&str>, fsname: &str, mgs: &Nid) -> Result<Asked, 
         Some(to) => to.to_string(),
         None => spot.nodes.iter().find(|n| **n != b.node).cloned().unwrap_or_default(),
     };
-    let name = spot.kind.name(fsname, spot.index);
+    let name = spot.duty.kind.name(fsname, spot.duty.index);
     let nid_before = served_nids(mgs).map(|s| first_nid(&s, &name).unwrap_or_default());
     nacre_raid::lease::ask_move(&drives, b.epoch, &to).map_err(|e| format!("{label}: {e}"))?;
     Ok(Asked { label, name, from: b.node, to, epoch: b.epoch, drives, nid_before })
@@ -567,7 +565,7 @@ pub fn failback(a: FailbackArgs) -> crate::service::CliResult {
     };
     let mut asked = Vec::new();
     for s in chosen {
-        let duty = s.duty();
+        let duty = &s.duty;
         let primary = &s.nodes[0];
         let on = duty.lease_drives().ok().and_then(|d| holder(&d).ok().flatten());
         match on {
@@ -593,7 +591,7 @@ pub fn status(a: StatusArgs) -> crate::service::CliResult {
     let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
     let mut rows = Vec::new();
     for s in &spots {
-        let duty = s.duty();
+        let duty = &s.duty;
         let (holder_node, lease, epoch, age_s) = match duty.lease_drives() {
             Err(e) if e.contains("in use") => (String::new(), "exclusive (no failover)".to_string(), 0, None),
             Err(e) => (String::new(), format!("unreadable: {e}"), 0, None),
@@ -615,7 +613,7 @@ pub fn status(a: StatusArgs) -> crate::service::CliResult {
                 Err(why) => (String::new(), format!("held by an unknown node ({why})"), 0, None),
             },
         };
-        let name = s.kind.name(&fsname, s.index);
+        let name = s.duty.kind.name(&fsname, s.duty.index);
         let nids = served.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).unwrap_or("").trim().to_string();
         rows.push((duty.label(), s.nodes.join(", "), holder_node, lease, epoch, age_s, nids));
     }

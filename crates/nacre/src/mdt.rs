@@ -194,7 +194,8 @@ pub fn run(cmd: MdtCommand) -> CliResult {
                         Arc::new(nacre_net::transport::TcpTransport),
                         nacre_net::client::ClientConfig::default(),
                     );
-                    tokio::spawn(nacre_server::cluster::follow_config(client, mgs.clone(), mds));
+                    let fsname = join.fsname.clone();
+                    tokio::spawn(nacre_server::cluster::follow_config(client, mgs.clone(), fsname, Vec::new(), mds));
                 }
                 Ok(())
             })

@@ -90,5 +90,5 @@ pub fn run(cmd: MgsCommand) -> CliResult {
 pub async fn register(mgs: &Nid, fsname: &str, kind: TargetKind, index: u32, nid: &Nid) -> CliResult {
     let cfg = nacre_net::client::ClientConfig { ping: false, ..Default::default() };
     let client = nacre_net::client::Client::new(Arc::new(nacre_net::transport::TcpTransport), cfg);
-    Ok(nacre_server::cluster::register_remote(&client, mgs, fsname, kind, index, nid).await?)
+    Ok(nacre_server::cluster::register_remote(&client, mgs, fsname, kind, index, std::slice::from_ref(nid)).await?)
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use nacre_net::nid::Nid;
 use nacre_net::transport::Shortcut;
-use nacre_server::cluster::{Local, MgsAt};
+use nacre_server::cluster::{Listen, Local, MgsAt, Registration};
 
 use crate::service::CliResult;
 use crate::size::parse_size;
@@ -80,7 +80,8 @@ pub struct UpArgs {
     /// A failover pair on this machine: two server nodes (`a` with the MDTs and the first
     /// half of the OSTs, `b` with the rest) that share every drive file and each take the
     /// other's targets when its lease on them expires, the MGS in a process of its own,
-    /// and the mount in another. Kill one node and the other serves its targets.
+    /// and the mount in another. Kill one node and the other serves its targets. The
+    /// nodes serve at fixed ports after the MGS's (`--port`): one per target each.
     #[arg(long, conflicts_with_all = ["foreground", "per_service"])]
     pub ha: bool,
     /// Started by `up` to serve in the background (its stdout goes when ready).
@@ -369,7 +370,9 @@ pub fn up(a: UpArgs) -> CliResult {
             data: a.data.clone(),
             mgs: conf.mgs()?,
             mgs_here: true,
+            known: Vec::new(),
             host: conf.host.clone(),
+            fixed: Vec::new(),
             mdts: (0..conf.mdts).collect(),
             osts: (0..conf.osts).collect(),
             total_osts: conf.osts as usize,
@@ -428,8 +431,14 @@ struct Plan {
     /// Where the MGS listens, and whether this process serves it.
     mgs: Nid,
     mgs_here: bool,
+    /// The file system's targets as the cluster file places them (see
+    /// `ClusterFile::known`).
+    known: Vec<nacre_proto::mgs::TargetEntry>,
     /// The address this process's services listen on.
     host: String,
+    /// Where each target served here listens, by service name (`mdt0`, `ost3`), when the
+    /// node has fixed ports; else on any free port of `host`.
+    fixed: Vec<(String, Listen)>,
     mdts: Vec<u32>,
     osts: Vec<u32>,
     /// OSTs of the whole file system: the MDTs here wait for objects on all of them.
@@ -448,16 +457,19 @@ struct Plan {
     ha: Vec<crate::ha::Duty>,
 }
 
+/// How long a serving process waits for the MGS to take its targets' registrations.
+const WAIT_MGS: Registration = Registration::Wait(Duration::from_secs(300));
+
 /// Serve `p` until SIGTERM or Ctrl-C; the caller holds the data folder's lock.
 fn serve(p: &Plan) -> CliResult {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let data = p.data.clone();
-    let ha = crate::ha::Node::new(&p.tag, &p.host, p.mgs.clone(), &p.fsname);
+    let ha = crate::ha::Node::new(&p.tag, p.mgs.clone(), &p.fsname, p.known.clone());
     let result: CliResult = rt.block_on(async {
         let mgs = if p.mgs_here {
             MgsAt::Here(Arc::new(crate::mgs::open(&data.join("mgs"))?))
         } else {
-            MgsAt::Remote { nid: p.mgs.clone(), fsname: p.fsname.clone() }
+            MgsAt::Remote { nid: p.mgs.clone(), fsname: p.fsname.clone(), known: p.known.clone() }
         };
         let mut mdts = Vec::new();
         for &i in &p.mdts {
@@ -467,18 +479,22 @@ fn serve(p: &Plan) -> CliResult {
         for &i in &p.osts {
             osts.push((i, Arc::new(crate::ost::open(&data.join(format!("ost{i}")), &format!("ost{i}"))?)));
         }
-        let (host, m) = (p.host.clone(), p.mgs.clone());
-        let listen = move |name: &str| -> Nid {
-            if name == "mgs" { m.clone() } else { format!("{host}@tcp:0").parse().unwrap_or_else(|_| m.clone()) }
+        let (host, m, fixed) = (p.host.clone(), p.mgs.clone(), p.fixed.clone());
+        let listen = move |name: &str| -> Listen {
+            if name == "mgs" {
+                return m.clone().into();
+            }
+            match fixed.iter().find(|(n, _)| n == name) {
+                Some((_, at)) => at.clone(),
+                None => format!("{host}@tcp:0").parse::<Nid>().unwrap_or_else(|_| m.clone()).into(),
+            }
         };
         if !p.mgs_here {
             println!("registering with the MGS at {}", p.mgs);
         }
         // Other processes and machines reach these services over TCP; this process's own
         // mount and the targets among themselves go through memory.
-        let local =
-            Local::start(Arc::new(Shortcut), listen, mgs, mdts, osts, Duration::from_secs(300), p.recover, None)
-                .await?;
+        let local = Local::start(Arc::new(Shortcut), listen, mgs, mdts, osts, WAIT_MGS, p.recover, None).await?;
         if !local.wait_ready(p.total_osts, Duration::from_secs(300)).await {
             return Err(format!("the MDTs here got no objects from the {} OSTs within 300 s", p.total_osts).into());
         }
@@ -600,6 +616,7 @@ fn notify_ready() {
 /// [[node]]
 /// name = "oss1"
 /// host = "10.0.0.2"
+/// port = 9410                     # its targets' first TCP port (default: any free ones)
 /// data = "/srv/nacre"
 /// osts = [0, 1]
 /// ost_size = "4G"                 # made at the first start, as `nacre up`'s options
@@ -607,6 +624,7 @@ fn notify_ready() {
 /// [[node]]
 /// name = "oss2"                   # oss1's failover partner: it sees the same drives
 /// host = "10.0.0.3"
+/// port = 9410
 /// data = "/srv/nacre"
 /// osts = [2]
 /// failover_osts = [0, 1]          # served here when oss1's lease on them expires
@@ -614,6 +632,12 @@ fn notify_ready() {
 ///
 /// A target with a failover node is served under a lease on its drives (see `ha`): its
 /// nodes open the drives shared, and only the lease's holder writes.
+///
+/// A node with a `port` serves each target of the file system it may serve at a port of
+/// its own: MDT `i` at `port + i`, OST `i` at `port + MDTs + i`. A target whose nodes all
+/// have ports is registered with the MGS with all their NIDs at once, so that its
+/// clients know where it may go before it first moves (and find it there when the MGS
+/// is down); without, a failover node's NID is known once it first serves the target.
 #[derive(serde::Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
 struct ClusterFile {
@@ -627,6 +651,8 @@ struct ClusterFile {
 struct NodeFile {
     name: String,
     host: String,
+    /// The first TCP port of its targets (see [`ClusterFile`]).
+    port: Option<u16>,
     data: PathBuf,
     #[serde(default)]
     mgs: bool,
@@ -650,6 +676,56 @@ struct NodeFile {
     #[serde(default)]
     preallocate: bool,
     mount: Option<PathBuf>,
+}
+
+impl ClusterFile {
+    /// How many MDTs and OSTs the file system has.
+    fn counts(&self) -> (u32, u32) {
+        let count = |f: &dyn Fn(&NodeFile) -> usize| self.node.iter().map(f).sum::<usize>() as u32;
+        (count(&|n| n.mdts.len()), count(&|n| n.osts.len()))
+    }
+
+    /// Where node `n` serves target `index` of `kind`: its fixed port for it, or any free
+    /// one.
+    fn nid(&self, n: &NodeFile, kind: nacre_proto::mgs::TargetKind, index: u32) -> Result<Nid, String> {
+        let port = match (n.port, kind) {
+            (None, _) => 0,
+            (Some(p), nacre_proto::mgs::TargetKind::Mdt) => u32::from(p) + index,
+            (Some(p), nacre_proto::mgs::TargetKind::Ost) => u32::from(p) + self.counts().0 + index,
+        };
+        format!("{}@tcp:{port}", n.host).parse().map_err(|e| format!("node {}: host {:?}: {e}", n.name, n.host))
+    }
+
+    /// Where node `n` listens for target `index` of `kind`, and the NIDs of the target's
+    /// other nodes that have fixed ports (its primary first).
+    fn listen(&self, n: &NodeFile, kind: nacre_proto::mgs::TargetKind, index: u32) -> Result<Listen, String> {
+        let nodes = self.node.iter().filter(|m| m.targets(kind).0.contains(&index));
+        let nodes = nodes.chain(self.node.iter().filter(|m| m.targets(kind).1.contains(&index)));
+        let mut failover = Vec::new();
+        for m in nodes.filter(|m| m.name != n.name && m.port.is_some()) {
+            failover.push(self.nid(m, kind, index)?);
+        }
+        Ok(Listen { nid: self.nid(n, kind, index)?, failover })
+    }
+}
+
+impl ClusterFile {
+    /// Every target whose nodes have fixed ports, at all their NIDs (its primary's
+    /// first): what a node knows of the file system without its MGS.
+    fn known(&self) -> Vec<nacre_proto::mgs::TargetEntry> {
+        use nacre_proto::mgs::TargetKind;
+        let mut known = Vec::new();
+        for kind in [TargetKind::Mdt, TargetKind::Ost] {
+            for primary in self.node.iter().filter(|n| n.port.is_some()) {
+                for &index in primary.targets(kind).0 {
+                    let Ok(at) = self.listen(primary, kind, index) else { continue };
+                    let nids = std::iter::once(at.nid).chain(at.failover).map(|n| n.to_string()).collect();
+                    known.push(nacre_proto::mgs::TargetEntry { kind, index, nids });
+                }
+            }
+        }
+        known
+    }
 }
 
 impl NodeFile {
@@ -705,6 +781,37 @@ fn load_cluster(path: &Path) -> Result<ClusterFile, Box<dyn std::error::Error>> 
             .into());
         }
     }
+    // Fixed ports: each node's span (one port per target of the file system) fits, and
+    // spans on one address overlap neither each other nor the MGS's port.
+    let (mdts, osts) = c.counts();
+    let span = mdts + osts;
+    let mut spans: Vec<(std::net::IpAddr, u32, u32, String)> = Vec::new();
+    if let Ok(Nid::Tcp(at)) = c.mgs.parse::<Nid>() {
+        spans.push((at.ip(), u32::from(at.port()), 1, format!("the MGS's port {}", at.port())));
+    }
+    for n in &c.node {
+        let Some(port) = n.port else { continue };
+        let (first, last) = (u32::from(port), u32::from(port) + span.max(1) - 1);
+        if port == 0 || last > 65_535 {
+            return Err(format!(
+                "{}: node {}: port = {port}: the ports of its {span} targets must lie within 1 to 65535",
+                path.display(),
+                n.name
+            )
+            .into());
+        }
+        if let Ok(Nid::Tcp(at)) = c.nid(n, nacre_proto::mgs::TargetKind::Mdt, 0) {
+            spans.push((at.ip(), first, last - first + 1, format!("node {}'s ports {first} to {last}", n.name)));
+        }
+    }
+    for (i, a) in spans.iter().enumerate() {
+        if let Some(b) = spans[i + 1..].iter().find(|b| a.0 == b.0 && a.1 < b.1 + b.2 && b.1 < a.1 + a.2) {
+            return Err(format!("{}: on {}, {} and {} overlap", path.display(), a.0, a.3, b.3).into());
+        }
+    }
+    for n in &c.node {
+        c.nid(n, nacre_proto::mgs::TargetKind::Mdt, 0).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
     let mut names: Vec<&str> = c.node.iter().map(|n| n.name.as_str()).collect();
     names.sort_unstable();
     if names.windows(2).any(|w| w[0] == w[1]) {
@@ -746,35 +853,49 @@ pub(crate) fn cluster_targets(path: &Path) -> Result<(String, Nid, Vec<crate::ha
             for &index in primary.targets(kind).0 {
                 let mut nodes = vec![primary.name.clone()];
                 nodes.extend(c.node.iter().filter(|n| n.targets(kind).1.contains(&index)).map(|n| n.name.clone()));
-                spots.push(crate::ha::Spot { kind, index, nodes, dir: primary.data.join(format!("{dir}{index}")) });
+                let duty = crate::ha::Duty {
+                    kind,
+                    index,
+                    dir: primary.data.join(format!("{dir}{index}")),
+                    primary: true,
+                    listen: c.listen(primary, kind, index)?,
+                };
+                spots.push(crate::ha::Spot { nodes, duty });
             }
         }
     }
-    spots.sort_by_key(|s| (s.kind, s.index));
+    spots.sort_by_key(|s| (s.duty.kind, s.duty.index));
     Ok((c.fsname.clone(), c.mgs.parse()?, spots))
 }
 
 /// The targets `n` serves or stands by for that have a failover node: served under a
 /// lease on their drives.
-fn duties(c: &ClusterFile, n: &NodeFile) -> Vec<crate::ha::Duty> {
+fn duties(c: &ClusterFile, n: &NodeFile) -> Result<Vec<crate::ha::Duty>, String> {
     use nacre_proto::mgs::TargetKind;
     let shared = |kind: TargetKind, i: u32| c.node.iter().any(|m| m.targets(kind).1.contains(&i));
-    let duty = |kind: TargetKind, index: u32, primary: bool| crate::ha::Duty {
-        kind,
-        index,
-        dir: n.data.join(match kind {
-            TargetKind::Mdt => format!("mdt{index}"),
-            TargetKind::Ost => format!("ost{index}"),
-        }),
-        primary,
+    let duty = |kind: TargetKind, index: u32, primary: bool| -> Result<crate::ha::Duty, String> {
+        Ok(crate::ha::Duty {
+            kind,
+            index,
+            dir: n.data.join(match kind {
+                TargetKind::Mdt => format!("mdt{index}"),
+                TargetKind::Ost => format!("ost{index}"),
+            }),
+            primary,
+            listen: c.listen(n, kind, index)?,
+        })
     };
     let mut out = Vec::new();
     for kind in [TargetKind::Mdt, TargetKind::Ost] {
         let (own, theirs) = n.targets(kind);
-        out.extend(own.iter().filter(|&&i| shared(kind, i)).map(|&i| duty(kind, i, true)));
-        out.extend(theirs.iter().map(|&i| duty(kind, i, false)));
+        for &i in own.iter().filter(|&&i| shared(kind, i)) {
+            out.push(duty(kind, i, true)?);
+        }
+        for &i in theirs {
+            out.push(duty(kind, i, false)?);
+        }
     }
-    out
+    Ok(out)
 }
 
 /// `nacre server --config FILE --node NAME`: make this node's targets at the first start,
@@ -786,7 +907,7 @@ pub fn server(a: ServerArgs) -> CliResult {
         format!("{}: no node {:?} (nodes: {})", a.config.display(), a.node, names.join(", "))
     })?;
     std::fs::create_dir_all(&n.data).map_err(|e| format!("{}: {e}", n.data.display()))?;
-    let ha = duties(&c, n);
+    let ha = duties(&c, n)?;
     // A partner's targets must be in sight before this node stands by for them.
     for d in ha.iter().filter(|d| !d.primary) {
         d.lease_drives().map_err(|e| format!("node {} cannot stand by for {e} (its primary makes them)", n.name))?;
@@ -822,14 +943,30 @@ pub fn server(a: ServerArgs) -> CliResult {
     let unshared = |kind, ids: &[u32]| -> Vec<u32> {
         ids.iter().copied().filter(|&i| !ha.iter().any(|d| d.kind == kind && d.index == i)).collect()
     };
+    let (mdts, osts) =
+        (unshared(nacre_proto::mgs::TargetKind::Mdt, &n.mdts), unshared(nacre_proto::mgs::TargetKind::Ost, &n.osts));
+    let mut fixed = Vec::new();
+    if n.port.is_some() {
+        for (kind, ids) in [(nacre_proto::mgs::TargetKind::Mdt, &mdts), (nacre_proto::mgs::TargetKind::Ost, &osts)] {
+            for &i in ids {
+                let name = match kind {
+                    nacre_proto::mgs::TargetKind::Mdt => format!("mdt{i}"),
+                    nacre_proto::mgs::TargetKind::Ost => format!("ost{i}"),
+                };
+                fixed.push((name, c.listen(n, kind, i)?));
+            }
+        }
+    }
     let plan = Plan {
         fsname: c.fsname.clone(),
         data: n.data.clone(),
         mgs: c.mgs.parse()?,
         mgs_here: n.mgs,
+        known: c.known(),
         host: n.host.clone(),
-        mdts: unshared(nacre_proto::mgs::TargetKind::Mdt, &n.mdts),
-        osts: unshared(nacre_proto::mgs::TargetKind::Ost, &n.osts),
+        fixed,
+        mdts,
+        osts,
         total_osts: if n.mdts.is_empty() { 0 } else { c.node.iter().map(|n| n.osts.len()).sum() },
         mount: n.mount.clone(),
         mount_opts: a.mount_opts.clone(),
@@ -925,11 +1062,15 @@ fn up_per_service(a: &UpArgs) -> CliResult {
     if a.ha {
         let list = |r: std::ops::Range<u32>| r.map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
         let (half, mdts, osts) = (conf.osts.div_ceil(2), conf.mdts, conf.osts);
+        // Fixed ports after the MGS's, a's then b's: clients know both NIDs of every
+        // target from the start.
+        let port = |node: u32| u32::from(conf.port) + 1 + node * (mdts + osts);
         // b first: a's MDTs wait for objects on every OST.
         toml += &node(
             "b",
             &format!(
-                "osts = [{}]\nfailover_mdts = [{}]\nfailover_osts = [{}]",
+                "port = {}\nosts = [{}]\nfailover_mdts = [{}]\nfailover_osts = [{}]",
+                port(1),
                 list(half..osts),
                 list(0..mdts),
                 list(0..half)
@@ -937,7 +1078,13 @@ fn up_per_service(a: &UpArgs) -> CliResult {
         );
         toml += &node(
             "a",
-            &format!("mdts = [{}]\nosts = [{}]\nfailover_osts = [{}]", list(0..mdts), list(0..half), list(half..osts)),
+            &format!(
+                "port = {}\nmdts = [{}]\nosts = [{}]\nfailover_osts = [{}]",
+                port(0),
+                list(0..mdts),
+                list(0..half),
+                list(half..osts)
+            ),
         );
         names.extend(["b".to_string(), "a".to_string()]);
     } else {

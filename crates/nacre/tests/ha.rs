@@ -140,6 +140,64 @@ fn a_killed_node_hands_its_targets_to_its_partner_and_the_mount_carries_on() {
     check_files(&again);
 }
 
+/// Target `t`'s NIDs as `nacre status --json` has them from the MGS (active first).
+fn nids_of(up: &Up, t: &str) -> String {
+    let out = nacre().args(["status", "--json", "--data"]).arg(&up.data).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = status["targets"].as_array().unwrap().iter();
+    rows.filter(|r| r["target"] == t).map(|r| r["nids"].as_str().unwrap_or_default().to_string()).collect()
+}
+
+#[test]
+fn with_the_mgs_down_a_killed_node_hands_its_targets_over_and_the_mount_finds_them() {
+    let up = up("nomgs");
+    // Fixed ports after the MGS's: a's (MDT0, OST0, OST1), then b's. Every target is
+    // listed at both its nodes before anything moves, its serving node first.
+    let nid = |port: u16| format!("127.0.0.1@tcp:{port}");
+    let (a_port, b_port) = (up.port + 1, up.port + 4);
+    assert_eq!(nids_of(&up, "MDT0"), format!("{},{}", nid(a_port), nid(b_port)));
+    assert_eq!(nids_of(&up, "OST0"), format!("{},{}", nid(a_port + 1), nid(b_port + 1)));
+    assert_eq!(nids_of(&up, "OST1"), format!("{},{}", nid(b_port + 2), nid(a_port + 2)));
+    striped_dirs(&up.mnt);
+    let before = write_files(&up.mnt, 1);
+
+    // The MGS goes first, then node a: b takes MDT0 and OST0 with no MGS to register
+    // with, and the mount walks to b's NIDs on its own.
+    signal(pid_of(&up, "mgs"), libc::SIGKILL);
+    signal(pid_of(&up, "a"), libc::SIGKILL);
+    let started = Instant::now();
+    let after = write_files(&up.mnt, 2);
+    eprintln!("first changes after the kill took {:?}", started.elapsed());
+    check_files(&before);
+    check_files(&after);
+    let log = log_of(&up, "b");
+    for (target, name, port) in [("MDT0", "nacre-MDT0000", b_port), ("OST0", "nacre-OST0000", b_port + 1)] {
+        assert!(log.contains(&format!("{target}: served by node b at {}", nid(port))), "{log}");
+        assert!(log.contains(&format!("{name}: serving; registering when the MGS answers")), "{log}");
+    }
+
+    // The MGS back: b's registrations land, and its NIDs come first.
+    let cluster = up.data.join("cluster.toml");
+    let out = nacre().args(["server", "--config"]).arg(&cluster).args(["--node", "mgs"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let waited = Instant::now();
+    while !nids_of(&up, "MDT0").starts_with(&nid(b_port)) && waited.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(nids_of(&up, "MDT0"), format!("{},{}", nid(b_port), nid(a_port)));
+    assert_eq!(nids_of(&up, "OST0"), format!("{},{}", nid(b_port + 1), nid(a_port + 1)));
+    let log = log_of(&up, "b");
+    assert!(
+        log.contains("nacre-MDT0000: registered with the MGS at") && log.contains("nacre-OST0000: registered"),
+        "{log}"
+    );
+    let again = write_files(&up.mnt, 3);
+    check_files(&before);
+    check_files(&after);
+    check_files(&again);
+}
+
 #[test]
 fn a_stopped_node_is_taken_over_after_its_lease_expires_and_steps_down_when_it_wakes() {
     let up = up("stop");
@@ -173,8 +231,10 @@ fn cluster(dir: &Path, nodes: &str) -> std::path::PathBuf {
     let p = dir.join("cluster.toml");
     let data = dir.join("data");
     fs::create_dir_all(&data).unwrap();
-    let text = format!("fsname = \"ha\"\nmgs = \"127.0.0.1@tcp:{}\"\n{}", common::free_port(), nodes)
-        .replace("DATA", &data.display().to_string());
+    let port = common::free_port();
+    let text = format!("fsname = \"ha\"\nmgs = \"127.0.0.1@tcp:{port}\"\n{nodes}")
+        .replace("DATA", &data.display().to_string())
+        .replace("MGSPORT", &port.to_string());
     fs::write(&p, text).unwrap();
     p
 }
@@ -195,6 +255,17 @@ fn failover_pairs_in_a_cluster_file_are_checked_before_anything_starts() {
             node("m", "mgs = true\nmdts = [0]\nosts = [0]") + &node("b", "failover_osts = [0, 0]"),
             "node b lists OST 0 twice",
         ),
+        // Fixed ports: within range, and apart on one address.
+        (
+            node("m", "mgs = true\nport = 65535\nmdts = [0]\nosts = [0]"),
+            "node m: port = 65535: the ports of its 2 targets must lie within 1 to 65535",
+        ),
+        (
+            node("m", "mgs = true\nport = 20000\nmdts = [0]\nosts = [0]")
+                + &node("b", "port = 20001\nfailover_osts = [0]"),
+            "on 127.0.0.1, node m's ports 20000 to 20001 and node b's ports 20001 to 20002 overlap",
+        ),
+        (node("m", "mgs = true\nport = MGSPORT\nmdts = [0]\nosts = [0]"), "and node m's ports"),
         // b stands by for OST0, whose drives are not where b looks.
         (
             node("m", "mgs = true\nmdts = [0]\nosts = [0]") + &node("b", "failover_osts = [0]"),
@@ -204,7 +275,21 @@ fn failover_pairs_in_a_cluster_file_are_checked_before_anything_starts() {
     for (nodes, said) in cases {
         let c = cluster(&dir, &nodes);
         let node = if said.contains("cannot stand by") { "b" } else { "m" };
-        let out = nacre().args(["server", "--foreground", "--config"]).arg(&c).args(["--node", node]).output().unwrap();
+        // In the foreground, so that a file wrongly taken serves: killed after a minute.
+        let mut child = nacre()
+            .args(["server", "--foreground", "--config"])
+            .arg(&c)
+            .args(["--node", node])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        while child.try_wait().unwrap().is_none() && started.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(said), "{nodes}\n{err}");
         // Nothing was made for a refused file.

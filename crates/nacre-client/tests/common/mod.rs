@@ -4,10 +4,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nacre_client::{FileSystem, MountOptions};
+use nacre_net::nid::Nid;
 use nacre_net::transport::MemNetwork;
 use nacre_osd::{Target, TargetOptions};
 use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, Volume, VolumeOptions};
-use nacre_server::cluster::{Local, MgsAt};
+use nacre_server::cluster::{Local, MgsAt, Registration};
 use nacre_server::mdt::{Namespace, NamespaceOptions};
 use nacre_server::mgs::Mgs;
 
@@ -49,8 +50,9 @@ impl TestFs {
             .collect::<Vec<_>>();
         let targets = osts.iter().map(|(_, t)| t.clone()).collect();
         let t = Arc::new(net.transport("servers"));
-        let listen = |name: &str| format!("{name}@mem").parse().unwrap();
-        let local = Local::start(t, listen, MgsAt::Here(mgs), mdts, osts, Duration::ZERO, false, None).await.unwrap();
+        let listen = |name: &str| format!("{name}@mem").parse::<Nid>().unwrap().into();
+        let wait = Registration::Wait(Duration::ZERO);
+        let local = Local::start(t, listen, MgsAt::Here(mgs), mdts, osts, wait, false, None).await.unwrap();
         assert!(local.wait_ready(n_osts, Duration::from_secs(30)).await, "the MDTs never got objects");
         TestFs { net, local, osts: targets }
     }

@@ -73,14 +73,16 @@ pub fn bench_figures(out: &std::process::Output, keys: &[&str]) -> serde_json::V
 
 /// A free TCP port for an MGS, below the kernel's ephemeral range (32768 and up): a port
 /// the kernel handed out could be handed out again, to a service's listener or a
-/// connection, between this check and the MGS's bind ("Address already in use").
+/// connection, between this check and the MGS's bind ("Address already in use"). The
+/// 15 ports after it are free too, and no other call of this process returns one of
+/// them: `nacre up --ha` gives its nodes fixed ports there.
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let start = std::process::id().wrapping_mul(37) % 12_000;
+    let start = std::process::id().wrapping_mul(37) % 750;
     loop {
-        let port = (20_000 + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % 12_000) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        let port = (20_000 + 16 * ((start + NEXT.fetch_add(1, Ordering::Relaxed)) % 750)) as u16;
+        if (port..port + 16).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()) {
             return port;
         }
     }
