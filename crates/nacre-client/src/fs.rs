@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use nacre_net::client::{Client, ClientConfig, Import};
-use nacre_net::nid::Nid;
+use nacre_net::nid::{Nid, NidList};
 use nacre_net::rpc::SplitMix;
 use nacre_net::transport::{TcpTransport, Transport};
 use nacre_proto::dne::{DirDefault, DirStripe};
@@ -98,7 +98,8 @@ pub type Revoker = Arc<dyn Fn(Vec<LeaseKey>) + Send + Sync>;
 pub(crate) struct Inner {
     pub(crate) client: Client,
     fsname: String,
-    mgs: Nid,
+    /// The MGS's NIDs, tried in turn (a failover pair's).
+    mgs: NidList,
     targets: RwLock<Targets>,
     pub(crate) params: Params,
     stripes: Mutex<HashMap<Fid, Option<Arc<DirStripe>>>>,
@@ -260,10 +261,12 @@ fn attr_writing(what: &str, r: Reply) -> Result<(Attr, bool)> {
 }
 
 impl FileSystem {
-    /// Mount the file system whose MGS is at `mgs`: fetch its configuration, check that
-    /// MDT 0 answers, and follow the configuration from then on (new targets,
-    /// `set-param -P` values for the client).
-    pub async fn mount(mgs: &Nid, opts: MountOptions) -> Result<FileSystem> {
+    /// Mount the file system whose MGS is at `mgs` (one NID, or the list of a failover
+    /// pair's, tried in turn): fetch its configuration, check that MDT 0 answers, and
+    /// follow the configuration from then on (new targets, `set-param -P` values for the
+    /// client).
+    pub async fn mount(mgs: impl Into<NidList>, opts: MountOptions) -> Result<FileSystem> {
+        let mgs = &mgs.into();
         let client = Client::new(opts.transport.clone(), opts.net.clone());
         let cfg = fetch_config(&client, mgs, 0, 0).await?;
         let inner = Arc::new(Inner {
@@ -1671,8 +1674,8 @@ pub(crate) fn mdt_of(fid: Fid) -> Result<u32> {
     fid.mdt().ok_or_else(|| Error::new(errno::ESTALE, format!("{fid} belongs to no MDT")))
 }
 
-async fn fetch_config(client: &Client, mgs: &Nid, have: u64, wait_ms: u32) -> Result<Config> {
-    let imp = client.connect(mgs).await.map_err(|e| Error::rpc(&format!("MGS {mgs}"), e))?;
+async fn fetch_config(client: &Client, mgs: &NidList, have: u64, wait_ms: u32) -> Result<Config> {
+    let imp = client.connect_any(mgs::MGS_NAME, mgs.all()).await.map_err(|e| Error::rpc(&format!("MGS {mgs}"), e))?;
     let (op, body) = mgs::Request::Config { have, wait_ms }.encode();
     let f = imp.call(op, &body, &[]).await.map_err(|e| Error::rpc(&format!("MGS {mgs}"), e))?;
     if f.header.status != 0 {

@@ -99,6 +99,69 @@ impl Nid {
     }
 }
 
+/// Most NIDs a [`NidList`] holds.
+pub const LIST_MAX: usize = 8;
+
+/// The NIDs of one service that more than one node may serve (an MGS and its failover
+/// partner), in the order they are tried: `NID[,NID…]`, as a mount names its MGS.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NidList(Vec<Nid>);
+
+impl NidList {
+    /// The list of `nids`, if it holds 1 to [`LIST_MAX`].
+    pub fn new(nids: Vec<Nid>) -> Option<NidList> {
+        (1..=LIST_MAX).contains(&nids.len()).then_some(NidList(nids))
+    }
+
+    /// The NID tried first.
+    pub fn first(&self) -> &Nid {
+        &self.0[0]
+    }
+
+    pub fn all(&self) -> &[Nid] {
+        &self.0
+    }
+}
+
+impl From<Nid> for NidList {
+    fn from(nid: Nid) -> NidList {
+        NidList(vec![nid])
+    }
+}
+
+impl From<&Nid> for NidList {
+    fn from(nid: &Nid) -> NidList {
+        NidList(vec![nid.clone()])
+    }
+}
+
+impl From<&NidList> for NidList {
+    fn from(list: &NidList) -> NidList {
+        list.clone()
+    }
+}
+
+impl FromStr for NidList {
+    type Err = NidError;
+
+    fn from_str(s: &str) -> Result<NidList, NidError> {
+        let nids = s.split(',').map(str::parse).collect::<Result<Vec<Nid>, NidError>>()?;
+        NidList::new(nids).ok_or(NidError { text: s.to_string(), reason: "a list holds 1 to 8 NIDs" })
+    }
+}
+
+impl fmt::Display for NidList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, n) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            n.fmt(f)?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,6 +186,19 @@ mod tests {
         }
         assert_eq!("10.1.2.3@tcp".parse::<Nid>().unwrap().to_string(), "10.1.2.3@tcp:988");
         assert_eq!("10.1.2.3@tcp0:1".parse::<Nid>().unwrap().to_string(), "10.1.2.3@tcp:1");
+    }
+
+    #[test]
+    fn lists_of_nids() {
+        let l: NidList = "10.0.0.1@tcp:9400,10.0.0.2@tcp:9400".parse().unwrap();
+        assert_eq!(l.all().len(), 2);
+        assert_eq!(l.first().to_string(), "10.0.0.1@tcp:9400");
+        assert_eq!(l.to_string(), "10.0.0.1@tcp:9400,10.0.0.2@tcp:9400");
+        assert_eq!("a@mem".parse::<NidList>().unwrap().to_string(), "a@mem");
+        let e = |s: &str| s.parse::<NidList>().unwrap_err();
+        assert_eq!(e("10.0.0.1@tcp,").text, "");
+        assert_eq!(e("a@mem,b").reason, "no '@NET'");
+        assert_eq!(e(&["a@mem"; 9].join(",")).reason, "a list holds 1 to 8 NIDs");
     }
 
     #[test]

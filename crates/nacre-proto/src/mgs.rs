@@ -65,6 +65,10 @@ impl TargetKind {
     }
 }
 
+/// The name connects to an MGS give (see `nacre_net::rpc::target_id`): one MGS serves a
+/// file system, whichever node it is on.
+pub const MGS_NAME: &str = "MGS";
+
 /// One target of the file system: where to reach it, its first NID the server that
 /// registered last, the others failover partners.
 #[derive(Debug, Clone, PartialEq, Eq)]

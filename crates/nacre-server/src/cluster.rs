@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nacre_net::client::{Client, ClientConfig};
-use nacre_net::nid::Nid;
+use nacre_net::nid::{Nid, NidList};
 use nacre_net::server::{Handler, Server, ServerConfig, Service};
 use nacre_net::transport::Transport;
 use nacre_osd::Target;
-use nacre_proto::mgs::{Config, Request, TargetEntry, TargetKind};
+use nacre_proto::mgs::{Config, MGS_NAME, Request, TargetEntry, TargetKind};
 
 use crate::mds::Mds;
 use crate::mdt::Namespace;
@@ -25,14 +25,14 @@ use crate::oss::{Oss, OssConfig};
 /// precreate and destroy tasks on every OST (see [`ObjectService::follow`]). Until the
 /// MGS first answers, the targets `known` (from the node's cluster file) stand in for its
 /// list, so that an MDT taken over while the MGS is down reaches its OSTs.
-pub async fn follow_config(client: Client, mgs: Nid, fsname: String, known: Vec<TargetEntry>, mds: Arc<Mds>) {
+pub async fn follow_config(client: Client, mgs: NidList, fsname: String, known: Vec<TargetEntry>, mds: Arc<Mds>) {
     let (ns, dne) = (mds.namespace().clone(), mds.coordinator().clone());
     let mut have = 0;
     let mut objects = ObjectService::new(ns.clone(), PRECREATE_BATCH);
     let mut known = Some(known).filter(|k| !k.is_empty());
     loop {
         let fetched = async {
-            let imp = client.connect(&mgs).await.ok()?;
+            let imp = client.connect_any(MGS_NAME, mgs.all()).await.ok()?;
             let (op, body) = Request::Config { have, wait_ms: 30_000 }.encode();
             let f = imp.call(op, &body, &[]).await.ok()?;
             (f.header.status == 0).then(|| Config::decode(&f.body).ok()).flatten()
@@ -77,10 +77,11 @@ pub async fn follow_config(client: Client, mgs: Nid, fsname: String, known: Vec<
 /// node (registration then goes over the network, retried until the MGS answers).
 pub enum MgsAt {
     Here(Arc<Mgs>),
-    /// On another node; `known` lists the file system's targets as this node's cluster
-    /// file has them (empty when it knows none), used while the MGS does not answer.
+    /// On another node (or one of several: `nids`, tried in turn); `known` lists the file
+    /// system's targets as this node's cluster file has them (empty when it knows none),
+    /// used while the MGS does not answer.
     Remote {
-        nid: Nid,
+        nids: NidList,
         fsname: String,
         known: Vec<TargetEntry>,
     },
@@ -90,13 +91,13 @@ pub enum MgsAt {
 /// after it), with the MGS at `mgs` (`nacre mdt serve` and `ost serve` register so too).
 pub async fn register_remote(
     client: &Client,
-    mgs: &Nid,
+    mgs: &NidList,
     fsname: &str,
     kind: TargetKind,
     index: u32,
     nids: &[Nid],
 ) -> Result<(), String> {
-    let import = client.connect(mgs).await.map_err(|e| format!("MGS {mgs}: {e}"))?;
+    let import = client.connect_any(MGS_NAME, mgs.all()).await.map_err(|e| format!("MGS {mgs}: {e}"))?;
     let (op, body) = Request::Register {
         fsname: fsname.to_string(),
         target: TargetEntry { kind, index, nids: nids.iter().map(Nid::to_string).collect() },
@@ -171,7 +172,8 @@ fn gated(handler: Handler, gate: Option<Gate>) -> Handler {
 /// every service.
 pub struct Local {
     mgs: Option<Arc<Mgs>>,
-    mgs_nid: Nid,
+    /// The MGS's NIDs (the one served here, when it is).
+    mgs_nid: NidList,
     mdses: Vec<Arc<Mds>>,
     osses: Vec<Arc<Oss>>,
     servers: Vec<Server>,
@@ -223,13 +225,14 @@ impl Local {
         let mut servers = Vec::new();
         let (here, mgs_nid, fsname, known) = match mgs {
             MgsAt::Here(m) => {
-                let (server, _) = serve("mgs".into(), m.handler(), Service::default()).await?;
-                let nid = server.nid();
+                let service = Service { target: Some(MGS_NAME.to_string()), ..Service::default() };
+                let (server, _) = serve("mgs".into(), gated(m.handler(), gate.clone()), service).await?;
+                let nid = NidList::from(server.nid());
                 servers.push(server);
                 let fsname = m.config().fsname;
                 (Some(m), nid, fsname, Vec::new())
             }
-            MgsAt::Remote { nid, fsname, known } => (None, nid, fsname, known),
+            MgsAt::Remote { nids, fsname, known } => (None, nids, fsname, known),
         };
         let client = Client::new(transport.clone(), ClientConfig { ping: false, ..ClientConfig::default() });
         let wait = match registration {
@@ -361,7 +364,7 @@ impl Local {
     }
 
     /// Where clients mount from.
-    pub fn mgs(&self) -> &Nid {
+    pub fn mgs(&self) -> &NidList {
         &self.mgs_nid
     }
 

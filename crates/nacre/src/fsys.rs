@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use nacre_client::{Attr, Fid, FileSystem, MountOptions, process_creds};
-use nacre_net::nid::Nid;
+use nacre_net::nid::{Nid, NidList};
 use nacre_proto::dne::DirDefault;
 use nacre_proto::layout::Layout;
 use nacre_proto::mdt::mode;
@@ -92,7 +92,7 @@ impl Mounted {
 
 /// Mount the file system of the MGS at `mgs` on `mnt` in this process. The mount's
 /// source in the mount table is `nacre:MGS,ctl=NID`, NID its control endpoint (loopback).
-pub async fn mount_here(mgs: &Nid, mnt: &Path, o: &MountOpts) -> Res<Mounted> {
+pub async fn mount_here(mgs: &NidList, mnt: &Path, o: &MountOpts) -> Res<Mounted> {
     mount_checked(mgs, None, mnt, o, MOUNT_TIMEOUT).await
 }
 
@@ -102,7 +102,7 @@ pub const MOUNT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30
 /// [`mount_here`], refusing a file system not named `fsname` (when given), and giving up
 /// after `timeout` if the MGS or MDT 0 does not answer.
 async fn mount_checked(
-    mgs: &Nid,
+    mgs: &NidList,
     fsname: Option<&str>,
     mnt: &Path,
     o: &MountOpts,
@@ -191,7 +191,7 @@ pub fn is_mounted(path: &Path) -> bool {
 }
 
 /// Every Nacre mount of this machine: (mount point, MGS, control endpoint).
-pub fn local_mounts() -> Res<Vec<(PathBuf, Nid, Option<Nid>)>> {
+pub fn local_mounts() -> Res<Vec<(PathBuf, NidList, Option<Nid>)>> {
     let mut out = Vec::new();
     for (point, fstype, source) in mount_table()? {
         let Some(source) = source.strip_prefix(SOURCE_PREFIX).filter(|_| fstype.starts_with("fuse")) else {
@@ -266,9 +266,10 @@ pub fn unmount(mnt: &Path, lazy: bool) -> Res<()> {
 
 #[derive(Args)]
 pub struct MountArgs {
-    /// The MGS, e.g. 10.0.0.5@tcp:9400.
+    /// The MGS, e.g. 10.0.0.5@tcp:9400; a failover pair's NIDs separated by commas
+    /// (10.0.0.5@tcp:9400,10.0.0.6@tcp:9400), tried in turn.
     #[arg(long)]
-    pub mgs: Nid,
+    pub mgs: NidList,
     /// Refuse to mount unless the MGS serves the file system of this name.
     #[arg(long)]
     pub fsname: Option<String>,
@@ -408,11 +409,12 @@ pub fn mount_helper(args: Vec<String>) -> CliResult {
     mount(a)
 }
 
-/// `MGS_NID:/FSNAME` (mount(8)'s source for Nacre) as the MGS and the file system's name.
-pub fn parse_source(source: &str) -> Res<(Nid, String)> {
+/// `MGS_NID[,MGS_NID…]:/FSNAME` (mount(8)'s source for Nacre) as the MGS's NIDs and the
+/// file system's name.
+pub fn parse_source(source: &str) -> Res<(NidList, String)> {
     let bad = |why: &str| format!("source {source:?}: {why}; expected MGS_NID:/FSNAME, e.g. 10.0.0.1@tcp:9400:/nacre");
     let (nid, fsname) = source.rsplit_once(":/").ok_or_else(|| bad("no :/ before the file system's name"))?;
-    let mgs: Nid = nid.parse().map_err(|e| bad(&format!("{e}")))?;
+    let mgs: NidList = nid.parse().map_err(|e| bad(&format!("{e}")))?;
     if let Some(problem) = nacre_proto::mgs::fsname_problem(fsname) {
         return Err(bad(&problem).into());
     }
@@ -435,7 +437,7 @@ fn silence_stdio() {
 /// the parent is resolved through the kernel: a lookup of a name that does not exist yet
 /// would leave a negative entry in the mount, hiding for the attribute timeout the file
 /// a command is about to make through a client of its own.
-pub(crate) fn mount_of(path: &Path) -> Res<(PathBuf, Nid)> {
+pub(crate) fn mount_of(path: &Path) -> Res<(PathBuf, NidList)> {
     let abs = if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir()?.join(path) };
     let canon = match (abs.parent(), abs.file_name()) {
         (Some(parent), Some(name)) => std::fs::canonicalize(parent)?.join(name),

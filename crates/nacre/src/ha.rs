@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nacre_net::nid::Nid;
+use nacre_net::nid::{Nid, NidList};
 use nacre_net::transport::Shortcut;
 use nacre_proto::mgs::TargetKind;
 use nacre_raid::BlockDevice;
@@ -37,12 +37,39 @@ use crate::service::Access;
 /// The exit status of a node that lost a lease (it stepped down).
 pub const EXIT_FENCED: i32 = 3;
 
-/// A target a node may serve on shared drives.
+/// What a duty serves: the MGS, or a target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    Mgs,
+    Mdt,
+    Ost,
+}
+
+impl Role {
+    pub fn of(kind: TargetKind) -> Role {
+        match kind {
+            TargetKind::Mdt => Role::Mdt,
+            TargetKind::Ost => Role::Ost,
+        }
+    }
+
+    /// The kind of target it is (none for the MGS).
+    pub fn target(self) -> Option<TargetKind> {
+        match self {
+            Role::Mgs => None,
+            Role::Mdt => Some(TargetKind::Mdt),
+            Role::Ost => Some(TargetKind::Ost),
+        }
+    }
+}
+
+/// The MGS or a target that a node may serve on shared drives.
 #[derive(Clone, Debug)]
 pub struct Duty {
-    pub kind: TargetKind,
+    pub role: Role,
+    /// The target's index (0 for the MGS).
     pub index: u32,
-    /// Its drive files (`DATA/ostN`, `DATA/mdtN`).
+    /// Its drive files (`DATA/ostN`, `DATA/mdtN`, `DATA/mgs`).
     pub dir: PathBuf,
     /// This node's own target (else a partner's it stands by for).
     pub primary: bool,
@@ -52,19 +79,29 @@ pub struct Duty {
 }
 
 impl Duty {
-    /// `OST0`, `MDT1`: as logs and ready lines name targets.
+    /// `MGS`, `OST0`, `MDT1`: as logs and ready lines name them.
     pub fn label(&self) -> String {
-        match self.kind {
-            TargetKind::Mdt => format!("MDT{}", self.index),
-            TargetKind::Ost => format!("OST{}", self.index),
+        match self.role {
+            Role::Mgs => "MGS".into(),
+            Role::Mdt => format!("MDT{}", self.index),
+            Role::Ost => format!("OST{}", self.index),
+        }
+    }
+
+    /// Its name at the MGS (`nacre-MDT0000`; the MGS is `MGS`).
+    pub fn name(&self, fsname: &str) -> String {
+        match self.role.target() {
+            Some(kind) => kind.name(fsname, self.index),
+            None => nacre_proto::mgs::MGS_NAME.into(),
         }
     }
 
     /// The volumes a target is made of: their folders and names.
     fn volumes(&self) -> Vec<(PathBuf, String)> {
-        match self.kind {
-            TargetKind::Mdt => vec![(self.dir.clone(), format!("mdt{}", self.index))],
-            TargetKind::Ost => {
+        match self.role {
+            Role::Mgs => vec![(self.dir.clone(), "mgs".into())],
+            Role::Mdt => vec![(self.dir.clone(), format!("mdt{}", self.index))],
+            Role::Ost => {
                 let (data, index) = crate::ost::volume_dirs(&self.dir);
                 vec![(data, format!("ost{}", self.index)), (index, format!("ost{}-index", self.index))]
             }
@@ -103,7 +140,7 @@ impl Duty {
 #[derive(Clone)]
 pub struct Node {
     pub name: String,
-    pub mgs: Nid,
+    pub mgs: NidList,
     pub fsname: String,
     /// The file system's targets as the cluster file places them, for the MDTs taken
     /// here while the MGS does not answer.
@@ -117,7 +154,7 @@ pub struct Node {
 }
 
 impl Node {
-    pub fn new(name: &str, mgs: Nid, fsname: &str, known: Vec<nacre_proto::mgs::TargetEntry>) -> Node {
+    pub fn new(name: &str, mgs: NidList, fsname: &str, known: Vec<nacre_proto::mgs::TargetEntry>) -> Node {
         Node {
             name: name.into(),
             mgs,
@@ -195,13 +232,14 @@ impl Node {
             std::process::exit(EXIT_FENCED);
         });
         let access = Access::Fenced(held.fence().clone());
-        let (dir, name, kind) = (duty.dir.clone(), duty.label().to_lowercase(), duty.kind);
+        let (dir, name, role) = (duty.dir.clone(), duty.label().to_lowercase(), duty.role);
         let opened = tokio::task::spawn_blocking(move || -> Result<Opened, String> {
-            Ok(match kind {
-                TargetKind::Mdt => {
+            Ok(match role {
+                Role::Mgs => Opened::Mgs(Arc::new(crate::mgs::open_as(&dir, &access).map_err(|e| e.to_string())?)),
+                Role::Mdt => {
                     Opened::Mdt(Arc::new(crate::mdt::open_as(&dir, &name, &access).map_err(|e| e.to_string())?))
                 }
-                TargetKind::Ost => {
+                Role::Ost => {
                     Opened::Ost(Arc::new(crate::ost::open_as(&dir, &name, &access).map_err(|e| e.to_string())?))
                 }
             })
@@ -215,13 +253,14 @@ impl Node {
         let gate: nacre_server::cluster::Gate = Arc::new(move || fence.check().is_ok());
         // Held from here on, whatever happens: released only once the target closed.
         self.held.lock().unwrap_or_else(|e| e.into_inner()).push((label.clone(), held));
-        let (mdts, osts) = match &opened {
-            Opened::Mdt(ns) => (vec![ns.clone()], vec![]),
-            Opened::Ost(t) => (vec![], vec![(duty.index, t.clone())]),
+        let remote = MgsAt::Remote { nids: self.mgs.clone(), fsname: self.fsname.clone(), known: self.known.clone() };
+        let (mgs, mdts, osts) = match &opened {
+            Opened::Mgs(m) => (MgsAt::Here(m.clone()), vec![], vec![]),
+            Opened::Mdt(ns) => (remote, vec![ns.clone()], vec![]),
+            Opened::Ost(t) => (remote, vec![], vec![(duty.index, t.clone())]),
         };
         let at = duty.listen.clone();
         let listen = move |_: &str| at.clone();
-        let mgs = MgsAt::Remote { nid: self.mgs.clone(), fsname: self.fsname.clone(), known: self.known.clone() };
         // Served at once, registered when the MGS answers: clients that know the target's
         // NIDs find it here even while the MGS is down.
         let local =
@@ -314,6 +353,7 @@ impl Node {
 }
 
 enum Opened {
+    Mgs(Arc<nacre_server::mgs::Mgs>),
     Mdt(Arc<nacre_server::mdt::Namespace>),
     Ost(Arc<nacre_osd::Target>),
 }
@@ -328,6 +368,7 @@ impl Opened {
         let started = std::time::Instant::now();
         loop {
             let last = match &self {
+                Opened::Mgs(m) => Arc::strong_count(m) == 1,
                 Opened::Mdt(ns) => Arc::strong_count(ns) == 1,
                 Opened::Ost(t) => Arc::strong_count(t) == 1,
             };
@@ -432,13 +473,10 @@ pub struct FailbackArgs {
 /// The target of `spots` that `name` names (`MDT0`, `ost1`, `nacre-OST0001`).
 fn find_spot<'a>(spots: &'a [Spot], fsname: &str, name: &str) -> Result<&'a Spot, String> {
     let want = name.to_ascii_uppercase();
-    spots
-        .iter()
-        .find(|s| s.duty.label() == want || s.duty.kind.name(fsname, s.duty.index).eq_ignore_ascii_case(name))
-        .ok_or_else(|| {
-            let known: Vec<String> = spots.iter().map(|s| s.duty.label()).collect();
-            format!("no target {name:?} in the cluster file (it has {})", known.join(", "))
-        })
+    spots.iter().find(|s| s.duty.label() == want || s.duty.name(fsname).eq_ignore_ascii_case(name)).ok_or_else(|| {
+        let known: Vec<String> = spots.iter().map(|s| s.duty.label()).collect();
+        format!("no target {name:?} in the cluster file (it has {})", known.join(", "))
+    })
 }
 
 /// A move asked of a target's holder, to wait for.
@@ -457,9 +495,9 @@ struct Asked {
 
 /// The NIDs the MGS lists for every target (`NAME nid,nid` lines, active first); `None`
 /// if it does not answer.
-fn served_nids(mgs: &Nid) -> Option<String> {
+fn served_nids(mgs: &NidList) -> Option<String> {
     let body = nacre_proto::param::encode_get("mgs.*.targets");
-    crate::call_param(mgs, nacre_proto::param::OP_GET_PARAM, &body).ok()
+    mgs.all().iter().find_map(|m| crate::call_param(m, nacre_proto::param::OP_GET_PARAM, &body).ok())
 }
 
 /// The first NID `served` (from [`served_nids`]) lists for target `name`.
@@ -470,7 +508,7 @@ fn first_nid(served: &str, name: &str) -> Option<String> {
 
 /// Ask the holder of `spot` to hand it to `to` (default: its first other node). Errors
 /// name what is wrong, and nothing is written then.
-fn ask(spot: &Spot, to: Option<&str>, fsname: &str, mgs: &Nid) -> Result<Asked, String> {
+fn ask(spot: &Spot, to: Option<&str>, fsname: &str, mgs: &NidList) -> Result<Asked, String> {
     let duty = &spot.duty;
     let label = duty.label();
     if spot.nodes.len() < 2 {
@@ -493,8 +531,12 @@ fn ask(spot: &Spot, to: Option<&str>, fsname: &str, mgs: &Nid) -> Result<Asked, 
         Some(to) => to.to_string(),
         None => spot.nodes.iter().find(|n| **n != b.node).cloned().unwrap_or_default(),
     };
-    let name = spot.duty.kind.name(fsname, spot.duty.index);
-    let nid_before = served_nids(mgs).map(|s| first_nid(&s, &name).unwrap_or_default());
+    let name = spot.duty.name(fsname);
+    // The MGS lists no NID of its own: its move is seen on its drives alone.
+    let nid_before = match duty.role {
+        Role::Mgs => None,
+        _ => served_nids(mgs).map(|s| first_nid(&s, &name).unwrap_or_default()),
+    };
     nacre_raid::lease::ask_move(&drives, b.epoch, &to).map_err(|e| format!("{label}: {e}"))?;
     Ok(Asked { label, name, from: b.node, to, epoch: b.epoch, drives, nid_before })
 }
@@ -502,7 +544,7 @@ fn ask(spot: &Spot, to: Option<&str>, fsname: &str, mgs: &Nid) -> Result<Asked, 
 /// Wait until every move of `asked` landed, at most `limit`, saying each as it does: the
 /// new node holds the drives (a newer epoch) and serves the target (the MGS lists a new
 /// NID first; when the MGS did not answer before the move, the lease alone).
-fn wait_moves(asked: Vec<Asked>, mgs: &Nid, limit: Duration) -> crate::service::CliResult {
+fn wait_moves(asked: Vec<Asked>, mgs: &NidList, limit: Duration) -> crate::service::CliResult {
     let started = std::time::Instant::now();
     let mut left = asked;
     while !left.is_empty() {
@@ -613,8 +655,21 @@ pub fn status(a: StatusArgs) -> crate::service::CliResult {
                 Err(why) => (String::new(), format!("held by an unknown node ({why})"), 0, None),
             },
         };
-        let name = s.duty.kind.name(&fsname, s.duty.index);
-        let nids = served.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).unwrap_or("").trim().to_string();
+        let name = s.duty.name(&fsname);
+        let nids = match duty.role {
+            // The MGS's own NIDs are the cluster file's, in its nodes' order: the holder's
+            // first.
+            Role::Mgs => {
+                let mut all: Vec<String> =
+                    std::iter::once(&duty.listen.nid).chain(&duty.listen.failover).map(Nid::to_string).collect();
+                if let Some(i) = s.nodes.iter().position(|n| *n == holder_node).filter(|&i| i < all.len()) {
+                    let active = all.remove(i);
+                    all.insert(0, active);
+                }
+                all.join(",")
+            }
+            _ => served.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).unwrap_or("").trim().to_string(),
+        };
         rows.push((duty.label(), s.nodes.join(", "), holder_node, lease, epoch, age_s, nids));
     }
     if a.json {

@@ -12,7 +12,7 @@ use nacre_bench::io500::native::Native;
 use nacre_bench::io500::report::{Run, compare};
 use nacre_bench::io500::{self, Io500Options, Io500Report, NacreLayouts, Posix, Storage, WithLayouts};
 use nacre_client::{FileSystem, MountOptions};
-use nacre_net::nid::Nid;
+use nacre_net::nid::{Nid, NidList};
 use nacre_proto::mgs::TargetKind;
 use serde::Deserialize;
 
@@ -176,7 +176,7 @@ pub struct NacreClient {
 }
 
 impl NacreClient {
-    pub fn mount(mgs: &Nid) -> Res<NacreClient> {
+    pub fn mount(mgs: &NidList) -> Res<NacreClient> {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
         let fs = rt.block_on(FileSystem::mount(mgs, MountOptions::default())).map_err(|e| format!("{mgs}: {e}"))?;
         Ok(NacreClient { rt, fs })
@@ -219,7 +219,7 @@ impl Target {
             }
             Api::Native => {
                 let (mgs, rel) = match (mgs, on_nacre) {
-                    (Some(m), _) => (m.clone(), dir.to_string_lossy().into_owned()),
+                    (Some(m), _) => (NidList::from(m), dir.to_string_lossy().into_owned()),
                     (None, Some((point, m))) => (m, crate::fsys::inside(dir, &point)?),
                     (None, None) => {
                         return Err(format!(

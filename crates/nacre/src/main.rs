@@ -204,7 +204,8 @@ fn param_targets(
         return Ok((vec![s], false));
     }
     let mut out: Vec<nacre_net::nid::Nid> =
-        fsys::local_mounts()?.into_iter().filter_map(|(_, m, ctl)| if mgs { Some(m) } else { ctl }).collect();
+        // An MGS's first NID: `set-param -P` does not yet walk a failover MGS's list.
+        fsys::local_mounts()?.into_iter().filter_map(|(_, m, ctl)| if mgs { Some(m.first().clone()) } else { ctl }).collect();
     out.dedup();
     if out.is_empty() {
         return Err("no --server given and no Nacre mount on this machine".into());

@@ -195,7 +195,7 @@ pub fn run(cmd: MdtCommand) -> CliResult {
                         nacre_net::client::ClientConfig::default(),
                     );
                     let fsname = join.fsname.clone();
-                    tokio::spawn(nacre_server::cluster::follow_config(client, mgs.clone(), fsname, Vec::new(), mds));
+                    tokio::spawn(nacre_server::cluster::follow_config(client, mgs.into(), fsname, Vec::new(), mds));
                 }
                 Ok(())
             })

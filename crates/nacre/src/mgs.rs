@@ -49,7 +49,13 @@ pub enum MgsCommand {
 type CliResult = Result<(), Box<dyn std::error::Error>>;
 
 pub fn open(dir: &Path) -> Result<Mgs, Box<dyn std::error::Error>> {
-    Ok(Mgs::open(crate::service::assemble(dir, "mgs")?)?)
+    open_as(dir, &crate::service::Access::Exclusive)
+}
+
+/// The MGS in `dir`, its drives opened as `access` says (under a lease when a failover
+/// node may serve it).
+pub fn open_as(dir: &Path, access: &crate::service::Access) -> Result<Mgs, Box<dyn std::error::Error>> {
+    Ok(Mgs::open(crate::service::assemble_with(dir, "mgs", access)?)?)
 }
 
 /// Bytes of each of the MGS's two drive files.
@@ -81,7 +87,11 @@ pub fn run(cmd: MgsCommand) -> CliResult {
         MgsCommand::Serve { dir, listen } => {
             let mgs = Arc::new(open(&dir)?);
             let what = format!("the MGS of {}", mgs.config().fsname);
-            crate::service::serve_forever(&listen, mgs.handler(), Default::default(), &what, |_, _| async { Ok(()) })
+            let service = nacre_net::server::Service {
+                target: Some(nacre_proto::mgs::MGS_NAME.to_string()),
+                ..Default::default()
+            };
+            crate::service::serve_forever(&listen, mgs.handler(), service, &what, |_, _| async { Ok(()) })
         }
     }
 }
@@ -90,5 +100,6 @@ pub fn run(cmd: MgsCommand) -> CliResult {
 pub async fn register(mgs: &Nid, fsname: &str, kind: TargetKind, index: u32, nid: &Nid) -> CliResult {
     let cfg = nacre_net::client::ClientConfig { ping: false, ..Default::default() };
     let client = nacre_net::client::Client::new(Arc::new(nacre_net::transport::TcpTransport), cfg);
-    Ok(nacre_server::cluster::register_remote(&client, mgs, fsname, kind, index, std::slice::from_ref(nid)).await?)
+    let mgs = nacre_net::nid::NidList::from(mgs);
+    Ok(nacre_server::cluster::register_remote(&client, &mgs, fsname, kind, index, std::slice::from_ref(nid)).await?)
 }

@@ -80,11 +80,6 @@ pub fn new_drives(
         .collect()
 }
 
-/// The volume `name` assembled from the drive files in `dir`.
-pub fn assemble(dir: &Path, name: &str) -> Result<Arc<Volume>, Box<dyn std::error::Error>> {
-    assemble_with(dir, name, &Access::Exclusive)
-}
-
 /// The volume `name` assembled from the drive files in `dir`, opened as `access` says.
 pub fn assemble_with(dir: &Path, name: &str, access: &Access) -> Result<Arc<Volume>, Box<dyn std::error::Error>> {
     Ok(Arc::new(Volume::assemble(drives_with(dir, access)?, Some(name), &VolumeOptions::default())?.volume))

@@ -17,10 +17,11 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nacre_net::nid::Nid;
+use nacre_net::nid::{Nid, NidList};
 use nacre_net::transport::Shortcut;
 use nacre_server::cluster::{Listen, Local, MgsAt, Registration};
 
+use crate::ha::Role;
 use crate::service::CliResult;
 use crate::size::parse_size;
 
@@ -79,9 +80,10 @@ pub struct UpArgs {
     pub per_service: bool,
     /// A failover pair on this machine: two server nodes (`a` with the MDTs and the first
     /// half of the OSTs, `b` with the rest) that share every drive file and each take the
-    /// other's targets when its lease on them expires, the MGS in a process of its own,
-    /// and the mount in another. Kill one node and the other serves its targets. The
-    /// nodes serve at fixed ports after the MGS's (`--port`): one per target each.
+    /// other's targets when its lease on them expires, the MGS in a process of its own
+    /// (node `mgs`, for which b stands by too), and the mount in another. Kill one node
+    /// and the other serves its targets. The nodes serve at fixed ports after the MGS's
+    /// (`--port`): one per target each, then b's for the MGS.
     #[arg(long, conflicts_with_all = ["foreground", "per_service"])]
     pub ha: bool,
     /// Started by `up` to serve in the background (its stdout goes when ready).
@@ -368,7 +370,7 @@ pub fn up(a: UpArgs) -> CliResult {
         let plan = Plan {
             fsname: conf.fsname.clone(),
             data: a.data.clone(),
-            mgs: conf.mgs()?,
+            mgs: conf.mgs()?.into(),
             mgs_here: true,
             known: Vec::new(),
             host: conf.host.clone(),
@@ -429,7 +431,7 @@ struct Plan {
     fsname: String,
     data: PathBuf,
     /// Where the MGS listens, and whether this process serves it.
-    mgs: Nid,
+    mgs: NidList,
     mgs_here: bool,
     /// The file system's targets as the cluster file places them (see
     /// `ClusterFile::known`).
@@ -469,7 +471,7 @@ fn serve(p: &Plan) -> CliResult {
         let mgs = if p.mgs_here {
             MgsAt::Here(Arc::new(crate::mgs::open(&data.join("mgs"))?))
         } else {
-            MgsAt::Remote { nid: p.mgs.clone(), fsname: p.fsname.clone(), known: p.known.clone() }
+            MgsAt::Remote { nids: p.mgs.clone(), fsname: p.fsname.clone(), known: p.known.clone() }
         };
         let mut mdts = Vec::new();
         for &i in &p.mdts {
@@ -479,7 +481,7 @@ fn serve(p: &Plan) -> CliResult {
         for &i in &p.osts {
             osts.push((i, Arc::new(crate::ost::open(&data.join(format!("ost{i}")), &format!("ost{i}"))?)));
         }
-        let (host, m, fixed) = (p.host.clone(), p.mgs.clone(), p.fixed.clone());
+        let (host, m, fixed) = (p.host.clone(), p.mgs.first().clone(), p.fixed.clone());
         let listen = move |name: &str| -> Listen {
             if name == "mgs" {
                 return m.clone().into();
@@ -605,6 +607,7 @@ fn notify_ready() {
 /// ```toml
 /// fsname = "nacre"
 /// mgs = "10.0.0.1@tcp:9400"       # the MGS's NID; the node with `mgs = true` serves it
+///                                 # (a failover pair's: "NID,NID", see below)
 ///
 /// [[node]]
 /// name = "meta1"
@@ -631,7 +634,9 @@ fn notify_ready() {
 /// ```
 ///
 /// A target with a failover node is served under a lease on its drives (see `ha`): its
-/// nodes open the drives shared, and only the lease's holder writes.
+/// nodes open the drives shared, and only the lease's holder writes. The MGS too: a node
+/// with `failover_mgs = true` stands by for it, and `mgs` then lists one NID per MGS
+/// node, the `mgs = true` node's first, then the failover nodes' in the file's order.
 ///
 /// A node with a `port` serves each target of the file system it may serve at a port of
 /// its own: MDT `i` at `port + i`, OST `i` at `port + MDTs + i`. A target whose nodes all
@@ -656,6 +661,9 @@ struct NodeFile {
     data: PathBuf,
     #[serde(default)]
     mgs: bool,
+    /// Stands by for the MGS: serves it when its node's lease on it expires.
+    #[serde(default)]
+    failover_mgs: bool,
     #[serde(default)]
     mdts: Vec<u32>,
     #[serde(default)]
@@ -679,6 +687,26 @@ struct NodeFile {
 }
 
 impl ClusterFile {
+    /// The MGS's NIDs (checked by [`load_cluster`]).
+    fn mgs(&self) -> Result<NidList, String> {
+        self.mgs.parse().map_err(|e| format!("mgs = {:?}: {e}", self.mgs))
+    }
+
+    /// The nodes that may serve the MGS, in the order of its NIDs: the `mgs = true` one,
+    /// then each `failover_mgs = true` one.
+    fn mgs_nodes(&self) -> Vec<&NodeFile> {
+        let first = self.node.iter().filter(|n| n.mgs);
+        first.chain(self.node.iter().filter(|n| n.failover_mgs)).collect()
+    }
+
+    /// Where node `n` serves the MGS, and where its other nodes do; `None` if it does not.
+    fn mgs_listen(&self, n: &NodeFile) -> Result<Option<Listen>, String> {
+        let (nodes, nids) = (self.mgs_nodes(), self.mgs()?);
+        let Some(i) = nodes.iter().position(|m| m.name == n.name) else { return Ok(None) };
+        let failover = nids.all().iter().enumerate().filter(|&(j, _)| j != i).map(|(_, nid)| nid.clone()).collect();
+        Ok(nids.all().get(i).map(|nid| Listen { nid: nid.clone(), failover }))
+    }
+
     /// How many MDTs and OSTs the file system has.
     fn counts(&self) -> (u32, u32) {
         let count = |f: &dyn Fn(&NodeFile) -> usize| self.node.iter().map(f).sum::<usize>() as u32;
@@ -759,13 +787,38 @@ pub struct ServerArgs {
 fn load_cluster(path: &Path) -> Result<ClusterFile, Box<dyn std::error::Error>> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let c: ClusterFile = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    let _: Nid = c.mgs.parse().map_err(|e| format!("{}: mgs = {:?}: {e}", path.display(), c.mgs))?;
+    let mgs = c.mgs().map_err(|e| format!("{}: {e}", path.display()))?;
     if let Some(problem) = nacre_proto::mgs::fsname_problem(&c.fsname) {
         return Err(format!("{}: fsname: {problem}", path.display()).into());
     }
     let count = |f: &dyn Fn(&NodeFile) -> usize| c.node.iter().map(f).sum::<usize>();
     if count(&|n| usize::from(n.mgs)) != 1 {
         return Err(format!("{}: exactly one node serves the MGS (mgs = true)", path.display()).into());
+    }
+    if let Some(n) = c.node.iter().find(|n| n.mgs && n.failover_mgs) {
+        return Err(format!("{}: node {} serves the MGS and stands by for it too", path.display(), n.name).into());
+    }
+    let mgs_nodes = c.mgs_nodes();
+    if mgs_nodes.len() != mgs.all().len() {
+        return Err(format!(
+            "{}: mgs = {:?} lists {} NID(s) for {} MGS node(s) ({}): one each, in that order",
+            path.display(),
+            c.mgs,
+            mgs.all().len(),
+            mgs_nodes.len(),
+            mgs_nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>().join(", ")
+        )
+        .into());
+    }
+    for (n, nid) in mgs_nodes.iter().zip(mgs.all()) {
+        let host: Option<std::net::IpAddr> = n.host.parse().ok();
+        if let Nid::Tcp(at) = nid
+            && host.is_some_and(|h| h != at.ip())
+        {
+            return Err(
+                format!("{}: the MGS's NID {nid} is not on node {}'s host {}", path.display(), n.name, n.host).into()
+            );
+        }
     }
     for (what, all) in [
         ("MDT", c.node.iter().flat_map(|n| n.mdts.iter().copied()).collect::<Vec<_>>()),
@@ -786,8 +839,10 @@ fn load_cluster(path: &Path) -> Result<ClusterFile, Box<dyn std::error::Error>> 
     let (mdts, osts) = c.counts();
     let span = mdts + osts;
     let mut spans: Vec<(std::net::IpAddr, u32, u32, String)> = Vec::new();
-    if let Ok(Nid::Tcp(at)) = c.mgs.parse::<Nid>() {
-        spans.push((at.ip(), u32::from(at.port()), 1, format!("the MGS's port {}", at.port())));
+    for nid in mgs.all() {
+        if let Nid::Tcp(at) = nid {
+            spans.push((at.ip(), u32::from(at.port()), 1, format!("the MGS's port {}", at.port())));
+        }
     }
     for n in &c.node {
         let Some(port) = n.port else { continue };
@@ -844,17 +899,28 @@ fn load_cluster(path: &Path) -> Result<ClusterFile, Box<dyn std::error::Error>> 
 
 /// Every target of the cluster file at `path`: its nodes (the primary first) and the
 /// folder of its drive files as its primary sees it; and the file system's name and MGS.
-pub(crate) fn cluster_targets(path: &Path) -> Result<(String, Nid, Vec<crate::ha::Spot>), Box<dyn std::error::Error>> {
+pub(crate) fn cluster_targets(
+    path: &Path,
+) -> Result<(String, NidList, Vec<crate::ha::Spot>), Box<dyn std::error::Error>> {
     use nacre_proto::mgs::TargetKind;
     let c = load_cluster(path)?;
     let mut spots = Vec::new();
+    // The MGS, when a failover node stands by for it.
+    let mgs_nodes = c.mgs_nodes();
+    if let [primary, _, ..] = mgs_nodes[..]
+        && let Some(listen) = c.mgs_listen(primary)?
+    {
+        let nodes = mgs_nodes.iter().map(|n| n.name.clone()).collect();
+        let duty = crate::ha::Duty { role: Role::Mgs, index: 0, dir: primary.data.join("mgs"), primary: true, listen };
+        spots.push(crate::ha::Spot { nodes, duty });
+    }
     for (kind, dir) in [(TargetKind::Mdt, "mdt"), (TargetKind::Ost, "ost")] {
         for primary in &c.node {
             for &index in primary.targets(kind).0 {
                 let mut nodes = vec![primary.name.clone()];
                 nodes.extend(c.node.iter().filter(|n| n.targets(kind).1.contains(&index)).map(|n| n.name.clone()));
                 let duty = crate::ha::Duty {
-                    kind,
+                    role: Role::of(kind),
                     index,
                     dir: primary.data.join(format!("{dir}{index}")),
                     primary: true,
@@ -864,18 +930,24 @@ pub(crate) fn cluster_targets(path: &Path) -> Result<(String, Nid, Vec<crate::ha
             }
         }
     }
-    spots.sort_by_key(|s| (s.duty.kind, s.duty.index));
-    Ok((c.fsname.clone(), c.mgs.parse()?, spots))
+    spots.sort_by_key(|s| (s.duty.role, s.duty.index));
+    Ok((c.fsname.clone(), c.mgs()?, spots))
 }
 
-/// The targets `n` serves or stands by for that have a failover node: served under a
-/// lease on their drives.
+/// The MGS and the targets `n` serves or stands by for that have a failover node: served
+/// under a lease on their drives.
 fn duties(c: &ClusterFile, n: &NodeFile) -> Result<Vec<crate::ha::Duty>, String> {
     use nacre_proto::mgs::TargetKind;
+    let mut out = Vec::new();
+    if c.mgs_nodes().len() > 1
+        && let Some(listen) = c.mgs_listen(n)?
+    {
+        out.push(crate::ha::Duty { role: Role::Mgs, index: 0, dir: n.data.join("mgs"), primary: n.mgs, listen });
+    }
     let shared = |kind: TargetKind, i: u32| c.node.iter().any(|m| m.targets(kind).1.contains(&i));
     let duty = |kind: TargetKind, index: u32, primary: bool| -> Result<crate::ha::Duty, String> {
         Ok(crate::ha::Duty {
-            kind,
+            role: Role::of(kind),
             index,
             dir: n.data.join(match kind {
                 TargetKind::Mdt => format!("mdt{index}"),
@@ -885,7 +957,6 @@ fn duties(c: &ClusterFile, n: &NodeFile) -> Result<Vec<crate::ha::Duty>, String>
             listen: c.listen(n, kind, index)?,
         })
     };
-    let mut out = Vec::new();
     for kind in [TargetKind::Mdt, TargetKind::Ost] {
         let (own, theirs) = n.targets(kind);
         for &i in own.iter().filter(|&&i| shared(kind, i)) {
@@ -941,7 +1012,7 @@ pub fn server(a: ServerArgs) -> CliResult {
     )?;
     make_targets(&n.data, &c.fsname, n.mgs, &n.mdts, &n.osts, &sizes, true)?;
     let unshared = |kind, ids: &[u32]| -> Vec<u32> {
-        ids.iter().copied().filter(|&i| !ha.iter().any(|d| d.kind == kind && d.index == i)).collect()
+        ids.iter().copied().filter(|&i| !ha.iter().any(|d| d.role == Role::of(kind) && d.index == i)).collect()
     };
     let (mdts, osts) =
         (unshared(nacre_proto::mgs::TargetKind::Mdt, &n.mdts), unshared(nacre_proto::mgs::TargetKind::Ost, &n.osts));
@@ -960,8 +1031,9 @@ pub fn server(a: ServerArgs) -> CliResult {
     let plan = Plan {
         fsname: c.fsname.clone(),
         data: n.data.clone(),
-        mgs: c.mgs.parse()?,
-        mgs_here: n.mgs,
+        mgs: c.mgs()?,
+        // Served here unshared; a failover MGS is one of the duties.
+        mgs_here: n.mgs && !ha.iter().any(|d| d.role == Role::Mgs),
         known: c.known(),
         host: n.host.clone(),
         fixed,
@@ -1053,7 +1125,14 @@ fn up_per_service(a: &UpArgs) -> CliResult {
     };
     let host = &conf.host;
     let data = a.data.canonicalize()?;
-    let mut toml = format!("fsname = \"{}\"\nmgs = \"{}\"\n", conf.fsname, conf.mgs()?);
+    // With --ha, node b stands by for the MGS too, at the port after its targets'.
+    let slots = conf.mdts + conf.osts;
+    let port = |node: u32| u32::from(conf.port) + 1 + node * slots;
+    let mut mgs = conf.mgs()?.to_string();
+    if a.ha {
+        mgs = format!("{mgs},{host}@tcp:{}", port(2));
+    }
+    let mut toml = format!("fsname = \"{}\"\nmgs = \"{mgs}\"\n", conf.fsname);
     let node = |name: &str, what: &str| {
         format!("\n[[node]]\nname = \"{name}\"\nhost = \"{host}\"\ndata = \"{}\"\n{what}\n", data.display())
     };
@@ -1063,13 +1142,11 @@ fn up_per_service(a: &UpArgs) -> CliResult {
         let list = |r: std::ops::Range<u32>| r.map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
         let (half, mdts, osts) = (conf.osts.div_ceil(2), conf.mdts, conf.osts);
         // Fixed ports after the MGS's, a's then b's: clients know both NIDs of every
-        // target from the start.
-        let port = |node: u32| u32::from(conf.port) + 1 + node * (mdts + osts);
-        // b first: a's MDTs wait for objects on every OST.
+        // target from the start. b first: a's MDTs wait for objects on every OST.
         toml += &node(
             "b",
             &format!(
-                "port = {}\nosts = [{}]\nfailover_mdts = [{}]\nfailover_osts = [{}]",
+                "port = {}\nfailover_mgs = true\nosts = [{}]\nfailover_mdts = [{}]\nfailover_osts = [{}]",
                 port(1),
                 list(half..osts),
                 list(0..mdts),
@@ -1107,7 +1184,7 @@ fn up_per_service(a: &UpArgs) -> CliResult {
     if let Some(mnt) = &a.mount {
         clear_stale_mount(mnt);
         let out = Command::new(std::env::current_exe()?)
-            .args(["mount", "--mgs", &conf.mgs()?.to_string()])
+            .args(["mount", "--mgs", &mgs])
             .arg("--log")
             .arg(data.join("nacre-mount.log"))
             .arg(mnt)

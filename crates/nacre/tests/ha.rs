@@ -150,20 +150,22 @@ fn nids_of(up: &Up, t: &str) -> String {
 }
 
 #[test]
-fn with_the_mgs_down_a_killed_node_hands_its_targets_over_and_the_mount_finds_them() {
+fn the_mgs_and_a_node_killed_together_move_to_the_partner_and_the_mount_finds_them() {
     let up = up("nomgs");
-    // Fixed ports after the MGS's: a's (MDT0, OST0, OST1), then b's. Every target is
-    // listed at both its nodes before anything moves, its serving node first.
+    // Fixed ports after the MGS's: a's (MDT0, OST0, OST1), then b's, then b's for the
+    // MGS. Every target is listed at both its nodes before anything moves, its serving
+    // node first.
     let nid = |port: u16| format!("127.0.0.1@tcp:{port}");
-    let (a_port, b_port) = (up.port + 1, up.port + 4);
+    let (a_port, b_port, b_mgs) = (up.port + 1, up.port + 4, up.port + 7);
     assert_eq!(nids_of(&up, "MDT0"), format!("{},{}", nid(a_port), nid(b_port)));
     assert_eq!(nids_of(&up, "OST0"), format!("{},{}", nid(a_port + 1), nid(b_port + 1)));
     assert_eq!(nids_of(&up, "OST1"), format!("{},{}", nid(b_port + 2), nid(a_port + 2)));
+    assert_eq!(nids_of(&up, "MGS"), format!("{},{}", nid(up.port), nid(b_mgs)));
     striped_dirs(&up.mnt);
     let before = write_files(&up.mnt, 1);
 
-    // The MGS goes first, then node a: b takes MDT0 and OST0 with no MGS to register
-    // with, and the mount walks to b's NIDs on its own.
+    // The MGS's node and node a die at once: b takes the MGS, MDT0 and OST0 once their
+    // leases expire, and the mount walks to b's NIDs on its own.
     signal(pid_of(&up, "mgs"), libc::SIGKILL);
     signal(pid_of(&up, "a"), libc::SIGKILL);
     let started = Instant::now();
@@ -172,26 +174,37 @@ fn with_the_mgs_down_a_killed_node_hands_its_targets_over_and_the_mount_finds_th
     check_files(&before);
     check_files(&after);
     let log = log_of(&up, "b");
-    for (target, name, port) in [("MDT0", "nacre-MDT0000", b_port), ("OST0", "nacre-OST0000", b_port + 1)] {
+    for (target, port) in [("MGS", b_mgs), ("MDT0", b_port), ("OST0", b_port + 1)] {
+        assert!(log.contains(&format!("{target}: lease taken (epoch 2; held by node")), "{log}");
         assert!(log.contains(&format!("{target}: served by node b at {}", nid(port))), "{log}");
-        assert!(log.contains(&format!("{name}: serving; registering when the MGS answers")), "{log}");
     }
-
-    // The MGS back: b's registrations land, and its NIDs come first.
-    let cluster = up.data.join("cluster.toml");
-    let out = nacre().args(["server", "--config"]).arg(&cluster).args(["--node", "mgs"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // b's targets registered with b's MGS: their NIDs first.
     let waited = Instant::now();
     while !nids_of(&up, "MDT0").starts_with(&nid(b_port)) && waited.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(nids_of(&up, "MDT0"), format!("{},{}", nid(b_port), nid(a_port)));
     assert_eq!(nids_of(&up, "OST0"), format!("{},{}", nid(b_port + 1), nid(a_port + 1)));
-    let log = log_of(&up, "b");
-    assert!(
-        log.contains("nacre-MDT0000: registered with the MGS at") && log.contains("nacre-OST0000: registered"),
-        "{log}"
-    );
+    assert_eq!(nids_of(&up, "MGS"), format!("{},{}", nid(b_mgs), nid(up.port)));
+    assert_eq!(holders(&up)["MGS"], held_by("b", 2));
+
+    // A new mount names both MGS NIDs and finds the one that answers.
+    let mnt2 = up.data.parent().unwrap().join("mnt2");
+    fs::create_dir_all(&mnt2).unwrap();
+    let mgs = format!("{},{}", nid(up.port), nid(b_mgs));
+    let out = nacre().args(["mount", "--mgs", &mgs]).arg(&mnt2).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let seen: Vec<_> = after.iter().map(|(p, d)| (mnt2.join(p.strip_prefix(&up.mnt).unwrap()), d.clone())).collect();
+    check_files(&seen);
+    let out = nacre().arg("umount").arg(&mnt2).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // The MGS's node back: b serves the MGS now, so it stands by.
+    let cluster = up.data.join("cluster.toml");
+    let out = nacre().args(["server", "--config"]).arg(&cluster).args(["--node", "mgs"]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("standing by for MGS"), "{said}");
     let again = write_files(&up.mnt, 3);
     check_files(&before);
     check_files(&after);
@@ -266,6 +279,19 @@ fn failover_pairs_in_a_cluster_file_are_checked_before_anything_starts() {
             "on 127.0.0.1, node m's ports 20000 to 20001 and node b's ports 20001 to 20002 overlap",
         ),
         (node("m", "mgs = true\nport = MGSPORT\nmdts = [0]\nosts = [0]"), "and node m's ports"),
+        // The MGS: one NID per node that may serve it, on that node's host.
+        (
+            node("m", "mgs = true\nmdts = [0]\nosts = [0]") + &node("b", "failover_mgs = true"),
+            "lists 1 NID(s) for 2 MGS node(s) (m, b): one each, in that order",
+        ),
+        (
+            node("m", "mgs = true\nfailover_mgs = true\nmdts = [0]\nosts = [0]"),
+            "node m serves the MGS and stands by for it too",
+        ),
+        (
+            node("m", "mgs = true\nmdts = [0]\nosts = [0]").replace("127.0.0.1", "127.0.0.2"),
+            "is not on node m's host 127.0.0.2",
+        ),
         // b stands by for OST0, whose drives are not where b looks.
         (
             node("m", "mgs = true\nmdts = [0]\nosts = [0]") + &node("b", "failover_osts = [0]"),
@@ -336,7 +362,7 @@ fn an_operator_moves_a_target_and_back_while_the_mount_carries_on() {
     // Bad requests name what is wrong and move nothing.
     let was = holders(&up);
     for (args, says) in [
-        (&["failover", "MDT9"][..], "no target \"MDT9\" in the cluster file (it has MDT0, OST0, OST1)"),
+        (&["failover", "MDT9"][..], "no target \"MDT9\" in the cluster file (it has MGS, MDT0, OST0, OST1)"),
         (&["failover", "OST1", "--to", "c"][..], "OST1 can be served by b, a only, not by c"),
         (&["failover", "OST1", "--to", "b"][..], "OST1 is served by node b already"),
     ] {
