@@ -58,11 +58,21 @@ pub struct OstBenchOptions {
     /// Bytes per large IO (Lustre's `brw_size`).
     pub brw: u64,
     pub strip: u64,
+    /// Objects the small-objects space phase makes (IO500's mdtest file size each).
+    pub small_objects: u32,
 }
 
 impl OstBenchOptions {
     pub fn new(dir: PathBuf) -> OstBenchOptions {
-        OstBenchOptions { dir, size: 1 << 30, threads: 8, rounds: 3, brw: 16 << 20, strip: 128 << 10 }
+        OstBenchOptions {
+            dir,
+            size: 1 << 30,
+            threads: 8,
+            rounds: 3,
+            brw: 16 << 20,
+            strip: 128 << 10,
+            small_objects: 10_000,
+        }
     }
 }
 
@@ -226,8 +236,7 @@ fn small_writes(
 const RAND_READ_SECS: f64 = 1.0;
 /// Bytes of each random read (IO500's ior-rnd4K).
 const RAND_READ_BYTES: usize = 4096;
-/// Small objects the space phase makes, and their size (IO500's mdtest file).
-const SMALL_OBJECTS: u64 = 10_000;
+/// The size of the space phase's small objects (IO500's mdtest file).
 const SMALL_OBJECT_BYTES: usize = 3_901;
 
 /// `threads` readers of random aligned 4 KiB blocks for [`RAND_READ_SECS`]: reader `j`
@@ -304,13 +313,14 @@ struct SmallSpace {
     given_back: bool,
 }
 
-/// [`SMALL_OBJECTS`] objects of [`SMALL_OBJECT_BYTES`], written by `threads` writers,
-/// read back, then destroyed.
+/// `small_objects` objects of [`SMALL_OBJECT_BYTES`], written by `threads` writers, read
+/// back, then destroyed.
 fn small_objects(t: &Target, o: &OstBenchOptions) -> Result<SmallSpace, BenchError> {
     let bad = |e: nacre_osd::OsdError| BenchError::Bad(e.to_string());
     let free = |t: &Target| t.statfs().map(|s| s.free_bytes).map_err(bad);
     let before = free(t)?;
-    let oids: Vec<u64> = t.create(SMALL_OBJECTS as u32).map_err(bad)?.collect();
+    let count = o.small_objects.max(1);
+    let oids: Vec<u64> = t.create(count).map_err(bad)?.collect();
     let body =
         |oid: u64| -> Vec<u8> { (0..SMALL_OBJECT_BYTES as u64).map(|i| (oid.wrapping_add(i) % 251) as u8).collect() };
     let secs = timed(
@@ -335,11 +345,11 @@ fn small_objects(t: &Target, o: &OstBenchOptions) -> Result<SmallSpace, BenchErr
     for &oid in &oids {
         t.destroy(oid).map_err(bad)?;
     }
-    let bytes = (SMALL_OBJECTS * SMALL_OBJECT_BYTES as u64) as f64;
+    let bytes = (u64::from(count) * SMALL_OBJECT_BYTES as u64) as f64;
     Ok(SmallSpace {
         ratio: ratio(taken as f64, bytes),
-        per_object: taken as f64 / SMALL_OBJECTS as f64,
-        per_s: SMALL_OBJECTS as f64 / secs,
+        per_object: taken as f64 / f64::from(count),
+        per_s: f64::from(count) / secs,
         given_back: free(t)? == before,
     })
 }
@@ -485,7 +495,8 @@ fn run_in(o: &OstBenchOptions, work: &std::path::Path, out: &mut dyn std::io::Wr
     let small = small_objects(&t, o)?;
     let _ = writeln!(
         out,
-        "{SMALL_OBJECTS} objects of {SMALL_OBJECT_BYTES} bytes: {:.0} bytes of target space each ({:.2}x their bytes), {:.0} made/s; {} when destroyed",
+        "{} objects of {SMALL_OBJECT_BYTES} bytes: {:.0} bytes of target space each ({:.2}x their bytes), {:.0} made/s; {} when destroyed",
+        o.small_objects.max(1),
         small.per_object,
         small.ratio,
         small.per_s,

@@ -81,6 +81,31 @@ pub struct RecoveryStats {
     pub remaining_ms: u64,
 }
 
+impl RecoveryStats {
+    /// `recovery_status` as Lustre's targets print it (`status: COMPLETE`, `completed_clients:
+    /// 2/2`, …) for the recovery `r` of a server (`None`: none ran since it started).
+    pub fn render(r: Option<RecoveryStats>) -> String {
+        let Some(r) = r else { return "status: INACTIVE".into() };
+        let status = match (r.recovering, r.clients) {
+            (true, _) => "RECOVERING",
+            (false, 0) => "INACTIVE",
+            (false, _) => "COMPLETE",
+        };
+        let time = if r.recovering { "time_remaining_ms" } else { "recovery_duration_ms" };
+        format!(
+            "status: {status}\ncompleted_clients: {}/{}\nevicted_clients: {}\n\
+             replayed_requests: {}\nfailed_replays: {}\nheld_requests: {}\n{time}: {}",
+            r.completed,
+            r.clients,
+            r.evicted,
+            r.replayed,
+            r.replay_failed,
+            r.held,
+            if r.recovering { r.remaining_ms } else { r.duration_ms }
+        )
+    }
+}
+
 /// A replay's place in the recovery queue: transno order, and an open (state replayed
 /// for as long as it is held, whose transno is the last change it may depend on) after
 /// the change of its transno.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
-use nacre_net::server::{Commits, Handler, Incoming, Recovering, Reply, Service};
+use nacre_net::server::{Commits, Handler, Incoming, Recovering, RecoveryStats, Reply, Service};
 use nacre_net::transport::BoxFuture;
 use nacre_proto::fid::Fid;
 use nacre_proto::layout::Layout;
@@ -820,26 +820,7 @@ impl Mds {
             };
             clients.iter().map(line).collect::<Vec<_>>().join("\n")
         });
-        add("recovery_status", &|| {
-            let Some(r) = self.server.get().and_then(|s| s.recovery()) else { return "status: INACTIVE".into() };
-            let status = match (r.recovering, r.clients) {
-                (true, _) => "RECOVERING",
-                (false, 0) => "INACTIVE",
-                (false, _) => "COMPLETE",
-            };
-            let time = if r.recovering { "time_remaining_ms" } else { "recovery_duration_ms" };
-            format!(
-                "status: {status}\ncompleted_clients: {}/{}\nevicted_clients: {}\n\
-                 replayed_requests: {}\nfailed_replays: {}\nheld_requests: {}\n{time}: {}",
-                r.completed,
-                r.clients,
-                r.evicted,
-                r.replayed,
-                r.replay_failed,
-                r.held,
-                if r.recovering { r.remaining_ms } else { r.duration_ms }
-            )
-        });
+        add("recovery_status", &|| RecoveryStats::render(self.server.get().and_then(|s| s.recovery())));
         add("memory", &|| {
             let (bytes, inodes) = self.ns.memory_used();
             format!("bytes {bytes}\ninodes {inodes}\nbytes_per_inode {}", bytes / inodes.max(1))

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
-use nacre_net::server::{Commits, Handler, Incoming, Recovering, Reply, Service};
+use nacre_net::server::{Commits, Handler, Incoming, Recovering, RecoveryStats, Reply, Service};
 use nacre_osd::{ObjectAttr, OsdError, SetAttr, Target, WriteBack, WriteBackOptions};
 use nacre_proto::ost::{self, Attr, Request, StatFs, set};
 use nacre_proto::param;
@@ -406,6 +406,8 @@ impl Oss {
             add("client_stats", &|| stats.client_stats());
             add("scrub", &|| scrub.lock().unwrap_or_else(|e| e.into_inner()).render());
             add("scrub_rate_mb", &|| scrub.lock().unwrap_or_else(|e| e.into_inner()).rate_mb.to_string());
+            // The server's: its targets recover together.
+            add("recovery_status", &|| RecoveryStats::render(self.server().and_then(|s| s.recovery())));
             // Asked of the target only if a matching parameter needs it, and once.
             let statfs = std::cell::OnceCell::new();
             let statfs = || statfs.get_or_init(|| t.statfs().ok()).as_ref();

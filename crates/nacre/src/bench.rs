@@ -33,6 +33,9 @@ pub enum BenchCommand {
         /// Bytes per large IO (`brw_size`).
         #[arg(long, default_value = "16M", value_parser = parse_size)]
         brw_size: u64,
+        /// Objects of 3,901 bytes the small-objects space phase makes.
+        #[arg(long, default_value_t = 10_000)]
+        small_objects: u32,
     },
     /// Create, stat and unlink rates of one MDT served over loopback to N clients, against
     /// the local file system doing the same with N threads and the transport's ping RPC, in
@@ -154,14 +157,18 @@ pub enum BenchCommand {
 
 pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
     match cmd {
-        BenchCommand::Ost { dir, size, threads, rounds, brw_size } => {
+        BenchCommand::Ost { dir, size, threads, rounds, brw_size, small_objects } => {
             if !(1..=256).contains(&threads) || !(1..=100).contains(&rounds) {
                 return Err("--threads must be 1 to 256 and --rounds 1 to 100".into());
             }
             if !(4096..=16 << 20).contains(&brw_size) || !brw_size.is_multiple_of(4096) {
                 return Err(format!("--brw-size {brw_size}: a multiple of 4K from 4K to 16M").into());
             }
+            if !(threads as u32..=1_000_000).contains(&small_objects) {
+                return Err(format!("--small-objects {small_objects}: from --threads to 1,000,000").into());
+            }
             let mut o = OstBenchOptions::new(dir);
+            o.small_objects = small_objects;
             o.size = size;
             o.threads = threads;
             o.rounds = rounds;

@@ -497,7 +497,7 @@ struct Asked {
 /// if it does not answer.
 fn served_nids(mgs: &NidList) -> Option<String> {
     let body = nacre_proto::param::encode_get("mgs.*.targets");
-    mgs.all().iter().find_map(|m| crate::call_param(m, nacre_proto::param::OP_GET_PARAM, &body).ok())
+    crate::call_param_any(mgs, nacre_proto::param::OP_GET_PARAM, &body).ok()
 }
 
 /// The first NID `served` (from [`served_nids`]) lists for target `name`.
@@ -623,6 +623,25 @@ pub fn failback(a: FailbackArgs) -> crate::service::CliResult {
     wait_moves(asked, &mgs, Duration::from_secs(a.wait))
 }
 
+/// A target's recovery as its server reports it (`COMPLETE`, `RECOVERING 1/2`,
+/// `INACTIVE`), asked at the first of `nids` (`NID,NID`) that answers; `None` if none does.
+fn recovery_of(nids: &str) -> Option<String> {
+    let nids: NidList = nids.parse().ok()?;
+    let body = nacre_proto::param::encode_get("*.recovery_status");
+    recovery_summary(&crate::call_param_any(&nids, nacre_proto::param::OP_GET_PARAM, &body).ok()?)
+}
+
+/// The state in a `recovery_status` reply (the first, when a server has several targets).
+fn recovery_summary(text: &str) -> Option<String> {
+    // A one-line value follows its name on the line (`name=status: INACTIVE`).
+    let value = |l: &'_ str| l.split_once('=').map_or(l, |(_, v)| v).trim().to_string();
+    let field = |key: &str| text.lines().map(value).find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_string()));
+    Some(match (field("status:")?, field("completed_clients:")) {
+        (status, Some(done)) if status == "RECOVERING" => format!("RECOVERING {done}"),
+        (status, _) => status,
+    })
+}
+
 /// `nacre status`: every target of a cluster file, the node whose lease holds its drives
 /// (read from the drives), how old that node's last heartbeat is, and where the MGS says
 /// it is served.
@@ -670,13 +689,17 @@ pub fn status(a: StatusArgs) -> crate::service::CliResult {
             }
             _ => served.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).unwrap_or("").trim().to_string(),
         };
-        rows.push((duty.label(), s.nodes.join(", "), holder_node, lease, epoch, age_s, nids));
+        let recovery = match duty.role {
+            Role::Mgs => None,
+            _ => recovery_of(&nids),
+        };
+        rows.push((duty.label(), s.nodes.join(", "), holder_node, lease, epoch, age_s, recovery, nids));
     }
     if a.json {
         let list: Vec<serde_json::Value> = rows
             .iter()
-            .map(|(t, nodes, holder, lease, epoch, age, nids)| {
-                serde_json::json!({"target": t, "nodes": nodes, "holder": holder, "lease": lease, "epoch": epoch, "heartbeat_age_s": age, "nids": nids})
+            .map(|(t, nodes, holder, lease, epoch, age, recovery, nids)| {
+                serde_json::json!({"target": t, "nodes": nodes, "holder": holder, "lease": lease, "epoch": epoch, "heartbeat_age_s": age, "recovery": recovery, "nids": nids})
             })
             .collect();
         println!("{}", serde_json::json!({ "fsname": fsname, "mgs": mgs.to_string(), "targets": list }));
@@ -684,12 +707,29 @@ pub fn status(a: StatusArgs) -> crate::service::CliResult {
     }
     println!("file system {fsname}, MGS {mgs}{}", if served.is_empty() { " (not answering)" } else { "" });
     println!(
-        "{:<7} {:<12} {:<8} {:<24} {:>5} {:>10}  NIDS (active first)",
-        "TARGET", "NODES", "HOLDER", "LEASE", "EPOCH", "HEARTBEAT"
+        "{:<7} {:<12} {:<8} {:<24} {:>5} {:>10}  {:<16} NIDS (active first)",
+        "TARGET", "NODES", "HOLDER", "LEASE", "EPOCH", "HEARTBEAT", "RECOVERY"
     );
-    for (t, nodes, holder, lease, epoch, age, nids) in rows {
+    for (t, nodes, holder, lease, epoch, age, recovery, nids) in rows {
         let age = age.map(|a| format!("{a:.1} s ago")).unwrap_or_else(|| "-".into());
-        println!("{t:<7} {nodes:<12} {holder:<8} {lease:<24} {epoch:>5} {age:>10}  {nids}");
+        let recovery = recovery.unwrap_or_else(|| "-".into());
+        println!("{t:<7} {nodes:<12} {holder:<8} {lease:<24} {epoch:>5} {age:>10}  {recovery:<16} {nids}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::recovery_summary;
+
+    #[test]
+    fn recovery_states_read_from_a_status_reply() {
+        let recovering = "mdt.mdt0.recovery_status=\nstatus: RECOVERING\ncompleted_clients: 1/2\nevicted_clients: 0\n";
+        assert_eq!(recovery_summary(recovering).as_deref(), Some("RECOVERING 1/2"));
+        let two = "obdfilter.ost0.recovery_status=\nstatus: COMPLETE\ncompleted_clients: 2/2\n\
+                   obdfilter.ost1.recovery_status=\nstatus: RECOVERING\ncompleted_clients: 0/2\n";
+        assert_eq!(recovery_summary(two).as_deref(), Some("COMPLETE"));
+        assert_eq!(recovery_summary("mdt.mdt0.recovery_status=status: INACTIVE\n").as_deref(), Some("INACTIVE"));
+        assert_eq!(recovery_summary("").as_deref(), None);
+    }
 }

@@ -20,6 +20,7 @@ mod storm;
 mod up;
 
 use clap::{CommandFactory, Parser, Subcommand};
+use nacre_net::nid::NidList;
 
 /// mimalloc, counting the heap's growth when `nacre bench mdt` asks.
 #[global_allocator]
@@ -55,18 +56,20 @@ enum Command {
     /// Print a running service's parameters and statistics whose names match a glob
     /// (`obdfilter.*.brw_stats`), as `lctl get_param` does.
     GetParam {
-        /// The service, e.g. 10.0.0.5@tcp:9100; without it, every Nacre mount of this
-        /// machine (the client tunables: `osc.*`, `llite.*`).
+        /// The service, e.g. 10.0.0.5@tcp:9100 (a failover pair's NIDs separated by
+        /// commas, tried in turn); without it, every Nacre mount of this machine (the
+        /// client tunables: `osc.*`, `llite.*`).
         #[arg(long)]
-        server: Option<nacre_net::nid::Nid>,
+        server: Option<NidList>,
         pattern: String,
     },
     /// Set a running service's parameter (`ost.OSS.ost_io.nrs_tbf_rule="start slow
     /// nid={10.0.0.*} rate=100"`, `obdfilter.ost0.job_stats=clear`), as `lctl set_param`.
     SetParam {
-        /// The service; without it, every Nacre mount of this machine (with -P: their MGS).
+        /// The service (NID[,NID…], tried in turn); without it, every Nacre mount of this
+        /// machine (with -P: their MGS, at each of its NIDs in turn).
         #[arg(long)]
-        server: Option<nacre_net::nid::Nid>,
+        server: Option<NidList>,
         /// Store it in the MGS (`--server` is the MGS) for the whole file system, as
         /// `lctl set_param -P`; an empty value removes it.
         #[arg(short = 'P', long = "permanent")]
@@ -196,16 +199,13 @@ fn quiet_on_closed_stdout() {
 
 /// Where a parameter command goes: `--server`, else every local mount's control endpoint
 /// (or, for `-P`, their MGSs); and whether they are the local mounts.
-fn param_targets(
-    server: Option<nacre_net::nid::Nid>,
-    mgs: bool,
-) -> Result<(Vec<nacre_net::nid::Nid>, bool), Box<dyn std::error::Error>> {
+fn param_targets(server: Option<NidList>, mgs: bool) -> Result<(Vec<NidList>, bool), Box<dyn std::error::Error>> {
     if let Some(s) = server {
         return Ok((vec![s], false));
     }
-    let mut out: Vec<nacre_net::nid::Nid> =
-        // An MGS's first NID: `set-param -P` does not yet walk a failover MGS's list.
-        fsys::local_mounts()?.into_iter().filter_map(|(_, m, ctl)| if mgs { Some(m.first().clone()) } else { ctl }).collect();
+    let mounts = fsys::local_mounts()?.into_iter();
+    let mut out: Vec<NidList> =
+        mounts.filter_map(|(_, m, ctl)| if mgs { Some(m) } else { ctl.map(NidList::from) }).collect();
     out.dedup();
     if out.is_empty() {
         return Err("no --server given and no Nacre mount on this machine".into());
@@ -245,18 +245,31 @@ pub(crate) fn call_param(server: &nacre_net::nid::Nid, opcode: u16, body: &[u8])
     })
 }
 
+/// [`call_param`] to the first of `server`'s NIDs that can be reached (a failover MGS's
+/// list, in turn).
+pub(crate) fn call_param_any(server: &NidList, opcode: u16, body: &[u8]) -> Result<String, ParamError> {
+    let mut last = String::new();
+    for nid in server.all() {
+        match call_param(nid, opcode, body) {
+            Err(ParamError::Unreachable(why)) => last = why,
+            answered => return answered,
+        }
+    }
+    Err(ParamError::Unreachable(last))
+}
+
 /// Send one parameter request to each of `targets`; their reply texts. Among the local
 /// mounts (`local`), one that cannot be reached (being unmounted, its process gone) is
 /// passed over with a warning, as long as another answers.
 fn call_each(
-    (targets, local): (Vec<nacre_net::nid::Nid>, bool),
+    (targets, local): (Vec<NidList>, bool),
     opcode: u16,
     body: &[u8],
 ) -> Result<Vec<String>, Box<dyn std::error::Error>> {
     let mut texts = Vec::new();
     let mut unreachable = Vec::new();
     for server in targets {
-        match call_param(&server, opcode, body) {
+        match call_param_any(&server, opcode, body) {
             Ok(text) => texts.push(text),
             Err(ParamError::Unreachable(m)) if local => unreachable.push(m),
             Err(e) => return Err(e.into()),
@@ -273,11 +286,7 @@ fn call_each(
     Ok(texts)
 }
 
-fn set_param(
-    server: Option<nacre_net::nid::Nid>,
-    permanent: bool,
-    setting: &str,
-) -> Result<(), Box<dyn std::error::Error>> {
+fn set_param(server: Option<NidList>, permanent: bool, setting: &str) -> Result<(), Box<dyn std::error::Error>> {
     let (name, value) = setting.split_once('=').ok_or_else(|| format!("{setting:?}: expected NAME=VALUE"))?;
     if name.len() > nacre_proto::param::PATTERN_MAX || value.len() > nacre_proto::param::VALUE_MAX {
         return Err("name or value too long".into());
@@ -291,7 +300,7 @@ fn set_param(
     Ok(())
 }
 
-fn get_param(server: Option<nacre_net::nid::Nid>, pattern: &str) -> Result<(), Box<dyn std::error::Error>> {
+fn get_param(server: Option<NidList>, pattern: &str) -> Result<(), Box<dyn std::error::Error>> {
     if pattern.len() > nacre_proto::param::PATTERN_MAX {
         return Err(format!("pattern of {} bytes (at most {})", pattern.len(), nacre_proto::param::PATTERN_MAX).into());
     }

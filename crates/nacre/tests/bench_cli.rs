@@ -21,7 +21,21 @@ fn bench_ost_prints_every_figure() {
     let _shared = shared();
     let dir = std::env::temp_dir().join(format!("nacre-bench-ost-{}", std::process::id()));
     let out = nacre()
-        .args(["bench", "ost", "--size", "32M", "--threads", "2", "--rounds", "1", "--brw-size", "4M", "--dir"])
+        .args([
+            "bench",
+            "ost",
+            "--size",
+            "32M",
+            "--threads",
+            "2",
+            "--rounds",
+            "1",
+            "--brw-size",
+            "4M",
+            "--small-objects",
+            "1000",
+        ])
+        .arg("--dir")
         .arg(&dir)
         .output()
         .unwrap();

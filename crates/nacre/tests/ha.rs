@@ -125,6 +125,12 @@ fn a_killed_node_hands_its_targets_to_its_partner_and_the_mount_carries_on() {
             "{r}"
         );
     }
+    // The targets that moved recovered (the mount came back to both: the writes above
+    // waited for it); the status asks each at its NIDs.
+    for t in ["MDT0", "OST0"] {
+        assert_eq!(row(t)["recovery"], "COMPLETE", "{status}");
+    }
+    assert!(row("MGS")["recovery"].is_null(), "{status}");
     let mds_nids = row("MDT0")["nids"].as_str().unwrap().to_string();
     assert_eq!(mds_nids.split(',').count(), 2, "a's NID stays listed after b's: {mds_nids}");
     assert!(log.contains(&format!("MDT0: served by node b at {}", mds_nids.split(',').next().unwrap())), "{log}");
@@ -188,10 +194,16 @@ fn the_mgs_and_a_node_killed_together_move_to_the_partner_and_the_mount_finds_th
     assert_eq!(nids_of(&up, "MGS"), format!("{},{}", nid(b_mgs), nid(up.port)));
     assert_eq!(holders(&up)["MGS"], held_by("b", 2));
 
+    // Parameters go to whichever of the MGS's NIDs answers: b's.
+    let mgs = format!("{},{}", nid(up.port), nid(b_mgs));
+    let out = nacre().args(["set-param", "-P", "--server", &mgs, "osc.*.checksums=0"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = nacre().args(["get-param", "--server", &mgs, "osc.*.checksums"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("osc.*.checksums=0"), "{out:?}");
+
     // A new mount names both MGS NIDs and finds the one that answers.
     let mnt2 = up.data.parent().unwrap().join("mnt2");
     fs::create_dir_all(&mnt2).unwrap();
-    let mgs = format!("{},{}", nid(up.port), nid(b_mgs));
     let out = nacre().args(["mount", "--mgs", &mgs]).arg(&mnt2).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let seen: Vec<_> = after.iter().map(|(p, d)| (mnt2.join(p.strip_prefix(&up.mnt).unwrap()), d.clone())).collect();
@@ -205,6 +217,13 @@ fn the_mgs_and_a_node_killed_together_move_to_the_partner_and_the_mount_finds_th
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{said}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(said.contains("standing by for MGS"), "{said}");
+    // And it takes the MGS back when asked: handed over on the drives, no expiry waited.
+    let out = nacre().args(["failback", "MGS", "--data"]).arg(&up.data).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("MGS: moved from node b to node mgs in"), "{said}");
+    assert_eq!(holders(&up)["MGS"], held_by("mgs", 3));
+    assert_eq!(nids_of(&up, "MGS"), format!("{},{}", nid(up.port), nid(b_mgs)));
     let again = write_files(&up.mnt, 3);
     check_files(&before);
     check_files(&after);
