@@ -634,7 +634,7 @@ fn recovery_of(nids: &str) -> Option<String> {
 /// The state in a `recovery_status` reply (the first, when a server has several targets).
 fn recovery_summary(text: &str) -> Option<String> {
     // A one-line value follows its name on the line (`name=status: INACTIVE`).
-    let value = |l: &'_ str| l.split_once('=').map_or(l, |(_, v)| v).trim().to_string();
+    let value = |l: &str| l.split_once('=').map_or(l, |(_, v)| v).trim().to_string();
     let field = |key: &str| text.lines().map(value).find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_string()));
     Some(match (field("status:")?, field("completed_clients:")) {
         (status, Some(done)) if status == "RECOVERING" => format!("RECOVERING {done}"),

@@ -735,9 +735,7 @@ impl ClusterFile {
         }
         Ok(Listen { nid: self.nid(n, kind, index)?, failover })
     }
-}
 
-impl ClusterFile {
     /// Every target whose nodes have fixed ports, at all their NIDs (its primary's
     /// first): what a node knows of the file system without its MGS.
     fn known(&self) -> Vec<nacre_proto::mgs::TargetEntry> {
@@ -753,6 +751,14 @@ impl ClusterFile {
             }
         }
         known
+    }
+}
+
+/// `mdt0`, `ost3`: a target's folder in a node's data, and its service's name.
+fn short_name(kind: nacre_proto::mgs::TargetKind, index: u32) -> String {
+    match kind {
+        nacre_proto::mgs::TargetKind::Mdt => format!("mdt{index}"),
+        nacre_proto::mgs::TargetKind::Ost => format!("ost{index}"),
     }
 }
 
@@ -914,7 +920,7 @@ pub(crate) fn cluster_targets(
         let duty = crate::ha::Duty { role: Role::Mgs, index: 0, dir: primary.data.join("mgs"), primary: true, listen };
         spots.push(crate::ha::Spot { nodes, duty });
     }
-    for (kind, dir) in [(TargetKind::Mdt, "mdt"), (TargetKind::Ost, "ost")] {
+    for kind in [TargetKind::Mdt, TargetKind::Ost] {
         for primary in &c.node {
             for &index in primary.targets(kind).0 {
                 let mut nodes = vec![primary.name.clone()];
@@ -922,7 +928,7 @@ pub(crate) fn cluster_targets(
                 let duty = crate::ha::Duty {
                     role: Role::of(kind),
                     index,
-                    dir: primary.data.join(format!("{dir}{index}")),
+                    dir: primary.data.join(short_name(kind, index)),
                     primary: true,
                     listen: c.listen(primary, kind, index)?,
                 };
@@ -949,10 +955,7 @@ fn duties(c: &ClusterFile, n: &NodeFile) -> Result<Vec<crate::ha::Duty>, String>
         Ok(crate::ha::Duty {
             role: Role::of(kind),
             index,
-            dir: n.data.join(match kind {
-                TargetKind::Mdt => format!("mdt{index}"),
-                TargetKind::Ost => format!("ost{index}"),
-            }),
+            dir: n.data.join(short_name(kind, index)),
             primary,
             listen: c.listen(n, kind, index)?,
         })
@@ -1020,11 +1023,7 @@ pub fn server(a: ServerArgs) -> CliResult {
     if n.port.is_some() {
         for (kind, ids) in [(nacre_proto::mgs::TargetKind::Mdt, &mdts), (nacre_proto::mgs::TargetKind::Ost, &osts)] {
             for &i in ids {
-                let name = match kind {
-                    nacre_proto::mgs::TargetKind::Mdt => format!("mdt{i}"),
-                    nacre_proto::mgs::TargetKind::Ost => format!("ost{i}"),
-                };
-                fixed.push((name, c.listen(n, kind, i)?));
+                fixed.push((short_name(kind, i), c.listen(n, kind, i)?));
             }
         }
     }
