@@ -80,7 +80,7 @@ pub async fn serve(dir: &Path, o: &ClientBenchOptions) -> Result<Local, BenchErr
         osts,
         Registration::Wait(Duration::ZERO),
         false,
-        None,
+        Default::default(),
     )
     .await
     .map_err(bad)?;

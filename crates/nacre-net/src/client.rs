@@ -137,15 +137,22 @@ pub struct Client {
 
 impl Client {
     pub fn new(transport: Arc<dyn Transport>, cfg: ClientConfig) -> Client {
+        Client::with_faults(transport, cfg, None)
+    }
+
+    /// A client whose fault rules are `faults` when given (the node's network, shared
+    /// with its servers), else its own.
+    pub fn with_faults(transport: Arc<dyn Transport>, cfg: ClientConfig, faults: Option<Arc<FaultInjector>>) -> Client {
         let mut ids = SplitMix(fresh_seed());
         let id = ids.next_u64().max(1);
+        let faults = faults.unwrap_or_else(|| Arc::new(FaultInjector::new(ids.next_u64())));
         Client {
             shared: Arc::new(Shared {
                 imports: Mutex::new(HashMap::new()),
                 making: tokio::sync::Mutex::new(()),
                 transport,
                 ni: CreditPool::new(cfg.credits),
-                faults: Arc::new(FaultInjector::new(ids.next_u64())),
+                faults,
                 cfg,
                 id,
                 epoch: Instant::now(),

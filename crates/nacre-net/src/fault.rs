@@ -35,9 +35,14 @@ struct FaultRule {
     from: String,
     to: String,
     opcode: Option<u16>,
+    /// Opcodes the rule never touches (a management network that stays up while the data
+    /// one fails: `drop except=200,201` keeps `get-param` and `set-param` working).
+    except: Vec<u16>,
     /// Probability in millionths.
     p_micro: u64,
     remaining: Option<u64>,
+    /// The rule as it was given.
+    text: String,
 }
 
 /// Why a rule string was refused.
@@ -77,6 +82,11 @@ impl FaultInjector {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// With a seed of its own, different from every other in the process.
+    pub fn fresh() -> FaultInjector {
+        FaultInjector::new(crate::rpc::fresh_seed())
+    }
+
     /// Add a rule; returns its id for [`FaultInjector::remove`].
     pub fn add(&self, text: &str) -> Result<u64, FaultRuleError> {
         let bad = |m: String| FaultRuleError(m);
@@ -94,8 +104,10 @@ impl FaultInjector {
             from: "*".into(),
             to: "*".into(),
             opcode: None,
+            except: Vec::new(),
             p_micro: 1_000_000,
             remaining: None,
+            text: text.split_whitespace().collect::<Vec<_>>().join(" "),
         };
         let mut delay_set = false;
         for w in words {
@@ -104,6 +116,11 @@ impl FaultInjector {
                 "from" => rule.from = v.to_string(),
                 "to" => rule.to = v.to_string(),
                 "opcode" => rule.opcode = Some(v.parse().map_err(|_| bad(format!("opcode {v:?} is not a number")))?),
+                "except" => {
+                    for o in v.split(',') {
+                        rule.except.push(o.parse().map_err(|_| bad(format!("except: opcode {o:?} is not a number")))?);
+                    }
+                }
                 "p" => {
                     let p: f64 = v.parse().map_err(|_| bad(format!("p {v:?} is not a number")))?;
                     if !(0.0..=1.0).contains(&p) {
@@ -144,6 +161,19 @@ impl FaultInjector {
         st.rules.len() != before
     }
 
+    /// The rules in force, each as `ID: RULE` (the id [`FaultInjector::remove`] takes)
+    /// with how many times it may still fire when it was given a count.
+    pub fn list(&self) -> Vec<String> {
+        let st = self.lock();
+        st.rules
+            .iter()
+            .map(|r| match r.remaining {
+                Some(n) => format!("{}: {} ({n} left)", r.id, r.text),
+                None => format!("{}: {}", r.id, r.text),
+            })
+            .collect()
+    }
+
     pub fn clear(&self) {
         let mut st = self.lock();
         st.rules.clear();
@@ -164,6 +194,7 @@ impl FaultInjector {
             let matches = from.matches(&r.from)
                 && to.matches(&r.to)
                 && r.opcode.is_none_or(|o| o == opcode)
+                && !r.except.contains(&opcode)
                 && r.remaining != Some(0);
             if !matches {
                 continue;
@@ -194,5 +225,28 @@ pub async fn copies(action: FaultAction) -> Option<usize> {
             Some(1)
         }
         FaultAction::Cut => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excepted_opcodes_pass_and_rules_list_as_given() {
+        let f = FaultInjector::new(7);
+        let (a, b): (Nid, Nid) = ("a@mem".parse().unwrap(), "b@mem".parse().unwrap());
+        let id = f.add("drop   except=200,201").unwrap();
+        assert_eq!(f.decide(&a, &b, 1), FaultAction::Drop);
+        assert_eq!(f.decide(&a, &b, 200), FaultAction::Deliver);
+        assert_eq!(f.decide(&a, &b, 201), FaultAction::Deliver);
+        f.add("cut opcode=5 count=2").unwrap();
+        assert_eq!(
+            f.list(),
+            vec![format!("{id}: drop except=200,201"), format!("{}: cut opcode=5 count=2 (2 left)", id + 1)]
+        );
+        assert!(f.remove(id));
+        assert_eq!(f.decide(&a, &b, 1), FaultAction::Deliver);
+        assert!(f.add("drop except=200,x").unwrap_err().to_string().contains("\"x\" is not a number"));
     }
 }

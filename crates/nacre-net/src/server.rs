@@ -303,6 +303,9 @@ pub struct Service {
     /// The target this serves (`nacre-OST0003`): a connect naming another
     /// ([`crate::rpc::target_id`]) is refused with ENODEV. `None` answers any connect.
     pub target: Option<String>,
+    /// Fault rules shared with the other services of the node (its network, as LNet's
+    /// drop rules are the node's); `None` gives the server rules of its own.
+    pub faults: Option<Arc<FaultInjector>>,
 }
 
 /// A client as the server knows it.
@@ -482,7 +485,7 @@ impl Server {
             nid: listener.nid(),
             handler,
             evicted: tokio::sync::broadcast::channel(EVICTED_QUEUE).0,
-            faults: Arc::new(FaultInjector::new(fresh_seed())),
+            faults: service.faults.clone().unwrap_or_else(|| Arc::new(FaultInjector::new(fresh_seed()))),
             ni: CreditPool::new(cfg.credits),
             buffers: Arc::new(Semaphore::new(cfg.req_buffers_max.max(1))),
             bulk_bytes: Arc::new(Semaphore::new(bulk_budget(&cfg))),

@@ -139,8 +139,8 @@ async fn start_named(net: &MemNetwork, toy: &Toy, recovering: bool, soft_ms: u64
             .then(|| Recovering { clients: toy.clients(), last_committed: toy.0.lock().unwrap().committed }),
         // Listing reads memory: served on the connection's task.
         quick: vec![OP_LIST],
-        waits: vec![],
         target: Some(name.to_string()),
+        ..Service::default()
     };
     // The stopped server's listener goes when its task is next polled.
     for _ in 0..100 {

@@ -159,16 +159,27 @@ impl LeaseBlock {
 
 const MOVE_MAGIC: &[u8; 8] = b"NACREMOV";
 
-/// An operator's request that the holder of a lease move its target (`nacre failover`):
-/// the block after the lease.
+/// A request that the holder of a lease move its target: the block after the lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MoveRequest {
     /// The lease epoch it is for: a holder acts on a request for its own epoch only.
     pub epoch: u64,
     /// The node to hand the drives to.
     pub to: String,
-    /// The asker's wall clock (ms since 1970): shown, never trusted.
+    pub why: MoveWhy,
+    /// The asker's wall clock (ms since 1970): tells one request from the next, shown,
+    /// never trusted.
     pub stamp_ms: u64,
+}
+
+/// Who asks for a move, and so what the holder makes of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoveWhy {
+    /// An operator (`nacre failover`, `failback`): the holder moves.
+    Operator,
+    /// The node named cannot reach the target over the network while the MGS answers
+    /// it: the holder moves only if its own checks fail too.
+    Unreachable,
 }
 
 impl MoveRequest {
@@ -178,6 +189,10 @@ impl MoveRequest {
         b[8..12].copy_from_slice(&VERSION.to_le_bytes());
         let to = &self.to.as_bytes()[..self.to.len().min(NODE_MAX)];
         b[12] = to.len() as u8;
+        b[13] = match self.why {
+            MoveWhy::Operator => 0,
+            MoveWhy::Unreachable => 1,
+        };
         b[16..16 + to.len()].copy_from_slice(to);
         b[80..88].copy_from_slice(&self.epoch.to_le_bytes());
         b[88..96].copy_from_slice(&self.stamp_ms.to_le_bytes());
@@ -197,21 +212,27 @@ impl MoveRequest {
         if u32::from_le_bytes(b[8..12].try_into().ok()?) != VERSION || to_len == 0 || to_len > NODE_MAX {
             return None;
         }
+        let why = match b[13] {
+            0 => MoveWhy::Operator,
+            1 => MoveWhy::Unreachable,
+            _ => return None,
+        };
         Some(MoveRequest {
             to: String::from_utf8_lossy(&b[16..16 + to_len]).into_owned(),
+            why,
             epoch: u64::from_le_bytes(b[80..88].try_into().ok()?),
             stamp_ms: u64::from_le_bytes(b[88..96].try_into().ok()?),
         })
     }
 }
 
-/// Ask the holder of epoch `epoch` of `drives`' lease to hand them to node `to`: the
-/// request is written to every drive, and must reach a majority.
-pub fn ask_move(drives: &[Arc<dyn BlockDevice>], epoch: u64, to: &str) -> Result<(), String> {
+/// Ask the holder of epoch `epoch` of `drives`' lease to hand them to node `to`, for
+/// reason `why`: the request is written to every drive, and must reach a majority.
+pub fn ask_move(drives: &[Arc<dyn BlockDevice>], epoch: u64, to: &str, why: MoveWhy) -> Result<(), String> {
     if to.is_empty() || to.len() > NODE_MAX {
         return Err(format!("node name {to:?}: 1 to {NODE_MAX} bytes"));
     }
-    let buf = MoveRequest { epoch, to: to.to_string(), stamp_ms: now_ms() }.encode();
+    let buf = MoveRequest { epoch, to: to.to_string(), why, stamp_ms: now_ms() }.encode();
     // Flushed: written once, and read by the holder maybe much later.
     let (written, first_error) = write_each(drives, &buf, MOVE_OFFSET, true);
     if written < majority(drives.len()) {
@@ -221,20 +242,20 @@ pub fn ask_move(drives: &[Arc<dyn BlockDevice>], epoch: u64, to: &str) -> Result
 }
 
 /// The move request for epoch `epoch` that a majority of `drives` carry, if any.
-fn move_asked(drives: &[Arc<dyn BlockDevice>], epoch: u64) -> Option<String> {
+fn move_asked(drives: &[Arc<dyn BlockDevice>], epoch: u64) -> Option<MoveRequest> {
     let mut buf = AlignedBuf::zeroed(MOVE_BYTES);
-    let mut votes: Vec<String> = Vec::new();
+    let mut votes: Vec<MoveRequest> = Vec::new();
     for d in drives {
         if d.read_at(&mut buf, MOVE_OFFSET).is_ok()
             && let Some(r) = MoveRequest::decode(&buf)
             && r.epoch == epoch
         {
-            votes.push(r.to);
+            votes.push(r);
         }
     }
-    let count = |to: &String| votes.iter().filter(|v| *v == to).count();
-    let to = votes.iter().max_by_key(|v| count(v))?.clone();
-    (count(&to) >= majority(drives.len())).then_some(to)
+    let count = |r: &MoveRequest| votes.iter().filter(|v| *v == r).count();
+    let r = votes.iter().max_by_key(|v| count(v))?.clone();
+    (count(&r) >= majority(drives.len())).then_some(r)
 }
 
 /// Why a lease could not be taken or kept.
@@ -423,8 +444,8 @@ pub struct Held {
     taken: Taken,
     /// Heartbeats held back until then (tests: a node whose clock or process stalls).
     stall: Arc<Mutex<Option<Instant>>>,
-    /// The node an operator asked to move the drives to, as the heartbeat read it.
-    asked: Arc<Mutex<Option<String>>>,
+    /// The move asked for, as the heartbeat read it.
+    asked: Arc<Mutex<Option<MoveRequest>>>,
     /// The node the release hands the drives to ([`Held::hand_to`]).
     handed: Arc<Mutex<Option<String>>>,
 }
@@ -691,9 +712,9 @@ impl Held {
         }
     }
 
-    /// The node an operator asked this holder to move the drives to (`nacre failover`),
-    /// once a renewal has read the request.
-    pub fn move_asked(&self) -> Option<String> {
+    /// The move asked of this holder (see [`ask_move`]), once a renewal has read the
+    /// request.
+    pub fn move_asked(&self) -> Option<MoveRequest> {
         lock(&self.asked).clone()
     }
 
@@ -727,7 +748,7 @@ struct Heartbeat {
     fence: Arc<Fence>,
     stop: Arc<AtomicBool>,
     stall: Arc<Mutex<Option<Instant>>>,
-    asked: Arc<Mutex<Option<String>>>,
+    asked: Arc<Mutex<Option<MoveRequest>>>,
     handed: Arc<Mutex<Option<String>>>,
 }
 
@@ -756,8 +777,8 @@ impl Heartbeat {
                 return;
             }
             self.fence.extend(began, valid);
-            if let Some(to) = move_asked(&self.drives, self.mine.epoch).filter(|to| *to != self.mine.node) {
-                *lock(&self.asked) = Some(to);
+            if let Some(r) = move_asked(&self.drives, self.mine.epoch).filter(|r| r.to != self.mine.node) {
+                *lock(&self.asked) = Some(r);
             }
         }
         // A clean stop releases the drives (to a node, for a move), unless they are
@@ -903,9 +924,12 @@ mod tests {
 
     #[test]
     fn a_move_request_round_trips_and_a_damaged_one_moves_nothing() {
-        let r = MoveRequest { epoch: 3, to: "oss2".into(), stamp_ms: 1_795_000_000_000 };
+        for why in [MoveWhy::Operator, MoveWhy::Unreachable] {
+            let r = MoveRequest { epoch: 3, to: "oss2".into(), why, stamp_ms: 1_795_000_000_000 };
+            assert_eq!(MoveRequest::decode(&r.encode()), Some(r));
+        }
+        let r = MoveRequest { epoch: 3, to: "oss2".into(), why: MoveWhy::Operator, stamp_ms: 1_795_000_000_000 };
         let bytes = r.encode();
-        assert_eq!(MoveRequest::decode(&bytes), Some(r));
         let mut bad = bytes.to_vec();
         bad[17] ^= 1;
         assert_eq!(MoveRequest::decode(&bad), None);

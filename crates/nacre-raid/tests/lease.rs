@@ -5,7 +5,7 @@
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use nacre_raid::lease::{LEASE_OFFSET, NODE_MAX, Taken, ask_move, holder};
+use nacre_raid::lease::{LEASE_OFFSET, MoveWhy, NODE_MAX, Taken, ask_move, holder};
 use nacre_raid::{
     BlockDevice, CreateOptions, FencedDrive, Held, LeaseError, LeaseOptions, Level, MemDrive, Volume, VolumeOptions,
 };
@@ -243,15 +243,16 @@ fn a_move_request_reaches_the_holder_and_the_named_node_takes_the_drives_at_once
     a.on_lost(move |why| {
         let _ = tx.send(why.to_string());
     });
-    ask_move(&d, 0, "oss2").unwrap();
+    ask_move(&d, 0, "oss2", MoveWhy::Operator).unwrap();
     std::thread::sleep(Duration::from_millis(60));
     assert_eq!(a.move_asked(), None, "a request for another epoch moves nothing");
-    ask_move(&d, a.fence().epoch(), "oss2").unwrap();
+    ask_move(&d, a.fence().epoch(), "oss2", MoveWhy::Unreachable).unwrap();
     let started = Instant::now();
     while a.move_asked().is_none() && started.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(a.move_asked().as_deref(), Some("oss2"));
+    let asked = a.move_asked().unwrap();
+    assert_eq!((asked.to.as_str(), asked.why), ("oss2", MoveWhy::Unreachable));
     a.hand_to("oss2");
     let err = write_through(&a_drives).unwrap_err();
     assert!(err.to_string().contains("released"), "{err}");
@@ -270,7 +271,7 @@ fn a_move_request_reaches_the_holder_and_the_named_node_takes_the_drives_at_once
     let err = third.join().unwrap().expect("the third node does not take the drives");
     assert!(matches!(&err, LeaseError::Held { node, .. } if node == "oss2"), "{err}");
     assert!(rx.try_recv().is_err(), "a holder that let go on purpose is not told it lost the lease");
-    assert_eq!(ask_move(&d, 2, ""), Err(format!("node name \"\": 1 to {NODE_MAX} bytes")));
+    assert_eq!(ask_move(&d, 2, "", MoveWhy::Operator), Err(format!("node name \"\": 1 to {NODE_MAX} bytes")));
 }
 
 /// Drives handed to a node that never takes them are taken by another after the expiry.

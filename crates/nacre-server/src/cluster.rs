@@ -7,11 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nacre_net::client::{Client, ClientConfig};
+use nacre_net::fault::FaultInjector;
 use nacre_net::nid::{Nid, NidList};
-use nacre_net::server::{Handler, Server, ServerConfig, Service};
+use nacre_net::server::{Handler, Reply, Server, ServerConfig, Service};
 use nacre_net::transport::Transport;
 use nacre_osd::Target;
 use nacre_proto::mgs::{Config, MGS_NAME, Request, TargetEntry, TargetKind};
+use nacre_proto::param;
 
 use crate::mds::Mds;
 use crate::mdt::Namespace;
@@ -131,6 +133,9 @@ impl From<Nid> for Listen {
     }
 }
 
+/// How long [`Local::stop`] waits for the other targets to answer its goodbyes.
+const GOODBYE_WAIT: Duration = Duration::from_secs(2);
+
 /// How long [`Local::start`] waits for a remote MGS to take its targets' registrations.
 #[derive(Clone, Copy, Debug)]
 pub enum Registration {
@@ -149,22 +154,78 @@ pub enum Registration {
 /// state that is no longer the target's.
 pub type Gate = Arc<dyn Fn() -> bool + Send + Sync>;
 
-/// `handler`, answering only while `gate` allows.
-fn gated(handler: Handler, gate: Option<Gate>) -> Handler {
-    let Some(gate) = gate else { return handler };
+/// What the node adds to every service of a [`Local`].
+#[derive(Clone, Default)]
+pub struct ServeWith {
+    /// The lease that gates their answers (see [`Gate`]).
+    pub gate: Option<Gate>,
+    /// The fault rules of the node's network, shared by every service on it (one set
+    /// for all the `Local`s of a process, as LNet's drop rules are the node's), read and
+    /// changed with the parameter [`FAULT_RULES`]. `None`: the `Local`'s own.
+    pub faults: Option<Arc<FaultInjector>>,
+}
+
+/// The node's fault rules as a parameter, served by every service of a [`Local`]
+/// (Lustre's `lctl net_drop_add`): `set-param net.fault_rules="drop except=200,201"`
+/// adds a rule (see `nacre_net::fault`), `del ID` removes one, `clear` all of them;
+/// `get-param` lists them.
+pub const FAULT_RULES: &str = "net.fault_rules";
+
+/// `handler`, answering only while `with.gate` allows, and serving [`FAULT_RULES`] from
+/// `faults` before the service's own parameters.
+fn wrap(handler: Handler, gate: Option<Gate>, faults: Arc<FaultInjector>) -> Handler {
     Arc::new(move |req| {
-        let (handler, gate) = (handler.clone(), gate.clone());
+        let op = req.header.opcode;
+        let params = op == param::OP_GET_PARAM || op == param::OP_SET_PARAM;
+        if gate.is_none() && !params {
+            return handler(req);
+        }
+        let (handler, gate, faults) = (handler.clone(), gate.clone(), faults.clone());
         Box::pin(async move {
-            if !gate() {
+            let open = || gate.as_ref().is_none_or(|g| g());
+            if !open() {
                 return std::future::pending().await;
             }
-            let reply = handler(req).await;
-            if !gate() {
+            let reply = match op {
+                param::OP_SET_PARAM => match param::decode_set(&req.body) {
+                    Ok((name, value)) if name == FAULT_RULES => set_fault_rule(&faults, &value),
+                    _ => handler(req).await,
+                },
+                param::OP_GET_PARAM => {
+                    let pattern = param::decode_get(&req.body).ok();
+                    let mut reply = handler(req).await;
+                    if reply.status == 0 && pattern.is_some_and(|p| nacre_net::glob::glob(&p, FAULT_RULES)) {
+                        let rules = (FAULT_RULES.to_string(), faults.list().join("\n"));
+                        reply.body.extend_from_slice(param::render(&[rules]).as_bytes());
+                    }
+                    reply
+                }
+                _ => handler(req).await,
+            };
+            if !open() {
                 return std::future::pending().await;
             }
             reply
         })
     })
+}
+
+/// Apply one `set-param net.fault_rules=VALUE`: a rule to add, `del ID` or `clear`.
+fn set_fault_rule(faults: &FaultInjector, value: &str) -> Reply {
+    let refused = |why: String| Reply { status: crate::oss::errno::EINVAL, body: why.into_bytes(), ..Reply::default() };
+    match value.split_whitespace().collect::<Vec<_>>()[..] {
+        ["clear"] => faults.clear(),
+        ["del", id] => match id.parse() {
+            Ok(id) if faults.remove(id) => {}
+            _ => return refused(format!("{FAULT_RULES}: no rule {id:?} (get-param {FAULT_RULES} lists them)")),
+        },
+        _ => {
+            if let Err(e) = faults.add(value) {
+                return refused(format!("{FAULT_RULES}: {e}"));
+            }
+        }
+    }
+    Reply::default()
 }
 
 /// Targets served from this process — a whole file system (`nacre up`) or one node's
@@ -197,8 +258,8 @@ impl Local {
     /// NIDs. With a remote MGS, each target registers with it as `registration` says. With `recover`,
     /// each MDT waits for its clients from before a restart to replay (see
     /// `nacre_net::recovery`); without, it forgets them (a whole file system restarting
-    /// with its own new mount, where nobody from before comes back). With a `gate`, the
-    /// targets answer only while it allows (see [`Gate`]).
+    /// with its own new mount, where nobody from before comes back). `with` gives what the
+    /// node adds to every service (see [`ServeWith`]).
     #[allow(clippy::too_many_arguments)]
     pub async fn start(
         transport: Arc<dyn Transport>,
@@ -208,11 +269,14 @@ impl Local {
         osts: Vec<(u32, Arc<Target>)>,
         registration: Registration,
         recover: bool,
-        gate: Option<Gate>,
+        with: ServeWith,
     ) -> Result<Local, String> {
-        let serve = |name: String, handler, service| {
+        let faults = with.faults.unwrap_or_else(|| Arc::new(FaultInjector::fresh()));
+        let serve = |name: String, handler, service: Service| {
             let at = listen(&name);
             let transport = transport.clone();
+            let handler = wrap(handler, with.gate.clone(), faults.clone());
+            let service = Service { faults: Some(faults.clone()), ..service };
             async move {
                 let server = Server::start_service(transport, &at.nid, handler, ServerConfig::default(), service)
                     .await
@@ -226,7 +290,7 @@ impl Local {
         let (here, mgs_nid, fsname, known) = match mgs {
             MgsAt::Here(m) => {
                 let service = Service { target: Some(MGS_NAME.to_string()), ..Service::default() };
-                let (server, _) = serve("mgs".into(), gated(m.handler(), gate.clone()), service).await?;
+                let (server, _) = serve("mgs".into(), m.handler(), service).await?;
                 let nid = NidList::from(server.nid());
                 servers.push(server);
                 let fsname = m.config().fsname;
@@ -234,7 +298,9 @@ impl Local {
             }
             MgsAt::Remote { nids, fsname, known } => (None, nids, fsname, known),
         };
-        let client = Client::new(transport.clone(), ClientConfig { ping: false, ..ClientConfig::default() });
+        // The node's clients share its fault rules with its servers: one network.
+        let cfg = ClientConfig { ping: false, ..ClientConfig::default() };
+        let client = Client::with_faults(transport.clone(), cfg, Some(faults.clone()));
         let wait = match registration {
             Registration::Wait(wait) => Some(wait),
             Registration::Background => None,
@@ -282,7 +348,7 @@ impl Local {
                 oss.forget_clients().map_err(|e| format!("ost{i}: {e}"))?;
             }
             let service = Service { target: Some(TargetKind::Ost.name(&fsname, i)), ..oss.service() };
-            let (server, nids) = serve(format!("ost{i}"), gated(oss.handler(), gate.clone()), service).await?;
+            let (server, nids) = serve(format!("ost{i}"), oss.handler(), service).await?;
             oss.attach(server.handle());
             let registering = register(TargetKind::Ost, i, nids);
             if background {
@@ -307,7 +373,7 @@ impl Local {
                     .map_err(|e| format!("{name}: {e}"))?;
             }
             let service = Service { target: Some(TargetKind::Mdt.name(&fsname, index)), ..mds.service() };
-            let (server, nids) = serve(name, gated(mds.handler(), gate.clone()), service).await?;
+            let (server, nids) = serve(name, mds.handler(), service).await?;
             mds.follow_evictions(server.handle());
             let registering = register(TargetKind::Mdt, index, nids);
             if background {
@@ -316,7 +382,7 @@ impl Local {
                 registering.await?;
             }
             servers.push(server);
-            let client = Client::new(transport.clone(), ClientConfig::default());
+            let client = Client::with_faults(transport.clone(), ClientConfig::default(), Some(faults.clone()));
             clients.push(client.clone());
             let task = tokio::spawn(follow_config(client, mgs_nid.clone(), fsname.clone(), known.clone(), mds.clone()));
             followers.push(task.abort_handle());
@@ -340,9 +406,15 @@ impl Local {
         for f in &self.followers {
             f.abort();
         }
+        // All at once, and not waited for past a bound: over a network that failed (a
+        // node handing its targets over because of it), the servers forget these links
+        // by evicting them instead.
+        let mut goodbyes = tokio::task::JoinSet::new();
         for c in &self.clients {
-            c.disconnect_all().await;
+            let c = c.clone();
+            goodbyes.spawn(async move { c.disconnect_all().await });
         }
+        let _ = tokio::time::timeout(GOODBYE_WAIT, async { while goodbyes.join_next().await.is_some() {} }).await;
     }
 
     /// Commit what every target served here has answered (an MDT's changes, an OST's

@@ -422,7 +422,7 @@ impl Mds {
             // the last close of an unlinked file. Those few go on in a task of their own.
             quick: [&READS[..], &CHANGES, &OPENS].concat(),
             waits: vec![mdt::MDS_LOCK, mdt::MDS_UNLOCK, mdt::MDS_LEASES],
-            target: None,
+            ..Service::default()
         }
     }
 

@@ -14,6 +14,15 @@
 //! A target taken over registers its new NID with the MGS, which moves it first in the
 //! target's list; clients follow the configuration change and replay there.
 //!
+//! A holder whose process lives on but whose network or service died (Helma's
+//! `healthLNET` and `healthLUSTRE` failing) renews its lease forever: the drives alone
+//! never move its targets. So each node also watches, over the network as clients do,
+//! every target another node holds: when one does not answer [`PROBE_MISSES`] pings in a
+//! row while the MGS answers this node, it asks the holder through the drives to hand
+//! the target here ([`MoveWhy::Unreachable`]). The holder judges: it moves only if its
+//! own checks fail too (the target does not answer at its own NID, or the MGS does not
+//! answer it), and stays, saying so, when only the asker's view of it is broken.
+//!
 //! An operator moves a target with `nacre failover TARGET [--to NODE]` (and `nacre
 //! failback`, each target to its primary): the request goes on the target's drives (see
 //! `nacre_raid::lease`), the holder commits, stops serving and releases the lease to the
@@ -21,21 +30,28 @@
 //! loses a lease it holds (its drives or its clock stalled, or a partner took over while
 //! it was stopped) says why and exits at once: its writes are refused from then on.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use nacre_net::client::{Client, ClientConfig, Import};
+use nacre_net::fault::FaultInjector;
 use nacre_net::nid::{Nid, NidList};
-use nacre_net::transport::Shortcut;
-use nacre_proto::mgs::TargetKind;
+use nacre_net::transport::{Shortcut, TcpTransport};
+use nacre_proto::mgs::{MGS_NAME, TargetEntry, TargetKind};
 use nacre_raid::BlockDevice;
-use nacre_raid::lease::{Held, LeaseError, LeaseOptions, holder};
-use nacre_server::cluster::{Listen, Local, MgsAt, Registration};
+use nacre_raid::lease::{Held, LeaseError, LeaseOptions, MoveRequest, MoveWhy, holder};
+use nacre_server::cluster::{Listen, Local, MgsAt, Registration, ServeWith};
 
 use crate::service::Access;
 
 /// The exit status of a node that lost a lease (it stepped down).
 pub const EXIT_FENCED: i32 = 3;
+
+/// Unanswered probes in a row (one per lease interval) before a node asks the holder of
+/// a target to hand it over.
+pub const PROBE_MISSES: u32 = 3;
 
 /// What a duty serves: the MGS, or a target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -151,10 +167,12 @@ pub struct Node {
     held: Arc<Mutex<Vec<(String, Held)>>>,
     /// Set by [`Node::stop`]: the monitors stop their targets cleanly and end.
     stopping: Arc<tokio::sync::watch::Sender<bool>>,
+    /// The fault rules of the node's network, shared by every target it serves.
+    net: Arc<FaultInjector>,
 }
 
 impl Node {
-    pub fn new(name: &str, mgs: NidList, fsname: &str, known: Vec<nacre_proto::mgs::TargetEntry>) -> Node {
+    pub fn new(name: &str, mgs: NidList, fsname: &str, known: Vec<TargetEntry>, net: Arc<FaultInjector>) -> Node {
         Node {
             name: name.into(),
             mgs,
@@ -163,6 +181,7 @@ impl Node {
             lease: LeaseOptions::new(name),
             held: Arc::default(),
             stopping: Arc::new(tokio::sync::watch::channel(false).0),
+            net,
         }
     }
 
@@ -184,8 +203,8 @@ impl Node {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
-    /// The node an operator asked to move target `label` to, if any.
-    fn move_asked(&self, label: &str) -> Option<String> {
+    /// The move asked of target `label`, if any.
+    fn move_asked(&self, label: &str) -> Option<MoveRequest> {
         let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         held.iter().find(|(l, _)| l == label).and_then(|(_, h)| h.move_asked())
     }
@@ -263,10 +282,10 @@ impl Node {
         let listen = move |_: &str| at.clone();
         // Served at once, registered when the MGS answers: clients that know the target's
         // NIDs find it here even while the MGS is down.
-        let local =
-            Local::start(Arc::new(Shortcut), listen, mgs, mdts, osts, Registration::Background, true, Some(gate))
-                .await
-                .map_err(|e| TakeError::Other(format!("{label}: {e}")))?;
+        let with = ServeWith { gate: Some(gate), faults: Some(self.net.clone()) };
+        let local = Local::start(Arc::new(Shortcut), listen, mgs, mdts, osts, Registration::Background, true, with)
+            .await
+            .map_err(|e| TakeError::Other(format!("{label}: {e}")))?;
         eprintln!("{label}: opened, registered and serving in {:.1} s", started.elapsed().as_secs_f64());
         Ok((local, opened))
     }
@@ -286,11 +305,14 @@ impl Node {
         let mut first = first;
         let mut said = String::new();
         let mut stopping = self.stopping.subscribe();
+        // Ends with the node's stop, as this monitor does.
+        tokio::spawn(self.clone().watch(duty.clone(), drives.clone()));
         loop {
             if *stopping.borrow() {
                 return;
             }
             let outcome = self.take(&duty, drives.clone()).await;
+            let mut watched = false;
             let standing = match outcome {
                 Ok((local, opened)) => {
                     if !local.wait_ready(osts, Duration::from_secs(300)).await {
@@ -301,23 +323,45 @@ impl Node {
                     if let Some(f) = first.take() {
                         let _ = f.send(Ok(()));
                     }
-                    // Served until the node stops (or loses the lease and exits), or an
-                    // operator moves the target.
+                    // Served until the node stops (or loses the lease and exits), an
+                    // operator moves the target, or a node that cannot reach it asks for
+                    // it and this node's own checks fail too.
+                    let mut probe = Probe::new(self.lease.interval, &self.net);
+                    let mut judged = None;
                     let to = loop {
-                        tokio::select! {
-                            _ = stopping.wait_for(|s| *s) => break None,
-                            _ = tokio::time::sleep(self.lease.interval / 4) => {
-                                if let Some(to) = self.move_asked(&label) {
-                                    break Some(to);
-                                }
+                        let stop = tokio::select! {
+                            _ = stopping.wait_for(|s| *s) => true,
+                            _ = tokio::time::sleep(self.lease.interval / 4) => false,
+                        };
+                        if stop {
+                            break None;
+                        }
+                        let Some(asked) = self.move_asked(&label) else { continue };
+                        if asked.why == MoveWhy::Operator {
+                            eprintln!("{label}: moving to node {}, as an operator asked", asked.to);
+                            break Some(asked.to);
+                        }
+                        if judged == Some(asked.stamp_ms) {
+                            continue;
+                        }
+                        judged = Some(asked.stamp_ms);
+                        match self.own_failure(&mut probe, &duty, &local).await {
+                            Some(why) => {
+                                eprintln!("{label}: node {} cannot reach it, and {why}: moving it there", asked.to);
+                                break Some(asked.to);
                             }
+                            None => eprintln!(
+                                "{label}: node {} cannot reach it, but it answers here and the MGS answers this \
+                                 node: staying",
+                                asked.to
+                            ),
                         }
                     };
+                    probe.close().await;
                     let Some(to) = to else {
                         local.stop().await;
                         return;
                     };
-                    eprintln!("{label}: moving to node {to}, as asked");
                     // Committed first, so that its clients have nothing to replay there.
                     local.commit_all().await;
                     // Stopped and dropped: its services no longer listen. Closed under the
@@ -329,7 +373,10 @@ impl Node {
                     said.clear();
                     continue;
                 }
-                Err(TakeError::Lease(LeaseError::Held { node, .. })) => format!("served by node {node}; standing by"),
+                Err(TakeError::Lease(LeaseError::Held { node, .. })) => {
+                    watched = true;
+                    format!("served by node {node}; standing by")
+                }
                 Err(TakeError::Lease(LeaseError::NotHeld(how))) => {
                     let who = holder(&drives).ok().flatten().map(|b| b.node).unwrap_or_default();
                     format!("{how}{}; standing by", if who.is_empty() { String::new() } else { format!(" ({who})") })
@@ -344,10 +391,195 @@ impl Node {
             if let Some(f) = first.take() {
                 let _ = f.send(Err(standing));
             }
+            // Handed here while this node watched its holder: taken at once.
+            if watched {
+                let d = drives.clone();
+                let now = tokio::task::spawn_blocking(move || holder(&d)).await.ok().and_then(Result::ok).flatten();
+                if now.is_some_and(|b| b.released && b.to == self.name) {
+                    continue;
+                }
+            }
             tokio::select! {
                 _ = tokio::time::sleep(self.lease.interval) => {}
                 _ = stopping.wait_for(|s| *s) => return,
             }
+        }
+    }
+}
+
+impl Node {
+    /// What fails here for target `duty`, served by `local`, if anything: it does not
+    /// answer at its own NID, or the MGS does not answer this node.
+    async fn own_failure(&self, probe: &mut Probe, duty: &Duty, local: &Local) -> Option<String> {
+        let own: Vec<Nid> = local.nids().into_iter().take(1).collect();
+        if !probe.answers(&duty.name(&self.fsname), &own).await {
+            let at = own.first().map(Nid::to_string).unwrap_or_default();
+            return Some(format!("it does not answer at {at} either"));
+        }
+        if duty.role != Role::Mgs && probe.targets(&self.mgs).await.is_none() {
+            return Some(format!("the MGS at {} does not answer this node", self.mgs));
+        }
+        None
+    }
+
+    /// Watch target `duty` over the network whenever another node holds it (its lease on
+    /// `drives`): one ping a second while it answers; when it does not answer
+    /// [`PROBE_MISSES`] probes in a row while the MGS answers this node, ask its holder to
+    /// hand it here (again each expiry while that lasts); the holder judges (see the
+    /// module's doc). Ends when the node stops.
+    async fn watch(self, duty: Duty, drives: Vec<Arc<dyn BlockDevice>>) {
+        let (label, name) = (duty.label(), duty.name(&self.fsname));
+        let mut probe = Probe::new(self.lease.interval, &self.net);
+        let mut stopping = self.stopping.subscribe();
+        let (mut misses, mut asked_at) = (0u32, None::<Instant>);
+        // Where it may be served, as the cluster file says until the MGS is asked.
+        let mut nids = self.nids_of(&duty, None);
+        // One probe per interval, however long the last took.
+        let mut tick = tokio::time::interval(self.lease.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stopping.wait_for(|s| *s) => break,
+            }
+            let d = drives.clone();
+            let held = tokio::task::spawn_blocking(move || holder(&d)).await.ok().and_then(Result::ok).flatten();
+            let Some(held) = held.filter(|b| !b.released && b.node != self.name) else {
+                misses = 0;
+                continue;
+            };
+            if probe.answers(&name, &nids).await {
+                if misses >= PROBE_MISSES {
+                    eprintln!("{label}: node {} answers again", held.node);
+                }
+                (misses, asked_at) = (0, None);
+                continue;
+            }
+            // Silent: the MGS is asked where the target is now (tried from the next
+            // probe on), and whether it answers this node.
+            misses += 1;
+            let targets = probe.targets(&self.mgs).await;
+            let tried = std::mem::replace(&mut nids, self.nids_of(&duty, targets.as_deref()));
+            // The MGS answering this node tells that its own network works; the MGS's
+            // own standby has no such witness (its holder judges alone).
+            let witness = targets.is_some() || duty.role == Role::Mgs;
+            if misses < PROBE_MISSES || !witness || asked_at.is_some_and(|t| t.elapsed() < self.lease.expiry) {
+                continue;
+            }
+            let list: Vec<String> = tried.iter().map(Nid::to_string).collect();
+            eprintln!(
+                "{label}: node {} holds it but it does not answer at {} ({misses} probes){}: asking for it here",
+                held.node,
+                list.join(", "),
+                if duty.role == Role::Mgs { "" } else { ", while the MGS answers this node" }
+            );
+            let (d, me) = (drives.clone(), self.name.clone());
+            let asked = tokio::task::spawn_blocking(move || {
+                nacre_raid::lease::ask_move(&d, held.epoch, &me, MoveWhy::Unreachable)
+            })
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+            if let Err(e) = asked {
+                eprintln!("{label}: asking for it: {e}");
+            }
+            asked_at = Some(Instant::now());
+        }
+        probe.close().await;
+    }
+
+    /// Where target `duty` may be served by another node: the NIDs the MGS lists for it
+    /// (`targets`, when it answered), else those the cluster file gives; never this
+    /// node's own.
+    fn nids_of(&self, duty: &Duty, targets: Option<&[TargetEntry]>) -> Vec<Nid> {
+        let own = &duty.listen.nid;
+        if duty.role == Role::Mgs {
+            return self.mgs.all().iter().filter(|n| *n != own).cloned().collect();
+        }
+        let kind = duty.role.target();
+        let entry = |list: &[TargetEntry]| -> Vec<Nid> {
+            list.iter()
+                .filter(|t| Some(t.kind) == kind && t.index == duty.index)
+                .flat_map(|t| t.nids.iter().filter_map(|n| n.parse().ok()))
+                .collect()
+        };
+        let mut nids = targets.map(entry).unwrap_or_default();
+        nids.extend(entry(&self.known));
+        nids.extend(duty.listen.failover.iter().cloned());
+        let mut seen = Vec::new();
+        nids.retain(|n| {
+            n != own && !seen.contains(n) && {
+                seen.push(n.clone());
+                true
+            }
+        });
+        nids
+    }
+}
+
+/// A node's look at the network, over TCP as clients see it, and through the node's
+/// own fault rules: does a target answer a ping, does the MGS.
+struct Probe {
+    client: Client,
+    /// How long an answer may take.
+    wait: Duration,
+    /// Links kept from one probe to the next, by service name (one export each at the
+    /// server, not one per probe).
+    imports: HashMap<String, Arc<Import>>,
+}
+
+impl Probe {
+    /// Probes on the node's network (`net`: its fault rules), each answered within `wait`.
+    fn new(wait: Duration, net: &Arc<FaultInjector>) -> Probe {
+        let cfg = ClientConfig { ping: false, ..ClientConfig::default() };
+        let client = Client::with_faults(Arc::new(TcpTransport), cfg, Some(net.clone()));
+        Probe { client, wait, imports: HashMap::new() }
+    }
+
+    /// The link to service `name` at one of `nids`, kept or new: `None` if it does not
+    /// answer within the wait.
+    async fn link(&mut self, name: &str, nids: &[Nid]) -> Option<Arc<Import>> {
+        if let Some(i) = self.imports.get(name) {
+            return Some(i.clone());
+        }
+        if nids.is_empty() {
+            return None;
+        }
+        let i = tokio::time::timeout(self.wait, self.client.connect_any(name, nids)).await.ok()?.ok()?;
+        self.imports.insert(name.to_string(), i.clone());
+        Some(i)
+    }
+
+    /// Whether service `name` answers a ping at one of `nids` within the wait.
+    async fn answers(&mut self, name: &str, nids: &[Nid]) -> bool {
+        let Some(i) = self.link(name, nids).await else { return false };
+        let ok = matches!(tokio::time::timeout(self.wait, i.ping()).await, Ok(Ok(())));
+        if !ok {
+            // Made again next time, from the NIDs then known.
+            self.imports.remove(name);
+        }
+        ok
+    }
+
+    /// The file system's targets as the MGS at `mgs` lists them; `None` when it does not
+    /// answer within the wait.
+    async fn targets(&mut self, mgs: &NidList) -> Option<Vec<TargetEntry>> {
+        let i = self.link(MGS_NAME, mgs.all()).await?;
+        let (op, body) = nacre_proto::mgs::Request::Config { have: 0, wait_ms: 0 }.encode();
+        let got = match tokio::time::timeout(self.wait, i.call(op, &body, &[])).await {
+            Ok(Ok(f)) if f.header.status == 0 => nacre_proto::mgs::Config::decode(&f.body).ok(),
+            _ => None,
+        };
+        if got.is_none() {
+            self.imports.remove(MGS_NAME);
+        }
+        got.map(|c| c.targets)
+    }
+
+    /// Say goodbye to every server probed, so none keeps an export for this node.
+    async fn close(self) {
+        for i in self.imports.values() {
+            let _ = tokio::time::timeout(self.wait, i.disconnect()).await;
         }
     }
 }
@@ -537,7 +769,7 @@ fn ask(spot: &Spot, to: Option<&str>, fsname: &str, mgs: &NidList) -> Result<Ask
         Role::Mgs => None,
         _ => served_nids(mgs).map(|s| first_nid(&s, &name).unwrap_or_default()),
     };
-    nacre_raid::lease::ask_move(&drives, b.epoch, &to).map_err(|e| format!("{label}: {e}"))?;
+    nacre_raid::lease::ask_move(&drives, b.epoch, &to, MoveWhy::Operator).map_err(|e| format!("{label}: {e}"))?;
     Ok(Asked { label, name, from: b.node, to, epoch: b.epoch, drives, nid_before })
 }
 

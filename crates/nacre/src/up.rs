@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use nacre_net::nid::{Nid, NidList};
 use nacre_net::transport::Shortcut;
-use nacre_server::cluster::{Listen, Local, MgsAt, Registration};
+use nacre_server::cluster::{Listen, Local, MgsAt, Registration, ServeWith};
 
 use crate::ha::Role;
 use crate::service::CliResult;
@@ -466,7 +466,9 @@ const WAIT_MGS: Registration = Registration::Wait(Duration::from_secs(300));
 fn serve(p: &Plan) -> CliResult {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let data = p.data.clone();
-    let ha = crate::ha::Node::new(&p.tag, p.mgs.clone(), &p.fsname, p.known.clone());
+    // The node's network: one set of fault rules for every service it serves.
+    let net = Arc::new(nacre_net::fault::FaultInjector::fresh());
+    let ha = crate::ha::Node::new(&p.tag, p.mgs.clone(), &p.fsname, p.known.clone(), net.clone());
     let result: CliResult = rt.block_on(async {
         let mgs = if p.mgs_here {
             MgsAt::Here(Arc::new(crate::mgs::open(&data.join("mgs"))?))
@@ -496,7 +498,8 @@ fn serve(p: &Plan) -> CliResult {
         }
         // Other processes and machines reach these services over TCP; this process's own
         // mount and the targets among themselves go through memory.
-        let local = Local::start(Arc::new(Shortcut), listen, mgs, mdts, osts, WAIT_MGS, p.recover, None).await?;
+        let with = ServeWith { gate: None, faults: Some(net) };
+        let local = Local::start(Arc::new(Shortcut), listen, mgs, mdts, osts, WAIT_MGS, p.recover, with).await?;
         if !local.wait_ready(p.total_osts, Duration::from_secs(300)).await {
             return Err(format!("the MDTs here got no objects from the {} OSTs within 300 s", p.total_osts).into());
         }

@@ -363,9 +363,14 @@ fn held_by(node: &str, epoch: u64) -> (String, String, u64) {
 
 #[test]
 fn an_operator_moves_a_target_and_back_while_the_mount_carries_on() {
-    let up = up("move");
+    // Two MDTs on node a: MDT1 moves alone first, and MDT0 (still on a) reaches it on b.
+    let up = Up::start_in(common::scratch("ha", "move"), &["--ha", "--mdts", "2"]);
     striped_dirs(&up.mnt);
     let before = write_files(&up.mnt, 1);
+    let out = nacre().args(["mkdir", "-i", "1"]).arg(up.mnt.join("on1")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    fs::write(up.mnt.join("on1/before"), b"made on MDT1 before it moved").unwrap();
+    fs::write(up.mnt.join("d1/crossing"), b"from MDT0 to MDT1").unwrap();
     let held =
         fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(up.mnt.join("held")).unwrap();
     held.write_all_at(b"before the move, ", 0).unwrap();
@@ -381,7 +386,7 @@ fn an_operator_moves_a_target_and_back_while_the_mount_carries_on() {
     // Bad requests name what is wrong and move nothing.
     let was = holders(&up);
     for (args, says) in [
-        (&["failover", "MDT9"][..], "no target \"MDT9\" in the cluster file (it has MGS, MDT0, OST0, OST1)"),
+        (&["failover", "MDT9"][..], "no target \"MDT9\" in the cluster file (it has MGS, MDT0, MDT1, OST0, OST1)"),
         (&["failover", "OST1", "--to", "c"][..], "OST1 can be served by b, a only, not by c"),
         (&["failover", "OST1", "--to", "b"][..], "OST1 is served by node b already"),
     ] {
@@ -389,6 +394,20 @@ fn an_operator_moves_a_target_and_back_while_the_mount_carries_on() {
         assert!(!ok && err.contains(says), "{args:?}: {err}");
     }
     assert_eq!(holders(&up), was);
+
+    // MDT1 alone to b: operations over both MDTs (a rename from MDT0's folder into
+    // MDT1's, a folder made on MDT1 from MDT0's root) go between the nodes.
+    let (ok, out, err) = move_(&["failover", "MDT1", "--to", "b"]);
+    assert!(ok && out.contains("MDT1: moved from node a to node b in"), "{out}\n{err}");
+    fs::rename(up.mnt.join("d1/crossing"), up.mnt.join("on1/crossed")).unwrap();
+    let out = nacre().args(["mkdir", "-i", "1"]).arg(up.mnt.join("on1-again")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    fs::write(up.mnt.join("on1-again/after"), b"made on MDT1 on node b").unwrap();
+    assert_eq!(fs::read(up.mnt.join("on1/crossed")).unwrap(), b"from MDT0 to MDT1");
+    assert_eq!(fs::read(up.mnt.join("on1/before")).unwrap(), b"made on MDT1 before it moved");
+    assert!(!up.mnt.join("d1/crossing").exists());
+    let now = holders(&up);
+    assert_eq!((&now["MDT0"], &now["MDT1"]), (&held_by("a", 1), &held_by("b", 2)));
 
     let (ok, out, err) = move_(&["failover", "mdt0"]);
     assert!(ok, "{out}\n{err}");
@@ -403,15 +422,20 @@ fn an_operator_moves_a_target_and_back_while_the_mount_carries_on() {
     let now = holders(&up);
     assert_eq!((&now["MDT0"], &now["OST0"], &now["OST1"]), (&held_by("b", 2), &held_by("a", 1), &held_by("b", 1)));
     let (a_log, b_log) = (log_of(&up, "a"), log_of(&up, "b"));
-    assert!(a_log.contains("MDT0: moving to node b, as asked") && a_log.contains("MDT0: handed to node b"), "{a_log}");
+    assert!(
+        a_log.contains("MDT0: moving to node b, as an operator asked") && a_log.contains("MDT0: handed to node b"),
+        "{a_log}"
+    );
     assert!(b_log.contains("MDT0: lease taken (epoch 2; handed by node a to node b)"), "{b_log}");
     assert!(b_log.contains("MDT0: served by node b"), "{b_log}");
 
-    // Back to the primaries: only MDT0 is away from its own.
+    // Back to the primaries: only the MDTs are away from their own.
     let (ok, out, err) = move_(&["failback"]);
     assert!(ok, "{out}\n{err}");
     assert!(
-        out.contains("MDT0: moved from node b to node a in") && out.contains("OST1: on its primary node b already"),
+        out.contains("MDT0: moved from node b to node a in")
+            && out.contains("MDT1: moved from node b to node a in")
+            && out.contains("OST1: on its primary node b already"),
         "{out}"
     );
     held.write_all_at(b"and after", 17).unwrap();
@@ -420,11 +444,82 @@ fn an_operator_moves_a_target_and_back_while_the_mount_carries_on() {
     fs::File::open(up.mnt.join("held")).unwrap().read_to_string(&mut back).unwrap();
     assert_eq!(back, "before the move, and after");
     let now = holders(&up);
-    assert_eq!((&now["MDT0"], &now["OST0"], &now["OST1"]), (&held_by("a", 3), &held_by("a", 1), &held_by("b", 1)));
+    assert_eq!(
+        (&now["MDT0"], &now["MDT1"], &now["OST0"], &now["OST1"]),
+        (&held_by("a", 3), &held_by("a", 3), &held_by("a", 1), &held_by("b", 1))
+    );
+    assert_eq!(fs::read(up.mnt.join("on1-again/after")).unwrap(), b"made on MDT1 on node b");
+    fs::rename(up.mnt.join("on1/crossed"), up.mnt.join("d1/crossed-back")).unwrap();
+    assert_eq!(fs::read(up.mnt.join("d1/crossed-back")).unwrap(), b"from MDT0 to MDT1");
     let again = write_files(&up.mnt, 3);
     check_files(&before);
     check_files(&after);
     check_files(&again);
     // Both nodes still run: a move is no failure.
     assert!(alive(pid_of(&up, "a")) && alive(pid_of(&up, "b")));
+}
+
+/// Set `setting` on the node serving `nid` (its services share the node's fault rules).
+fn set_on(nid: &str, setting: &str) -> (bool, String) {
+    let out = nacre().args(["set-param", "--server", nid, setting]).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Wait (at most 60 s) until node `node`'s log says `what`.
+fn wait_log(up: &Up, node: &str, what: &str) -> Duration {
+    let started = Instant::now();
+    while !log_of(up, node).contains(what) {
+        assert!(started.elapsed() < Duration::from_secs(60), "{node} never said {what:?}:\n{}", log_of(up, node));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    started.elapsed()
+}
+
+/// A node whose process and lease live on while its network fails moves nothing by its
+/// lease alone. Its partner, which finds its targets silent while the MGS answers, asks
+/// for them through the drives; the holder moves them only if its own checks fail too.
+#[test]
+fn a_node_whose_network_fails_is_asked_for_its_targets_and_hands_them_over() {
+    let up = up("silent");
+    striped_dirs(&up.mnt);
+    let before = write_files(&up.mnt, 1);
+    let first = |nids: String| nids.split(',').next().unwrap_or_default().to_string();
+    let (mdt0_at_a, ost1_at_b) = (first(nids_of(&up, "MDT0")), first(nids_of(&up, "OST1")));
+
+    // Bad rules are refused, named, and change nothing.
+    let (ok, err) = set_on(&mdt0_at_a, "net.fault_rules=explode");
+    assert!(!ok && err.contains("unknown action \"explode\""), "{err}");
+    let (ok, err) = set_on(&mdt0_at_a, "net.fault_rules=del 99");
+    assert!(!ok && err.contains("no rule \"99\""), "{err}");
+
+    // Only b's view of MDT0 breaks: b asks, a checks itself, finds nothing wrong and stays.
+    let (ok, err) = set_on(&ost1_at_b, &format!("net.fault_rules=drop to={mdt0_at_a}"));
+    assert!(ok, "{err}");
+    let out = nacre().args(["get-param", "--server", &ost1_at_b, "net.fault_rules"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("net.fault_rules=1: drop to={mdt0_at_a}"));
+    wait_log(&up, "b", "MDT0: node a holds it but it does not answer at");
+    wait_log(&up, "a", "MDT0: node b cannot reach it, but it answers here and the MGS answers this node: staying");
+    assert_eq!(holders(&up)["MDT0"], held_by("a", 1));
+    let (ok, err) = set_on(&ost1_at_b, "net.fault_rules=clear");
+    assert!(ok, "{err}");
+
+    // a's network fails whole: nothing it sends arrives but connects and parameters (the
+    // test's way in). b asks for MDT0 and OST0; a cannot reach itself or the MGS either,
+    // and hands both over, alive, its leases never lost.
+    let (ok, err) = set_on(&mdt0_at_a, "net.fault_rules=drop except=1,200,201");
+    assert!(ok, "{err}");
+    let started = Instant::now();
+    let after = write_files(&up.mnt, 2);
+    eprintln!("first changes after a's network failed took {:?}", started.elapsed());
+    check_files(&before);
+    check_files(&after);
+    let now = holders(&up);
+    assert_eq!((&now["MDT0"], &now["OST0"], &now["OST1"]), (&held_by("b", 2), &held_by("b", 2), &held_by("b", 1)));
+    let a_log = log_of(&up, "a");
+    for t in ["MDT0", "OST0"] {
+        assert!(a_log.contains(&format!("{t}: node b cannot reach it, and it does not answer at ")), "{a_log}");
+        assert!(a_log.contains(&format!("{t}: handed to node b")), "{a_log}");
+    }
+    assert!(alive(pid_of(&up, "a")), "a hands over, it is not fenced:\n{a_log}");
+    assert!(!a_log.contains("lost its lease"), "{a_log}");
 }

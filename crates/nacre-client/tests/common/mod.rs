@@ -52,7 +52,8 @@ impl TestFs {
         let t = Arc::new(net.transport("servers"));
         let listen = |name: &str| format!("{name}@mem").parse::<Nid>().unwrap().into();
         let wait = Registration::Wait(Duration::ZERO);
-        let local = Local::start(t, listen, MgsAt::Here(mgs), mdts, osts, wait, false, None).await.unwrap();
+        let local =
+            Local::start(t, listen, MgsAt::Here(mgs), mdts, osts, wait, false, Default::default()).await.unwrap();
         assert!(local.wait_ready(n_osts, Duration::from_secs(30)).await, "the MDTs never got objects");
         TestFs { net, local, osts: targets }
     }
