@@ -1,8 +1,8 @@
 //! `nacre bench failover`: a failover pair on this machine (`nacre up --ha`) under a
 //! mixed load through its mount, while an operator moves the MDT to the other node and
-//! back (`nacre failover`, `nacre failback`), then the node serving the MDT is killed
-//! (SIGKILL), comes back as a standby, and then its partner is stopped (SIGSTOP, a hung
-//! node) and resumed.
+//! back (`nacre failover`, `nacre failback`), then the network of the node serving the MDT
+//! fails (its process lives on), then that node is killed (SIGKILL), comes back as a
+//! standby, and then its partner is stopped (SIGSTOP, a hung node) and resumed.
 //! It reports the longest pause a program saw, checks every byte that was acknowledged
 //! (fsync returned), and races two takers for the same drives many times.
 
@@ -212,7 +212,7 @@ pub fn run(o: &FailoverOptions, out: &mut dyn Write) -> Result<serde_json::Value
     for t in threads {
         let _ = t.join();
     }
-    let Events { move_at, kill_at, stop_at, stepped_down } = result?;
+    let Events { move_at, net_at, kill_at, stop_at, stepped_down } = result?;
     let load = std::mem::take(&mut *load.lock().unwrap_or_else(|e| e.into_inner()));
 
     // Every acknowledged file, read back.
@@ -227,7 +227,7 @@ pub fn run(o: &FailoverOptions, out: &mut dyn Write) -> Result<serde_json::Value
     }
     let end = Instant::now() + Duration::from_secs(3600);
     let max = load.ops.iter().map(|(_, d)| *d).max().unwrap_or_default();
-    let move_pause = longest(&load.ops, move_at, kill_at);
+    let (move_pause, net_pause) = (longest(&load.ops, move_at, net_at), longest(&load.ops, net_at, kill_at));
     let (kill_pause, stop_pause) = (longest(&load.ops, kill_at, stop_at), longest(&load.ops, stop_at, end));
     writeln!(
         out,
@@ -242,8 +242,10 @@ pub fn run(o: &FailoverOptions, out: &mut dyn Write) -> Result<serde_json::Value
     }
     writeln!(
         out,
-        "longest pause: {:.1} s over the moves, {:.1} s after the kill, {:.1} s after the stop",
+        "longest pause: {:.1} s over the moves, {:.1} s after the network failed, {:.1} s after the kill, {:.1} s \
+         after the stop",
         move_pause.as_secs_f64(),
+        net_pause.as_secs_f64(),
         kill_pause.as_secs_f64(),
         stop_pause.as_secs_f64()
     )?;
@@ -259,6 +261,7 @@ pub fn run(o: &FailoverOptions, out: &mut dyn Write) -> Result<serde_json::Value
     Ok(serde_json::json!({
         "max_pause_s": max.as_secs_f64(),
         "pause_over_moves_s": move_pause.as_secs_f64(),
+        "pause_after_network_failure_s": net_pause.as_secs_f64(),
         "pause_after_kill_s": kill_pause.as_secs_f64(),
         "pause_after_stop_s": stop_pause.as_secs_f64(),
         "verified": lost.is_empty() && load.errors.is_empty() && !load.acked.is_empty(),
@@ -282,48 +285,97 @@ fn tail(text: &str, n: usize) -> &str {
 /// When each event began, and whether node b stepped down on waking.
 struct Events {
     move_at: Instant,
+    net_at: Instant,
     kill_at: Instant,
     stop_at: Instant,
     stepped_down: bool,
 }
 
-/// The events, under load: move MDT0 to node b and back, kill node a, bring it back as a
-/// standby, stop node b, resume it.
-fn events(o: &FailoverOptions, pair: &BenchFs, out: &mut dyn Write) -> Result<Events, Box<dyn std::error::Error>> {
-    std::thread::sleep(o.settle);
-    let move_at = Instant::now();
-    for args in [&["failover", "MDT0"][..], &["failback"][..]] {
-        let m = BenchFs::nacre()?.args(args).arg("--data").arg(&pair.data).output()?;
-        if !m.status.success() {
-            // What each node did meanwhile is the why (the command only sees the drives
-            // and the MGS).
-            let tails: String = ["a", "b"]
-                .iter()
-                .map(|n| format!("\n--- node {n}'s log, its end:\n{}", tail(&pair.log(n), 40)))
-                .collect();
-            return Err(format!("nacre {}: {}{tails}", args.join(" "), String::from_utf8_lossy(&m.stderr)).into());
-        }
-        for line in String::from_utf8_lossy(&m.stdout).lines().filter(|l| l.contains("moved")) {
-            writeln!(out, "{line}")?;
-        }
-        std::thread::sleep(o.settle);
+/// Run `nacre ARGS --data DATA` (a move); its lines saying what moved go to `out`.
+fn operate(pair: &BenchFs, args: &[&str], out: &mut dyn Write) -> Result<(), Box<dyn std::error::Error>> {
+    let m = BenchFs::nacre()?.args(args).arg("--data").arg(&pair.data).output()?;
+    if !m.status.success() {
+        // What each node did meanwhile is the why (the command only sees the drives and
+        // the MGS).
+        let tails: String =
+            ["a", "b"].iter().map(|n| format!("\n--- node {n}'s log, its end:\n{}", tail(&pair.log(n), 40))).collect();
+        return Err(format!("nacre {}: {}{tails}", args.join(" "), String::from_utf8_lossy(&m.stderr)).into());
     }
-    let (a, from_b) = (pair.pid("a")?, pair.log("b").len());
-    signal(a, libc::SIGKILL)?;
-    let kill_at = Instant::now();
-    let moved = |node: &str, targets: &[&str]| -> Vec<String> {
-        targets.iter().map(|t| format!("{t}: served by node {node}")).collect()
-    };
-    pair.wait_log("b", from_b, &moved("b", &["MDT0", "OST0"]), Duration::from_secs(120))?;
-    writeln!(out, "node a killed: node b serves MDT0 and OST0 after {:.1} s", kill_at.elapsed().as_secs_f64())?;
-    std::thread::sleep(o.settle);
+    for line in String::from_utf8_lossy(&m.stdout).lines().filter(|l| l.contains("moved")) {
+        writeln!(out, "{line}")?;
+    }
+    Ok(())
+}
 
+/// Node a started again from the cluster file (it stands by for what b serves).
+fn restart_a(pair: &BenchFs, out: &mut dyn Write) -> Result<(), Box<dyn std::error::Error>> {
     let cluster = pair.data.join("cluster.toml");
     let back = BenchFs::nacre()?.args(["server", "--config"]).arg(&cluster).args(["--node", "a"]).output()?;
     if !back.status.success() {
         return Err(format!("node a back: {}", String::from_utf8_lossy(&back.stderr)).into());
     }
     writeln!(out, "node a back: {}", String::from_utf8_lossy(&back.stdout).trim())?;
+    Ok(())
+}
+
+/// Where the MGS lists `target` first (its active NID), from `nacre status --json`.
+fn active_nid(pair: &BenchFs, target: &str) -> Result<String, Box<dyn std::error::Error>> {
+    let s = BenchFs::nacre()?.args(["status", "--json", "--data"]).arg(&pair.data).output()?;
+    let v: serde_json::Value = serde_json::from_slice(&s.stdout)?;
+    let rows = v["targets"].as_array().ok_or("nacre status --json: no targets")?;
+    let nids = rows.iter().find(|r| r["target"] == target).and_then(|r| r["nids"].as_str()).unwrap_or_default();
+    Ok(nids.split(',').next().filter(|n| !n.is_empty()).ok_or(format!("no NID listed for {target}"))?.to_string())
+}
+
+/// The events, under load: move MDT0 to node b and back; fail node a's network (b takes
+/// its targets; a, restarted, takes them back); kill node a, bring it back as a standby,
+/// stop node b, resume it.
+fn events(o: &FailoverOptions, pair: &BenchFs, out: &mut dyn Write) -> Result<Events, Box<dyn std::error::Error>> {
+    std::thread::sleep(o.settle);
+    let move_at = Instant::now();
+    for args in [&["failover", "MDT0"][..], &["failback"][..]] {
+        operate(pair, args, out)?;
+        std::thread::sleep(o.settle);
+    }
+    let moved = |node: &str, targets: &[&str]| -> Vec<String> {
+        targets.iter().map(|t| format!("{t}: served by node {node}")).collect()
+    };
+
+    // Everything node a sends is dropped but connects and parameters; its process and
+    // its leases live on.
+    let (at, from_b) = (active_nid(pair, "MDT0")?, pair.log("b").len());
+    let rule = "net.fault_rules=drop except=1,200,201";
+    let set = BenchFs::nacre()?.args(["set-param", "--server", &at, rule]).output()?;
+    if !set.status.success() {
+        return Err(format!("set-param {rule}: {}", String::from_utf8_lossy(&set.stderr)).into());
+    }
+    let net_at = Instant::now();
+    pair.wait_log("b", from_b, &moved("b", &["MDT0", "OST0"]), Duration::from_secs(120))?;
+    writeln!(
+        out,
+        "node a's network failed: node b serves MDT0 and OST0 after {:.1} s",
+        net_at.elapsed().as_secs_f64()
+    )?;
+    std::thread::sleep(o.settle);
+    // Its network mended (a restart: it serves nothing there is to clear the rules on),
+    // node a takes its targets back.
+    let a = pair.pid("a")?;
+    signal(a, libc::SIGKILL)?;
+    let killed = Instant::now();
+    while alive(a) && killed.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    restart_a(pair, out)?;
+    operate(pair, &["failback"], out)?;
+    std::thread::sleep(o.settle);
+
+    let (a, from_b) = (pair.pid("a")?, pair.log("b").len());
+    signal(a, libc::SIGKILL)?;
+    let kill_at = Instant::now();
+    pair.wait_log("b", from_b, &moved("b", &["MDT0", "OST0"]), Duration::from_secs(120))?;
+    writeln!(out, "node a killed: node b serves MDT0 and OST0 after {:.1} s", kill_at.elapsed().as_secs_f64())?;
+    std::thread::sleep(o.settle);
+    restart_a(pair, out)?;
     std::thread::sleep(o.settle);
 
     let (b, from_a) = (pair.pid("b")?, pair.log("a").len());
@@ -344,7 +396,7 @@ fn events(o: &FailoverOptions, pair: &BenchFs, out: &mut dyn Write) -> Result<Ev
     let stepped_down = !alive(b) && pair.log("b").contains("stepping down");
     writeln!(out, "node b resumed: {}", if stepped_down { "it stepped down" } else { "it did NOT step down" })?;
     std::thread::sleep(o.settle / 2);
-    Ok(Events { move_at, kill_at, stop_at, stepped_down })
+    Ok(Events { move_at, net_at, kill_at, stop_at, stepped_down })
 }
 
 /// `n` races of two takers for four shared drive files: how many ended with two writers

@@ -207,8 +207,8 @@ fn bench_client_prints_every_figure() {
     );
 }
 
-/// The failover bench, short: the MDT moved by hand and back, a node killed and another
-/// stopped, under writers through the mount; every acknowledged file reads back, nothing
+/// The failover bench, short: the MDT moved by hand and back, a node's network failed, a
+/// node killed and another stopped, under writers through the mount; every acknowledged file reads back, nothing
 /// failed, the stopped node stepped down, no lease race ended with two writers, and the
 /// bench's folder is gone.
 #[test]
@@ -226,7 +226,14 @@ fn bench_failover_checks_every_acknowledged_file_and_leaves_nothing() {
     assert!(left.is_empty(), "the bench left {left:?}");
     let v = bench_figures(
         &out,
-        &["max_pause_s", "pause_over_moves_s", "pause_after_kill_s", "pause_after_stop_s", "files_acknowledged"],
+        &[
+            "max_pause_s",
+            "pause_over_moves_s",
+            "pause_after_network_failure_s",
+            "pause_after_kill_s",
+            "pause_after_stop_s",
+            "files_acknowledged",
+        ],
     );
     assert_eq!(v["verified"], true, "{v}");
     assert_eq!((v["lost_acknowledged"].as_u64(), v["errors"].as_u64()), (Some(0), Some(0)), "{v}");
