@@ -11,7 +11,11 @@ use nacre_raid::{
 };
 
 fn drives(n: usize) -> (Vec<Arc<MemDrive>>, Vec<Arc<dyn BlockDevice>>) {
-    let mem: Vec<Arc<MemDrive>> = (0..n).map(|i| MemDrive::new(&format!("d{i}"), 4 << 20)).collect();
+    drives_of(n, 4 << 20)
+}
+
+fn drives_of(n: usize, bytes: u64) -> (Vec<Arc<MemDrive>>, Vec<Arc<dyn BlockDevice>>) {
+    let mem: Vec<Arc<MemDrive>> = (0..n).map(|i| MemDrive::new(&format!("d{i}"), bytes)).collect();
     let dyns = mem.iter().map(|d| d.clone() as Arc<dyn BlockDevice>).collect();
     (mem, dyns)
 }
@@ -159,22 +163,48 @@ fn take(d: Vec<Arc<dyn BlockDevice>>, o: &LeaseOptions, jitter: u64) -> Result<H
     }
 }
 
+/// Bytes each racer writes over and over to the volume while it holds the lease.
+const RACED: usize = 256 << 10;
+
+/// Serve the RAID6 volume `v` on `d` under lease `held`, as a node does: assembled on the
+/// fenced drives, its first [`RACED`] bytes written with `fill` until the lease is lost or
+/// a few rounds are done.
+fn serve_volume(d: Vec<Arc<dyn BlockDevice>>, held: &Held, fill: u8) {
+    let Ok(assembled) = Volume::assemble(FencedDrive::wrap(d, held.fence()), Some("v"), &VolumeOptions::default())
+    else {
+        return;
+    };
+    let data = vec![fill; RACED];
+    for _ in 0..5 {
+        if assembled.volume.write(0, &data).is_err() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 #[test]
-fn two_nodes_racing_for_the_same_drives_end_with_exactly_one_holder_every_time() {
+fn two_nodes_racing_for_the_same_drives_end_with_one_holder_and_a_clean_volume_every_time() {
     for race in 0..100 {
-        let (mem, d) = drives(4);
+        let (mem, d) = drives_of(6, 2 << 20);
+        drop(Volume::create(d.clone(), &CreateOptions::new("v", Level::Raid6), &VolumeOptions::default()).unwrap());
         let go = Arc::new(Barrier::new(2));
-        let racers: Vec<_> = [("oss1", 0), ("oss2", 7)]
+        let racers: Vec<_> = [("oss1", 0, 1u8), ("oss2", 7, 2u8)]
             .into_iter()
-            .map(|(node, jitter)| {
+            .map(|(node, jitter, fill)| {
                 let (d, go) = (d.clone(), go.clone());
                 std::thread::spawn(move || {
                     go.wait();
-                    take(d, &opts(node, 5, 40), jitter)
+                    let held = take(d.clone(), &opts(node, 5, 40), jitter)?;
+                    serve_volume(d, &held, fill);
+                    Ok((held, node, fill))
                 })
             })
             .collect();
-        let results: Vec<Result<Held, LeaseError>> = racers.into_iter().map(|t| t.join().unwrap()).collect();
+        let results: Vec<Result<(Held, &str, u8), LeaseError>> =
+            racers.into_iter().map(|t| t.join().unwrap()).collect();
+        let fills: Vec<(&str, u8)> = results.iter().flatten().map(|(_, node, fill)| (*node, *fill)).collect();
+        let results: Vec<Result<Held, LeaseError>> = results.into_iter().map(|r| r.map(|(h, ..)| h)).collect();
         std::thread::sleep(Duration::from_millis(30));
         let winners: Vec<&Held> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
         let serving: Vec<&&Held> = winners.iter().filter(|h| h.fence().lost().is_none()).collect();
@@ -195,6 +225,15 @@ fn two_nodes_racing_for_the_same_drives_end_with_exactly_one_holder_every_time()
             "race {race}: {blocks:?}"
         );
         assert_eq!(blocks[0].epoch, serving[0].fence().epoch());
+        // The volume is whole: parity agrees everywhere, and its bytes are the holder's.
+        let holder_fill = fills.iter().find(|(n, _)| *n == blocks[0].node).map(|(_, f)| *f).unwrap();
+        drop(results);
+        let v = Volume::assemble(d, Some("v"), &VolumeOptions::default()).unwrap().volume;
+        let report = v.scrub(false, |_, _| {}).unwrap();
+        assert_eq!((report.mismatches, report.unchecked), (0, 0), "race {race}: {report:?}");
+        let mut back = vec![0u8; RACED];
+        v.read(0, &mut back).unwrap();
+        assert!(back.iter().all(|b| *b == holder_fill), "race {race}: bytes of another node than the holder");
     }
 }
 
