@@ -171,7 +171,7 @@ pub struct ServeWith {
 /// `get-param` lists them.
 pub const FAULT_RULES: &str = "net.fault_rules";
 
-/// `handler`, answering only while `with.gate` allows, and serving [`FAULT_RULES`] from
+/// `handler`, answering only while `gate` allows, and serving [`FAULT_RULES`] from
 /// `faults` before the service's own parameters.
 fn wrap(handler: Handler, gate: Option<Gate>, faults: Arc<FaultInjector>) -> Handler {
     Arc::new(move |req| {
