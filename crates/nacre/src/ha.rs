@@ -952,7 +952,41 @@ pub fn status(a: StatusArgs) -> crate::service::CliResult {
 
 #[cfg(test)]
 mod tests {
-    use super::recovery_summary;
+    use super::*;
+
+    fn nid(s: &str) -> Nid {
+        s.parse().unwrap()
+    }
+
+    /// The NIDs a node's watch pings for a target another node holds: the MGS's list when
+    /// it answered, then the cluster file's, never this node's own, each once.
+    #[test]
+    fn a_watch_pings_the_target_where_the_mgs_or_the_cluster_file_places_it_never_here() {
+        let (here, there, moved) = ("10.0.0.2@tcp:9411", "10.0.0.1@tcp:9401", "10.0.0.3@tcp:9501");
+        let mgs = NidList::new(vec![nid("10.0.0.1@tcp:9400"), nid("10.0.0.2@tcp:9400")]).unwrap();
+        let entry = |index: u32, nids: &[&str]| TargetEntry {
+            kind: TargetKind::Ost,
+            index,
+            nids: nids.iter().map(|n| n.to_string()).collect(),
+        };
+        let known = vec![entry(0, &[there, here]), entry(1, &["10.0.0.9@tcp:1"])];
+        let node = Node::new("b", mgs.clone(), "nacre", known, Arc::new(FaultInjector::fresh()));
+        let duty = |role: Role, listen: &str| Duty {
+            role,
+            index: 0,
+            dir: PathBuf::from("/nonexistent"),
+            primary: false,
+            listen: Listen { nid: nid(listen), failover: vec![nid(there)] },
+        };
+        let ost0 = duty(Role::Ost, here);
+        // Before the MGS answered: the cluster file's NIDs for OST0 alone, not this node's.
+        assert_eq!(node.nids_of(&ost0, None), vec![nid(there)]);
+        // The MGS's list first (the target moved to a third NID), then the cluster file's.
+        let listed = [entry(0, &[moved, here, there])];
+        assert_eq!(node.nids_of(&ost0, Some(&listed)), vec![nid(moved), nid(there)]);
+        // The MGS is watched at its other NIDs.
+        assert_eq!(node.nids_of(&duty(Role::Mgs, "10.0.0.2@tcp:9400"), Some(&listed)), vec![nid("10.0.0.1@tcp:9400")]);
+    }
 
     #[test]
     fn recovery_states_read_from_a_status_reply() {
