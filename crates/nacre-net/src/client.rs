@@ -192,9 +192,25 @@ impl Client {
 
     /// [`Client::connect`], naming the service meant (its [`target_id`]; 0: any).
     async fn connect_named(&self, target: &Nid, target_id: u64) -> Result<Arc<Import>, RpcError> {
+        self.connect_named_with(target, target_id, true).await
+    }
+
+    /// Connect to the service named `name` at `nid`, taking a refusal as the answer: a
+    /// server in recovery says EBUSY at once, where [`Client::connect_any`] would wait for
+    /// it to end (a health probe wants to know that the server answers, not to get in).
+    pub async fn connect_once(&self, name: &str, nid: &Nid) -> Result<Arc<Import>, RpcError> {
+        let import = self.connect_named_with(nid, target_id(name), false).await?;
+        import.set_nids(vec![nid.clone()]);
+        Ok(import)
+    }
+
+    async fn connect_named_with(&self, target: &Nid, target_id: u64, wait_busy: bool) -> Result<Arc<Import>, RpcError> {
+        let connected = |import: Arc<Import>| async move {
+            if wait_busy { import.connection_waiting().await } else { import.connection().await }
+        };
         let existing = lock(&self.shared.imports).get(target).and_then(Weak::upgrade);
         if let Some(import) = existing {
-            import.connection_waiting().await?;
+            connected(import.clone()).await?;
             return Ok(import);
         }
         // One import per server: callers racing to make the first wait for the one that
@@ -202,7 +218,7 @@ impl Client {
         let _making = self.shared.making.lock().await;
         let existing = lock(&self.shared.imports).get(target).and_then(Weak::upgrade);
         if let Some(import) = existing {
-            import.connection_waiting().await?;
+            connected(import.clone()).await?;
             return Ok(import);
         }
         let cfg = &self.shared.cfg;
@@ -233,7 +249,7 @@ impl Client {
             closed: std::sync::atomic::AtomicBool::new(false),
             kept: Mutex::new(Kept::default()),
         });
-        import.connection_waiting().await?;
+        connected(import.clone()).await?;
         {
             let mut imports = lock(&self.shared.imports);
             imports.retain(|_, w| w.strong_count() > 0);

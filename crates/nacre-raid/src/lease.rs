@@ -30,10 +30,11 @@
 //!   node: that node takes it at once, and waits only a heartbeat after its claim (the
 //!   holder writes nothing after its release); any other node watches it as held by the
 //!   named node (which writes its claim within the expiry, or is taken to be gone).
-//! - **Moving.** An operator asks the holder to move by writing a move request in the
-//!   block after the lease (4 KiB at 12 KiB, as Pacemaker's SBD leaves messages in a node's
-//!   slot): the node to move to, for the lease's current epoch. The holder's heartbeat
-//!   reads it at every renewal; a request for an older epoch is stale and ignored.
+//! - **Moving.** An operator, or a node that cannot reach the target over the network,
+//!   asks the holder to move by writing a move request in the block after the lease (4 KiB
+//!   at 12 KiB, as Pacemaker's SBD leaves messages in a node's slot): the node to move to
+//!   and why ([`MoveWhy`]), for the lease's current epoch. The holder's heartbeat reads it
+//!   at every renewal; a request for an older epoch is stale and ignored.
 //!
 //! A block whose checksum is wrong is never taken for free: it counts as held by an
 //! unknown node and must stay unchanged for `E` like any other.
@@ -158,6 +159,11 @@ impl LeaseBlock {
 }
 
 const MOVE_MAGIC: &[u8; 8] = b"NACREMOV";
+/// Move requests of the first format: an operator's only.
+const MOVE_OPERATOR: u32 = 1;
+/// Move requests that carry a reason: a holder that knows no reasons (of the first
+/// format) ignores them, instead of obeying a request it cannot judge.
+const MOVE_WITH_REASON: u32 = 2;
 
 /// A request that the holder of a lease move its target: the block after the lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -177,8 +183,8 @@ pub struct MoveRequest {
 pub enum MoveWhy {
     /// An operator (`nacre failover`, `failback`): the holder moves.
     Operator,
-    /// The node named cannot reach the target over the network while the MGS answers
-    /// it: the holder moves only if its own checks fail too.
+    /// The node named cannot reach the target over the network (while the MGS answers
+    /// it, for a target): the holder moves only if its own checks fail too.
     Unreachable,
 }
 
@@ -186,13 +192,14 @@ impl MoveRequest {
     fn encode(&self) -> AlignedBuf {
         let mut b = AlignedBuf::zeroed(MOVE_BYTES);
         b[0..8].copy_from_slice(MOVE_MAGIC);
-        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        let (version, why) = match self.why {
+            MoveWhy::Operator => (MOVE_OPERATOR, 0),
+            MoveWhy::Unreachable => (MOVE_WITH_REASON, 1),
+        };
+        b[8..12].copy_from_slice(&version.to_le_bytes());
         let to = &self.to.as_bytes()[..self.to.len().min(NODE_MAX)];
         b[12] = to.len() as u8;
-        b[13] = match self.why {
-            MoveWhy::Operator => 0,
-            MoveWhy::Unreachable => 1,
-        };
+        b[13] = why;
         b[16..16 + to.len()].copy_from_slice(to);
         b[80..88].copy_from_slice(&self.epoch.to_le_bytes());
         b[88..96].copy_from_slice(&self.stamp_ms.to_le_bytes());
@@ -209,12 +216,13 @@ impl MoveRequest {
             return None;
         }
         let to_len = b[12] as usize;
-        if u32::from_le_bytes(b[8..12].try_into().ok()?) != VERSION || to_len == 0 || to_len > NODE_MAX {
+        let version = u32::from_le_bytes(b[8..12].try_into().ok()?);
+        if to_len == 0 || to_len > NODE_MAX {
             return None;
         }
-        let why = match b[13] {
-            0 => MoveWhy::Operator,
-            1 => MoveWhy::Unreachable,
+        let why = match (version, b[13]) {
+            (MOVE_OPERATOR | MOVE_WITH_REASON, 0) => MoveWhy::Operator,
+            (MOVE_WITH_REASON, 1) => MoveWhy::Unreachable,
             _ => return None,
         };
         Some(MoveRequest {
@@ -241,8 +249,9 @@ pub fn ask_move(drives: &[Arc<dyn BlockDevice>], epoch: u64, to: &str, why: Move
     Ok(())
 }
 
-/// The move request for epoch `epoch` that a majority of `drives` carry, if any.
-fn move_asked(drives: &[Arc<dyn BlockDevice>], epoch: u64) -> Option<MoveRequest> {
+/// The move request for epoch `epoch` that a majority of `drives` carry, if any (one not
+/// yet acted on: a request for an older epoch is stale).
+pub fn move_asked(drives: &[Arc<dyn BlockDevice>], epoch: u64) -> Option<MoveRequest> {
     let mut buf = AlignedBuf::zeroed(MOVE_BYTES);
     let mut votes: Vec<MoveRequest> = Vec::new();
     for d in drives {
@@ -924,9 +933,11 @@ mod tests {
 
     #[test]
     fn a_move_request_round_trips_and_a_damaged_one_moves_nothing() {
-        for why in [MoveWhy::Operator, MoveWhy::Unreachable] {
+        for (why, version) in [(MoveWhy::Operator, MOVE_OPERATOR), (MoveWhy::Unreachable, MOVE_WITH_REASON)] {
             let r = MoveRequest { epoch: 3, to: "oss2".into(), why, stamp_ms: 1_795_000_000_000 };
-            assert_eq!(MoveRequest::decode(&r.encode()), Some(r));
+            let bytes = r.encode();
+            assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), version);
+            assert_eq!(MoveRequest::decode(&bytes), Some(r));
         }
         let r = MoveRequest { epoch: 3, to: "oss2".into(), why: MoveWhy::Operator, stamp_ms: 1_795_000_000_000 };
         let bytes = r.encode();

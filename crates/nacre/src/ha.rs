@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use nacre_net::client::{Client, ClientConfig, Import};
 use nacre_net::fault::FaultInjector;
 use nacre_net::nid::{Nid, NidList};
+use nacre_net::rpc::{RpcError, status};
 use nacre_net::transport::{Shortcut, TcpTransport};
 use nacre_proto::mgs::{MGS_NAME, TargetEntry, TargetKind};
 use nacre_raid::BlockDevice;
@@ -203,6 +204,11 @@ impl Node {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
+    /// Whether this node holds the lease of `label` (serves it) now.
+    fn holds(&self, label: &str) -> bool {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|(l, _)| l == label)
+    }
+
     /// The move asked of target `label`, if any.
     fn move_asked(&self, label: &str) -> Option<MoveRequest> {
         let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
@@ -326,7 +332,6 @@ impl Node {
                     // Served until the node stops (or loses the lease and exits), an
                     // operator moves the target, or a node that cannot reach it asks for
                     // it and this node's own checks fail too.
-                    let mut probe = Probe::new(self.lease.interval, &self.net);
                     let mut judged = None;
                     let to = loop {
                         let stop = tokio::select! {
@@ -345,7 +350,12 @@ impl Node {
                             continue;
                         }
                         judged = Some(asked.stamp_ms);
-                        match self.own_failure(&mut probe, &duty, &local).await {
+                        // Fresh links: one kept idle since the last judgment may have been
+                        // evicted, which would read as a failure here.
+                        let mut probe = Probe::new(self.lease.interval, &self.net);
+                        let failure = self.own_failure(&mut probe, &duty, &local).await;
+                        probe.close().await;
+                        match failure {
                             Some(why) => {
                                 eprintln!("{label}: node {} cannot reach it, and {why}: moving it there", asked.to);
                                 break Some(asked.to);
@@ -357,7 +367,6 @@ impl Node {
                             ),
                         }
                     };
-                    probe.close().await;
                     let Some(to) = to else {
                         local.stop().await;
                         return;
@@ -423,7 +432,7 @@ impl Node {
     }
 
     /// Watch target `duty` over the network whenever another node holds it (its lease on
-    /// `drives`): one ping a second while it answers; when it does not answer
+    /// `drives`): one ping per lease interval while it answers; when it does not answer
     /// [`PROBE_MISSES`] probes in a row while the MGS answers this node, ask its holder to
     /// hand it here (again each expiry while that lasts); the holder judges (see the
     /// module's doc). Ends when the node stops.
@@ -460,9 +469,10 @@ impl Node {
             misses += 1;
             let targets = probe.targets(&self.mgs).await;
             let tried = std::mem::replace(&mut nids, self.nids_of(&duty, targets.as_deref()));
-            // The MGS answering this node tells that its own network works; the MGS's
-            // own standby has no such witness (its holder judges alone).
-            let witness = targets.is_some() || duty.role == Role::Mgs;
+            // The MGS answering this node tells that its own network works, unless this
+            // node serves the MGS (it answers over loopback whatever the network does);
+            // the MGS's own standby has no such witness (its holder judges alone).
+            let witness = duty.role == Role::Mgs || (targets.is_some() && !self.holds("MGS"));
             if misses < PROBE_MISSES || !witness || asked_at.is_some_and(|t| t.elapsed() < self.lease.expiry) {
                 continue;
             }
@@ -474,8 +484,10 @@ impl Node {
                 if duty.role == Role::Mgs { "" } else { ", while the MGS answers this node" }
             );
             let (d, me) = (drives.clone(), self.name.clone());
-            let asked = tokio::task::spawn_blocking(move || {
-                nacre_raid::lease::ask_move(&d, held.epoch, &me, MoveWhy::Unreachable)
+            // An operator's request still pending is left in place: it moves the target.
+            let asked = tokio::task::spawn_blocking(move || match nacre_raid::lease::move_asked(&d, held.epoch) {
+                Some(r) if r.why == MoveWhy::Operator => Ok(()),
+                _ => nacre_raid::lease::ask_move(&d, held.epoch, &me, MoveWhy::Unreachable),
             })
             .await
             .map_err(|e| e.to_string())
@@ -536,44 +548,70 @@ impl Probe {
         Probe { client, wait, imports: HashMap::new() }
     }
 
-    /// The link to service `name` at one of `nids`, kept or new: `None` if it does not
-    /// answer within the wait.
-    async fn link(&mut self, name: &str, nids: &[Nid]) -> Option<Arc<Import>> {
+    /// The link to service `name`: the one kept, else a new one to the first of `nids`
+    /// that takes a connect within the wait (each NID its own). `Err(true)`: no link, but
+    /// a server refused the connect, so it answers (in recovery, or full); `Err(false)`:
+    /// nothing answered.
+    async fn link(&mut self, name: &str, nids: &[Nid]) -> Result<Arc<Import>, bool> {
         if let Some(i) = self.imports.get(name) {
-            return Some(i.clone());
+            return Ok(i.clone());
         }
-        if nids.is_empty() {
-            return None;
+        let mut refused = false;
+        for nid in nids {
+            match tokio::time::timeout(self.wait, self.client.connect_once(name, nid)).await {
+                Ok(Ok(i)) => {
+                    self.imports.insert(name.to_string(), i.clone());
+                    return Ok(i);
+                }
+                Ok(Err(RpcError::Refused { status: s, .. })) if s == status::EBUSY || s == status::EUSERS => {
+                    refused = true
+                }
+                _ => {}
+            }
         }
-        let i = tokio::time::timeout(self.wait, self.client.connect_any(name, nids)).await.ok()?.ok()?;
-        self.imports.insert(name.to_string(), i.clone());
-        Some(i)
+        Err(refused)
     }
 
-    /// Whether service `name` answers a ping at one of `nids` within the wait.
+    /// Whether service `name` answers at one of `nids` within the wait: a ping on the kept
+    /// link, and if that fails on a new one (a link kept from before may have been
+    /// evicted, or its server restarted and be recovering).
     async fn answers(&mut self, name: &str, nids: &[Nid]) -> bool {
-        let Some(i) = self.link(name, nids).await else { return false };
-        let ok = matches!(tokio::time::timeout(self.wait, i.ping()).await, Ok(Ok(())));
-        if !ok {
-            // Made again next time, from the NIDs then known.
+        for _ in 0..2 {
+            let kept = self.imports.contains_key(name);
+            let i = match self.link(name, nids).await {
+                Ok(i) => i,
+                Err(answered) => return answered,
+            };
+            if matches!(tokio::time::timeout(self.wait, i.ping()).await, Ok(Ok(()))) {
+                return true;
+            }
             self.imports.remove(name);
+            if !kept {
+                break;
+            }
         }
-        ok
+        false
     }
 
     /// The file system's targets as the MGS at `mgs` lists them; `None` when it does not
-    /// answer within the wait.
+    /// answer within the wait (on the kept link, then on a new one).
     async fn targets(&mut self, mgs: &NidList) -> Option<Vec<TargetEntry>> {
-        let i = self.link(MGS_NAME, mgs.all()).await?;
-        let (op, body) = nacre_proto::mgs::Request::Config { have: 0, wait_ms: 0 }.encode();
-        let got = match tokio::time::timeout(self.wait, i.call(op, &body, &[])).await {
-            Ok(Ok(f)) if f.header.status == 0 => nacre_proto::mgs::Config::decode(&f.body).ok(),
-            _ => None,
-        };
-        if got.is_none() {
+        for _ in 0..2 {
+            let kept = self.imports.contains_key(MGS_NAME);
+            let i = self.link(MGS_NAME, mgs.all()).await.ok()?;
+            let (op, body) = nacre_proto::mgs::Request::Config { have: 0, wait_ms: 0 }.encode();
+            if let Ok(Ok(f)) = tokio::time::timeout(self.wait, i.call(op, &body, &[])).await
+                && f.header.status == 0
+                && let Ok(c) = nacre_proto::mgs::Config::decode(&f.body)
+            {
+                return Some(c.targets);
+            }
             self.imports.remove(MGS_NAME);
+            if !kept {
+                break;
+            }
         }
-        got.map(|c| c.targets)
+        None
     }
 
     /// Say goodbye to every server probed, so none keeps an export for this node.
