@@ -225,6 +225,12 @@ impl Mgs {
     /// removes it.
     pub fn set_param(&self, name: &str, value: &str) -> Result<u64> {
         check_param_name(name)?;
+        if name == crate::cluster::FAULT_RULES {
+            return Err(err(
+                errno::EINVAL,
+                format!("{name} is a node's, not stored: set it on the node (set-param --server NID {name}=RULE)"),
+            ));
+        }
         if value.len() > PARAM_VALUE_MAX || value.contains('\n') {
             return Err(err(errno::EINVAL, format!("value of {name}: one line of at most {PARAM_VALUE_MAX} bytes")));
         }

@@ -71,6 +71,10 @@ fn registrations_and_parameters_persist_and_bad_input_is_refused() {
     }
     assert_eq!(mgs.set_param("a.b", "x\ny").unwrap_err().errno, errno::EINVAL);
     assert_eq!(mgs.set_param("a.b", "").unwrap_err().errno, errno::ENOENT);
+    // A node's fault rules are set on the node, never stored for the file system.
+    let e = mgs.set_param("net.fault_rules", "drop").unwrap_err();
+    assert!(e.errno == errno::EINVAL && e.message.contains("set it on the node"), "{e}");
+    assert!(mgs.get_param("net.*").is_empty());
     let p = mgs.get_param("osc.*.*");
     assert_eq!(p, vec![("osc.*.max_rpcs_in_flight".to_string(), "16".to_string())]);
     assert!(mgs.get_param("mgs.MGS.targets")[0].1.contains("nacre-OST0001 10.0.0.3@tcp:9100,10.0.0.2@tcp:9100"));
