@@ -401,12 +401,8 @@ impl Node {
                 let _ = f.send(Err(standing));
             }
             // Handed here while this node watched its holder: taken at once.
-            if watched {
-                let d = drives.clone();
-                let now = tokio::task::spawn_blocking(move || holder(&d)).await.ok().and_then(Result::ok).flatten();
-                if now.is_some_and(|b| b.released && b.to == self.name) {
-                    continue;
-                }
+            if watched && lease_holder(&drives).await.is_some_and(|b| b.released && b.to == self.name) {
+                continue;
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.lease.interval) => {}
@@ -451,9 +447,7 @@ impl Node {
                 _ = tick.tick() => {}
                 _ = stopping.wait_for(|s| *s) => break,
             }
-            let d = drives.clone();
-            let held = tokio::task::spawn_blocking(move || holder(&d)).await.ok().and_then(Result::ok).flatten();
-            let Some(held) = held.filter(|b| !b.released && b.node != self.name) else {
+            let Some(held) = lease_holder(&drives).await.filter(|b| !b.released && b.node != self.name) else {
                 misses = 0;
                 continue;
             };
@@ -620,6 +614,13 @@ impl Probe {
             let _ = tokio::time::timeout(self.wait, i.disconnect()).await;
         }
     }
+}
+
+/// The lease block of `drives` as a majority carries it, read on a blocking thread; `None`
+/// when never leased or unreadable.
+async fn lease_holder(drives: &[Arc<dyn BlockDevice>]) -> Option<nacre_raid::lease::LeaseBlock> {
+    let d = drives.to_vec();
+    tokio::task::spawn_blocking(move || holder(&d)).await.ok().and_then(Result::ok).flatten()
 }
 
 enum Opened {
