@@ -8,16 +8,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// What the README's blocks make on this machine, removed at the end.
-const PATHS: [&str; 7] = [
-    "/srv/nacre",
-    "/mnt/nacre",
-    "/tmp/scratch",
-    "/tmp/drives",
-    "/tmp/ost0",
-    "/tmp/nacre-quickstart",
-    "/sbin/mount.nacre",
-];
+/// What the quick start makes on this machine, removed at the end.
+const QUICK_START_PATHS: [&str; 1] = ["/tmp/nacre-quickstart"];
+
+/// What the README's other blocks make, removed at the end.
+const BY_HAND_PATHS: [&str; 6] =
+    ["/srv/nacre", "/mnt/nacre", "/tmp/scratch", "/tmp/drives", "/tmp/ost0", "/sbin/mount.nacre"];
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
@@ -48,14 +44,17 @@ fn command(line: &str) -> &str {
 /// Removes what the blocks made, however the test ends.
 struct Cleanup {
     nacre_dir: PathBuf,
+    paths: &'static [&'static str],
 }
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let nacre = self.nacre_dir.join("nacre");
-        let _ = Command::new(&nacre).args(["down", "--data", "/srv/nacre"]).output();
-        let _ = Command::new("umount").arg("/mnt/nacre").output();
-        for p in PATHS {
+        if self.paths.contains(&"/srv/nacre") {
+            let nacre = self.nacre_dir.join("nacre");
+            let _ = Command::new(&nacre).args(["down", "--data", "/srv/nacre"]).output();
+            let _ = Command::new("umount").arg("/mnt/nacre").output();
+        }
+        for p in self.paths {
             let p = Path::new(p);
             if p.is_symlink() || p.is_file() {
                 let _ = std::fs::remove_file(p);
@@ -83,27 +82,43 @@ fn run(script: &str, cwd: &Path, path_env: &str, extra_env: &[(&str, String)]) {
     );
 }
 
-#[test]
-fn every_command_block_of_the_readme_runs_as_written() {
+/// The `nacre` built for these tests, its folder (first on the PATH), and that PATH.
+fn nacre_path() -> (PathBuf, String) {
+    let nacre_dir = Path::new(env!("CARGO_BIN_EXE_nacre")).parent().unwrap().to_path_buf();
+    let path_env = format!("{}:{}", nacre_dir.display(), std::env::var("PATH").unwrap_or_default());
+    (nacre_dir, path_env)
+}
+
+/// Refuses to run over `paths` that exist (the blocks would use them), then removes them
+/// when dropped.
+fn claim(paths: &'static [&'static str], nacre_dir: &Path) -> Cleanup {
     // SAFETY: geteuid cannot fail.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "the README's by-hand section runs as root (mounts, /srv, /sbin)");
-    for p in PATHS {
+    assert_eq!(unsafe { libc::geteuid() }, 0, "the README's commands run as root (mounts, /srv, /sbin)");
+    for p in paths {
         assert!(
             !Path::new(p).exists() && !Path::new(p).is_symlink(),
             "{p} exists: the README's commands would use it; move it away to run this test"
         );
     }
-    let nacre_dir = Path::new(env!("CARGO_BIN_EXE_nacre")).parent().unwrap().to_path_buf();
-    let _cleanup = Cleanup { nacre_dir: nacre_dir.clone() };
-    let path_env = format!("{}:{}", nacre_dir.display(), std::env::var("PATH").unwrap_or_default());
-    let cwd = std::env::temp_dir().join(format!("nacre-readme-{}", std::process::id()));
-    std::fs::create_dir_all(&cwd).unwrap();
+    Cleanup { nacre_dir: nacre_dir.to_path_buf(), paths }
+}
 
+fn sh_blocks() -> Vec<Vec<String>> {
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
     let sh = blocks(&readme, "sh");
     assert!(sh.len() >= 4, "README.md has {} ```sh blocks", sh.len());
+    sh
+}
 
-    // The quick start: exactly the two commands.
+// The quick start and the by-hand blocks are two tests, so they run side by side: each
+// takes most of a minute, and neither touches what the other makes.
+
+#[test]
+fn the_quick_start_runs_as_written() {
+    let (nacre_dir, path_env) = nacre_path();
+    let _cleanup = claim(&QUICK_START_PATHS, &nacre_dir);
+    let sh = sh_blocks();
+    // Exactly the two commands.
     let quick: Vec<&str> = sh[0].iter().map(|l| command(l)).filter(|c| !c.is_empty()).collect();
     assert_eq!(quick, ["scripts/quickstart", "scripts/test"], "the quick start has exactly two commands");
     assert!(repo().join("scripts/test").is_file() && repo().join(".ci/run").is_file());
@@ -119,6 +134,16 @@ fn every_command_block_of_the_readme_runs_as_written() {
         ],
     );
     assert!(!Path::new("/tmp/nacre-quickstart").exists(), "the quick start removed its folder");
+}
+
+#[test]
+fn every_other_command_block_of_the_readme_runs_as_written() {
+    let (nacre_dir, path_env) = nacre_path();
+    let _cleanup = claim(&BY_HAND_PATHS, &nacre_dir);
+    let cwd = std::env::temp_dir().join(format!("nacre-readme-{}", std::process::id()));
+    std::fs::create_dir_all(&cwd).unwrap();
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let sh = sh_blocks();
 
     // The TOML examples are read by what reads them: a cluster file by `nacre server` (which
     // then names its nodes), an io500 config by `nacre io500` (which then looks for --dir).
