@@ -24,7 +24,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nacre_net::client::{Client, ClientConfig, Import};
 use nacre_net::nid::Nid;
@@ -403,6 +403,21 @@ struct NacreRates {
     /// measured against these, not against the one long ping phase: the rate this
     /// machine gives moves by half from one second to the next.
     ping_near: std::collections::HashMap<&'static str, f64>,
+    /// Microseconds of this process's CPU (the clients' and the server's, user and
+    /// system) per RPC of a phase: `ping`, `stat` and `lock_unlock_pairs` (two RPCs a
+    /// pair). Unlike the rates, these hardly move with the machine's other load.
+    cpu_us: std::collections::HashMap<&'static str, f64>,
+}
+
+/// CPU time this process has used, user and system.
+fn process_cpu() -> Duration {
+    // SAFETY: getrusage fills the struct it is given and nothing else.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64);
+    tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 /// The small file of the DoM phase: 3,901 bytes, as the IO500's mdtest-hard writes.
@@ -536,9 +551,12 @@ async fn nacre_round(
             rmdir: 0.0,
             lock: 0.0,
             ping_near: Default::default(),
+            cpu_us: Default::default(),
         });
     }
     bursts.push(ping_rate(&imports, burst).await?);
+    let mut cpu_us = std::collections::HashMap::new();
+    let cpu_at = process_cpu();
     let stat_secs = {
         let fids = fids.clone();
         all(&imports, move |i, imp| {
@@ -555,8 +573,12 @@ async fn nacre_round(
         })
         .await?
     };
+    let us_per = |since: Duration, rpcs: f64| (process_cpu().saturating_sub(since)).as_secs_f64() * 1e6 / rpcs;
+    cpu_us.insert("stat", us_per(cpu_at, total));
     bursts.push(ping_rate(&imports, burst).await?);
+    let cpu_at = process_cpu();
     let ping = ping_rate(&imports, per).await?;
+    cpu_us.insert("ping", us_per(cpu_at, total));
     // Locks: every client opens client 0's first file (untimed), then takes and drops a
     // write lock on a byte of its own, `per` times.
     let shared = fids.lock().unwrap_or_else(|e| e.into_inner())[0][0];
@@ -568,6 +590,7 @@ async fn nacre_round(
         }
     }
     bursts.push(ping_rate(&imports, burst).await?);
+    let cpu_at = process_cpu();
     let lock_secs = {
         let handles = Arc::new(handles.clone());
         all(&imports, move |i, imp| {
@@ -586,6 +609,7 @@ async fn nacre_round(
         })
         .await?
     };
+    cpu_us.insert("lock_unlock_pairs", us_per(cpu_at, 2.0 * total));
     for (imp, handle) in imports.iter().zip(handles) {
         call(imp, &Request::Close { handle }).await?;
     }
@@ -724,6 +748,7 @@ async fn nacre_round(
     let ping_near = beside.iter().map(|&(name, a, b)| (name, (bursts[a] + bursts[b]) / 2.0)).collect();
     Ok(NacreRates {
         ping_near,
+        cpu_us,
         create: total / create_secs,
         stat: total / stat_secs,
         unlink: total / unlink_secs,
@@ -886,6 +911,8 @@ async fn run_in(
     // beside it, its rate, those pings' rate).
     let mut beside: std::collections::HashMap<&str, Vec<(f64, f64, f64)>> = Default::default();
     let (mut near_min, mut near_max) = (f64::MAX, 0.0f64);
+    // Each measured phase's least CPU per RPC over the rounds.
+    let mut cpu_us: std::collections::HashMap<&str, f64> = Default::default();
     let mut local_dirs = Vec::new();
     for round in 0..o.rounds.max(1) {
         let n = nacre_round(&served, o, round, false).await?;
@@ -936,7 +963,20 @@ async fn run_in(
         for (i, v) in row.into_iter().enumerate() {
             f[i].push(v);
         }
+        for (name, us) in &n.cpu_us {
+            let least = cpu_us.entry(name).or_insert(f64::MAX);
+            *least = least.min(*us);
+        }
     }
+    let cpu = |name: &str| cpu_us.get(name).copied().unwrap_or(0.0);
+    let _ = writeln!(
+        out,
+        "CPU of this process (clients and server) per RPC, least of the rounds: ping {:.1} µs, stat {:.1} µs, lock or unlock {:.1} µs ({:.2} of a ping's)",
+        cpu("ping"),
+        cpu("stat"),
+        cpu("lock_unlock_pairs"),
+        ratio(cpu("lock_unlock_pairs"), cpu("ping"))
+    );
     // Each phase's best round against the pings beside it: (ratio, rate, pings' rate).
     let best = |name: &str| -> (f64, f64, f64) {
         beside.get(name).into_iter().flatten().copied().fold((0.0, 0.0, 0.0), |a, b| if b.0 > a.0 { b } else { a })
@@ -1106,6 +1146,10 @@ async fn run_in(
         }
         v[format!("{name}_vs_ping_ratio")] = json!(best(name).0);
     }
+    for name in ["ping", "stat", "lock_unlock_pairs"] {
+        v[format!("{name}_cpu_us_per_rpc")] = json!(cpu(name));
+    }
+    v["lock_cpu_vs_ping_ratio"] = json!(ratio(cpu("lock_unlock_pairs"), cpu("ping")));
     v["ping_beside_min_per_s"] = json!(near_min);
     v["ping_beside_max_per_s"] = json!(near_max);
     v["sync_on_reply"] = json!(o.sync_on_reply);
