@@ -154,6 +154,10 @@ pub struct Reply {
 /// A service's request handler.
 pub type Handler = Arc<dyn Fn(Incoming) -> BoxFuture<'static, Reply> + Send + Sync>;
 
+/// A service's answer to a request it can give at once, from memory, with no wait (see
+/// [`Service::at_once`]); the request back when it cannot.
+pub type AtOnce = Arc<dyn Fn(Incoming) -> Result<Reply, Incoming> + Send + Sync>;
+
 /// The request policy of a service (Lustre's NRS).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
@@ -272,6 +276,8 @@ struct Shared {
     quick: Vec<u16>,
     /// `Service::waits`.
     waits: Vec<u16>,
+    /// `Service::at_once`.
+    at_once: Option<AtOnce>,
     /// `Service::target`, and its id.
     target: Option<(String, u64)>,
     /// Set while recovering (checked on every request without taking the lock).
@@ -300,6 +306,12 @@ pub struct Service {
     /// on its connection's task and, if it must wait, in a task of its own, so waiters
     /// never hold up the service. The service bounds how many may wait.
     pub waits: Vec<u16>,
+    /// Answers a request of a `quick` or `waits` opcode on its connection's task, before
+    /// anything is set up to run it (an early reply, a queue entry, a task, a future):
+    /// as cheap as a ping for a lock that conflicts with nothing or a getattr. What it
+    /// hands back goes the usual way, so it must have changed nothing then. Neither a
+    /// replay nor a request during recovery is offered to it.
+    pub at_once: Option<AtOnce>,
     /// The target this serves (`nacre-OST0003`): a connect naming another
     /// ([`crate::rpc::target_id`]) is refused with ENODEV. `None` answers any connect.
     pub target: Option<String>,
@@ -507,6 +519,7 @@ impl Server {
             commits: service.commits,
             quick: service.quick,
             waits: service.waits,
+            at_once: service.at_once,
             target: service.target.map(|t| {
                 let id = crate::rpc::target_id(&t);
                 (t, id)
@@ -1034,6 +1047,7 @@ impl Shared {
             } else {
                 (frame.body, None)
             };
+            let arrival = Instant::now();
             match self.admit(&export, &h, route) {
                 Admit::New => {}
                 Admit::Joined => {
@@ -1051,17 +1065,32 @@ impl Shared {
                     continue;
                 }
             }
+            let incoming = Incoming {
+                header: h,
+                body,
+                bulk: frame.bulk,
+                peer: route.peer.clone(),
+                client: export.client,
+                replayed,
+            };
+            let Incoming { body, bulk, replayed, .. } = match self.try_at_once(incoming) {
+                Ok(reply) => {
+                    Box::pin(self.answer(&export, h, arrival, reply)).await;
+                    continue;
+                }
+                Err(incoming) => incoming,
+            };
             let early_key = self.arm_early(&export, &h);
             let job = if h.job_id == 0 { String::new() } else { h.job_id.to_string() };
             let queued = Queued {
                 header: h,
                 body,
-                bulk: frame.bulk,
+                bulk,
                 replayed,
                 peer: route.peer.clone(),
                 job,
                 export: export.clone(),
-                arrival: Instant::now(),
+                arrival,
                 early_key,
                 _buffer: buffer,
                 _bulk_bytes: bulk_bytes,
@@ -1276,11 +1305,58 @@ impl Shared {
         if !self.quick.contains(&q.header.opcode) || q.replayed.is_some() {
             return None;
         }
+        self.free_slot()
+    }
+
+    /// A service slot, if nothing waits for one (the policy queue is FIFO and empty).
+    fn free_slot(&self) -> Option<OwnedSemaphorePermit> {
         let queue = lock(&self.queue);
         if !matches!(&*queue, Queue::Fifo(f) if f.is_empty()) {
             return None;
         }
         self.threads.clone().try_acquire_owned().ok()
+    }
+
+    /// The service's answer at once ([`Service::at_once`]) to a request it may give one
+    /// for: of a `waits` opcode, or of a `quick` one when it could take a service slot
+    /// here (which it holds meanwhile). The request back otherwise.
+    // The request comes back by value: boxing it would cost the allocation this path is
+    // there to save.
+    #[allow(clippy::result_large_err)]
+    fn try_at_once(self: &Arc<Self>, req: Incoming) -> Result<Reply, Incoming> {
+        let Some(at_once) = &self.at_once else { return Err(req) };
+        if req.replayed.is_some() || self.recovering.load(Ordering::Acquire) {
+            return Err(req);
+        }
+        let op = req.header.opcode;
+        let slot = if self.waits.contains(&op) {
+            None
+        } else if self.quick.contains(&op) {
+            match self.free_slot() {
+                Some(slot) => Some(slot),
+                None => return Err(req),
+            }
+        } else {
+            return Err(req);
+        };
+        let answer = at_once(req);
+        if slot.is_some() {
+            drop(slot);
+            // Requests queued meanwhile on other connections.
+            self.dispatch();
+        }
+        answer
+    }
+
+    /// Send a reply given at once ([`Shared::try_at_once`]): cached for resends first,
+    /// as every reply.
+    async fn answer(&self, export: &Export, h: FrameHeader, arrival: Instant, mut reply: Reply) {
+        let header = self.reply_header(&h, &mut reply, arrival);
+        let body = Arc::new(reply.body);
+        if let Some(route) = self.complete(export, &header, &body, reply.bulk.is_empty()) {
+            self.send(export, &route, &header, &body, &reply.bulk).await;
+            self.counters.replies.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Wake when a rate-limited request may start.
@@ -1318,6 +1394,28 @@ impl Shared {
         let mut guard = Finish { shared: &self, export: &export, xid: h.xid, early_key, done: false, thread, replay };
         let incoming = Incoming { header: h, body, bulk, peer, client: export.client, replayed };
         let mut reply = (self.handler)(incoming).await;
+        let header = self.reply_header(&h, &mut reply, arrival);
+        if replay {
+            self.replayed(h.transno, &reply);
+        }
+        let body = Arc::new(reply.body);
+        let route = self.complete(&export, &header, &body, reply.bulk.is_empty());
+        guard.done = true;
+        // The service slot goes to the next request now, not after a slow client read
+        // its reply.
+        guard.release_thread();
+        if let Some(route) = route {
+            self.send(&export, &route, &header, &body, &reply.bulk).await;
+            self.counters.replies.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(guard);
+        drop(_buffer);
+        drop(_bulk_bytes);
+    }
+
+    /// The header of the reply `reply` to `h`, which arrived at `arrival`: a reply too
+    /// large for the frame limits becomes EOVERFLOW, and the service time is learnt.
+    fn reply_header(&self, h: &FrameHeader, reply: &mut Reply, arrival: Instant) -> FrameHeader {
         let (body_max, bulk_max) = (
             self.cfg.limits.body_max.min(BODY_BYTES_LIMIT) as usize,
             self.cfg.limits.bulk_max.min(BULK_BYTES_LIMIT) as usize,
@@ -1330,7 +1428,7 @@ impl Shared {
                 reply.body.len(),
                 reply.bulk.len()
             );
-            reply = Reply { status: status::EOVERFLOW, ..Reply::default() };
+            *reply = Reply { status: status::EOVERFLOW, ..Reply::default() };
         }
         let service = arrival.elapsed();
         let estimate = {
@@ -1352,23 +1450,7 @@ impl Shared {
             }
             (true, _) => FrameHeader { flags: header.flags | flags::OPEN_STATE, ..header },
         };
-        let header = if reply.leased { FrameHeader { flags: header.flags | flags::LEASED, ..header } } else { header };
-        if replay {
-            self.replayed(h.transno, &reply);
-        }
-        let body = Arc::new(reply.body);
-        let route = self.complete(&export, &header, &body, reply.bulk.is_empty());
-        guard.done = true;
-        // The service slot goes to the next request now, not after a slow client read
-        // its reply.
-        guard.release_thread();
-        if let Some(route) = route {
-            self.send(&export, &route, &header, &body, &reply.bulk).await;
-            self.counters.replies.fetch_add(1, Ordering::Relaxed);
-        }
-        drop(guard);
-        drop(_buffer);
-        drop(_bulk_bytes);
+        if reply.leased { FrameHeader { flags: header.flags | flags::LEASED, ..header } } else { header }
     }
 
     /// Record a finished request in the reply cache; returns where its reply goes.

@@ -123,6 +123,18 @@ impl LockTable {
         t.files.get(&r).and_then(|f| f.held.iter().find(|h| h.conflicts(want)).copied())
     }
 
+    /// Take `want` if nothing conflicts with it: `Ok(true)`. On a conflict, `Ok(false)`,
+    /// and nothing is changed or counted (the caller refuses or queues it with
+    /// [`LockTable::lock`]).
+    pub fn try_lock(&self, r: Resource, want: Lock) -> Result<bool, LockError> {
+        let mut t = self.inner();
+        if t.files.get(&r).is_some_and(|f| f.held.iter().any(|h| h.conflicts(&want))) {
+            return Ok(false);
+        }
+        t.grant(r, want)?;
+        Ok(true)
+    }
+
     /// Take `want`: `Ok(None)` when granted now; when something conflicts, EAGAIN, or
     /// with `wait` a place in the queue (`Ok(Some(_))`), or EDEADLK if waiting would
     /// close a cycle of owners waiting for each other.

@@ -71,6 +71,23 @@ const CHANGES: [u16; 14] = [
 /// Opens and closes, answered from memory (see `Mds::try_open`).
 const OPENS: [u16; 3] = [mdt::MDS_OPEN, mdt::MDS_OPEN_AT, mdt::MDS_CLOSE];
 
+/// A lock request taken as far as it goes without waiting ([`Mds::lock_step`]).
+enum LockStep {
+    Answer(Reply),
+    /// A lock that another owner's conflicts with now: refused, or queued, by the caller.
+    Conflict(Conflict),
+}
+
+/// A lock request that found a conflict, with what its grant needs.
+struct Conflict {
+    res: Resource,
+    want: Lock,
+    handle: u64,
+    flags: u8,
+    /// The lease clock before the request's checks (see `Leases::grant`).
+    since: u64,
+}
+
 /// How long a lock request waits for a conflicting lock before it is answered
 /// ETIMEDOUT and its client asks again: well within the transport's `at_max`, so the
 /// request never times out while it waits.
@@ -409,7 +426,7 @@ impl Mds {
     /// The OST objects the pools held before this start are kept for replayed creates
     /// and destroyed after (with no recovery, at once): a create the restart lost may have
     /// been given them, and written to them.
-    pub fn service(&self) -> Service {
+    pub fn service(self: &Arc<Self>) -> Service {
         let clients = self.ns.known_clients();
         self.ns.expect_replays();
         if clients.is_empty() {
@@ -422,6 +439,7 @@ impl Mds {
             // the last close of an unlinked file. Those few go on in a task of their own.
             quick: [&READS[..], &CHANGES, &OPENS].concat(),
             waits: vec![mdt::MDS_LOCK, mdt::MDS_UNLOCK, mdt::MDS_LEASES],
+            at_once: Some(self.at_once()),
             ..Service::default()
         }
     }
@@ -476,6 +494,21 @@ impl Mds {
     pub fn handler(self: &Arc<Self>) -> Handler {
         let mds = self.clone();
         Arc::new(move |req: Incoming| mds.serve(req))
+    }
+
+    /// What this MDS answers at once (`Service::at_once`): reads, and locks that wait
+    /// for nothing. Everything else, and what these give back, goes through
+    /// [`Mds::serve`].
+    // Requests come back by value, as `AtOnce` hands them: a box would cost the
+    // allocation the at-once path saves.
+    #[allow(clippy::result_large_err)]
+    fn at_once(self: &Arc<Self>) -> nacre_net::server::AtOnce {
+        let mds = self.clone();
+        Arc::new(move |req: Incoming| match req.header.opcode {
+            op if READS.contains(&op) => Ok(mds.handle(req)),
+            mdt::MDS_LOCK | mdt::MDS_UNLOCK => mds.lock_at_once(req),
+            _ => Err(req),
+        })
     }
 
     /// Serve one request: the one dispatch of this MDS. Lookups, getattrs and listings
@@ -992,60 +1025,14 @@ impl Mds {
             Err(e) => return fail(-EPROTO, format!("bad MDS request: {e}")),
         };
         self.count(req.header.opcode);
-        let (fid, handle, owner, pid, kind, flags, start, end) = match r {
-            Request::Unlock { fid, owner } => {
-                let o = Owner { client: req.client, owner };
-                for append in [false, true] {
-                    self.locks.release(Resource { fid, append }, o);
-                }
-                return ok(mdt::Reply::Done);
-            }
-            Request::Lock { fid, handle, owner, pid, kind, flags, start, end } => {
-                (fid, handle, owner, pid, kind, flags, start, end)
-            }
-            _ => return fail(-errno::EIO, "not a lock request".into()),
+        let c = match self.lock_step(req, r) {
+            LockStep::Answer(reply) => return reply,
+            LockStep::Conflict(c) => c,
         };
-        if let Err(e) = crate::locks::check_range(start, end) {
-            return fail(-e.errno, e.message);
-        }
-        if flags & lock::CACHE != 0 && (flags & lock::APPEND == 0 || kind != lock::WRITE) {
-            return fail(-errno::EINVAL, "only an append write lock is kept until called back".into());
-        }
-        let since = self.leases.clock();
-        if !self.ns.opened_by(handle, fid, req.client) {
-            return fail(-errno::EBADF, format!("handle {handle} is not this client's open of {fid}"));
-        }
-        // A replay takes again a lock its client held before the restart: it was granted
-        // then, so it waits for nothing now (a conflict means it was lost).
-        let flags = if req.replayed.is_some() { flags & !lock::WAIT } else { flags };
-        let res = Resource { fid, append: flags & lock::APPEND != 0 };
-        let want = Lock { owner: Owner { client: req.client, owner }, write: kind == lock::WRITE, start, end, pid };
-        if flags & lock::TEST != 0 {
-            if kind == lock::UNLOCK {
-                return fail(-errno::EINVAL, "a lock test asks for a read or a write lock, not an unlock".into());
-            }
-            let answer = match self.locks.test(res, &want) {
-                Some(h) => {
-                    let kind = if h.write { lock::WRITE } else { lock::READ };
-                    mdt::Reply::Lock { kind, start: h.start, end: h.end, pid: h.pid }
-                }
-                None => mdt::Reply::Lock { kind: lock::UNLOCK, start, end, pid: 0 },
-            };
-            return ok(answer);
-        }
-        if kind == lock::UNLOCK {
-            self.locks.unlock(res, want.owner, start, end);
-            return ok(mdt::Reply::Done);
-        }
-        let cached = |mut reply: Reply| {
-            // Kept (a lease) only by the file's one writer: its end is all the end there is.
-            if flags & lock::CACHE != 0 && self.ns.sole_writer(handle, fid, req.client) {
-                reply.leased = self.leases.grant(req.client, &[mdt::lease::Key::Append(fid)], since);
-            }
-            reply
-        };
-        let queued = match self.locks.lock(res, want, flags & lock::WAIT != 0) {
-            Ok(None) => return cached(ok(mdt::Reply::Done)),
+        let (res, fid, start, end) = (c.res, c.res.fid, c.want.start, c.want.end);
+        let queued = match self.locks.lock(res, c.want, c.flags & lock::WAIT != 0) {
+            // Let go meanwhile.
+            Ok(None) => return self.lock_granted(req.client, &c),
             Ok(Some(q)) => q,
             Err(e) => return fail(-e.errno, e.message),
         };
@@ -1067,10 +1054,99 @@ impl Mds {
             Err(_) => granted.try_recv().map_err(|_| ()),
         };
         match outcome {
-            Ok(Ok(())) => cached(ok(mdt::Reply::Done)),
+            Ok(Ok(())) => self.lock_granted(req.client, &c),
             Ok(Err(e)) => fail(-e.errno, e.message),
             Err(_) => fail(-errno::ENOLCK, format!("the wait for a lock on {fid} was dropped")),
         }
+    }
+
+    /// A lock request answered at once, for the transport's path that skips a request's
+    /// setting up (`Service::at_once`): an unlock, a test, a lock that conflicts with
+    /// nothing, or an error. The request back, with nothing changed or counted, if it
+    /// must wait or be queued, its client is not yet recorded (see [`Mds::serve`]), or it
+    /// does not decode (the usual path answers it).
+    #[allow(clippy::result_large_err)] // as `Mds::at_once`
+    fn lock_at_once(&self, req: Incoming) -> Result<Reply, Incoming> {
+        if req.header.opcode == mdt::MDS_LOCK && !self.ns.knows_client(req.client) {
+            return Err(req);
+        }
+        let Ok((_, r)) = Request::decode(req.header.opcode, &req.body) else { return Err(req) };
+        match self.lock_step(&req, r) {
+            LockStep::Answer(reply) => {
+                self.count(req.header.opcode);
+                Ok(reply)
+            }
+            LockStep::Conflict(_) => Err(req),
+        }
+    }
+
+    /// A decoded lock request, as far as it goes without waiting or queueing.
+    fn lock_step(&self, req: &Incoming, r: Request) -> LockStep {
+        let answer = LockStep::Answer;
+        let (fid, handle, owner, pid, kind, flags, start, end) = match r {
+            Request::Unlock { fid, owner } => {
+                let o = Owner { client: req.client, owner };
+                for append in [false, true] {
+                    self.locks.release(Resource { fid, append }, o);
+                }
+                return answer(ok(mdt::Reply::Done));
+            }
+            Request::Lock { fid, handle, owner, pid, kind, flags, start, end } => {
+                (fid, handle, owner, pid, kind, flags, start, end)
+            }
+            _ => return answer(fail(-errno::EIO, "not a lock request".into())),
+        };
+        if let Err(e) = crate::locks::check_range(start, end) {
+            return answer(fail(-e.errno, e.message));
+        }
+        if flags & lock::CACHE != 0 && (flags & lock::APPEND == 0 || kind != lock::WRITE) {
+            return answer(fail(-errno::EINVAL, "only an append write lock is kept until called back".into()));
+        }
+        let since = self.leases.clock();
+        if !self.ns.opened_by(handle, fid, req.client) {
+            return answer(fail(-errno::EBADF, format!("handle {handle} is not this client's open of {fid}")));
+        }
+        // A replay takes again a lock its client held before the restart: it was granted
+        // then, so it waits for nothing now (a conflict means it was lost).
+        let flags = if req.replayed.is_some() { flags & !lock::WAIT } else { flags };
+        let res = Resource { fid, append: flags & lock::APPEND != 0 };
+        let want = Lock { owner: Owner { client: req.client, owner }, write: kind == lock::WRITE, start, end, pid };
+        if flags & lock::TEST != 0 {
+            if kind == lock::UNLOCK {
+                return answer(fail(
+                    -errno::EINVAL,
+                    "a lock test asks for a read or a write lock, not an unlock".into(),
+                ));
+            }
+            return answer(ok(match self.locks.test(res, &want) {
+                Some(h) => {
+                    let kind = if h.write { lock::WRITE } else { lock::READ };
+                    mdt::Reply::Lock { kind, start: h.start, end: h.end, pid: h.pid }
+                }
+                None => mdt::Reply::Lock { kind: lock::UNLOCK, start, end, pid: 0 },
+            }));
+        }
+        if kind == lock::UNLOCK {
+            self.locks.unlock(res, want.owner, start, end);
+            return answer(ok(mdt::Reply::Done));
+        }
+        let c = Conflict { res, want, handle, flags, since };
+        match self.locks.try_lock(res, want) {
+            Ok(true) => answer(self.lock_granted(req.client, &c)),
+            Ok(false) => LockStep::Conflict(c),
+            Err(e) => answer(fail(-e.errno, e.message)),
+        }
+    }
+
+    /// The reply to a lock granted: with the lease that keeps it (`lock::CACHE`) when its
+    /// client is the file's one writer, whose end is all the end there is.
+    fn lock_granted(&self, client: u64, c: &Conflict) -> Reply {
+        let mut reply = ok(mdt::Reply::Done);
+        let fid = c.res.fid;
+        if c.flags & lock::CACHE != 0 && self.ns.sole_writer(c.handle, fid, client) {
+            reply.leased = self.leases.grant(client, &[mdt::lease::Key::Append(fid)], c.since);
+        }
+        reply
     }
 
     /// Carry out, over several MDTs, a change the local path found it could not make

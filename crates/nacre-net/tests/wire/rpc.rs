@@ -13,7 +13,7 @@ use nacre_net::client::{Client, ClientConfig, Import, Request};
 use nacre_net::frame::FrameLimits;
 use nacre_net::nid::Nid;
 use nacre_net::rpc::RpcError;
-use nacre_net::server::{Handler, Policy, Reply, Server, ServerConfig};
+use nacre_net::server::{AtOnce, Handler, Incoming, Policy, Reply, Server, ServerConfig, Service};
 use nacre_net::transport::{MemNetwork, TcpTransport, Transport};
 use tokio::io::AsyncWriteExt;
 
@@ -273,6 +273,49 @@ async fn a_lost_reply_is_answered_from_the_reply_cache() {
         assert_eq!(import.call(OP_ECHO, &[i], &[]).await.unwrap().body, [i]);
     }
     assert_eq!(probe.runs.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::result_large_err)] // the request comes back by value, as `AtOnce` has it
+async fn a_request_answered_at_once_runs_once_and_its_lost_reply_comes_from_the_cache() {
+    // The service answers at once an echo whose body starts with "now", and gives any
+    // other back to its handler.
+    let offered = Arc::new(AtomicU64::new(0));
+    let answered = Arc::new(AtomicU64::new(0));
+    let (o, a) = (offered.clone(), answered.clone());
+    let at_once: AtOnce = Arc::new(move |req: Incoming| {
+        o.fetch_add(1, Ordering::SeqCst);
+        if !req.body.starts_with(b"now") {
+            return Err(req);
+        }
+        a.fetch_add(1, Ordering::SeqCst);
+        Ok(Reply { body: req.body, ..Reply::default() })
+    });
+    let service = Service { waits: vec![OP_ECHO], at_once: Some(at_once), ..Service::default() };
+    let probe = Arc::new(Probe::default());
+    let net = MemNetwork::new();
+    let server_t: Arc<dyn Transport> = Arc::new(net.transport("mds0"));
+    let nid = "mds0@mem".parse().unwrap();
+    let handler = echo(probe.clone(), Duration::ZERO);
+    let server = Server::start_service(server_t, &nid, handler, ServerConfig::default(), service).await.unwrap();
+    let client =
+        Client::new(Arc::new(net.transport("c0")), ClientConfig { at: fast_at(150), ..ClientConfig::default() });
+    let import = client.connect(&server.nid()).await.unwrap();
+
+    assert_eq!(import.call(OP_ECHO, b"now 1", &[]).await.unwrap().body, b"now 1");
+    assert_eq!(import.call(OP_ECHO, b"later", &[]).await.unwrap().body, b"later");
+    let counts =
+        || (offered.load(Ordering::SeqCst), answered.load(Ordering::SeqCst), probe.runs.load(Ordering::SeqCst));
+    assert_eq!(counts(), (2, 1, 1), "one answered at once, one given back and run by the handler");
+    // Another opcode is never offered.
+    assert_eq!(import.call(OP_SLOW, b"now, but slow", &[]).await.unwrap().body, b"now, but slow");
+    assert_eq!(counts(), (2, 1, 2));
+
+    // Its reply lost, the resend gets the reply cached, and nothing runs again.
+    server.faults().add(&format!("drop opcode={OP_ECHO} count=1")).unwrap();
+    assert_eq!(import.call(OP_ECHO, b"now 2", &[]).await.unwrap().body, b"now 2");
+    assert_eq!(counts(), (3, 2, 2));
+    assert_eq!((server.stats().replayed, import.stats().resends), (1, 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
