@@ -1073,12 +1073,12 @@ impl Shared {
                 client: export.client,
                 replayed,
             };
-            let Incoming { body, bulk, replayed, .. } = match self.try_at_once(incoming) {
+            let (Incoming { body, bulk, replayed, peer, .. }, slot) = match self.try_at_once(incoming) {
                 Ok(reply) => {
                     Box::pin(self.answer(&export, h, arrival, reply)).await;
                     continue;
                 }
-                Err(incoming) => incoming,
+                Err(back) => back,
             };
             let early_key = self.arm_early(&export, &h);
             let job = if h.job_id == 0 { String::new() } else { h.job_id.to_string() };
@@ -1087,7 +1087,7 @@ impl Shared {
                 body,
                 bulk,
                 replayed,
-                peer: route.peer.clone(),
+                peer,
                 job,
                 export: export.clone(),
                 arrival,
@@ -1097,11 +1097,12 @@ impl Shared {
             };
             let Some(queued) = self.hold_for_recovery(queued) else { continue };
             if self.waits.contains(&queued.header.opcode) && queued.replayed.is_none() {
-                // A lock that conflicts with nothing is answered at once.
+                // Polled once here; if it must wait (a lock behind another), it goes on
+                // in a task of its own.
                 run_or_spawn(self.clone().run(queued, None)).await;
                 continue;
             }
-            if let Some(thread) = self.slot_here(&queued) {
+            if let Some(thread) = slot.or_else(|| self.slot_here(&queued)) {
                 run_or_spawn(self.clone().run(queued, Some(thread))).await;
                 continue;
             }
@@ -1319,14 +1320,16 @@ impl Shared {
 
     /// The service's answer at once ([`Service::at_once`]) to a request it may give one
     /// for: of a `waits` opcode, or of a `quick` one when it could take a service slot
-    /// here (which it holds meanwhile). The request back otherwise.
+    /// here (which it holds meanwhile). Otherwise the request back, with the slot it took
+    /// (the one [`Shared::slot_here`] would give it, so a change the service gives back
+    /// does not take the queue's lock twice).
     // The request comes back by value: boxing it would cost the allocation this path is
     // there to save.
     #[allow(clippy::result_large_err)]
-    fn try_at_once(self: &Arc<Self>, req: Incoming) -> Result<Reply, Incoming> {
-        let Some(at_once) = &self.at_once else { return Err(req) };
+    fn try_at_once(self: &Arc<Self>, req: Incoming) -> Result<Reply, (Incoming, Option<OwnedSemaphorePermit>)> {
+        let Some(at_once) = &self.at_once else { return Err((req, None)) };
         if req.replayed.is_some() || self.recovering.load(Ordering::Acquire) {
-            return Err(req);
+            return Err((req, None));
         }
         let op = req.header.opcode;
         let slot = if self.waits.contains(&op) {
@@ -1334,18 +1337,22 @@ impl Shared {
         } else if self.quick.contains(&op) {
             match self.free_slot() {
                 Some(slot) => Some(slot),
-                None => return Err(req),
+                None => return Err((req, None)),
             }
         } else {
-            return Err(req);
+            return Err((req, None));
         };
-        let answer = at_once(req);
-        if slot.is_some() {
-            drop(slot);
-            // Requests queued meanwhile on other connections.
-            self.dispatch();
+        match at_once(req) {
+            Ok(reply) => {
+                if slot.is_some() {
+                    drop(slot);
+                    // Requests queued meanwhile on other connections.
+                    self.dispatch();
+                }
+                Ok(reply)
+            }
+            Err(req) => Err((req, slot)),
         }
-        answer
     }
 
     /// Send a reply given at once ([`Shared::try_at_once`]): cached for resends first,

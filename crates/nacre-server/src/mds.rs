@@ -75,11 +75,11 @@ const OPENS: [u16; 3] = [mdt::MDS_OPEN, mdt::MDS_OPEN_AT, mdt::MDS_CLOSE];
 enum LockStep {
     Answer(Reply),
     /// A lock that another owner's conflicts with now: refused, or queued, by the caller.
-    Conflict(Conflict),
+    Conflict(LockAsk),
 }
 
-/// A lock request that found a conflict, with what its grant needs.
-struct Conflict {
+/// A lock request past its checks, with what its grant needs.
+struct LockAsk {
     res: Resource,
     want: Lock,
     handle: u64,
@@ -1130,7 +1130,7 @@ impl Mds {
             self.locks.unlock(res, want.owner, start, end);
             return answer(ok(mdt::Reply::Done));
         }
-        let c = Conflict { res, want, handle, flags, since };
+        let c = LockAsk { res, want, handle, flags, since };
         match self.locks.try_lock(res, want) {
             Ok(true) => answer(self.lock_granted(req.client, &c)),
             Ok(false) => LockStep::Conflict(c),
@@ -1140,7 +1140,7 @@ impl Mds {
 
     /// The reply to a lock granted: with the lease that keeps it (`lock::CACHE`) when its
     /// client is the file's one writer, whose end is all the end there is.
-    fn lock_granted(&self, client: u64, c: &Conflict) -> Reply {
+    fn lock_granted(&self, client: u64, c: &LockAsk) -> Reply {
         let mut reply = ok(mdt::Reply::Done);
         let fid = c.res.fid;
         if c.flags & lock::CACHE != 0 && self.ns.sole_writer(c.handle, fid, client) {
