@@ -9,6 +9,7 @@ pub mod io500;
 pub mod kernel;
 pub mod mds;
 pub mod mdt;
+mod mounted_locks;
 pub mod net;
 pub mod ost;
 pub mod raid;

@@ -1068,38 +1068,28 @@ impl File {
     /// restart voids a kept one, and the next append takes it again).
     async fn lock_as(&self, owner: u64, pid: u32, kind: u8, flags: u8, start: u64, end: u64) -> Result<()> {
         let handle = self.mds_handle().await?;
+        if flags & lock::APPEND == 0 {
+            return self.fs.user_lock(&self.creds, self.fid, handle, owner, pid, kind, flags, start, end).await;
+        }
         let r = Request::Lock { fid: self.fid, handle, owner, pid, kind, flags, start, end };
         loop {
             match self.fs.md(mdt_of(self.fid)?, &self.creds, &r, &[]).await {
                 Err(e) if flags & lock::WAIT != 0 && e.errno == errno::ETIMEDOUT => continue,
-                Err(e) => return Err(e),
-                Ok(_) => break,
+                other => return other.map(|_| ()),
             }
         }
-        if flags & lock::APPEND == 0 {
-            let new = lock::Held { owner: (), write: kind == lock::WRITE, start, end, pid };
-            self.fs.locked(self.fid, handle, owner, new, kind == lock::UNLOCK).await;
-        }
-        Ok(())
     }
 
     /// What would conflict with a lock of `kind` over `start..=end` for `owner`
     /// (`F_GETLK`): the kind, range and pid of such a lock, or `None`.
     pub async fn test_lock(&self, owner: u64, kind: u8, start: u64, end: u64) -> Result<Option<(u8, u64, u64, u32)>> {
         let handle = self.mds_handle().await?;
-        let r = Request::Lock { fid: self.fid, handle, owner, pid: 0, kind, flags: lock::TEST, start, end };
-        match self.fs.md(mdt_of(self.fid)?, &self.creds, &r, &[]).await?.0 {
-            Reply::Lock { kind: lock::UNLOCK, .. } => Ok(None),
-            Reply::Lock { kind, start, end, pid } => Ok(Some((kind, start, end, pid))),
-            _ => Err(Error::protocol("lock test", "the MDS did not answer with a lock")),
-        }
+        self.fs.user_test(&self.creds, self.fid, handle, owner, kind, start, end).await
     }
 
     /// Let go of every lock `owner` holds on this file, and end its waits (a close).
     pub async fn unlock_all(&self, owner: u64) -> Result<()> {
-        let r = Request::Unlock { fid: self.fid, owner };
-        self.fs.unlocked_all(self.fid, owner).await;
-        self.fs.md(mdt_of(self.fid)?, &self.creds, &r, &[]).await.map(|_| ())
+        self.fs.user_unlock_all(&self.creds, self.fid, owner).await
     }
 
     /// Write back, publish the size, and release the handle on the MDT. The first error

@@ -110,10 +110,9 @@ pub(crate) struct Inner {
     /// Files open for writing through this mount, with their handles' count: their size
     /// is glimpsed from the objects.
     writers: Mutex<HashMap<Fid, usize>>,
-    /// The byte-range locks this mount's owners hold, by file and owner, as the MDS
-    /// keeps them: each is kept for replay after an MDS restart (see
-    /// [`FileSystem::locked`]).
-    locks: Mutex<HashMap<(Fid, u64), HeldLocks>>,
+    /// The byte-range locks this mount's owners hold, and those the MDS holds for them,
+    /// by file (see [`crate::locks`]).
+    pub(crate) locks: Mutex<HashMap<Fid, crate::locks::FileLocks>>,
     /// Per file, held while its size changes (a truncate, or a close publishing the size
     /// the objects give), so a close cannot publish a size read before a truncate.
     sizing: Mutex<HashMap<Fid, Arc<tokio::sync::Mutex<()>>>>,
@@ -127,8 +126,8 @@ pub(crate) struct Inner {
     /// back: a statahead answer fetched across a change is not used.
     changes: AtomicU64,
     follower: Mutex<Option<tokio::task::AbortHandle>>,
-    /// The next key of lock state kept for replay.
-    lock_keys: AtomicU64,
+    /// The next key of lock state kept for replay (and of lock requests in flight).
+    pub(crate) lock_keys: AtomicU64,
     /// The leases held, once [`FileSystem::start_leases`] listens for callbacks.
     pub(crate) leases: Leases,
     pub(crate) revoker: std::sync::OnceLock<Revoker>,
@@ -136,17 +135,6 @@ pub(crate) struct Inner {
     /// took it, while kept. Its appends go one at a time under the slot.
     appends: Mutex<HashMap<Fid, Arc<tokio::sync::Mutex<Option<u64>>>>>,
     lease_pollers: Mutex<Vec<tokio::task::AbortHandle>>,
-}
-
-/// The locks one owner of this mount holds on one file, as the MDS keeps them, and the
-/// keys of the lock requests kept for their replay.
-#[derive(Default)]
-struct HeldLocks {
-    held: Vec<lock::Held<()>>,
-    /// The handle the owner's last lock went through (any open one of the owner serves:
-    /// closing one lets go of all its locks).
-    handle: u64,
-    keys: Vec<u64>,
 }
 
 /// A mounted Nacre file system. Cheap to clone; all clones share the links and caches.
@@ -505,8 +493,10 @@ impl FileSystem {
         // Statahead answers fetched before this are not used.
         self.inner.changes.fetch_add(2, Ordering::AcqRel);
         for k in &keys {
-            if let LeaseKey::Append(f) = k {
-                self.release_append(*f, None).await;
+            match k {
+                LeaseKey::Append(f) => self.release_append(*f, None).await,
+                LeaseKey::Locks(f) => self.locks_called_back(*f).await,
+                _ => {}
             }
         }
         {
@@ -527,45 +517,6 @@ impl FileSystem {
         let _ = tokio::time::timeout(INVALIDATE_WAIT, job).await;
     }
 
-    /// Owner `owner` of this mount took `new` (or, with `unlock`, dropped its range) on
-    /// `fid` through `handle`: what it holds now is kept for replay, a lock request per
-    /// record, so that an MDS that restarts gets every lock back from its holders during
-    /// recovery, after their opens.
-    pub(crate) async fn locked(&self, fid: Fid, handle: u64, owner: u64, new: lock::Held<()>, unlock: bool) {
-        let Ok((import, _)) = self.target_link(TargetKind::Mdt, mdt_of(fid).unwrap_or(0)).await else { return };
-        let mut all = lock(&self.inner.locks);
-        let mine = all.entry((fid, owner)).or_default();
-        lock::apply(&mut mine.held, new, unlock);
-        mine.handle = handle;
-        for key in mine.keys.drain(..) {
-            import.forget_state(key);
-        }
-        let creds = Creds::default();
-        for h in &mine.held {
-            let kind = if h.write { lock::WRITE } else { lock::READ };
-            let (start, end, pid) = (h.start, h.end, h.pid);
-            let r = Request::Lock { fid, handle, owner, pid, kind, flags: 0, start, end };
-            let (op, body) = r.encode(&creds);
-            let key = self.inner.lock_keys.fetch_add(1, Ordering::Relaxed);
-            import.keep_state(key, op, &body);
-            mine.keys.push(key);
-        }
-        if mine.held.is_empty() {
-            all.remove(&(fid, owner));
-        }
-    }
-
-    /// Owner `owner` let go of every lock it held on `fid` (a close): nothing of it is
-    /// replayed any more.
-    pub(crate) async fn unlocked_all(&self, fid: Fid, owner: u64) {
-        let Some(mine) = lock(&self.inner.locks).remove(&(fid, owner)) else { return };
-        if let Ok((import, _)) = self.target_link(TargetKind::Mdt, mdt_of(fid).unwrap_or(0)).await {
-            for key in mine.keys {
-                import.forget_state(key);
-            }
-        }
-    }
-
     /// Make this client's changes on MDT `mdt` durable: the MDT answers changes before
     /// they are on its drives, so `fsync` of a file or a directory waits for its commit.
     /// Nothing is sent when the MDT has committed all of them already.
@@ -575,6 +526,12 @@ impl FileSystem {
             import.commit().await.map_err(|e| Error::rpc(&TargetKind::Mdt.name(&self.inner.fsname, mdt), e))?;
         }
         Ok(())
+    }
+
+    /// One ping RPC to MDT `mdt` (a bench's reference for the cost of a request).
+    pub async fn ping_mdt(&self, mdt: u32) -> Result<()> {
+        let (import, _) = self.target_link(TargetKind::Mdt, mdt).await?;
+        import.ping().await.map_err(|e| Error::rpc(&TargetKind::Mdt.name(&self.inner.fsname, mdt), e))
     }
 
     /// [`Fs::commit_mdt`] for the MDT that owns `fid`.

@@ -140,6 +140,14 @@ impl Leases {
         self.state().held.contains(key)
     }
 
+    /// Is `key`, of MDT `mdt`, held, with the callback channel having seen the MDT's
+    /// import at `restarts` (its count now)? A lease is void from the moment its import
+    /// meets a restarted MDT, before the channel drops it.
+    pub fn holds_at(&self, key: &Key, mdt: u32, restarts: u64) -> bool {
+        let s = self.state();
+        s.epochs.get(&mdt) == Some(&restarts) && s.held.contains(key)
+    }
+
     /// Held (shared) by whoever answers from a lease, from the check to the answer.
     pub fn gate(&self) -> std::sync::RwLockReadGuard<'_, ()> {
         self.gate.read().unwrap_or_else(|e| e.into_inner())

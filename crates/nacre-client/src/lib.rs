@@ -19,6 +19,7 @@ pub mod error;
 pub mod file;
 pub mod fs;
 mod leases;
+mod locks;
 pub mod params;
 mod statahead;
 pub mod striping;

@@ -1261,3 +1261,105 @@ async fn a_small_file_known_whole_opens_with_no_request_until_this_mount_changes
     assert_eq!(opens(), before, "the file this mount wrote, cut and wrote again asked the MDT to be read");
     drop(first);
 }
+
+/// Listen for lease callbacks, and wait until the MDT grants leases to this mount.
+async fn leasing(fs: &FileSystem) {
+    fs.start_leases(Arc::new(|_| {}));
+    let c = Creds::default();
+    let probe = fs.create(&c, Fid::ROOT, &format!("probe-{:p}", Arc::as_ptr(&Arc::new(0))), 0o644, None).await.unwrap();
+    let started = std::time::Instant::now();
+    while !fs.attr_leased(probe.fid) {
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "no lease was ever granted");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        fs.getattr(&c, probe.fid).await.unwrap();
+    }
+}
+
+/// Under the file's `Locks` lease a mount's owners let go of locks and take them again
+/// with no request; the MDS still holds them until another mount's lock or test
+/// conflicts, when it calls the lease back and the mount lets go of what its owners no
+/// longer hold, and only that: a lock still held stays, and a lock that waits for it is
+/// granted at its unlock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_let_go_under_their_lease_stay_at_the_mds_until_another_mount_conflicts() {
+    use nacre_proto::mdt::lock::{READ, UNLOCK, WRITE};
+    let t = TestFs::start(1, 1).await;
+    // The lease is granted again at once after a callback, so each step runs under one.
+    t.local.mdses()[0].set_param("mdt.mdt0.lease_contended_ms", "0").unwrap();
+    let (a, b) = (t.mount("c1").await, t.mount("c2").await);
+    leasing(&a).await;
+    leasing(&b).await;
+    let c = Creds::default();
+    let file = a.create(&c, Fid::ROOT, "locked", 0o644, None).await.unwrap();
+    let fa = a.open(&c, file.fid, OpenFlags::READ_WRITE).await.unwrap();
+    let fb = Arc::new(b.open(&c, file.fid, OpenFlags::READ_WRITE).await.unwrap());
+    let requests = || md_ops(&t, 0, "lock");
+
+    fa.lock(1, 11, WRITE, 0, 9, false).await.unwrap();
+    let before = requests();
+    for _ in 0..50 {
+        fa.lock(1, 11, UNLOCK, 0, 9, false).await.unwrap();
+        fa.lock(1, 11, WRITE, 0, 9, false).await.unwrap();
+        // A read lock under the write lock the MDS holds, and back.
+        fa.lock(1, 11, READ, 2, 3, false).await.unwrap();
+        fa.lock(1, 11, WRITE, 2, 3, false).await.unwrap();
+    }
+    fa.lock(1, 11, READ, 4, 5, false).await.unwrap();
+    fa.lock(1, 11, UNLOCK, 6, 9, false).await.unwrap();
+    assert_eq!(requests(), before, "locks taken and let go under the lease asked the MDS");
+
+    // Mount b writes 8..=9, let go of by a: granted. A read of 0..=9 conflicts with the
+    // write lock a's owner holds on 0..=3 (the MDS's own, now no more than that) and
+    // with b's: refused. The read lock on 4..=5 stays a read lock: b may read it too.
+    fb.lock(2, 22, WRITE, 8, 9, false).await.unwrap();
+    assert_eq!(fb.test_lock(2, WRITE, 0, 9).await.unwrap(), Some((WRITE, 0, 3, 11)));
+    let e = fb.lock(2, 22, READ, 0, 3, false).await.unwrap_err();
+    assert_eq!(e.errno, errno::EAGAIN, "{e}");
+    fb.lock(2, 22, READ, 4, 7, false).await.unwrap();
+    let e = fa.lock(1, 11, WRITE, 9, 9, false).await.unwrap_err();
+    assert_eq!(e.errno, errno::EAGAIN, "{e}");
+
+    // A lock a's owner holds under the lease stays through the callback: b's lock waits
+    // for it and is granted when a lets go of it (with a waiter, a request).
+    fa.lock(1, 11, WRITE, 100, 109, false).await.unwrap();
+    let waiter = tokio::spawn({
+        let fb = fb.clone();
+        async move { fb.lock(2, 22, WRITE, 105, 105, true).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "b was granted bytes a holds");
+    fa.lock(1, 11, UNLOCK, 100, 109, false).await.unwrap();
+    let granted = tokio::time::timeout(std::time::Duration::from_secs(10), waiter).await;
+    granted.expect("the waiting lock was never granted").unwrap().unwrap();
+    assert_eq!(fa.test_lock(1, READ, 100, 109).await.unwrap(), Some((WRITE, 105, 105, 22)));
+
+    // Closing lets go of everything, kept or held.
+    fa.close().await.unwrap();
+    fb.unlock_all(2).await.unwrap();
+    let fa = a.open(&c, file.fid, OpenFlags::READ_WRITE).await.unwrap();
+    assert_eq!(fa.test_lock(1, WRITE, 0, u64::MAX).await.unwrap(), None);
+    fa.close().await.unwrap();
+    fb.close().await.unwrap();
+}
+
+/// Two owners of one mount: a lock the MDS keeps for one after it let go does not stand
+/// in the other's way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_one_owner_let_go_under_the_lease_is_free_for_another_owner_of_the_mount() {
+    use nacre_proto::mdt::lock::{UNLOCK, WRITE};
+    let t = TestFs::start(1, 1).await;
+    let a = t.mount("c1").await;
+    leasing(&a).await;
+    let c = Creds::default();
+    let file = a.create(&c, Fid::ROOT, "locked", 0o644, None).await.unwrap();
+    let f = a.open(&c, file.fid, OpenFlags::READ_WRITE).await.unwrap();
+    f.lock(1, 11, WRITE, 0, 9, false).await.unwrap();
+    let before = md_ops(&t, 0, "lock");
+    f.lock(1, 11, UNLOCK, 0, 9, false).await.unwrap();
+    assert_eq!(md_ops(&t, 0, "lock"), before, "the unlock asked the MDS");
+    assert_eq!(f.test_lock(2, WRITE, 0, 9).await.unwrap(), None, "owner 1 let go of it");
+    f.lock(2, 22, WRITE, 5, 5, false).await.unwrap();
+    let e = f.lock(1, 11, WRITE, 0, 9, false).await.unwrap_err();
+    assert_eq!(e.errno, errno::EAGAIN, "{e}");
+    f.close().await.unwrap();
+}

@@ -426,7 +426,7 @@ impl Shared {
                     }
                 }
                 // The client library lets go of a kept append lock itself.
-                LeaseKey::Append(_) => {}
+                LeaseKey::Append(_) | LeaseKey::Locks(_) => {}
             }
         }
     }

@@ -232,7 +232,12 @@ pub mod lock {
     pub const APPEND: u8 = 4;
     /// With [`APPEND`]: keep the lock until the MDS calls it back (a lease on
     /// [`super::lease::Key::Append`]), if the client's handle is the file's only one open
-    /// for writing, so its next appends need no request to the MDS.
+    /// for writing, so its next appends need no request to the MDS. On a user's read or
+    /// write lock: ask for the lease on [`super::lease::Key::Locks`], granted when nobody
+    /// waits for a lock of the file. Its holder may leave its owners' locks at the MDS
+    /// after they let them go, and take them again with no request, until the MDS calls
+    /// the lease back (a conflicting lock or test from another client), when it lets go
+    /// of what its owners no longer hold, as Lustre's clients keep unused LDLM locks.
     pub const CACHE: u8 = 8;
     pub const FLAGS: u8 = WAIT | TEST | APPEND | CACHE;
     /// The last byte of a lock "to the end of the file, however long it grows".

@@ -348,6 +348,11 @@ impl Leases {
         (s.order.len(), s.clients.len())
     }
 
+    /// Does `client` hold a lease on `key`?
+    pub fn holds(&self, client: u64, key: &Key) -> bool {
+        self.state().clients.get(&client).is_some_and(|h| h.held.contains_key(key))
+    }
+
     /// Leases `client` holds (`None`: it does not listen).
     pub fn held_by(&self, client: u64) -> Option<usize> {
         self.state().clients.get(&client).map(|h| h.held.len())

@@ -123,6 +123,26 @@ impl LockTable {
         t.files.get(&r).and_then(|f| f.held.iter().find(|h| h.conflicts(want)).copied())
     }
 
+    /// The clients, other than `want`'s, whose locks on `r` conflict with `want`.
+    pub fn conflicting_clients(&self, r: Resource, want: &Lock) -> Vec<u64> {
+        let t = self.inner();
+        let mut v: Vec<u64> = t.files.get(&r).map_or(vec![], |f| {
+            f.held
+                .iter()
+                .filter(|h| h.conflicts(want) && h.owner.client != want.owner.client)
+                .map(|h| h.owner.client)
+                .collect()
+        });
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Does some request wait for a lock of `r`?
+    pub fn has_waiters(&self, r: Resource) -> bool {
+        self.inner().files.get(&r).is_some_and(|f| !f.waiting.is_empty())
+    }
+
     /// Take `want` if nothing conflicts with it: `Ok(true)`. On a conflict, `Ok(false)`,
     /// and nothing is changed or counted (the caller refuses or queues it with
     /// [`LockTable::lock`]).

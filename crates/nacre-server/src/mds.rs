@@ -76,6 +76,9 @@ enum LockStep {
     Answer(Reply),
     /// A lock that another owner's conflicts with now: refused, or queued, by the caller.
     Conflict(LockAsk),
+    /// A lock or a test that conflicts with a lock another client may no longer use (it
+    /// holds the file's `Locks` lease): call the lease back, then look again.
+    Recall,
 }
 
 /// A lock request past its checks, with what its grant needs.
@@ -1025,9 +1028,20 @@ impl Mds {
             Err(e) => return fail(-EPROTO, format!("bad MDS request: {e}")),
         };
         self.count(req.header.opcode);
-        let c = match self.lock_step(req, r) {
+        let mut step = self.lock_step(req, r.clone(), false);
+        if let LockStep::Recall = step {
+            // Other mounts may keep locks of this file their owners let go of: they let
+            // go of them (or are evicted) before the conflict is judged.
+            if let Request::Lock { fid, .. } = &r {
+                let (_, revoked) = self.leases.recall(Some(req.client), &[mdt::lease::Key::Locks(*fid)]);
+                self.recalled(&revoked).await;
+            }
+            step = self.lock_step(req, r, true);
+        }
+        let c = match step {
             LockStep::Answer(reply) => return reply,
             LockStep::Conflict(c) => c,
+            LockStep::Recall => return fail(-errno::EIO, "a lock looked at again after its recall".into()),
         };
         let (res, fid, start, end) = (c.res, c.res.fid, c.want.start, c.want.end);
         let queued = match self.locks.lock(res, c.want, c.flags & lock::WAIT != 0) {
@@ -1039,6 +1053,11 @@ impl Mds {
         if res.append {
             // A mount may keep the append lock it holds: call it back.
             let (_, revoked) = self.leases.recall(None, &[mdt::lease::Key::Append(fid)]);
+            self.recalled(&revoked).await;
+        } else if self.cached_by_others(res, &c.want) {
+            // Granted the file's lease before this joined the queue (no grant since):
+            // what it keeps unused must not hold this wait.
+            let (_, revoked) = self.leases.recall(Some(req.client), &[mdt::lease::Key::Locks(fid)]);
             self.recalled(&revoked).await;
         }
         let mut granted = queued.granted;
@@ -1071,17 +1090,18 @@ impl Mds {
             return Err(req);
         }
         let Ok((_, r)) = Request::decode(req.header.opcode, &req.body) else { return Err(req) };
-        match self.lock_step(&req, r) {
+        match self.lock_step(&req, r, false) {
             LockStep::Answer(reply) => {
                 self.count(req.header.opcode);
                 Ok(reply)
             }
-            LockStep::Conflict(_) => Err(req),
+            LockStep::Conflict(_) | LockStep::Recall => Err(req),
         }
     }
 
-    /// A decoded lock request, as far as it goes without waiting or queueing.
-    fn lock_step(&self, req: &Incoming, r: Request) -> LockStep {
+    /// A decoded lock request, as far as it goes without waiting or queueing. Once
+    /// `recalled`, a conflict is what it is (no [`LockStep::Recall`]).
+    fn lock_step(&self, req: &Incoming, r: Request, recalled: bool) -> LockStep {
         let answer = LockStep::Answer;
         let (fid, handle, owner, pid, kind, flags, start, end) = match r {
             Request::Unlock { fid, owner } => {
@@ -1099,8 +1119,13 @@ impl Mds {
         if let Err(e) = crate::locks::check_range(start, end) {
             return answer(fail(-e.errno, e.message));
         }
-        if flags & lock::CACHE != 0 && (flags & lock::APPEND == 0 || kind != lock::WRITE) {
-            return answer(fail(-errno::EINVAL, "only an append write lock is kept until called back".into()));
+        if flags & lock::CACHE != 0
+            && (kind == lock::UNLOCK || flags & lock::TEST != 0 || flags & lock::APPEND != 0 && kind != lock::WRITE)
+        {
+            return answer(fail(
+                -errno::EINVAL,
+                "only a read or write lock taken (of the appends: a write lock) is kept until called back".into(),
+            ));
         }
         let since = self.leases.clock();
         if !self.ns.opened_by(handle, fid, req.client) {
@@ -1118,6 +1143,9 @@ impl Mds {
                     "a lock test asks for a read or a write lock, not an unlock".into(),
                 ));
             }
+            if !recalled && self.cached_by_others(res, &want) {
+                return LockStep::Recall;
+            }
             return answer(ok(match self.locks.test(res, &want) {
                 Some(h) => {
                     let kind = if h.write { lock::WRITE } else { lock::READ };
@@ -1133,19 +1161,41 @@ impl Mds {
         let c = LockAsk { res, want, handle, flags, since };
         match self.locks.try_lock(res, want) {
             Ok(true) => answer(self.lock_granted(req.client, &c)),
+            Ok(false) if !recalled && self.cached_by_others(res, &want) => LockStep::Recall,
             Ok(false) => LockStep::Conflict(c),
             Err(e) => answer(fail(-e.errno, e.message)),
         }
     }
 
-    /// The reply to a lock granted: with the lease that keeps it (`lock::CACHE`) when its
-    /// client is the file's one writer, whose end is all the end there is.
+    /// Does `want` conflict with a lock of a client that holds the file's `Locks` lease,
+    /// which may keep locks its owners let go of?
+    fn cached_by_others(&self, res: Resource, want: &Lock) -> bool {
+        let key = mdt::lease::Key::Locks(res.fid);
+        !res.append && self.locks.conflicting_clients(res, want).into_iter().any(|c| self.leases.holds(c, &key))
+    }
+
+    /// The reply to a lock granted, with the lease that keeps it if asked (`lock::CACHE`):
+    /// an append lock's when its client is the file's one writer, whose end is all the
+    /// end there is; a user's lock, the file's `Locks` lease unless someone waits for a
+    /// lock of the file, who must be woken by the next unlock.
     fn lock_granted(&self, client: u64, c: &LockAsk) -> Reply {
         let mut reply = ok(mdt::Reply::Done);
         let fid = c.res.fid;
-        if c.flags & lock::CACHE != 0 && self.ns.sole_writer(c.handle, fid, client) {
-            reply.leased = self.leases.grant(client, &[mdt::lease::Key::Append(fid)], c.since);
+        if c.flags & lock::CACHE == 0 {
+            return reply;
         }
+        let key = if c.res.append {
+            if !self.ns.sole_writer(c.handle, fid, client) {
+                return reply;
+            }
+            mdt::lease::Key::Append(fid)
+        } else {
+            if self.locks.has_waiters(c.res) {
+                return reply;
+            }
+            mdt::lease::Key::Locks(fid)
+        };
+        reply.leased = self.leases.grant(client, &[key], c.since);
         reply
     }
 

@@ -80,7 +80,7 @@ fn bench_mds_prints_every_figure() {
         .output()
         .unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    bench_figures(
+    let v = bench_figures(
         &out,
         &[
             "create_per_s",
@@ -112,6 +112,9 @@ fn bench_mds_prints_every_figure() {
             "stat_cpu_us_per_rpc",
             "lock_unlock_pairs_cpu_us_per_rpc",
             "lock_cpu_vs_ping_ratio",
+            "mounted_lock_unlock_pairs_per_s",
+            "mounted_lock_ping_per_s",
+            "mounted_lock_unlock_pairs_vs_ping_ratio",
             "durable_create_ratio",
             "one_mdt_shared_create_per_s",
             "two_mdt_striped_create_per_s",
@@ -127,6 +130,10 @@ fn bench_mds_prints_every_figure() {
             "cores",
         ],
     );
+    // Through the client library a mount keeps its locks under the lease: its pairs
+    // ask the MDS (almost) nothing once it does.
+    let rpcs = v["mounted_lock_rpcs_per_pair"].as_f64().unwrap();
+    assert!(rpcs < 0.5, "{rpcs} lock RPCs a pair through the client library");
 }
 
 /// The MDT engine bench at a small size: every figure of its JSON line is there and

@@ -842,6 +842,9 @@ fn locks_hold_between_mounts_and_go_with_their_holder() {
     // A killed mount's locks stay until the MDS evicts its client.
     let mut d = Locker::start();
     assert_eq!(d.ask("w", &f2, 500, 1), "ok");
+    // What the first mount's processes let go of under its lease the MDS may still
+    // hold for them: another mount's test of the whole file calls it back.
+    assert_eq!(d.ask("t", &f2, 0, 0), "none");
     let mgs = fs.mgs();
     assert_eq!(figure(&mds_param(&mgs, "mdt.*.locks"), "held"), 1);
     // SAFETY: a signal to the second mount's process, found by its command line.
@@ -1400,6 +1403,9 @@ fn a_killed_mds_process_comes_back_and_the_mount_replays_what_it_had_not_committ
     // The lock came back with the mount's replay; the dropped one did not.
     assert_eq!(other.ask("w", &d.join("f3"), 5, 1), "err 11");
     assert_eq!(other.ask("w", &d.join("f4"), 5, 1), "ok");
+    // What the mount kept at the MDS for the dropped one, the restart forgot: asked
+    // again, it is the MDS's to refuse.
+    assert_eq!(holder.ask("r", &d.join("f4"), 0, 10), "err 11");
     assert_eq!(holder.ask("u", &d.join("f3"), 0, 0), "ok");
     assert_eq!(other.ask("w", &d.join("f3"), 5, 1), "ok");
 }

@@ -24,6 +24,10 @@ pub enum Key {
     /// A file's append lock, kept by the one client writing the file, which appends at
     /// the end it knows (see [`super::lock::CACHE`]).
     Append(Fid),
+    /// A file's byte-range locks: its holder's owners may let theirs go, and take them
+    /// again, with no request, while the MDS still counts them held (see
+    /// [`super::lock::CACHE`]).
+    Locks(Fid),
 }
 
 impl Key {
@@ -32,6 +36,7 @@ impl Key {
             Key::Attr(f) => f.put(e.u8(1)),
             Key::Name(d, n) => d.put(e.u8(2)).bytes(n.as_bytes()),
             Key::Append(f) => f.put(e.u8(3)),
+            Key::Locks(f) => f.put(e.u8(4)),
         }
     }
 
@@ -43,6 +48,7 @@ impl Key {
                 Ok(Key::Name(dir, d.str("lease name", NAME_MAX)?.to_string()))
             }
             3 => Ok(Key::Append(Fid::get(d, "lease fid")?)),
+            4 => Ok(Key::Locks(Fid::get(d, "lease fid")?)),
             k => Err(ProtoError::Invalid(format!("lease of unknown kind {k}"))),
         }
     }
@@ -50,7 +56,7 @@ impl Key {
     /// The inode the key is about (a name's directory).
     pub fn fid(&self) -> Fid {
         match self {
-            Key::Attr(f) | Key::Name(f, _) | Key::Append(f) => *f,
+            Key::Attr(f) | Key::Name(f, _) | Key::Append(f) | Key::Locks(f) => *f,
         }
     }
 }
@@ -94,10 +100,8 @@ pub fn granted(req: &Request, answer: Result<&Reply, i32>) -> Vec<Key> {
         ) if a.nlink > 0 => keys.extend([name(dir, n), Key::Attr(a.fid)]),
         (Request::Setattr { fid, .. }, Ok(Reply::Attr(a))) if a.fid == *fid => keys.push(Key::Attr(*fid)),
         (Request::Unlink { dir, name: n, .. }, Ok(_)) => keys.push(name(dir, n)),
-        (Request::Lock { fid, kind: super::lock::WRITE, flags, .. }, Ok(Reply::Done))
-            if flags & super::lock::CACHE != 0 =>
-        {
-            keys.push(Key::Append(*fid))
+        (Request::Lock { fid, kind, flags, .. }, Ok(Reply::Done)) if flags & super::lock::CACHE != 0 => {
+            keys.push(if flags & super::lock::APPEND != 0 { Key::Append(*fid) } else { Key::Locks(*fid) })
         }
         (Request::Readdir { dir, .. }, Ok(Reply::Entries { entries, .. })) => {
             for (e, a) in entries {
@@ -170,6 +174,7 @@ mod tests {
             (1, Key::Attr(Fid::new(1, 2))),
             (2, Key::Name(Fid::new(1, 1), "a".into())),
             (3, Key::Append(Fid::new(1, 2))),
+            (4, Key::Locks(Fid::new(1, 2))),
         ];
         let b = encode_revoked(Enc::new(1), &v).done();
         let mut d = Dec::new(&b, "test", 1).unwrap();

@@ -120,7 +120,9 @@ async fn lock_requests_are_checked_and_waits_hold_no_service_slot() {
         (lk(f, hg, 1, lock::WRITE, 0, 0, 9), -errno::EBADF, "not this client's open"),
         (lk(f, ha, 1, lock::WRITE, 0, 9, 0), -errno::EINVAL, "ends (0) before it starts (9)"),
         (lk(f, ha, 1, lock::UNLOCK, lock::TEST, 0, 9), -errno::EINVAL, "not an unlock"),
-        (lk(f, ha, 1, lock::WRITE, lock::CACHE, 0, 9), -errno::EINVAL, "only an append write lock"),
+        (lk(f, ha, 1, lock::WRITE, lock::CACHE | lock::TEST, 0, 9), -errno::EINVAL, "only a read or write lock taken"),
+        (lk(f, ha, 1, lock::UNLOCK, lock::CACHE, 0, 9), -errno::EINVAL, "only a read or write lock taken"),
+        (lk(f, ha, 1, lock::READ, lock::CACHE | lock::APPEND, 0, 9), -errno::EINVAL, "of the appends: a write lock"),
     ] {
         let e = a.call(r).await.unwrap_err();
         assert_eq!(e.0, errno_, "{}", e.1);
