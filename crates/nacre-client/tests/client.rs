@@ -1266,7 +1266,9 @@ async fn a_small_file_known_whole_opens_with_no_request_until_this_mount_changes
 async fn leasing(fs: &FileSystem) {
     fs.start_leases(Arc::new(|_| {}));
     let c = Creds::default();
-    let probe = fs.create(&c, Fid::ROOT, &format!("probe-{:p}", Arc::as_ptr(&Arc::new(0))), 0o644, None).await.unwrap();
+    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let name = format!("lease-probe-{}", PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    let probe = fs.create(&c, Fid::ROOT, &name, 0o644, None).await.unwrap();
     let started = std::time::Instant::now();
     while !fs.attr_leased(probe.fid) {
         assert!(started.elapsed() < std::time::Duration::from_secs(10), "no lease was ever granted");
@@ -1362,4 +1364,50 @@ async fn a_lock_one_owner_let_go_under_the_lease_is_free_for_another_owner_of_th
     let e = f.lock(1, 11, WRITE, 0, 9, false).await.unwrap_err();
     assert_eq!(e.errno, errno::EAGAIN, "{e}");
     f.close().await.unwrap();
+}
+
+/// A change over two MDTs (a rename from a directory on one to a directory on the
+/// other) answers once every mount holding a lease on what it changed has given it up,
+/// as a change on one MDT does: the names on both sides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rename_over_two_mdts_answers_after_the_leases_it_changed_are_given_up() {
+    let t = TestFs::start(2, 1).await;
+    let (a, b) = (t.mount("c1").await, t.mount("c2").await);
+    // b's kernel takes its time to drop what a revocation names (its acknowledgement
+    // waits for that, up to 100 ms): what it dropped is noted.
+    let dropped = Arc::new(std::sync::Mutex::new(Vec::new()));
+    b.start_leases({
+        let dropped = dropped.clone();
+        Arc::new(move |keys| {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            dropped.lock().unwrap().extend(keys);
+        })
+    });
+    leasing(&b).await;
+    let c = Creds::default();
+    let d0 = a.mkdir(&c, Fid::ROOT, "d0", 0o755, 0, 0).await.unwrap().fid;
+    let d1 = a.mkdir(&c, Fid::ROOT, "d1", 0o755, 1, 0).await.unwrap().fid;
+    assert_eq!((d0.mdt(), d1.mdt()), (Some(0), Some(1)));
+    for round in 0..5 {
+        let (from, to) = (format!("f{round}"), format!("g{round}"));
+        a.create(&c, d0, &from, 0o644, None).await.unwrap();
+        // b leases both names: the file under one, nothing under the other.
+        let started = std::time::Instant::now();
+        while !(b.name_leased(d0, &from) && b.name_leased(d1, &to)) {
+            assert!(started.elapsed() < std::time::Duration::from_secs(10), "b was never granted the names");
+            b.lookup(&c, d0, &from).await.unwrap();
+            assert_eq!(b.lookup(&c, d1, &to).await.unwrap_err().errno, errno::ENOENT);
+        }
+        a.rename(&c, d0, &from, d1, &to, false).await.unwrap();
+        let gone = dropped.lock().unwrap().clone();
+        for (dir, name) in [(d0, &from), (d1, &to)] {
+            assert!(!b.name_leased(dir, name), "round {round}: b still leases {name}");
+            assert!(
+                gone.contains(&nacre_client::LeaseKey::Name(dir, name.clone())),
+                "round {round}: the rename answered before b's kernel dropped {name}: {gone:?}"
+            );
+        }
+        assert_eq!(b.lookup(&c, d0, &from).await.unwrap_err().errno, errno::ENOENT);
+        b.lookup(&c, d1, &to).await.unwrap();
+    }
 }

@@ -89,10 +89,18 @@ pub struct Coordinator {
     /// Steps sent again after a transport error, and intents undone.
     pub resent: AtomicU64,
     pub undone: AtomicU64,
+    /// How this MDT's own steps wait for the revocations they made; another MDT's step
+    /// waits in the MDS that serves it, before answering.
+    recall_wait: std::sync::OnceLock<RecallWait>,
 }
 
 /// Where the answer of an intent another task runs will come.
 type RunningAnswer = watch::Receiver<Option<Result<Answer>>>;
+
+/// Waits until the lease revocations a step made (client, revocation) are carried out,
+/// or their holders evicted (the MDS's `recalled`).
+pub type RecallWait =
+    Arc<dyn Fn(Vec<(u64, u64)>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -111,7 +119,13 @@ impl Coordinator {
             rr: AtomicU64::new(0),
             resent: AtomicU64::new(0),
             undone: AtomicU64::new(0),
+            recall_wait: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Set how this MDT's own steps wait for their lease revocations (once).
+    pub fn set_recall_wait(&self, w: RecallWait) {
+        let _ = self.recall_wait.set(w);
     }
 
     /// Leave to coordinate one request, or EINPROGRESS if [`COORDINATING_MAX`] are.
@@ -241,7 +255,13 @@ impl Coordinator {
         let xid = step_xid(id, i, undo);
         if mdt == self.index() {
             let key = ReplyKey { client: coordinator_client(mdt), xid, acked_below, digest: update_digest(u) };
-            return self.ns.submit(Some(key), Namespace::update_change(u.clone()), 0).await;
+            let (answer, n) = self.ns.submit_numbered(Some(key), Namespace::update_change(u.clone()), 0).await;
+            if !n.recalled.is_empty()
+                && let Some(wait) = self.recall_wait.get()
+            {
+                wait(n.recalled).await;
+            }
+            return answer;
         }
         let r = Request::Update { coordinator: self.index(), xid, acked_below, update: u.clone() };
         match self.ask(mdt, &r).await? {

@@ -392,7 +392,7 @@ impl Mds {
         let leases = Arc::new(Leases::new());
         let recaller = leases.clone();
         ns.set_recaller(Arc::new(move |by, keys| recaller.recall(by, keys)));
-        Arc::new(Mds {
+        let mds = Arc::new(Mds {
             name: name.to_string(),
             ns,
             counts: Default::default(),
@@ -403,7 +403,17 @@ impl Mds {
             replay_from,
             locks: Arc::new(LockTable::new()),
             leases,
-        })
+        });
+        let weak = Arc::downgrade(&mds);
+        mds.dne.set_recall_wait(Arc::new(move |revoked| {
+            let weak = weak.clone();
+            Box::pin(async move {
+                if let Some(mds) = weak.upgrade() {
+                    mds.recalled(&revoked).await;
+                }
+            })
+        }));
+        mds
     }
 
     /// Forget the clients from before this start instead of waiting for them (Lustre's
@@ -1298,12 +1308,15 @@ impl Mds {
                     digest: update_digest(&update),
                 };
                 // Another MDT's step: committed before its answer (its coordinator keeps
-                // no replay list), so no transno.
-                return done(match self.ns.submit(Some(key), Namespace::update_change(update), 0).await {
+                // no replay list), so no transno; answered once the leases it changed
+                // are given up, as a change of this MDT's own is.
+                let (answer, n) = self.ns.submit_numbered(Some(key), Namespace::update_change(update), 0).await;
+                let reply = match answer {
                     Ok(Answer::Attr(a)) => ok(mdt::Reply::Attr(a)),
                     Ok(_) => ok(mdt::Reply::Done),
                     Err(e) => fail(e.status(), e.message),
-                });
+                };
+                return Some(Answered { reply, recall: 0, recalled: n.recalled, first: false });
             }
             Request::Create { dir, name, mode: m, target, layout, rdev } => {
                 if rdev != 0 && !mode::is_device(m) {
