@@ -919,6 +919,20 @@ impl Namespace {
         Ok((cap - log, log))
     }
 
+    /// Keep on this MDT's volume the file system's configuration as the MGS last gave it
+    /// (its encoding), so that a start while no MGS answers still knows the targets, the
+    /// OST pools and the stored parameters: Lustre keeps a local copy of the
+    /// configuration log on each target for the same reason. A blocking call.
+    pub fn keep_config_copy(&self, config: &[u8]) -> Result<()> {
+        image::put_kept(&self.db, "mgs_config", config)
+    }
+
+    /// The configuration [`Namespace::keep_config_copy`] kept last, if any. A blocking
+    /// call.
+    pub fn config_copy(&self) -> Result<Option<Vec<u8>>> {
+        image::kept(&self.db, "mgs_config")
+    }
+
     pub fn index(&self) -> u32 {
         self.index
     }

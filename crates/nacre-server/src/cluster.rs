@@ -24,14 +24,36 @@ use crate::oss::{Oss, OssConfig};
 /// Follow the file system's targets in the MGS's configuration, for as long as the task
 /// runs: tell the coordinator of operations over several MDTs where the other MDTs are,
 /// keep the OST pools, take the MDT's parameters stored with `set-param -P`, and keep
-/// precreate and destroy tasks on every OST (see [`ObjectService::follow`]). Until the
-/// MGS first answers, the targets `known` (from the node's cluster file) stand in for its
-/// list, so that an MDT taken over while the MGS is down reaches its OSTs.
+/// precreate and destroy tasks on every OST (see [`ObjectService::follow`]). Each new
+/// version the MGS gives is kept on the MDT's volume ([`Namespace::keep_config_copy`]).
+/// Until the MGS first answers, that copy stands in for it (targets, pools, parameters),
+/// with the targets `known` from the node's cluster file added: an MDT taken over, or
+/// restarted, while the MGS is down still reaches its OSTs, places files in its pools
+/// and runs with its stored parameters.
 pub async fn follow_config(client: Client, mgs: NidList, fsname: String, known: Vec<TargetEntry>, mds: Arc<Mds>) {
     let (ns, dne) = (mds.namespace().clone(), mds.coordinator().clone());
     let mut have = 0;
     let mut objects = ObjectService::new(ns.clone(), PRECREATE_BATCH);
-    let mut known = Some(known).filter(|k| !k.is_empty());
+    let mut standin = {
+        let ns = ns.clone();
+        let copy = tokio::task::spawn_blocking(move || ns.config_copy()).await;
+        let mut cfg = match copy {
+            Ok(Ok(Some(bytes))) => Config::decode(&bytes).ok().filter(|c| c.fsname == fsname),
+            _ => None,
+        };
+        if cfg.is_none() && !known.is_empty() {
+            cfg = Some(Config { fsname: fsname.clone(), version: 0, targets: Vec::new(), params: Vec::new() });
+        }
+        cfg.map(|mut c| {
+            for t in known {
+                if !c.targets.iter().any(|k| k.kind == t.kind && k.index == t.index) {
+                    c.targets.push(t);
+                }
+            }
+            c
+        })
+    };
+    let mut kept_version = None;
     loop {
         let fetched = async {
             let imp = client.connect_any(MGS_NAME, mgs.all()).await.ok()?;
@@ -40,38 +62,51 @@ pub async fn follow_config(client: Client, mgs: NidList, fsname: String, known: 
             (f.header.status == 0).then(|| Config::decode(&f.body).ok()).flatten()
         }
         .await;
-        let targets = match &fetched {
-            Some(cfg) => &cfg.targets,
-            None => match (have, &known) {
-                (0, Some(targets)) => targets,
-                _ => {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
-                }
-            },
+        let from_mgs = fetched.is_some();
+        // The stand-in serves once, before the MGS first answers.
+        let Some(cfg) = fetched.or_else(|| if have == 0 { standin.take() } else { None }) else {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
         };
         let nids = |t: &TargetEntry| -> Vec<Nid> { t.nids.iter().filter_map(|n| n.parse().ok()).collect() };
-        let mdts: HashMap<u32, Vec<Nid>> = targets
+        let mdts: HashMap<u32, Vec<Nid>> = cfg
+            .targets
             .iter()
             .filter(|t| t.kind == TargetKind::Mdt && t.index != ns.index())
             .map(|t| (t.index, nids(t)))
             .collect();
-        let count = targets.iter().filter(|t| t.kind == TargetKind::Mdt).map(|t| t.index + 1).max().unwrap_or(1);
+        let count = cfg.targets.iter().filter(|t| t.kind == TargetKind::Mdt).map(|t| t.index + 1).max().unwrap_or(1);
         dne.set_peers(count, client.clone(), &fsname, mdts);
         let osts: Vec<(u32, Vec<Nid>)> =
-            targets.iter().filter(|t| t.kind == TargetKind::Ost).map(|t| (t.index, nids(t))).collect();
+            cfg.targets.iter().filter(|t| t.kind == TargetKind::Ost).map(|t| (t.index, nids(t))).collect();
         objects.follow(&client, &fsname, &osts);
-        let Some(cfg) = fetched else {
-            // The node's own list, used once; the MGS is asked again after a pause.
-            known = None;
+        // The cluster file's list alone says nothing of pools and parameters.
+        if from_mgs || cfg.version > 0 {
+            ns.set_ost_pools(nacre_proto::layout::pools::from_params(
+                cfg.params.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+            ));
+            mds.apply_stored(&cfg.params);
+        }
+        if !from_mgs {
+            // Asked again after a pause.
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
-        };
+        }
         have = cfg.version;
-        ns.set_ost_pools(nacre_proto::layout::pools::from_params(
-            cfg.params.iter().map(|(n, v)| (n.as_str(), v.as_str())),
-        ));
-        mds.apply_stored(&cfg.params);
+        if kept_version != Some(cfg.version) {
+            let (keeper, bytes) = (ns.clone(), cfg.encode());
+            let failed = match tokio::task::spawn_blocking(move || keeper.keep_config_copy(&bytes)).await {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(e) => Some(e.to_string()),
+            };
+            match failed {
+                None => kept_version = Some(cfg.version),
+                Some(e) => {
+                    eprintln!("{}: keeping a copy of the configuration: {e}", TargetKind::Mdt.name(&fsname, ns.index()))
+                }
+            }
+        }
     }
 }
 

@@ -31,6 +31,10 @@ const REPLIES: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("replie
 const DIRSTRIPES: TableDefinition<u128, &[u8]> = TableDefinition::new("dirstripes");
 const DIRDEFAULTS: TableDefinition<u128, &[u8]> = TableDefinition::new("dirdefaults");
 const INTENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("intents");
+/// What the MDT keeps of other services' state, by name: the file system's configuration
+/// as the MGS last gave it (see [`Namespace::keep_config_copy`](super::Namespace)). Written
+/// apart from checkpoints, in its own transaction; not part of the namespace.
+const KEPT: TableDefinition<&str, &[u8]> = TableDefinition::new("kept");
 
 /// Every table of the image, open in one write transaction: a checkpoint opens them
 /// once and writes thousands of ops (opening a table per op cost more than the op).
@@ -118,6 +122,28 @@ pub fn meta(db: &Database, k: &str) -> Result<Option<u64>> {
         .open_table(META)
         .map_err(|e| MdError::new(errno::EINVAL, format!("not a metadata target (no meta table: {e})")))?;
     Ok(t.get(k)?.map(|v| v.value()))
+}
+
+/// Keep `value` under `name` in the image's `kept` table, durably, in a transaction of
+/// its own.
+pub fn put_kept(db: &Database, name: &str, value: &[u8]) -> Result<()> {
+    let mut txn = db.begin_write()?;
+    txn.set_durability(redb::Durability::Immediate).map_err(|e| MdError::new(errno::EIO, e.to_string()))?;
+    txn.open_table(KEPT)?.insert(name, value)?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// What the image keeps under `name`, if anything (an image made before the table was
+/// has nothing).
+pub fn kept(db: &Database, name: &str) -> Result<Option<Vec<u8>>> {
+    let txn = db.begin_read()?;
+    let t = match txn.open_table(KEPT) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    Ok(t.get(name)?.map(|v| v.value().to_vec()))
 }
 
 /// DoM blocks `blocks` of inode `k`, from the image's last commit.

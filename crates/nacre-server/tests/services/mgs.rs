@@ -134,3 +134,95 @@ async fn a_waiting_client_hears_of_a_change_at_once() {
     assert_eq!(f.header.status, -errno::EINVAL);
     assert!(String::from_utf8_lossy(&f.body).contains("not a parameter name"));
 }
+
+/// An MDT's volume: RAID10 over four memory drives.
+fn mdt_volume() -> Arc<Volume> {
+    let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
+    let devs: Vec<Arc<dyn BlockDevice>> =
+        (0..4).map(|i| MemDrive::new(&format!("m{i}"), 48 << 20) as Arc<dyn BlockDevice>).collect();
+    let mut o = CreateOptions::new("mdt", Level::Raid10);
+    o.strip_bytes = 64 << 10;
+    o.assume_clean = true;
+    Arc::new(Volume::create(devs, &o, &run).unwrap())
+}
+
+/// Wait up to 10 s for `what`.
+async fn until(what: &str, f: impl Fn() -> bool) {
+    let started = Instant::now();
+    while !f() {
+        assert!(started.elapsed() < Duration::from_secs(10), "{what} never happened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An MDT keeps the configuration the MGS gave it on its own volume: restarted while no
+/// MGS answers, it still has the file system's OST pools and its stored parameters (and
+/// a later version from the MGS replaces the copy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mdt_restarted_while_no_mgs_answers_keeps_its_pools_and_parameters() {
+    use nacre_net::nid::Nid;
+    use nacre_proto::fid::Fid;
+    use nacre_proto::layout::Layout;
+    use nacre_server::cluster::{Listen, Local, MgsAt, Registration};
+    use nacre_server::mdt::{Cred, Namespace, NamespaceOptions};
+
+    let net = MemNetwork::new();
+    let listen = |name: &str| -> Listen { format!("{name}@mem").parse::<Nid>().unwrap().into() };
+    let volume_of_mdt = mdt_volume();
+    let mgs = Arc::new(Mgs::format(volume(), "copyfs").unwrap());
+    mgs.set_param("lov.pool.fast", "0").unwrap();
+    mgs.set_param("mdt.*.lease_contended_ms", "321").unwrap();
+    let contended = |local: &Local| local.mdses()[0].get_param("mdt.mdt0.lease_contended_ms")[0].1.clone();
+    let pooled = Layout::from_lfs_args(&["-c", "1", "-p", "fast"]).unwrap();
+
+    let ns = Arc::new(Namespace::format(volume_of_mdt.clone(), 0, NamespaceOptions::default()).unwrap());
+    let t = Arc::new(net.transport("servers"));
+    let local = Local::start(
+        t.clone(),
+        listen,
+        MgsAt::Here(mgs.clone()),
+        vec![ns.clone()],
+        Vec::new(),
+        Registration::Wait(Duration::ZERO),
+        false,
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let mgs_nids = local.mgs().clone();
+    until("the MDT took its stored parameter", || contended(&local) == "321").await;
+    let copy = || ns.config_copy().unwrap().map(|b| Config::decode(&b).unwrap());
+    until("the MDT kept the configuration", || {
+        copy().is_some_and(|c| c.params.iter().any(|(n, _)| n == "lov.pool.fast"))
+    })
+    .await;
+    // A later version replaces the copy.
+    mgs.set_param("mdt.*.lease_contended_ms", "654").unwrap();
+    until("the copy followed the MGS", || {
+        copy().is_some_and(|c| c.params.iter().any(|(n, v)| n == "mdt.*.lease_contended_ms" && v == "654"))
+    })
+    .await;
+    local.stop().await;
+    drop(ns);
+
+    // The MDT again, its MGS gone. Opened, it knows no pools until it follows its copy.
+    let ns = Arc::new(Namespace::open(volume_of_mdt.clone(), NamespaceOptions::default()).unwrap());
+    let e = ns.set_dir_layout(&Cred::root(), Fid::ROOT, Some(pooled.clone()), None).unwrap_err();
+    assert!(e.errno == errno::EINVAL && e.message.contains("no pools"), "{e}");
+    let remote = MgsAt::Remote { nids: mgs_nids, fsname: "copyfs".into(), known: Vec::new() };
+    let local = Local::start(
+        t,
+        listen,
+        remote,
+        vec![ns.clone()],
+        Vec::new(),
+        Registration::Background,
+        true,
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    until("the MDT took its stored parameter from its copy", || contended(&local) == "654").await;
+    ns.set_dir_layout(&Cred::root(), Fid::ROOT, Some(pooled), None).unwrap();
+    local.stop().await;
+}
