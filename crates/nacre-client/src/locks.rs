@@ -182,6 +182,13 @@ impl FileSystem {
         guard(&self.inner.locks).entry(fid).or_default().owners.entry(owner).or_default().gate.clone()
     }
 
+    /// May `owner` hold locks of `fid` through this mount, here or at the MDS, or have a
+    /// lock request under way? (Then its close must let go of them.) An owner is forgotten
+    /// once it holds nothing anywhere and asks nothing.
+    pub fn holds_locks(&self, fid: Fid, owner: u64) -> bool {
+        guard(&self.inner.locks).get(&fid).is_some_and(|f| f.owners.contains_key(&owner))
+    }
+
     /// Owner `owner` takes (or with `lock::UNLOCK` drops) bytes `start..=end` of `fid`
     /// through `handle`, with the request's `flags` (`lock::WAIT`). Under the file's
     /// `Locks` lease with no request if it can be; otherwise through the MDS, asking it

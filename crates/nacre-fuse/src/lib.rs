@@ -137,7 +137,6 @@ pub fn mount(
         open: Mutex::new(OpenFiles::default()),
         cfg,
         absent: AbsentXattrs::default(),
-        lockers: Mutex::new(std::collections::HashSet::new()),
         pages: KeptPages::default(),
         notifier: std::sync::OnceLock::new(),
     });
@@ -171,10 +170,6 @@ struct Shared {
     open: Mutex<OpenFiles>,
     cfg: MountConfig,
     absent: AbsentXattrs,
-    /// The lock owners that took a lock on a file through this mount and have not closed
-    /// it since: a close (flush, release) of one lets go of its locks on the MDS; other
-    /// closes cost no request.
-    lockers: Mutex<std::collections::HashSet<(Fid, u64)>>,
     pages: KeptPages,
     /// The session's, to hand the kernel a small file's last page (see `release`).
     notifier: std::sync::OnceLock<fuser::Notifier>,
@@ -1036,7 +1031,7 @@ impl fuser::Filesystem for Nacre {
             reply.error(Errno::EBADF);
             return;
         };
-        let locked = lock(&self.shared.lockers).remove(&(f.fid(), lock_owner.0));
+        let locked = self.shared.fs.holds_locks(f.fid(), lock_owner.0);
         if !f.flags().write && !locked {
             reply.ok();
             return;
@@ -1093,9 +1088,6 @@ impl fuser::Filesystem for Nacre {
         let answer = answering!(self, reply, |s| {
             let f = s.handle(fh)?;
             let kind = lock_kind(typ)?;
-            if kind != lock::UNLOCK {
-                lock(&s.lockers).insert((f.fid(), lock_owner.0));
-            }
             f.lock(lock_owner.0, pid, kind, start, end, sleep).await.map_err(|e| err(&e))?;
             Ok(|r: ReplyEmpty| r.ok())
         });
@@ -1118,7 +1110,7 @@ impl fuser::Filesystem for Nacre {
             // The last close of an open file: its flock locks go (the kernel names their
             // owner here).
             if let Some(owner) = lock_owner
-                && lock(&s.lockers).remove(&(f.fid(), owner.0))
+                && s.fs.holds_locks(f.fid(), owner.0)
                 && let Err(e) = f.unlock_all(owner.0).await
             {
                 eprintln!("nacre-fuse: letting go of the locks of {}: {e}", f.fid());
