@@ -37,7 +37,8 @@ use crate::fs::{FileSystem, lock as guard, mdt_of};
 type Held = lock::Held<()>;
 
 /// Ranges the MDS may hold for an owner beyond what it holds; past that, an unlock is a
-/// request (and the MDS's per-client bound on lock records is never spent on them).
+/// request. They count against the MDS's bound on a client's lock records: a lock the MDS
+/// refuses for that (ENOLCK) makes the mount let go of every such range first.
 const KEPT_MAX: usize = 16;
 
 /// One change to what the MDS holds for an owner: `kind` (`lock::UNLOCK`, or
@@ -62,6 +63,9 @@ struct OwnerLocks {
     held: Vec<Held>,
     /// What the MDS holds for it: `held`, and what it let go of under the lease.
     at_mds: Vec<Held>,
+    /// The MDT import's restart count `at_mds` stands for: a restarted MDS holds only
+    /// what was replayed, `held`.
+    epoch: u64,
     /// The handle its last lock went through (any open one of the owner serves: closing
     /// one lets go of all its locks).
     handle: u64,
@@ -72,9 +76,19 @@ struct OwnerLocks {
     /// Requests answered, counted: a waiting lock answered after another request of the
     /// owner no longer knows in which order the MDS took them.
     answered: u64,
-    /// The lease was called back while the owner's gate was taken: the request holding
-    /// it lets go of what the owner no longer holds when answered.
+    /// Closes counted: an answer to a request sent before a close is no longer the
+    /// owner's (the close let go of everything at the MDS).
+    closes: u64,
+    /// `at_mds` is not known for sure (a waiting lock was answered beside another
+    /// request, in an order the mount cannot know): nothing is taken or let go of under
+    /// the lease until the owner holds nothing.
+    unsure: bool,
+    /// The lease was called back while the owner's gate was taken: whoever holds it lets
+    /// go of what the owner no longer holds before giving it back.
     let_go_after: bool,
+    /// A lock was asked since the owner's last close: its close tells the MDS, whatever
+    /// this mount believes the MDS holds.
+    asked: bool,
     gate: Arc<tokio::sync::Mutex<()>>,
 }
 
@@ -84,12 +98,24 @@ impl OwnerLocks {
             && self.at_mds.is_empty()
             && self.waiting.is_empty()
             && !self.let_go_after
+            && !self.asked
             && Arc::strong_count(&self.gate) == 1
     }
 
+    /// `at_mds` as the MDS behind an import at restart count `restarts` holds it.
+    fn at(&mut self, restarts: u64) {
+        if self.epoch != restarts {
+            self.at_mds = self.held.clone();
+            self.epoch = restarts;
+        }
+    }
+
     /// What to send so the MDS holds no more than the owner does, apart from the
-    /// ranges of locks in flight, limited to `range` if given.
+    /// ranges of locks in flight, limited to the pieces that overlap `range` if given.
     fn unused(&self, range: Option<(u64, u64)>) -> Vec<Piece> {
+        if self.unsure {
+            return Vec::new();
+        }
         let flying: Vec<(u64, u64)> = self.waiting.iter().map(|&(_, s, e)| (s, e)).collect();
         let mut out = Vec::new();
         for p in unused(&self.at_mds, &self.held) {
@@ -101,6 +127,13 @@ impl OwnerLocks {
             }
         }
         out
+    }
+
+    /// Take `pieces` out of `at_mds` (they are being sent).
+    fn give_up(&mut self, pieces: &[Piece]) {
+        for p in pieces {
+            apply_piece(&mut self.at_mds, *p);
+        }
     }
 }
 
@@ -168,12 +201,29 @@ fn apply_piece(at_mds: &mut Vec<Held>, p: Piece) {
     lock::apply(at_mds, h, p.kind == lock::UNLOCK);
 }
 
-/// One owner's pieces to send, under its gate.
+/// One owner's pieces to send, under its gate (taken here, or by the caller).
 struct LetGo {
     owner: u64,
     handle: u64,
     pieces: Vec<Piece>,
-    _gate: Option<tokio::sync::OwnedMutexGuard<()>>,
+    gate: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+/// A waiting lock request in flight, noted in its owner's `waiting`: the note goes when
+/// this does, even if the request is dropped before its answer.
+struct InFlight<'a> {
+    fs: &'a FileSystem,
+    fid: Fid,
+    owner: u64,
+    id: u64,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(o) = guard(&self.fs.inner.locks).get_mut(&self.fid).and_then(|f| f.owners.get_mut(&self.owner)) {
+            o.waiting.retain(|w| w.0 != self.id);
+        }
+    }
 }
 
 impl FileSystem {
@@ -182,9 +232,17 @@ impl FileSystem {
         guard(&self.inner.locks).entry(fid).or_default().owners.entry(owner).or_default().gate.clone()
     }
 
+    /// The restart count of the import of `fid`'s MDT (0 if it cannot be had).
+    async fn restarts_of(&self, fid: Fid) -> u64 {
+        match mdt_of(fid) {
+            Ok(mdt) => self.target_link(TargetKind::Mdt, mdt).await.map_or(0, |(i, _)| i.restarts()),
+            Err(_) => 0,
+        }
+    }
+
     /// May `owner` hold locks of `fid` through this mount, here or at the MDS, or have a
-    /// lock request under way? (Then its close must let go of them.) An owner is forgotten
-    /// once it holds nothing anywhere and asks nothing.
+    /// lock request under way? (Then its close must let go of them.) An owner is
+    /// remembered from its first lock request to its close.
     pub fn holds_locks(&self, fid: Fid, owner: u64) -> bool {
         guard(&self.inner.locks).get(&fid).is_some_and(|f| f.owners.contains_key(&owner))
     }
@@ -209,20 +267,25 @@ impl FileSystem {
         let mdt = mdt_of(fid)?;
         let (import, _) = self.target_link(TargetKind::Mdt, mdt).await?;
         let new = Held { owner: (), write: kind == lock::WRITE, start, end, pid };
-        let unlock = kind == lock::UNLOCK;
+        let (unlock, wait) = (kind == lock::UNLOCK, flags & lock::WAIT != 0);
         let gate = self.owner_gate(fid, owner);
         let taken = gate.clone().lock_owned().await;
         drop(gate);
-        let done_here = {
+        // Under the lease, with no request if it can be; else the owner's own let-go
+        // locks in the way of a lock that waits go first (it must not wait for them).
+        let (done_here, own, handle_was) = {
             let mut all = guard(&self.inner.locks);
             let file = all.entry(fid).or_default();
             // Checked under the map's lock: a callback that comes after this sees what
-            // it did (see `FileSystem::locks_called_back`). A restarted MDS holds what
-            // the owners held (replayed), not what they let go of.
-            let leased = self.inner.leases.holds_at(&LeaseKey::Locks(fid), mdt, import.restarts());
+            // it did (see `FileSystem::locks_called_back`).
+            let restarts = import.restarts();
+            let leased = self.inner.leases.holds_at(&LeaseKey::Locks(fid), mdt, restarts);
             let waits_here = file.owners.values().any(|o| !o.waiting.is_empty());
             let o = file.owners.entry(owner).or_default();
+            o.at(restarts);
+            o.asked |= !unlock;
             let local = leased
+                && !o.unsure
                 && o.waiting.is_empty()
                 && if unlock {
                     !waits_here && o.at_mds.len() <= o.held.len() + KEPT_MAX
@@ -234,18 +297,36 @@ impl FileSystem {
                 o.handle = handle;
                 o.answered += 1;
                 self.keep_for_replay(&import, fid, owner, o);
+                (true, Vec::new(), o.handle)
+            } else if wait && !unlock {
+                let own = o.unused(Some((start, end)));
+                o.give_up(&own);
+                (false, own, o.handle)
+            } else {
+                (false, Vec::new(), o.handle)
             }
-            local
         };
         if done_here {
             self.settle_owner(fid, owner, taken).await;
             return Ok(());
         }
+        self.send_pieces(fid, owner, handle_was, &own).await;
+        // Noted before the other owners let go: from here none of them lets go of a
+        // lock here with no request (this may wait for it).
+        let (id, answered, closes) = {
+            let mut all = guard(&self.inner.locks);
+            let o = all.entry(fid).or_default().owners.entry(owner).or_default();
+            let id = self.inner.lock_keys.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if wait {
+                o.waiting.push((id, start, end));
+            }
+            (id, o.answered, o.closes)
+        };
+        let _in_flight = wait.then_some(InFlight { fs: self, fid, owner, id });
         // Other owners' locks the MDS holds here and they let go of would conflict.
         if !unlock {
             self.let_go(fid, Some(owner), Some((start, end))).await;
         }
-        let wait = flags & lock::WAIT != 0;
         let keep = !unlock && self.inner.revoker.get().is_some();
         let r = Request::Lock {
             fid,
@@ -257,15 +338,6 @@ impl FileSystem {
             start,
             end,
         };
-        let (id, answered) = {
-            let mut all = guard(&self.inner.locks);
-            let o = all.entry(fid).or_default().owners.entry(owner).or_default();
-            let id = self.inner.lock_keys.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if wait {
-                o.waiting.push((id, start, end));
-            }
-            (id, o.answered)
-        };
         // A lock that waits lets the owner's other requests go meanwhile.
         let taken = if wait {
             drop(taken);
@@ -273,9 +345,16 @@ impl FileSystem {
         } else {
             Some(taken)
         };
+        let mut spent = false;
         let sent = loop {
             match self.md(mdt, creds, &r, &[]).await {
                 Err(e) if wait && e.errno == errno::ETIMEDOUT => continue,
+                // The MDS counts the locks this mount let go of but keeps: let go of
+                // them everywhere, and ask once more.
+                Err(e) if e.errno == errno::ENOLCK && !unlock && !spent => {
+                    spent = true;
+                    self.let_go_everywhere(fid, owner).await;
+                }
                 other => break other,
             }
         };
@@ -283,22 +362,39 @@ impl FileSystem {
             Some(t) => t,
             None => self.owner_gate(fid, owner).lock_owned().await,
         };
-        {
+        let stray = {
+            let restarts = import.restarts();
             let mut all = guard(&self.inner.locks);
             let o = all.entry(fid).or_default().owners.entry(owner).or_default();
             o.waiting.retain(|w| w.0 != id);
-            if sent.is_ok() {
-                lock::apply(&mut o.held, new, unlock);
-                if wait && o.answered != answered {
-                    // Taken by the MDS in an order this mount does not know.
-                    o.at_mds = o.held.clone();
-                } else {
-                    lock::apply(&mut o.at_mds, new, unlock);
+            o.at(restarts);
+            if o.closes != closes {
+                // Closed meanwhile: the close let go of everything at the MDS, but a
+                // lock granted after it is not this owner's to keep.
+                sent.is_ok() && !unlock
+            } else {
+                if sent.is_ok() {
+                    lock::apply(&mut o.held, new, unlock);
+                    if wait && o.answered != answered {
+                        // Taken by the MDS in an order this mount does not know.
+                        o.unsure = true;
+                    } else {
+                        lock::apply(&mut o.at_mds, new, unlock);
+                    }
+                    o.handle = handle;
+                    o.answered += 1;
+                    self.keep_for_replay(&import, fid, owner, o);
                 }
-                o.handle = handle;
-                o.answered += 1;
-                self.keep_for_replay(&import, fid, owner, o);
+                if o.unsure {
+                    o.at_mds = o.held.clone();
+                    o.unsure = !o.held.is_empty();
+                }
+                false
             }
+        };
+        if stray {
+            let gone = Piece { kind: lock::UNLOCK, start, end, pid };
+            self.send_pieces(fid, owner, handle, &[gone]).await;
         }
         self.settle_owner(fid, owner, taken).await;
         sent.map(|_| ())
@@ -339,6 +435,9 @@ impl FileSystem {
                 o.held.clear();
                 o.at_mds.clear();
                 o.let_go_after = false;
+                o.unsure = false;
+                o.asked = false;
+                o.closes += 1;
                 std::mem::take(&mut o.keys)
             }
             None => Vec::new(),
@@ -360,9 +459,11 @@ impl FileSystem {
     }
 
     /// Let go at the MDS of what owners of `fid` (all but `except`) no longer hold,
-    /// within `range` if given. An owner whose gate is taken is left to let go itself
-    /// when its request is answered.
+    /// the pieces that overlap `range` if given. An owner whose gate is taken is left to
+    /// let go itself when its request is answered; one let go of here is settled after
+    /// (a callback that came meanwhile is heard).
     async fn let_go(&self, fid: Fid, except: Option<u64>, range: Option<(u64, u64)>) {
+        let restarts = self.restarts_of(fid).await;
         let jobs: Vec<LetGo> = {
             let mut all = guard(&self.inner.locks);
             let Some(file) = all.get_mut(&fid) else { return };
@@ -371,24 +472,51 @@ impl FileSystem {
                 if Some(owner) == except {
                     continue;
                 }
+                o.at(restarts);
                 let pieces = o.unused(range);
                 if pieces.is_empty() {
                     continue;
                 }
                 match o.gate.clone().try_lock_owned() {
                     Ok(g) => {
-                        for p in &pieces {
-                            apply_piece(&mut o.at_mds, *p);
-                        }
-                        jobs.push(LetGo { owner, handle: o.handle, pieces, _gate: Some(g) });
+                        o.give_up(&pieces);
+                        jobs.push(LetGo { owner, handle: o.handle, pieces, gate: Some(g) });
                     }
                     Err(_) => o.let_go_after = true,
                 }
             }
             jobs
         };
-        for job in jobs {
-            self.send_pieces(fid, &job).await;
+        for LetGo { owner, handle, pieces, gate } in jobs {
+            self.send_pieces(fid, owner, handle, &pieces).await;
+            if let Some(g) = gate {
+                self.settle_owner(fid, owner, g).await;
+            }
+        }
+    }
+
+    /// Let go of what every owner of every file no longer holds (the MDS refused a lock
+    /// for the records this mount keeps there); `owner` of `fid`, whose gate the caller
+    /// holds, included.
+    async fn let_go_everywhere(&self, fid: Fid, owner: u64) {
+        let restarts = self.restarts_of(fid).await;
+        let (fids, own, handle) = {
+            let mut all = guard(&self.inner.locks);
+            let fids: Vec<Fid> = all.keys().copied().collect();
+            let (own, handle) = match all.get_mut(&fid).and_then(|f| f.owners.get_mut(&owner)) {
+                Some(o) => {
+                    o.at(restarts);
+                    let own = o.unused(None);
+                    o.give_up(&own);
+                    (own, o.handle)
+                }
+                None => (Vec::new(), 0),
+            };
+            (fids, own, handle)
+        };
+        self.send_pieces(fid, owner, handle, &own).await;
+        for f in fids {
+            self.let_go(f, (f == fid).then_some(owner), None).await;
         }
     }
 
@@ -396,13 +524,16 @@ impl FileSystem {
     /// holds if the lease went meanwhile, then give the gate back, and forget an owner
     /// with nothing left.
     async fn settle_owner(&self, fid: Fid, owner: u64, taken: tokio::sync::OwnedMutexGuard<()>) {
+        let mdt = mdt_of(fid).unwrap_or(0);
+        let restarts = self.restarts_of(fid).await;
         let mut taken = Some(taken);
         loop {
-            let job = {
+            let (handle, pieces) = {
                 let mut all = guard(&self.inner.locks);
-                let leased = self.inner.leases.holds(&LeaseKey::Locks(fid));
+                let leased = self.inner.leases.holds_at(&LeaseKey::Locks(fid), mdt, restarts);
                 let Some(file) = all.get_mut(&fid) else { return };
                 let Some(o) = file.owners.get_mut(&owner) else { return };
+                o.at(restarts);
                 let pieces = if o.let_go_after || !leased { o.unused(None) } else { Vec::new() };
                 o.let_go_after = false;
                 if pieces.is_empty() {
@@ -415,30 +546,20 @@ impl FileSystem {
                     }
                     return;
                 }
-                for p in &pieces {
-                    apply_piece(&mut o.at_mds, *p);
-                }
-                LetGo { owner, handle: o.handle, pieces, _gate: None }
+                o.give_up(&pieces);
+                (o.handle, pieces)
             };
-            self.send_pieces(fid, &job).await;
+            self.send_pieces(fid, owner, handle, &pieces).await;
         }
     }
 
-    /// Send one owner's pieces. A failure leaves the lock at the MDS until the owner's
-    /// close (or this mount's eviction) drops it.
-    async fn send_pieces(&self, fid: Fid, job: &LetGo) {
+    /// Send `owner`'s `pieces` through `handle`. A failure leaves the lock at the MDS
+    /// until the owner's close (or this mount's eviction) drops it.
+    async fn send_pieces(&self, fid: Fid, owner: u64, handle: u64, pieces: &[Piece]) {
         let Ok(mdt) = mdt_of(fid) else { return };
-        for p in &job.pieces {
-            let r = Request::Lock {
-                fid,
-                handle: job.handle,
-                owner: job.owner,
-                pid: p.pid,
-                kind: p.kind,
-                flags: 0,
-                start: p.start,
-                end: p.end,
-            };
+        for p in pieces {
+            let r =
+                Request::Lock { fid, handle, owner, pid: p.pid, kind: p.kind, flags: 0, start: p.start, end: p.end };
             if let Err(e) = self.md(mdt, &Creds::default(), &r, &[]).await {
                 eprintln!("nacre: letting go of bytes {}..={} of {fid} at its MDT: {e}", p.start, p.end);
             }

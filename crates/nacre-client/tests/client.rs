@@ -1411,3 +1411,49 @@ async fn a_rename_over_two_mdts_answers_after_the_leases_it_changed_are_given_up
         b.lookup(&c, d1, &to).await.unwrap();
     }
 }
+
+/// Locks held by the MDS, from `mdt.*.locks`.
+fn mds_locks_held(t: &TestFs) -> u64 {
+    let text = t.local.mdses()[0].get_param("mdt.*.locks")[0].1.clone();
+    text.lines().find_map(|l| l.strip_prefix("held ")?.trim().parse().ok()).unwrap()
+}
+
+/// What the lease kept at the MDS goes with its owner's close (the mount remembers the
+/// owner until then), and a waiter on the same mount is woken by another owner's unlock
+/// (no unlock is kept at the MDS while someone here waits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_lets_go_of_what_the_lease_kept_and_a_waiter_here_is_woken() {
+    use nacre_proto::mdt::lock::{UNLOCK, WRITE};
+    let t = TestFs::start(1, 1).await;
+    let a = t.mount("c1").await;
+    leasing(&a).await;
+    let c = Creds::default();
+    let file = a.create(&c, Fid::ROOT, "locked", 0o644, None).await.unwrap();
+    let f = Arc::new(a.open(&c, file.fid, OpenFlags::READ_WRITE).await.unwrap());
+    f.lock(1, 11, WRITE, 0, 9, false).await.unwrap();
+    let before = md_ops(&t, 0, "lock");
+    f.lock(1, 11, UNLOCK, 0, 9, false).await.unwrap();
+    assert_eq!(md_ops(&t, 0, "lock"), before, "the unlock was kept");
+    assert_eq!(mds_locks_held(&t), 1, "the MDS keeps the lock let go of");
+    assert!(a.holds_locks(file.fid, 1), "the owner is remembered until its close");
+    f.unlock_all(1).await.unwrap();
+    assert_eq!(mds_locks_held(&t), 0, "the close let go of it at the MDS");
+    assert!(!a.holds_locks(file.fid, 1));
+
+    // Owner 2 waits for owner 1's lock; owner 1's unlock is a request, and wakes it.
+    f.lock(1, 11, WRITE, 0, 9, false).await.unwrap();
+    let waiter = tokio::spawn({
+        let f = f.clone();
+        async move { f.lock(2, 22, WRITE, 5, 5, true).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "owner 2 was granted bytes owner 1 holds");
+    f.lock(1, 11, UNLOCK, 0, 9, false).await.unwrap();
+    let granted = tokio::time::timeout(std::time::Duration::from_secs(10), waiter).await;
+    granted.expect("the waiting lock was never granted").unwrap().unwrap();
+    for owner in [1, 2] {
+        f.unlock_all(owner).await.unwrap();
+    }
+    assert_eq!(mds_locks_held(&t), 0);
+    f.close().await.unwrap();
+}

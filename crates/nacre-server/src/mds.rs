@@ -1064,10 +1064,12 @@ impl Mds {
             // A mount may keep the append lock it holds: call it back.
             let (_, revoked) = self.leases.recall(None, &[mdt::lease::Key::Append(fid)]);
             self.recalled(&revoked).await;
-        } else if self.cached_by_others(res, &c.want) {
-            // Granted the file's lease before this joined the queue (no grant since):
-            // what it keeps unused must not hold this wait.
-            let (_, revoked) = self.leases.recall(Some(req.client), &[mdt::lease::Key::Locks(fid)]);
+        } else {
+            // No lease on the file while this waits: one granted before it joined the
+            // queue is called back (its requester's own mount too: another owner there
+            // may keep a lock it let go of in this one's way), and one asked before this
+            // recall is refused (the recall moves the clock past it).
+            let (_, revoked) = self.leases.recall(None, &[mdt::lease::Key::Locks(fid)]);
             self.recalled(&revoked).await;
         }
         let mut granted = queued.granted;
