@@ -282,7 +282,7 @@ fn tail(text: &str, n: usize) -> &str {
     &text[cut..]
 }
 
-/// When each event began, and whether node b stepped down on waking.
+/// When each event began, and whether node b stepped down (and stood by) on waking.
 struct Events {
     move_at: Instant,
     net_at: Instant,
@@ -388,13 +388,25 @@ fn events(o: &FailoverOptions, pair: &BenchFs, out: &mut dyn Write) -> Result<Ev
     }
     writeln!(out, "node b stopped: node a serves every target after {:.1} s", stop_at.elapsed().as_secs_f64())?;
     std::thread::sleep(o.settle);
+    // Woken, b finds its leases gone: it stops serving those targets and stands by for
+    // them, alive.
+    let from_b = pair.log("b").len();
     signal(b, libc::SIGCONT)?;
     let woke = Instant::now();
-    while alive(b) && woke.elapsed() < Duration::from_secs(30) {
+    let stood_by = || {
+        let log = pair.log("b");
+        let since = log.get(from_b..).unwrap_or_default();
+        since.contains("stepping down") && since.contains("served by node a; standing by")
+    };
+    while !stood_by() && woke.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let stepped_down = !alive(b) && pair.log("b").contains("stepping down");
-    writeln!(out, "node b resumed: {}", if stepped_down { "it stepped down" } else { "it did NOT step down" })?;
+    let stepped_down = alive(b) && stood_by();
+    writeln!(
+        out,
+        "node b resumed: {}",
+        if stepped_down { "it stepped down and stands by" } else { "it did NOT step down and stand by" }
+    )?;
     std::thread::sleep(o.settle / 2);
     Ok(Events { move_at, net_at, kill_at, stop_at, stepped_down })
 }

@@ -28,7 +28,8 @@
 //! `nacre_raid::lease`), the holder commits, stops serving and releases the lease to the
 //! named node, which takes it at once. A node that
 //! loses a lease it holds (its drives or its clock stalled, or a partner took over while
-//! it was stopped) says why and exits at once: its writes are refused from then on.
+//! it was stopped) writes nothing more to that target (the fence refuses it), says why,
+//! stops serving it and stands by for it, as a partner does; its other targets go on.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -46,9 +47,6 @@ use nacre_raid::lease::{Held, LeaseError, LeaseOptions, MoveRequest, MoveWhy, ho
 use nacre_server::cluster::{Listen, Local, MgsAt, Registration, ServeWith};
 
 use crate::service::Access;
-
-/// The exit status of a node that lost a lease (it stepped down).
-pub const EXIT_FENCED: i32 = 3;
 
 /// Unanswered probes in a row (one per lease interval) before a node asks the holder of
 /// a target to hand it over.
@@ -228,10 +226,23 @@ impl Node {
         }
     }
 
+    /// Forget target `label`'s lease, lost: nothing is written (its heartbeat ended
+    /// with the loss).
+    async fn forget_lost(&self, label: &str) {
+        let taken = {
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            held.iter().position(|(l, _)| l == label).map(|i| held.remove(i).1)
+        };
+        if let Some(h) = taken {
+            let _ = tokio::task::spawn_blocking(move || drop(h)).await;
+        }
+    }
+
     /// Take `duty` once (blocking: a free lease takes half the expiry and an interval, a
     /// held one the expiry more) and serve it; the served target lives as long as the
-    /// returned `Local` (and the target opened, to close after it).
-    async fn take(&self, duty: &Duty, drives: Vec<Arc<dyn BlockDevice>>) -> Result<(Local, Opened), TakeError> {
+    /// returned `Local` (and the target opened, to close after it). The receiver learns
+    /// why, should the lease be lost.
+    async fn take(&self, duty: &Duty, drives: Vec<Arc<dyn BlockDevice>>) -> Result<Taken, TakeError> {
         let (opts, primary) = (self.lease.clone(), duty.primary);
         let started = std::time::Instant::now();
         let held = tokio::task::spawn_blocking(move || {
@@ -252,9 +263,10 @@ impl Node {
         let started = std::time::Instant::now();
         let node = self.name.clone();
         let on_lost = label.clone();
+        let (lost_tx, lost) = tokio::sync::watch::channel(None::<String>);
         held.on_lost(move |why| {
             eprintln!("{on_lost}: node {node} lost its lease: {why}; stepping down");
-            std::process::exit(EXIT_FENCED);
+            let _ = lost_tx.send(Some(why.to_string()));
         });
         let access = Access::Fenced(held.fence().clone());
         let (dir, name, role) = (duty.dir.clone(), duty.label().to_lowercase(), duty.role);
@@ -273,7 +285,7 @@ impl Node {
         .map_err(|e| TakeError::Other(e.to_string()))?
         .map_err(|e| TakeError::Other(format!("{label}: {e}")))?;
         // Answers only while the lease holds: checking it (past its validity) fences the
-        // node and ends the process.
+        // target.
         let fence = held.fence().clone();
         let gate: nacre_server::cluster::Gate = Arc::new(move || fence.check().is_ok());
         // Held from here on, whatever happens: released only once the target closed.
@@ -293,7 +305,7 @@ impl Node {
             .await
             .map_err(|e| TakeError::Other(format!("{label}: {e}")))?;
         eprintln!("{label}: opened, registered and serving in {:.1} s", started.elapsed().as_secs_f64());
-        Ok((local, opened))
+        Ok(Taken { local, opened, lost })
     }
 
     /// Watch `duty` (its `drives`, from [`Duty::lease_drives`]) and serve it whenever this
@@ -320,7 +332,7 @@ impl Node {
             let outcome = self.take(&duty, drives.clone()).await;
             let mut watched = false;
             let standing = match outcome {
-                Ok((local, opened)) => {
+                Ok(Taken { local, opened, mut lost }) => {
                     if !local.wait_ready(osts, Duration::from_secs(300)).await {
                         eprintln!("{label}: no objects from the {osts} OSTs within 300 s; serving anyway");
                     }
@@ -329,22 +341,34 @@ impl Node {
                     if let Some(f) = first.take() {
                         let _ = f.send(Ok(()));
                     }
-                    // Served until the node stops (or loses the lease and exits), an
-                    // operator moves the target, or a node that cannot reach it asks for
-                    // it and this node's own checks fail too.
+                    // Served until the node stops, the lease is lost, an operator moves
+                    // the target, or a node that cannot reach it asks for it and this
+                    // node's own checks fail too.
                     let mut judged = None;
+                    let lost_why = async {
+                        let told = lost.wait_for(Option::is_some).await.map(|why| why.clone().unwrap_or_default());
+                        match told {
+                            Ok(why) => why,
+                            // Never told: the lease is held as long as this serves.
+                            Err(_) => std::future::pending().await,
+                        }
+                    };
+                    tokio::pin!(lost_why);
                     let to = loop {
-                        let stop = tokio::select! {
-                            _ = stopping.wait_for(|s| *s) => true,
-                            _ = tokio::time::sleep(self.lease.interval / 4) => false,
+                        let end = tokio::select! {
+                            _ = stopping.wait_for(|s| *s) => Some(None),
+                            why = &mut lost_why => Some(Some(why)),
+                            _ = tokio::time::sleep(self.lease.interval / 4) => None,
                         };
-                        if stop {
-                            break None;
+                        match end {
+                            Some(None) => break None,
+                            Some(Some(why)) => break Some(End::Lost(why)),
+                            None => {}
                         }
                         let Some(asked) = self.move_asked(&label) else { continue };
                         if asked.why == MoveWhy::Operator {
                             eprintln!("{label}: moving to node {}, as an operator asked", asked.to);
-                            break Some(asked.to);
+                            break Some(End::Move(asked.to));
                         }
                         if judged == Some(asked.stamp_ms) {
                             continue;
@@ -358,7 +382,7 @@ impl Node {
                         match failure {
                             Some(why) => {
                                 eprintln!("{label}: node {} cannot reach it, and {why}: moving it there", asked.to);
-                                break Some(asked.to);
+                                break Some(End::Move(asked.to));
                             }
                             None => eprintln!(
                                 "{label}: node {} cannot reach it, but it answers here and the MGS answers this \
@@ -367,9 +391,23 @@ impl Node {
                             ),
                         }
                     };
-                    let Some(to) = to else {
-                        local.stop().await;
-                        return;
+                    let to = match to {
+                        None => {
+                            local.stop().await;
+                            return;
+                        }
+                        Some(End::Lost(why)) => {
+                            // Nothing reaches its drives any more (the fence refuses it):
+                            // stop serving it, close it in the background (what it would
+                            // still write is refused too), and stand by for it.
+                            local.stop().await;
+                            tokio::spawn(opened.close(Duration::from_secs(1)));
+                            self.forget_lost(&label).await;
+                            eprintln!("{label}: stepped down ({why}); this node's other targets go on");
+                            said.clear();
+                            continue;
+                        }
+                        Some(End::Move(to)) => to,
                     };
                     // Committed first, so that its clients have nothing to replay there.
                     local.commit_all().await;
@@ -658,6 +696,21 @@ impl Opened {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// A target taken and served: its services, the target, and the lease's loss, if it comes.
+struct Taken {
+    local: Local,
+    opened: Opened,
+    lost: tokio::sync::watch::Receiver<Option<String>>,
+}
+
+/// How serving a target ends, short of the node's stop.
+enum End {
+    /// Handed to this node.
+    Move(String),
+    /// The lease was lost, for this reason.
+    Lost(String),
 }
 
 /// Why a take did not end in a served target: the lease's answer, or the target's.
