@@ -189,6 +189,11 @@ pub enum Registration {
 /// state that is no longer the target's.
 pub type Gate = Arc<dyn Fn() -> bool + Send + Sync>;
 
+/// A node's own settable parameter, answered by the services of a [`Local`] before
+/// their own: `Some` for a name it knows (set, or refused with the reason), `None` for
+/// the services to answer.
+pub type NodeParam = Arc<dyn Fn(&str, &str) -> Option<Result<(), String>> + Send + Sync>;
+
 /// What the node adds to every service of a [`Local`].
 #[derive(Clone, Default)]
 pub struct ServeWith {
@@ -198,6 +203,8 @@ pub struct ServeWith {
     /// for all the `Local`s of a process, as LNet's drop rules are the node's), read and
     /// changed with the parameter [`FAULT_RULES`]. `None`: the `Local`'s own.
     pub faults: Option<Arc<FaultInjector>>,
+    /// The node's own parameters, set through any of these services.
+    pub node_param: Option<NodeParam>,
 }
 
 /// The node's fault rules as a parameter, served by every service of a [`Local`]
@@ -208,14 +215,14 @@ pub const FAULT_RULES: &str = "net.fault_rules";
 
 /// `handler`, answering only while `gate` allows, and serving [`FAULT_RULES`] from
 /// `faults` before the service's own parameters.
-fn wrap(handler: Handler, gate: Option<Gate>, faults: Arc<FaultInjector>) -> Handler {
+fn wrap(handler: Handler, gate: Option<Gate>, faults: Arc<FaultInjector>, node_param: Option<NodeParam>) -> Handler {
     Arc::new(move |req| {
         let op = req.header.opcode;
         let params = op == param::OP_GET_PARAM || op == param::OP_SET_PARAM;
         if gate.is_none() && !params {
             return handler(req);
         }
-        let (handler, gate, faults) = (handler.clone(), gate.clone(), faults.clone());
+        let (handler, gate, faults, node_param) = (handler.clone(), gate.clone(), faults.clone(), node_param.clone());
         Box::pin(async move {
             let open = || gate.as_ref().is_none_or(|g| g());
             if !open() {
@@ -224,6 +231,13 @@ fn wrap(handler: Handler, gate: Option<Gate>, faults: Arc<FaultInjector>) -> Han
             let reply = match op {
                 param::OP_SET_PARAM => match param::decode_set(&req.body) {
                     Ok((name, value)) if name == FAULT_RULES => set_fault_rule(&faults, &value),
+                    Ok((name, value)) => match node_param.as_ref().and_then(|f| f(&name, &value)) {
+                        Some(Ok(())) => Reply::default(),
+                        Some(Err(why)) => {
+                            Reply { status: crate::oss::errno::EINVAL, body: why.into_bytes(), ..Reply::default() }
+                        }
+                        None => handler(req).await,
+                    },
                     _ => handler(req).await,
                 },
                 param::OP_GET_PARAM => {
@@ -310,7 +324,7 @@ impl Local {
         let serve = |name: String, handler, service: Service| {
             let at = listen(&name);
             let transport = transport.clone();
-            let handler = wrap(handler, with.gate.clone(), faults.clone());
+            let handler = wrap(handler, with.gate.clone(), faults.clone(), with.node_param.clone());
             let service = Service { faults: Some(faults.clone()), ..service };
             async move {
                 let server = Server::start_service(transport, &at.nid, handler, ServerConfig::default(), service)

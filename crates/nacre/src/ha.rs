@@ -48,6 +48,11 @@ use nacre_server::cluster::{Listen, Local, MgsAt, Registration, ServeWith};
 
 use crate::service::Access;
 
+/// A node parameter, set through a target's services (`set-param --server NID
+/// ha.lease_stall=SECONDS`): hold back that target's lease heartbeats for so long, as a
+/// stuck path to its drives would (a test's hook, as Lustre's `fail_loc`).
+pub const LEASE_STALL: &str = "ha.lease_stall";
+
 /// Unanswered probes in a row (one per lease interval) before a node asks the holder of
 /// a target to hand it over.
 pub const PROBE_MISSES: u32 = 3;
@@ -226,6 +231,18 @@ impl Node {
         }
     }
 
+    /// Hold back the heartbeats of target `label`'s lease for `d` (see [`LEASE_STALL`]).
+    fn stall(&self, label: &str, d: Duration) -> Result<(), String> {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let (_, h) = held
+            .iter()
+            .find(|(l, _)| l == label)
+            .ok_or_else(|| format!("node {} holds no lease of {label}", self.name))?;
+        h.stall(d);
+        eprintln!("{label}: lease heartbeats held back for {:.1} s ({LEASE_STALL})", d.as_secs_f64());
+        Ok(())
+    }
+
     /// Forget target `label`'s lease, lost: nothing is written (its heartbeat ended
     /// with the loss).
     async fn forget_lost(&self, label: &str) {
@@ -300,7 +317,18 @@ impl Node {
         let listen = move |_: &str| at.clone();
         // Served at once, registered when the MGS answers: clients that know the target's
         // NIDs find it here even while the MGS is down.
-        let with = ServeWith { gate: Some(gate), faults: Some(self.net.clone()) };
+        let (node, stalled) = (self.clone(), label.clone());
+        let node_param: nacre_server::cluster::NodeParam = Arc::new(move |name, value| {
+            (name == LEASE_STALL).then(|| {
+                let secs: f64 = value
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| s.is_finite() && (0.0..=3600.0).contains(s))
+                    .ok_or_else(|| format!("{LEASE_STALL}: {value:?} is not a number of seconds from 0 to 3600"))?;
+                node.stall(&stalled, Duration::from_secs_f64(secs))
+            })
+        });
+        let with = ServeWith { gate: Some(gate), faults: Some(self.net.clone()), node_param: Some(node_param) };
         let local = Local::start(Arc::new(Shortcut), listen, mgs, mdts, osts, Registration::Background, true, with)
             .await
             .map_err(|e| TakeError::Other(format!("{label}: {e}")))?;

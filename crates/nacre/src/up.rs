@@ -498,7 +498,7 @@ fn serve(p: &Plan) -> CliResult {
         }
         // Other processes and machines reach these services over TCP; this process's own
         // mount and the targets among themselves go through memory.
-        let with = ServeWith { gate: None, faults: Some(net) };
+        let with = ServeWith { gate: None, faults: Some(net), node_param: None };
         let local = Local::start(Arc::new(Shortcut), listen, mgs, mdts, osts, WAIT_MGS, p.recover, with).await?;
         if !local.wait_ready(p.total_osts, Duration::from_secs(300)).await {
             return Err(format!("the MDTs here got no objects from the {} OSTs within 300 s", p.total_osts).into());

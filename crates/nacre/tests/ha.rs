@@ -258,6 +258,35 @@ fn a_stopped_node_is_taken_over_after_its_lease_expires_and_stands_by_when_it_wa
     check_files(&again);
 }
 
+/// A node that loses one target's lease (its heartbeats on that target's drives held
+/// back past the expiry, as a stuck path to them would) steps down from that target
+/// alone: its partner takes it, and the node goes on serving its other target. Every
+/// byte written before reads back, and writes go on.
+#[test]
+fn a_node_that_loses_one_lease_steps_down_from_that_target_alone() {
+    let up = up("one-lease");
+    striped_dirs(&up.mnt);
+    let before = write_files(&up.mnt, 1);
+    let a = pid_of(&up, "a");
+    let nids = nids_of(&up, "OST0");
+    let ost0 = nids.split(',').next().unwrap().trim().to_string();
+    // A bad value is refused, and changes nothing; then the stall.
+    let (refused, why) = set_on(&ost0, "ha.lease_stall=forever");
+    assert!(!refused && why.contains("not a number of seconds"), "{why}");
+    let (ok, why) = set_on(&ost0, "ha.lease_stall=8");
+    assert!(ok, "{why}");
+    wait_log(&up, "a", "OST0: stepped down");
+    wait_log(&up, "a", "OST0: served by node b; standing by");
+    assert!(alive(a), "node a exited");
+    let log = log_of(&up, "a");
+    assert!(!log.contains("MDT0: node a lost its lease"), "{log}");
+    let h = holders(&up);
+    assert_eq!((h["MDT0"].0.as_str(), h["OST0"].0.as_str()), ("a", "b"), "{h:?}");
+    check_files(&before);
+    let after = write_files(&up.mnt, 2);
+    check_files(&after);
+}
+
 /// A cluster file with a failover pair, on drive files in `data`.
 fn cluster(dir: &Path, nodes: &str) -> std::path::PathBuf {
     let p = dir.join("cluster.toml");
