@@ -10,19 +10,10 @@ use nacre_net::server::{Incoming, Server, ServerConfig};
 use nacre_net::transport::MemNetwork;
 use nacre_proto::fid::Fid;
 use nacre_proto::mdt::{self, Attr, Creds, Reply, Request, errno, lock, mode, set};
-use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, Volume, VolumeOptions};
 use nacre_server::mds::Mds;
 use nacre_server::mdt::{Namespace, NamespaceOptions};
 
-fn volume() -> Arc<Volume> {
-    let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
-    let devs: Vec<Arc<dyn BlockDevice>> =
-        (0..2).map(|i| MemDrive::new(&format!("m{i}"), 64 << 20) as Arc<dyn BlockDevice>).collect();
-    let mut o = CreateOptions::new("mdt0", Level::Raid1);
-    o.strip_bytes = 64 << 10;
-    o.assume_clean = true;
-    Arc::new(Volume::create(devs, &o, &run).unwrap())
-}
+use crate::mdt_volume as volume;
 
 struct Md {
     imp: Arc<Import>,

@@ -135,17 +135,6 @@ async fn a_waiting_client_hears_of_a_change_at_once() {
     assert!(String::from_utf8_lossy(&f.body).contains("not a parameter name"));
 }
 
-/// An MDT's volume: RAID10 over four memory drives.
-fn mdt_volume() -> Arc<Volume> {
-    let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
-    let devs: Vec<Arc<dyn BlockDevice>> =
-        (0..4).map(|i| MemDrive::new(&format!("m{i}"), 48 << 20) as Arc<dyn BlockDevice>).collect();
-    let mut o = CreateOptions::new("mdt", Level::Raid10);
-    o.strip_bytes = 64 << 10;
-    o.assume_clean = true;
-    Arc::new(Volume::create(devs, &o, &run).unwrap())
-}
-
 /// Wait up to 10 s for `what`.
 async fn until(what: &str, f: impl Fn() -> bool) {
     let started = Instant::now();
@@ -168,7 +157,7 @@ async fn an_mdt_restarted_while_no_mgs_answers_keeps_its_pools_and_parameters() 
 
     let net = MemNetwork::new();
     let listen = |name: &str| -> Listen { format!("{name}@mem").parse::<Nid>().unwrap().into() };
-    let volume_of_mdt = mdt_volume();
+    let volume_of_mdt = crate::mdt_volume();
     let mgs = Arc::new(Mgs::format(volume(), "copyfs").unwrap());
     mgs.set_param("lov.pool.fast", "0").unwrap();
     mgs.set_param("mdt.*.lease_contended_ms", "321").unwrap();
