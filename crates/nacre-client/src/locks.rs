@@ -293,10 +293,7 @@ impl FileSystem {
                     covers(&o.at_mds, new.write, start, end)
                 };
             if local {
-                lock::apply(&mut o.held, new, unlock);
-                o.handle = handle;
-                o.answered += 1;
-                self.keep_for_replay(&import, fid, owner, o);
+                self.record(&import, fid, owner, o, new, unlock, handle);
                 (true, Vec::new(), o.handle)
             } else if wait && !unlock {
                 let own = o.unused(Some((start, end)));
@@ -307,7 +304,7 @@ impl FileSystem {
             }
         };
         if done_here {
-            self.settle_owner(fid, owner, taken).await;
+            self.settle_owner(fid, owner, taken, import.restarts()).await;
             return Ok(());
         }
         self.send_pieces(fid, owner, handle_was, &own).await;
@@ -322,7 +319,7 @@ impl FileSystem {
             }
             (id, o.answered, o.closes)
         };
-        let _in_flight = wait.then_some(InFlight { fs: self, fid, owner, id });
+        let in_flight = wait.then_some(InFlight { fs: self, fid, owner, id });
         // Other owners' locks the MDS holds here and they let go of would conflict.
         if !unlock {
             self.let_go(fid, Some(owner), Some((start, end))).await;
@@ -362,11 +359,11 @@ impl FileSystem {
             Some(t) => t,
             None => self.owner_gate(fid, owner).lock_owned().await,
         };
+        drop(in_flight);
+        let restarts = import.restarts();
         let stray = {
-            let restarts = import.restarts();
             let mut all = guard(&self.inner.locks);
             let o = all.entry(fid).or_default().owners.entry(owner).or_default();
-            o.waiting.retain(|w| w.0 != id);
             o.at(restarts);
             if o.closes != closes {
                 // Closed meanwhile: the close let go of everything at the MDS, but a
@@ -374,16 +371,13 @@ impl FileSystem {
                 sent.is_ok() && !unlock
             } else {
                 if sent.is_ok() {
-                    lock::apply(&mut o.held, new, unlock);
                     if wait && o.answered != answered {
                         // Taken by the MDS in an order this mount does not know.
                         o.unsure = true;
                     } else {
                         lock::apply(&mut o.at_mds, new, unlock);
                     }
-                    o.handle = handle;
-                    o.answered += 1;
-                    self.keep_for_replay(&import, fid, owner, o);
+                    self.record(&import, fid, owner, o, new, unlock, handle);
                 }
                 if o.unsure {
                     o.at_mds = o.held.clone();
@@ -396,7 +390,7 @@ impl FileSystem {
             let gone = Piece { kind: lock::UNLOCK, start, end, pid };
             self.send_pieces(fid, owner, handle, &[gone]).await;
         }
-        self.settle_owner(fid, owner, taken).await;
+        self.settle_owner(fid, owner, taken, restarts).await;
         sent.map(|_| ())
     }
 
@@ -417,7 +411,8 @@ impl FileSystem {
         self.let_go(fid, Some(owner), Some((start, end))).await;
         let r = Request::Lock { fid, handle, owner, pid: 0, kind, flags: lock::TEST, start, end };
         let answer = self.md(mdt_of(fid)?, creds, &r, &[]).await;
-        self.settle_owner(fid, owner, taken).await;
+        let restarts = self.restarts_of(fid).await;
+        self.settle_owner(fid, owner, taken, restarts).await;
         match answer?.0 {
             Reply::Lock { kind: lock::UNLOCK, .. } => Ok(None),
             Reply::Lock { kind, start, end, pid } => Ok(Some((kind, start, end, pid))),
@@ -442,13 +437,14 @@ impl FileSystem {
             }
             None => Vec::new(),
         };
-        if let Some(import) = import {
+        if let Some(import) = &import {
             for key in keys {
                 import.forget_state(key);
             }
         }
         let sent = self.md(mdt_of(fid)?, creds, &Request::Unlock { fid, owner }, &[]).await;
-        self.settle_owner(fid, owner, taken).await;
+        let restarts = import.map_or(0, |i| i.restarts());
+        self.settle_owner(fid, owner, taken, restarts).await;
         sent.map(|_| ())
     }
 
@@ -490,7 +486,7 @@ impl FileSystem {
         for LetGo { owner, handle, pieces, gate } in jobs {
             self.send_pieces(fid, owner, handle, &pieces).await;
             if let Some(g) = gate {
-                self.settle_owner(fid, owner, g).await;
+                self.settle_owner(fid, owner, g, restarts).await;
             }
         }
     }
@@ -520,12 +516,11 @@ impl FileSystem {
         }
     }
 
-    /// End a request of `owner` on `fid` (its gate `taken`): let go of what it no longer
-    /// holds if the lease went meanwhile, then give the gate back, and forget an owner
-    /// with nothing left.
-    async fn settle_owner(&self, fid: Fid, owner: u64, taken: tokio::sync::OwnedMutexGuard<()>) {
+    /// End a request of `owner` on `fid` (its gate `taken`), made through an import at
+    /// restart count `restarts`: let go of what it no longer holds if the lease went
+    /// meanwhile, then give the gate back, and forget an owner with nothing left.
+    async fn settle_owner(&self, fid: Fid, owner: u64, taken: tokio::sync::OwnedMutexGuard<()>, restarts: u64) {
         let mdt = mdt_of(fid).unwrap_or(0);
-        let restarts = self.restarts_of(fid).await;
         let mut taken = Some(taken);
         loop {
             let (handle, pieces) = {
@@ -564,6 +559,25 @@ impl FileSystem {
                 eprintln!("nacre: letting go of bytes {}..={} of {fid} at its MDT: {e}", p.start, p.end);
             }
         }
+    }
+
+    /// Owner `owner` of `fid` now holds `new` (or, with `unlock`, no longer its range),
+    /// taken through `handle`: recorded, counted, and kept for replay.
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &self,
+        import: &nacre_net::client::Import,
+        fid: Fid,
+        owner: u64,
+        o: &mut OwnerLocks,
+        new: Held,
+        unlock: bool,
+        handle: u64,
+    ) {
+        lock::apply(&mut o.held, new, unlock);
+        o.handle = handle;
+        o.answered += 1;
+        self.keep_for_replay(import, fid, owner, o);
     }
 
     /// Keep what `owner` holds on `fid` for replay, a lock request per record, so that an

@@ -233,9 +233,7 @@ fn wrap(handler: Handler, gate: Option<Gate>, faults: Arc<FaultInjector>, node_p
                     Ok((name, value)) if name == FAULT_RULES => set_fault_rule(&faults, &value),
                     Ok((name, value)) => match node_param.as_ref().and_then(|f| f(&name, &value)) {
                         Some(Ok(())) => Reply::default(),
-                        Some(Err(why)) => {
-                            Reply { status: crate::oss::errno::EINVAL, body: why.into_bytes(), ..Reply::default() }
-                        }
+                        Some(Err(why)) => refused(why),
                         None => handler(req).await,
                     },
                     _ => handler(req).await,
@@ -259,9 +257,13 @@ fn wrap(handler: Handler, gate: Option<Gate>, faults: Arc<FaultInjector>, node_p
     })
 }
 
+/// A parameter refused (EINVAL), saying why.
+fn refused(why: String) -> Reply {
+    Reply { status: crate::oss::errno::EINVAL, body: why.into_bytes(), ..Reply::default() }
+}
+
 /// Apply one `set-param net.fault_rules=VALUE`: a rule to add, `del ID` or `clear`.
 fn set_fault_rule(faults: &FaultInjector, value: &str) -> Reply {
-    let refused = |why: String| Reply { status: crate::oss::errno::EINVAL, body: why.into_bytes(), ..Reply::default() };
     match value.split_whitespace().collect::<Vec<_>>()[..] {
         ["clear"] => faults.clear(),
         ["del", id] => match id.parse() {

@@ -221,11 +221,7 @@ impl Node {
     /// Release target `label`'s lease to node `to` (its target closed), on a blocking
     /// thread: the release waits for the heartbeat thread's last renewal.
     async fn hand_over(&self, label: &str, to: &str) {
-        let taken = {
-            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-            held.iter().position(|(l, _)| l == label).map(|i| held.remove(i).1)
-        };
-        if let Some(h) = taken {
+        if let Some(h) = self.take_held(label) {
             let to = to.to_string();
             let _ = tokio::task::spawn_blocking(move || h.hand_to(&to)).await;
         }
@@ -243,14 +239,16 @@ impl Node {
         Ok(())
     }
 
+    /// Take target `label`'s lease out of those held, if held.
+    fn take_held(&self, label: &str) -> Option<Held> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.iter().position(|(l, _)| l == label).map(|i| held.remove(i).1)
+    }
+
     /// Forget target `label`'s lease, lost: nothing is written (its heartbeat ended
     /// with the loss).
     async fn forget_lost(&self, label: &str) {
-        let taken = {
-            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-            held.iter().position(|(l, _)| l == label).map(|i| held.remove(i).1)
-        };
-        if let Some(h) = taken {
+        if let Some(h) = self.take_held(label) {
             let _ = tokio::task::spawn_blocking(move || drop(h)).await;
         }
     }
@@ -384,19 +382,17 @@ impl Node {
                     tokio::pin!(lost_why);
                     let to = loop {
                         let end = tokio::select! {
-                            _ = stopping.wait_for(|s| *s) => Some(None),
-                            why = &mut lost_why => Some(Some(why)),
+                            _ = stopping.wait_for(|s| *s) => Some(End::Stop),
+                            why = &mut lost_why => Some(End::Lost(why)),
                             _ = tokio::time::sleep(self.lease.interval / 4) => None,
                         };
-                        match end {
-                            Some(None) => break None,
-                            Some(Some(why)) => break Some(End::Lost(why)),
-                            None => {}
+                        if let Some(end) = end {
+                            break end;
                         }
                         let Some(asked) = self.move_asked(&label) else { continue };
                         if asked.why == MoveWhy::Operator {
                             eprintln!("{label}: moving to node {}, as an operator asked", asked.to);
-                            break Some(End::Move(asked.to));
+                            break End::Move(asked.to);
                         }
                         if judged == Some(asked.stamp_ms) {
                             continue;
@@ -410,7 +406,7 @@ impl Node {
                         match failure {
                             Some(why) => {
                                 eprintln!("{label}: node {} cannot reach it, and {why}: moving it there", asked.to);
-                                break Some(End::Move(asked.to));
+                                break End::Move(asked.to);
                             }
                             None => eprintln!(
                                 "{label}: node {} cannot reach it, but it answers here and the MGS answers this \
@@ -420,11 +416,11 @@ impl Node {
                         }
                     };
                     let to = match to {
-                        None => {
+                        End::Stop => {
                             local.stop().await;
                             return;
                         }
-                        Some(End::Lost(why)) => {
+                        End::Lost(why) => {
                             // Nothing reaches its drives any more (the fence refuses it):
                             // stop serving it, close it in the background (what it would
                             // still write is refused too), and stand by for it.
@@ -435,7 +431,7 @@ impl Node {
                             said.clear();
                             continue;
                         }
-                        Some(End::Move(to)) => to,
+                        End::Move(to) => to,
                     };
                     // Committed first, so that its clients have nothing to replay there.
                     local.commit_all().await;
@@ -733,8 +729,10 @@ struct Taken {
     lost: tokio::sync::watch::Receiver<Option<String>>,
 }
 
-/// How serving a target ends, short of the node's stop.
+/// How serving a target ends.
 enum End {
+    /// The node stops.
+    Stop,
     /// Handed to this node.
     Move(String),
     /// The lease was lost, for this reason.
