@@ -398,7 +398,12 @@ fn holder_is_gone(b: &LeaseBlock, boot: &str) -> bool {
 }
 
 /// Whether process `pid` of this host is gone: no such process, or dead and not yet
-/// reaped (a zombie). A pid that cannot be checked counts as alive.
+/// reaped (a zombie) with none of its threads left. A pid that cannot be checked counts
+/// as alive.
+///
+/// A killed process's first thread turns zombie while its other threads may still be
+/// finishing a write or holding its files (and so its locks): only when they are gone
+/// too can nothing of it write again.
 pub fn process_gone(pid: u32) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
     // SAFETY: kill with signal 0 only checks that the process exists.
@@ -407,10 +412,16 @@ pub fn process_gone(pid: u32) -> bool {
         return io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
     }
     // A zombie's state follows its name in /proc/PID/stat.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
-        .unwrap_or(false)
+        .unwrap_or(false);
+    let others = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|tasks| tasks.flatten().any(|t| t.file_name().to_str() != Some(pid.to_string().as_str())))
+            .unwrap_or(true)
+    };
+    zombie && !others()
 }
 
 /// How a lease was found when it was taken (in the order of how much it says: a

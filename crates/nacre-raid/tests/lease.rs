@@ -324,3 +324,53 @@ fn drives_handed_to_a_node_that_never_comes_are_taken_after_the_expiry() {
     assert!(started.elapsed() >= Duration::from_millis(300), "taken after {:?}", started.elapsed());
     assert_eq!(c.taken(), &Taken::Handed { from: "oss1".into(), to: "oss2".into() });
 }
+
+/// A process whose first thread has exited (it shows as a zombie) while another of its
+/// threads still runs is not gone: that thread could still write, and still holds the
+/// process's files and locks. Gone only once its last thread has ended.
+#[test]
+fn a_process_is_gone_only_when_its_last_thread_is() {
+    extern "C" fn linger(_: *mut libc::c_void) -> *mut libc::c_void {
+        let t = libc::timespec { tv_sec: 1, tv_nsec: 500_000_000 };
+        // SAFETY: nanosleep on a valid timespec.
+        unsafe { libc::nanosleep(&t, std::ptr::null_mut()) };
+        std::ptr::null_mut()
+    }
+    // SAFETY: the child calls only pthread_create, nanosleep and raw exits, allocating
+    // nothing of the parent's heap; the parent waits for it below.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        // SAFETY: see above; the first thread ends alone (exit, not exit_group).
+        unsafe {
+            let mut t: libc::pthread_t = std::mem::zeroed();
+            if libc::pthread_create(&mut t, std::ptr::null(), linger, std::ptr::null_mut()) != 0 {
+                libc::_exit(2);
+            }
+            libc::syscall(libc::SYS_exit, 0);
+        }
+        unreachable!("the first thread has exited");
+    }
+    let pid_u = u32::try_from(pid).expect("a fork's pid is positive");
+    let stat = || std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let zombie = || stat().rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+    let start = Instant::now();
+    while !zombie() && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(zombie(), "the first thread of {pid} should have exited: {}", stat());
+    let lingering = std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0);
+    let early = nacre_raid::lease::process_gone(pid_u);
+    // Its other thread ends within 1.5 s; then it is gone, before and after it is reaped.
+    while !nacre_raid::lease::process_gone(pid_u) && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let late = nacre_raid::lease::process_gone(pid_u);
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert_eq!(lingering, 2, "right after its first thread exits, the child has that one and its sleeper");
+    assert!(!early, "process {pid} counted gone while one of its threads still ran");
+    assert!(late, "process {pid} should count as gone once its last thread ended");
+    assert!(nacre_raid::lease::process_gone(pid_u), "a reaped process is gone");
+}

@@ -362,7 +362,7 @@ fn events(o: &FailoverOptions, pair: &BenchFs, out: &mut dyn Write) -> Result<Ev
     let a = pair.pid("a")?;
     signal(a, libc::SIGKILL)?;
     let killed = Instant::now();
-    while alive(a) && killed.elapsed() < Duration::from_secs(10) {
+    while alive(a) && killed.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(20));
     }
     restart_a(pair, out)?;
