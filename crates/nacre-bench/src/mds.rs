@@ -510,6 +510,9 @@ async fn nacre_round(
     if !durable_only {
         bursts.push(ping_rate(&imports, burst).await?);
     }
+    let mut cpu_us = std::collections::HashMap::new();
+    let us_per = |since: Duration, rpcs: f64| (process_cpu().saturating_sub(since)).as_secs_f64() * 1e6 / rpcs;
+    let cpu_at = process_cpu();
     let create_secs = {
         let (dirs, fids) = (dirs.clone(), fids.clone());
         all(&imports, move |i, imp| {
@@ -537,6 +540,7 @@ async fn nacre_round(
         .await?
     };
     let total = (per * o.clients as u64) as f64;
+    cpu_us.insert("create", us_per(cpu_at, total));
     if durable_only {
         return Ok(NacreRates {
             create: total / create_secs,
@@ -555,7 +559,6 @@ async fn nacre_round(
         });
     }
     bursts.push(ping_rate(&imports, burst).await?);
-    let mut cpu_us = std::collections::HashMap::new();
     let cpu_at = process_cpu();
     let stat_secs = {
         let fids = fids.clone();
@@ -573,7 +576,6 @@ async fn nacre_round(
         })
         .await?
     };
-    let us_per = |since: Duration, rpcs: f64| (process_cpu().saturating_sub(since)).as_secs_f64() * 1e6 / rpcs;
     cpu_us.insert("stat", us_per(cpu_at, total));
     bursts.push(ping_rate(&imports, burst).await?);
     let cpu_at = process_cpu();
@@ -707,6 +709,7 @@ async fn nacre_round(
     let dom_dirs_left = dom_dirs.clone();
     let body = Arc::new(vec![0x5au8; DOM_FILE_BYTES]);
     bursts.push(ping_rate(&imports, burst).await?);
+    let cpu_at = process_cpu();
     let dom_secs = all(&imports, move |i, imp| {
         let (dirs, body) = (dom_dirs.clone(), body.clone());
         async move {
@@ -726,6 +729,7 @@ async fn nacre_round(
     })
     .await?;
     bursts.push(ping_rate(&imports, burst).await?);
+    cpu_us.insert("dom_files", us_per(cpu_at, total));
     // The DoM files go (untimed): every round starts from the same fill, and the MDT
     // needs no room for the rounds before.
     each_in_dir(&imports, &dom_dirs_left, per, |dir, j| Request::Unlink { dir, name: format!("s{j}"), rmdir: false })
@@ -993,11 +997,14 @@ async fn run_in(
     let cpu = |name: &str| cpu_us.get(name).copied().unwrap_or(0.0);
     let _ = writeln!(
         out,
-        "CPU of this process (clients and server) per RPC, least of the rounds: ping {:.1} µs, stat {:.1} µs, lock or unlock {:.1} µs ({:.2} of a ping's)",
+        "CPU of this process (clients and server) per RPC, least of the rounds: ping {:.1} µs, stat {:.1} µs, lock or unlock {:.1} µs ({:.2} of a ping's), create {:.1} µs, 3,901-byte DoM file {:.1} µs (a ping's CPU over it: {:.3})",
         cpu("ping"),
         cpu("stat"),
         cpu("lock_unlock_pairs"),
-        ratio(cpu("lock_unlock_pairs"), cpu("ping"))
+        ratio(cpu("lock_unlock_pairs"), cpu("ping")),
+        cpu("create"),
+        cpu("dom_files"),
+        ratio(cpu("ping"), cpu("dom_files"))
     );
     // Each phase's best round against the pings beside it: (ratio, rate, pings' rate).
     let best = |name: &str| -> (f64, f64, f64) {
@@ -1177,9 +1184,12 @@ async fn run_in(
         }
         v[format!("{name}_vs_ping_ratio")] = json!(best(name).0);
     }
-    for name in ["ping", "stat", "lock_unlock_pairs"] {
+    for name in ["ping", "stat", "lock_unlock_pairs", "create", "dom_files"] {
         v[format!("{name}_cpu_us_per_rpc")] = json!(cpu(name));
     }
+    // A ping's CPU over a DoM file's: the rate ratio this machine would give with its
+    // cores to the bench alone (steadier than the rates, which move with other load).
+    v["dom_files_cpu_vs_ping_ratio"] = json!(ratio(cpu("ping"), cpu("dom_files")));
     v["lock_cpu_vs_ping_ratio"] = json!(ratio(cpu("lock_unlock_pairs"), cpu("ping")));
     v["mounted_lock_unlock_pairs_per_s"] = json!(mounted.pairs);
     v["mounted_lock_ping_per_s"] = json!(mounted.ping_near);

@@ -38,6 +38,7 @@ use nacre_proto::mdt::lease::Key as LeaseKey;
 use nacre_proto::mdt::{Attr, DirEntry, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX, errno, mode, now_ns};
 use nacre_proto::wire::Enc;
 
+mod area;
 mod changes;
 pub mod dne;
 mod dom;
@@ -55,8 +56,9 @@ use pools::{Pools, decode_objects};
 use redb::Database;
 
 /// The image's format: 2 since the namespace lives in memory (format 1 was redb with a
-/// redo log of its own, read by older builds); 3 since inodes keep a device number.
-const FORMAT: u64 = 3;
+/// redo log of its own, read by older builds); 3 since inodes keep a device number; 4
+/// since DoM bytes live in the DoM area (a format 3 image is moved to 4 when opened).
+const FORMAT: u64 = 4;
 /// Cookies 0 (start), 1 and 2 (`.` and `..` in a FUSE listing) are never an entry's.
 const COOKIE_MIN: u64 = 3;
 /// Not an errno: a change found it needs other MDTs (a remote inode, a striped
@@ -407,9 +409,14 @@ pub struct Namespace {
     db: Arc<Database>,
     /// OST object pools, decoded, as the last change left them.
     pools: Mutex<Pools>,
-    /// The image's length on the volume, and the room it has.
+    /// The image's length on the volume, the most it may grow to now (up to the DoM
+    /// area's floor), and the room of both together.
     db_len: Arc<std::sync::atomic::AtomicU64>,
+    db_max: Arc<std::sync::atomic::AtomicU64>,
     capacity: u64,
+    /// Where checkpoints write DoM blocks' bytes (shared with the log's checkpoint
+    /// thread).
+    area: Arc<Mutex<area::Area>>,
     /// `mdt.*.sync_on_reply` and `mdt.*.memory_max`, as set now.
     sync_on_reply: std::sync::atomic::AtomicBool,
     memory_max: std::sync::atomic::AtomicU64,
@@ -781,17 +788,18 @@ impl Namespace {
     pub fn open(volume: Arc<Volume>, opts: NamespaceOptions) -> Result<Namespace> {
         let (db_bytes, log_bytes) = Self::regions(&volume)?;
         let backend = VolumeBackend::open(volume.clone(), 0, db_bytes, opts.sync)?;
-        let db_len = backend.len_handle();
+        let (db_len, db_max, db_at) = (backend.len_handle(), backend.max_len_handle(), backend.data_offset());
         let db = Arc::new(Database::builder().set_cache_size(opts.cache_bytes).create_with_backend(backend)?);
         match image::meta(&db, "format")? {
             Some(FORMAT) => {}
+            Some(3) => Self::from_format_3(&db)?,
             Some(f) => {
                 return Err(MdError::new(
                     errno::EINVAL,
                     format!(
-                        "metadata target of format {f}; this build reads format {FORMAT} (format 1 is the redb \
-                         MDT of builds before the memory-resident namespace, format 2 had no device numbers: copy \
-                         its files off with such a build)"
+                        "metadata target of format {f}; this build reads format {FORMAT} and 3 (format 1 is the \
+                         redb MDT of builds before the memory-resident namespace, format 2 had no device numbers: \
+                         copy its files off with such a build)"
                     ),
                 ));
             }
@@ -801,14 +809,18 @@ impl Namespace {
             .ok_or_else(|| MdError::new(errno::EINVAL, "metadata target lacks its MDT index"))?
             as u32;
         // From a copy read sequentially while the image fits the memory the namespace may
-        // hold (an image full of DoM bytes may not fit RAM); else page by page.
+        // hold (an image of an MDT formatted before the DoM area may be full of DoM
+        // bytes); else page by page.
         let mut mem = if db_len.load(std::sync::atomic::Ordering::Acquire) <= opts.memory_max {
             image::load_copy(volume.clone(), db_bytes, opts.sync)?
         } else {
             image::load(&db)?
         };
+        // The DoM area as the image left it, before anything grows the image.
+        let area = Arc::new(Mutex::new(area::Area::new(db_bytes, db_at, db_len.clone(), db_max.clone())));
+        lock(&area).rebuild(mem.dom_in_area())?;
         let from = wal::Position::load(&db)?;
-        let region = wal::Region { vol: volume, base: db_bytes, room: log_bytes };
+        let region = wal::Region { vol: volume.clone(), base: db_bytes, room: log_bytes };
         let (records, end) = region.replay(from)?;
         // What the log held goes into the image now, and the log starts over under a
         // new generation: records a crash left past the cut never pass for new ones.
@@ -820,19 +832,25 @@ impl Namespace {
         {
             let mut txn = db.begin_write()?;
             txn.set_durability(redb::Durability::Immediate).map_err(storage)?;
-            {
-                let mut w = image::Writer::open(&txn)?;
-                for (_, r) in &records {
-                    for op in mem::decode_record(r)? {
-                        w.apply(&op)?;
-                        mem.apply(op);
-                    }
+            // Memory takes every op in order; the image the last of each key.
+            let mut last = BTreeMap::new();
+            for (_, r) in &records {
+                for op in mem::decode_record(r)? {
+                    last.insert(op.slot(), op.clone());
+                    mem.apply(op);
                 }
             }
+            let written = {
+                let mut w = image::Writer::open(&txn)?;
+                wal::write_ops(&mut w, last.values(), &area, &volume)?
+            };
             pos.store(&txn)?;
             txn.commit()?;
-            // The replayed DoM bytes are in the image now: memory keeps their index.
-            mem.all_dom_imaged();
+            lock(&area).free_runs(&written.freed);
+            // The replayed DoM bytes are written out: memory keeps where they are.
+            for (k, b, stored) in written.stored {
+                mem.imaged(k, b, u64::MAX, stored);
+            }
         }
         let mut pools = Pools::default();
         for (ost, v) in &mem.pools {
@@ -851,12 +869,14 @@ impl Namespace {
         stats.recovered.store(records.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let ns = Namespace {
             index,
-            wal: wal::Wal::start(region, &opts, db.clone(), pos, stats.clone(), mem.clone()),
+            wal: wal::Wal::start(region, &opts, db.clone(), pos, stats.clone(), mem.clone(), area.clone()),
             mem,
             db,
             pools: Mutex::new(pools),
             db_len,
+            db_max,
             capacity: db_bytes,
+            area,
             sync_on_reply: std::sync::atomic::AtomicBool::new(opts.sync_on_reply),
             memory_max: std::sync::atomic::AtomicU64::new(opts.memory_max),
             alloc: Mutex::new(FidAlloc { seq_k, next_oid, reserved: next_oid }),
@@ -907,7 +927,20 @@ impl Namespace {
         Ok(orphans.len())
     }
 
-    /// The volume's split: the image from 0, then the log.
+    /// Move an image of format 3 to format 4: its DoM blocks' bytes, in a table of their
+    /// own, go into the DoM index, inline (they move to the DoM area when written again).
+    fn from_format_3(db: &Database) -> Result<()> {
+        let mut txn = db.begin_write()?;
+        txn.set_durability(redb::Durability::Immediate).map_err(storage)?;
+        let moved = image::move_format_3_dom(&txn)?;
+        image::Writer::open(&txn)?.apply(&Op::Meta("format".into(), Some(FORMAT)))?;
+        txn.commit()?;
+        eprintln!("mdt: metadata target of format 3 moved to format {FORMAT} ({moved} DoM blocks indexed)");
+        Ok(())
+    }
+
+    /// The volume's split: the image from 0 and the DoM area down from its top (see
+    /// [`area`]), then the log.
     fn regions(volume: &Volume) -> Result<(u64, u64)> {
         let cap = volume.capacity() / 4096 * 4096;
         let log = (cap / 8).min(LOG_BYTES_MAX) / 4096 * 4096;
@@ -964,13 +997,16 @@ impl Namespace {
             return Err(e);
         }
         let used = self.db_len.load(std::sync::atomic::Ordering::Acquire);
-        if next_growth(used) > self.capacity {
+        let max = self.db_max.load(std::sync::atomic::Ordering::Acquire);
+        if next_growth(used) > max {
             return Err(MdError::new(
                 errno::ENOSPC,
                 format!(
-                    "the MDT's image fills {} MiB of {} MiB, and its next growth would not fit",
+                    "the MDT's image fills {} MiB of the {} MiB its volume has left beside {} MiB of DoM data, and \
+                     its next growth would not fit",
                     used >> 20,
-                    self.capacity >> 20
+                    max >> 20,
+                    lock(&self.area).used() >> 20
                 ),
             ));
         }
@@ -1144,6 +1180,11 @@ impl Namespace {
     /// Bytes of DoM data held in memory (written since their last checkpoint).
     pub fn dom_bytes_in_memory(&self) -> u64 {
         read(&self.mem).dom_bytes
+    }
+
+    /// Bytes of the volume the DoM area holds in use (whole 4 KiB units).
+    pub fn dom_area_bytes(&self) -> u64 {
+        lock(&self.area).used()
     }
 
     /// The log's bytes in use and its size.

@@ -285,3 +285,114 @@ fn the_log_wraps_its_ring_many_times_and_a_crash_replays_across_laps() {
     assert_eq!(ns.read_dom(&c, f.fid, 0, 1 << 20).unwrap(), last);
     ns.lookup(&c, d.fid, "after").unwrap();
 }
+
+/// The first bytes of small file `i`: its name, then a pattern of its own.
+fn small_body(i: u32) -> Vec<u8> {
+    let mut b = format!("small-file-{i:05}-").into_bytes();
+    b.extend((0..3901 - b.len() as u32).map(|j| ((i * 31 + j) % 251) as u8));
+    b
+}
+
+#[test]
+fn dom_bytes_go_to_the_dom_area_are_checked_and_their_room_is_used_again() {
+    use nacre_proto::layout::Layout;
+    let v = volume();
+    let ns = Namespace::format(v.clone(), 0, asked_only()).unwrap();
+    let c = Cred::root();
+    let lfs = |a: &str| Layout::from_lfs_args(&a.split_whitespace().collect::<Vec<_>>()).unwrap();
+    let d = ns.mkdir(&c, ROOT, "dom", 0o755, None).unwrap();
+    ns.set_dir_layout(&c, d.fid, Some(lfs("-E 64K -L mdt -E eof -c 1")), None).unwrap();
+    let mut fids = Vec::new();
+    for i in 0..100 {
+        fids.push(ns.create_with_data(&c, d.fid, &format!("f{i}"), 0o644, &small_body(i), None).unwrap().fid);
+    }
+    assert_eq!(ns.dom_area_bytes(), 0, "nothing written out before a checkpoint");
+    ns.checkpoint().unwrap();
+    assert_eq!(ns.dom_area_bytes(), 100 * 4096, "one 4 KiB unit per 3,901-byte file");
+    assert_eq!(ns.dom_bytes_in_memory(), 0);
+    for (i, f) in fids.iter().enumerate() {
+        assert_eq!(ns.read_dom(&c, *f, 0, 8192).unwrap(), small_body(i as u32), "file {i}");
+    }
+
+    // Half of them go: their units are free once a checkpoint has let them go, and the
+    // next files take them (the area does not grow).
+    for i in (0..100).step_by(2) {
+        ns.remove(&c, d.fid, &format!("f{i}"), false, None).unwrap();
+    }
+    ns.checkpoint().unwrap();
+    assert_eq!(ns.dom_area_bytes(), 50 * 4096);
+    let used = ns.statfs().unwrap().bytes_used;
+    for i in 100..150 {
+        let f = ns.create_with_data(&c, d.fid, &format!("f{i}"), 0o644, &small_body(i), None).unwrap().fid;
+        fids[(i - 100) as usize * 2] = f;
+    }
+    ns.checkpoint().unwrap();
+    assert_eq!(ns.dom_area_bytes(), 100 * 4096);
+    assert!(ns.statfs().unwrap().bytes_used <= used + 50 * 4096, "the freed units were taken again");
+    let expect = |slot: usize| small_body(if slot.is_multiple_of(2) { 100 + slot as u32 / 2 } else { slot as u32 });
+
+    // Across a restart: the area is rebuilt from the index, and the bytes are there.
+    drop(ns);
+    let ns = Namespace::open(v.clone(), asked_only()).unwrap();
+    assert_eq!((ns.dom_area_bytes(), ns.dom_bytes_in_memory()), (100 * 4096, 0));
+    for (slot, f) in fids.iter().enumerate() {
+        assert_eq!(ns.read_dom(&c, *f, 0, 8192).unwrap(), expect(slot), "slot {slot}");
+    }
+
+    // A block damaged on the drives is not served: EIO, naming the block and the check.
+    let (log_at, _) = log_region(&v);
+    let mut top = vec![0u8; 1 << 20];
+    v.read(log_at - top.len() as u64, &mut top).unwrap();
+    let marker = b"small-file-00001-";
+    let at = top.windows(marker.len()).position(|w| w == marker).expect("file 1's bytes below the log");
+    v.write(log_at - top.len() as u64 + at as u64 + 100, b"X").unwrap();
+    let e = ns.read_dom(&c, fids[1], 0, 8192).unwrap_err();
+    assert_eq!(e.errno, errno::EIO, "{e}");
+    assert!(e.message.contains("DoM block 0") && e.message.contains("checksum"), "{e}");
+    assert_eq!(ns.read_dom(&c, fids[3], 0, 8192).unwrap(), expect(3), "its neighbours read as before");
+}
+
+/// An MDT of format 3 kept DoM bytes in a table of their own: it opens, its blocks are
+/// indexed where they are, and they move to the DoM area when written again.
+#[test]
+fn an_mdt_of_format_3_opens_with_its_dom_bytes() {
+    use nacre_proto::layout::Layout;
+    use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+    let v = volume();
+    let ns = Namespace::format(v.clone(), 0, asked_only()).unwrap();
+    let c = Cred::root();
+    let lfs = |a: &str| Layout::from_lfs_args(&a.split_whitespace().collect::<Vec<_>>()).unwrap();
+    let d = ns.mkdir(&c, ROOT, "dom", 0o755, None).unwrap();
+    ns.set_dir_layout(&c, d.fid, Some(lfs("-E 64K -L mdt -E eof -c 1")), None).unwrap();
+    let f = ns.create_with_data(&c, d.fid, "old", 0o644, &small_body(7), None).unwrap().fid;
+    drop(ns);
+    // Made into format 3 by hand: the bytes in table `dom`, no index.
+    {
+        let (db_bytes, _) = log_region(&v);
+        let backend =
+            nacre_osd::backend::VolumeBackend::open(v.clone(), 0, db_bytes, nacre_osd::SyncMode::Ordered).unwrap();
+        let db = redb::Database::builder().create_with_backend(backend).unwrap();
+        let old: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("dom");
+        let index: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("dom_index");
+        let meta: TableDefinition<&str, u64> = TableDefinition::new("meta");
+        let txn = db.begin_write().unwrap();
+        assert!(txn.open_table(index).unwrap().get((f.key(), 0)).unwrap().is_some(), "the index has the block");
+        txn.delete_table(index).unwrap();
+        txn.open_table(old).unwrap().insert((f.key(), 0), small_body(7).as_slice()).unwrap();
+        txn.open_table(meta).unwrap().insert("format", 3).unwrap();
+        txn.commit().unwrap();
+        let read = db.begin_read().unwrap();
+        assert_eq!(read.open_table(meta).unwrap().get("format").unwrap().unwrap().value(), 3);
+    }
+    let ns = Namespace::open(v.clone(), asked_only()).unwrap();
+    assert_eq!(ns.read_dom(&c, f, 0, 8192).unwrap(), small_body(7));
+    assert_eq!(ns.dom_area_bytes(), 0, "indexed where it is");
+    ns.write_dom(&c, f, 0, b"new-", false, None).unwrap();
+    ns.checkpoint().unwrap();
+    assert_eq!(ns.dom_area_bytes(), 4096, "written again, it is in the area");
+    drop(ns);
+    let ns = Namespace::open(v, asked_only()).unwrap();
+    let mut want = small_body(7);
+    want[..4].copy_from_slice(b"new-");
+    assert_eq!(ns.read_dom(&c, f, 0, 8192).unwrap(), want);
+}

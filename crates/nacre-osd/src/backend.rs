@@ -137,6 +137,9 @@ pub struct VolumeBackend {
     header: Mutex<Header>,
     /// The database's length as the header has it, for readers outside redb (statfs).
     len_seen: Arc<AtomicU64>,
+    /// The most the database may grow to: the region's room, or less if its owner keeps
+    /// the region's top for something else (see [`VolumeBackend::max_len_handle`]).
+    max_len: Arc<AtomicU64>,
     flush_drives: AtomicBool,
     /// Written pages not yet on the volume. A read holds it shared across its volume read
     /// and the overlay, so a flush cannot move a page out from under it in between.
@@ -185,6 +188,7 @@ impl VolumeBackend {
             base,
             size,
             len_seen: Arc::new(AtomicU64::new(header.len)),
+            max_len: Arc::new(AtomicU64::new(size - 2 * SLOT_BYTES)),
             header: Mutex::new(header),
             flush_drives: AtomicBool::new(mode == SyncMode::Drives),
             pending: RwLock::new(Pending::default()),
@@ -193,7 +197,19 @@ impl VolumeBackend {
 
     /// Bytes the database may grow to.
     pub fn capacity(&self) -> u64 {
-        self.size - 2 * SLOT_BYTES
+        (self.size - 2 * SLOT_BYTES).min(self.max_len.load(Ordering::Acquire))
+    }
+
+    /// The most the database may grow to, live and settable: an owner that keeps the top
+    /// of the region for something else lowers it, and a growth past it fails cleanly
+    /// (before anything is written) instead of writing over that.
+    pub fn max_len_handle(&self) -> Arc<AtomicU64> {
+        self.max_len.clone()
+    }
+
+    /// Where the database's bytes start on the volume (past the header slots).
+    pub fn data_offset(&self) -> u64 {
+        self.data_at()
     }
 
     /// A live view of the database's length, which stays valid after redb takes the

@@ -2,31 +2,38 @@
 //! through the namespace, logged like any change.
 
 use super::*;
-use mem::DomBlock;
+use mem::{DomBlock, Stored};
 
 /// The DoM blocks `[first, last]` of inode `k` that exist, with their bytes: from
-/// memory, or from the image for a block a checkpoint took out of memory. Called under
-/// the namespace's lock (read or write), which keeps memory and the image's last commit
-/// in step: a block is marked imaged only once its bytes are committed there, and a
-/// block written since is in memory again.
-fn dom_bytes(m: &Mem, db: &redb::Database, k: u128, first: u64, last: u64) -> Result<Vec<(u64, Vec<u8>)>> {
+/// memory, from the DoM area, or from the image's index for a block it keeps inline.
+/// Called under the namespace's lock (read or write), which keeps memory, the area and
+/// the image's last commit in step: a block is marked written out only once the commit
+/// that points at its bytes is done, a block written since is in memory again, and
+/// units are reused only after the commit that let them go.
+fn dom_bytes(m: &Mem, ns: &Namespace, k: u128, first: u64, last: u64) -> Result<Vec<(u64, Vec<u8>)>> {
     let mut out = Vec::new();
-    let mut imaged = Vec::new();
+    let mut inline = Vec::new();
+    let fid = || Fid::from_key(k);
     for (b, v) in m.dom_of(k, first, last) {
         match v {
             DomBlock::Here { data, .. } => out.push((b, data.to_vec())),
-            DomBlock::Imaged(len) => imaged.push((b, *len)),
+            DomBlock::Imaged(Stored::Inline(len)) => inline.push((b, *len)),
+            DomBlock::Imaged(Stored::Area(e)) => {
+                let data = area::read(ns.wal.volume(), e)
+                    .map_err(|why| MdError::new(errno::EIO, format!("DoM block {b} of {}: {why}", fid())))?;
+                out.push((b, data));
+            }
         }
     }
-    if !imaged.is_empty() {
-        for ((b, len), data) in imaged.iter().zip(image::read_dom(db, k, imaged.iter().map(|x| x.0))?) {
-            let data = data.filter(|d| d.len() == *len as usize).ok_or_else(|| {
-                storage(format!("DoM block {b} of {} is not in the image as the index says", Fid::from_key(k)))
-            })?;
+    if !inline.is_empty() {
+        for ((b, len), data) in inline.iter().zip(image::read_dom(&ns.db, k, inline.iter().map(|x| x.0))?) {
+            let data = data
+                .filter(|d| d.len() == *len as usize)
+                .ok_or_else(|| storage(format!("DoM block {b} of {} is not in the image as the index says", fid())))?;
             out.push((*b, data));
         }
-        out.sort_unstable_by_key(|x| x.0);
     }
+    out.sort_unstable_by_key(|x| x.0);
     Ok(out)
 }
 
@@ -35,7 +42,7 @@ impl Tx<'_> {
     /// image for those a checkpoint took out of memory).
     pub(super) fn dom_blocks(&self, fid: Fid, first: u64, last: u64) -> Result<Vec<(u64, Vec<u8>)>> {
         let m = self.m();
-        dom_bytes(&m, &self.ns.db, fid.key(), first, last)
+        dom_bytes(&m, self.ns, fid.key(), first, last)
     }
 
     pub(super) fn put_dom(&self, fid: Fid, block: u64, data: &[u8]) -> Result<()> {
@@ -105,12 +112,37 @@ impl Tx<'_> {
 }
 
 impl Namespace {
-    /// Whether new files may keep their first bytes here (DoM): while the database can
-    /// grow twice more. The last growth the volume holds is kept for inodes, so an MDT
-    /// that DoM data filled still makes files (with their bytes on OSTs).
+    /// Whether new files may keep their first bytes here (DoM): while the DoM area can
+    /// take the DoM bytes waiting in memory (`pending`) and a block more, and still leave
+    /// the image two growths. That last room is kept for inodes, so an MDT that DoM data
+    /// filled still makes files (with their bytes on OSTs).
+    pub(super) fn dom_fits(&self, pending: u64) -> bool {
+        lock(&self.area).room(2) >= pending + DOM_BLOCK
+    }
+
+    /// [`Namespace::dom_fits`] with what waits in memory now.
     pub fn has_room_for_dom(&self) -> bool {
-        let used = self.db_len.load(std::sync::atomic::Ordering::Acquire);
-        next_growth(next_growth(used)) <= self.capacity
+        self.dom_fits(read(&self.mem).dom_bytes)
+    }
+
+    /// ENOSPC for `bytes` more of DoM data once the DoM area could not take them with the
+    /// DoM bytes waiting in memory (`m`: the tables, as the caller holds them) and leave
+    /// the image one growth.
+    fn room_for_dom(&self, m: &Mem, bytes: usize) -> Result<()> {
+        let room = lock(&self.area).room(1);
+        if m.dom_bytes + bytes as u64 + DOM_BLOCK > room {
+            return Err(MdError::new(
+                errno::ENOSPC,
+                format!(
+                    "MDT {}'s DoM data fills the room its volume has left: {} KiB, for {} KiB waiting to be \
+                     written out and {bytes} bytes more",
+                    self.index,
+                    room >> 10,
+                    m.dom_bytes >> 10
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Where a file's DoM component ends, if its layout starts with one.
@@ -153,7 +185,11 @@ impl Namespace {
         }
         let end =
             self.dom_end(fid)?.ok_or_else(|| MdError::new(errno::EINVAL, format!("{fid} keeps no data on the MDT")))?;
-        self.room_to_grow(&read(&self.mem))?;
+        {
+            let m = read(&self.mem);
+            self.room_to_grow(&m)?;
+            self.room_for_dom(&m, data.len())?;
+        }
         let stop = offset.checked_add(data.len() as u64).filter(|&s| s <= end).ok_or_else(|| {
             MdError::new(
                 errno::EFBIG,
@@ -207,7 +243,11 @@ impl Namespace {
                 format!("data of {} bytes with a create (at most {DOM_IO_MAX})", data.len()),
             ));
         }
-        self.room_to_grow(&read(&self.mem))?;
+        {
+            let m = read(&self.mem);
+            self.room_to_grow(&m)?;
+            self.room_for_dom(&m, data.len())?;
+        }
         let (cred, name, data, weight) = (cred.clone(), name.to_string(), data.to_vec(), data.len());
         Ok((
             Box::new(move |tx| {
@@ -256,7 +296,7 @@ impl Namespace {
         }
         let mut out = vec![0u8; (stop - offset) as usize];
         let m = read(&self.mem);
-        for (b, v) in dom_bytes(&m, &self.db, fid.key(), offset / DOM_BLOCK, (stop - 1) / DOM_BLOCK)? {
+        for (b, v) in dom_bytes(&m, self, fid.key(), offset / DOM_BLOCK, (stop - 1) / DOM_BLOCK)? {
             let start = b * DOM_BLOCK;
             let (lo, hi) = (offset.max(start), stop.min(start + v.len() as u64));
             if lo < hi {

@@ -1,6 +1,7 @@
 //! The MDT's image: every table in redb on the metadata volume, written only by
 //! checkpoints (the log's records applied in one large transaction, made durable with
-//! the log position they reach) and read whole at start-up.
+//! the log position they reach) and read whole at start-up. DoM blocks' bytes are not
+//! in it but in the DoM area beside it (see [`super::area`]); it keeps where they are.
 //!
 //! redb keeps its own copy-on-write pages and commits atomically, so a crash during a
 //! checkpoint leaves the previous image and the log position that goes with it: start-up
@@ -12,7 +13,8 @@ use std::sync::Arc;
 use nacre_proto::mdt::errno;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
-use super::mem::{Mem, Op, decode_inode, encode_inode};
+use super::area::{self, Run};
+use super::mem::{Mem, Op, Stored, decode_inode, encode_inode};
 use super::{MdError, Result};
 
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -26,7 +28,10 @@ const OBJECTS: TableDefinition<u128, &[u8]> = TableDefinition::new("objects");
 const OST_BLOCKS: TableDefinition<u128, u64> = TableDefinition::new("ost_blocks");
 const POOLS: TableDefinition<u32, &[u8]> = TableDefinition::new("pools");
 const DESTROYS: TableDefinition<(u32, u64), u8> = TableDefinition::new("destroys");
-const DOM: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("dom");
+/// Where each DoM block's bytes are ([`area::Value`]): the DoM area, or the entry itself.
+const DOM: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("dom_index");
+/// The DoM blocks' bytes themselves, as MDTs of format 3 (before the DoM area) kept them.
+const DOM_FORMAT_3: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("dom");
 const REPLIES: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("replies");
 const DIRSTRIPES: TableDefinition<u128, &[u8]> = TableDefinition::new("dirstripes");
 const DIRDEFAULTS: TableDefinition<u128, &[u8]> = TableDefinition::new("dirdefaults");
@@ -105,7 +110,11 @@ impl<'t> Writer<'t> {
             Op::Objects(k, v) => put_or_del!(self.objects, *k, v.as_deref()),
             Op::Pool(ost, v) => put_or_del!(self.pools, *ost, v.as_deref()),
             Op::Destroy(ost, oid, put) => put_or_del!(self.destroys, (*ost, *oid), put.then_some(1u8)),
-            Op::Dom(k, b, v) => put_or_del!(self.dom, (*k, *b), v.as_deref()),
+            Op::Dom(k, b, v) => {
+                // Start-up's replay: the bytes go in the entry (the DoM area is not
+                // known yet; it is rebuilt from this index afterwards).
+                self.dom(*k, *b, v.as_deref().map(|d| area::Value::Inline(d).encode()).as_deref())?;
+            }
             Op::DirStripe(k, v) => put_or_del!(self.dirstripes, *k, v.as_deref()),
             Op::DirDefault(k, v) => put_or_del!(self.dirdefaults, *k, v.as_deref()),
             Op::Intent(k, v) => put_or_del!(self.intents, *k, v.as_deref()),
@@ -113,6 +122,45 @@ impl<'t> Writer<'t> {
         }
         Ok(())
     }
+
+    /// Put (or with `None` remove) the index entry of DoM block `b` of `k`
+    /// ([`area::Value`] encoded); returns the area runs of the entry it replaced, which
+    /// are free once this transaction is committed.
+    pub fn dom(&mut self, k: u128, b: u64, value: Option<&[u8]>) -> Result<Option<Box<[Run]>>> {
+        let old = match value {
+            Some(v) => self.dom.insert((k, b), v)?,
+            None => self.dom.remove((k, b))?,
+        };
+        let Some(old) = old else { return Ok(None) };
+        match area::Value::decode(old.value()) {
+            Ok(area::Value::Area(e)) => Ok(Some(e.runs)),
+            Ok(area::Value::Inline(_)) => Ok(None),
+            // Its units stay taken until a restart rebuilds the area from the index.
+            Err(_) => Ok(None),
+        }
+    }
+}
+
+/// Move the DoM blocks of an image of format 3 (their bytes in a table of their own)
+/// into the index, each inline: nothing is copied out to the DoM area, blocks go there
+/// as they are written again. Returns how many moved.
+pub fn move_format_3_dom(txn: &WriteTransaction) -> Result<u64> {
+    let mut index = txn.open_table(DOM)?;
+    let mut n = 0;
+    {
+        let old = match txn.open_table(DOM_FORMAT_3) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+            Err(e) => return Err(e.into()),
+        };
+        for row in old.iter()? {
+            let (k, v) = row?;
+            index.insert(k.value(), area::Value::Inline(v.value()).encode().as_slice())?;
+            n += 1;
+        }
+    }
+    txn.delete_table(DOM_FORMAT_3)?;
+    Ok(n)
 }
 
 /// The image's META value `k`.
@@ -146,11 +194,19 @@ pub fn kept(db: &Database, name: &str) -> Result<Option<Vec<u8>>> {
     Ok(t.get(name)?.map(|v| v.value().to_vec()))
 }
 
-/// DoM blocks `blocks` of inode `k`, from the image's last commit.
+/// DoM blocks `blocks` of inode `k` whose bytes the index holds inline, from the image's
+/// last commit (`None` for a block it has not, or not inline).
 pub fn read_dom(db: &Database, k: u128, blocks: impl Iterator<Item = u64>) -> Result<Vec<Option<Vec<u8>>>> {
     let txn = db.begin_read()?;
     let t = txn.open_table(DOM)?;
-    blocks.map(|b| Ok(t.get((k, b))?.map(|v| v.value().to_vec()))).collect()
+    blocks
+        .map(|b| {
+            Ok(t.get((k, b))?.and_then(|v| match area::Value::decode(v.value()) {
+                Ok(area::Value::Inline(d)) => Some(d.to_vec()),
+                _ => None,
+            }))
+        })
+        .collect()
 }
 
 /// Read the whole image into memory (but DoM blocks, whose index only is kept), from a
@@ -205,11 +261,19 @@ pub fn load(db: &Arc<Database>) -> Result<Mem> {
     each!(OST_BLOCKS, |k, v| Op::OstBlocks(k, Some(v)));
     each!(POOLS, |k, v| Op::Pool(k, Some(v.into())));
     each!(DESTROYS, |k, _v| Op::Destroy(k.0, k.1, true));
-    // DoM blocks stay in the image: memory keeps their index.
+    // DoM blocks stay where they are: memory keeps their index.
     for row in txn.open_table(DOM)?.iter()? {
         let (k, v) = row?;
-        let ((f, b), len) = (k.value(), v.value().len());
-        m.index_dom(f, b, len as u32);
+        let (f, b) = k.value();
+        let stored = match area::Value::decode(v.value()) {
+            Ok(area::Value::Inline(d)) => Stored::Inline(d.len() as u32),
+            Ok(area::Value::Area(e)) => Stored::Area(e),
+            Err(e) => {
+                let fid = nacre_proto::fid::Fid::from_key(f);
+                return Err(MdError::new(e.errno, format!("DoM block {b} of {fid}: {}", e.message)));
+            }
+        };
+        m.index_dom(f, b, stored);
     }
     each!(DIRSTRIPES, |k, v| Op::DirStripe(k, Some(v.into())));
     each!(DIRDEFAULTS, |k, v| Op::DirDefault(k, Some(v.into())));

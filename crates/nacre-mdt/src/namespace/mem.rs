@@ -187,8 +187,8 @@ pub struct Mem {
     pub ost_blocks: HashMap<u128, u64>,
     pub pools: BTreeMap<u32, Box<[u8]>>,
     pub destroys: BTreeSet<(u32, u64)>,
-    /// DoM blocks: their bytes until a checkpoint wrote them to the image, then only
-    /// their length (the block index; the bytes are read from the image).
+    /// DoM blocks: their bytes until a checkpoint wrote them out, then only where they
+    /// are (the block index; the bytes are read from the area or the image).
     dom: BTreeMap<(u128, u64), DomBlock>,
     pub dirstripes: HashMap<u128, Box<[u8]>>,
     pub dirdefaults: HashMap<u128, Box<[u8]>>,
@@ -249,8 +249,27 @@ pub enum DomBlock {
     /// Its bytes, written by the change of transno `stamp` (or one before it), not yet
     /// in the image by a checkpoint that covered that transno.
     Here { stamp: u64, data: Box<[u8]> },
-    /// In the image, of this many bytes.
-    Imaged(u32),
+    /// Written out by a checkpoint, there.
+    Imaged(Stored),
+}
+
+/// Where a checkpoint wrote a DoM block's bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stored {
+    /// In its entry of the image's index, of this many bytes.
+    Inline(u32),
+    /// In the DoM area.
+    Area(super::area::Extent),
+}
+
+impl Stored {
+    /// The block's length in bytes.
+    pub fn bytes(&self) -> u32 {
+        match self {
+            Stored::Inline(n) => *n,
+            Stored::Area(e) => e.len,
+        }
+    }
 }
 
 impl DomBlock {
@@ -258,16 +277,14 @@ impl DomBlock {
     pub fn bytes(&self) -> u64 {
         match self {
             DomBlock::Here { data, .. } => data.len() as u64,
-            DomBlock::Imaged(n) => *n as u64,
+            DomBlock::Imaged(s) => s.bytes() as u64,
         }
     }
 
-    /// Keep only the length (the bytes are in the image); the bytes freed.
-    fn take_out(&mut self) -> u64 {
+    /// Keep only where the bytes are, `stored`; returns the bytes freed.
+    fn take_out(&mut self, stored: Stored) -> u64 {
         let freed = self.held();
-        if let DomBlock::Here { data, .. } = self {
-            *self = DomBlock::Imaged(data.len() as u32);
-        }
+        *self = DomBlock::Imaged(stored);
         freed
     }
 
@@ -285,7 +302,7 @@ impl DomBlock {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Undo {
     Op(Op),
-    DomImaged(u128, u64, u32),
+    DomImaged(u128, u64, Stored),
 }
 
 /// Bytes an entry of each kind costs besides its variable part, about: what the maps
@@ -594,38 +611,38 @@ impl Mem {
             Undo::Op(op) => {
                 self.apply(op);
             }
-            Undo::DomImaged(k, b, len) => self.index_dom(k, b, len),
+            Undo::DomImaged(k, b, stored) => self.index_dom(k, b, stored),
         }
     }
 
-    /// Record that DoM block `b` of `k` is in the image, of `len` bytes (start-up).
-    pub fn index_dom(&mut self, k: u128, b: u64, len: u32) {
-        let old = self.dom.insert((k, b), DomBlock::Imaged(len));
+    /// Record that DoM block `b` of `k` is written out, `stored` (start-up).
+    pub fn index_dom(&mut self, k: u128, b: u64, stored: Stored) {
+        let old = self.dom.insert((k, b), DomBlock::Imaged(stored));
         let gone = old.as_ref().map_or(0, DomBlock::held);
         self.dom_bytes -= gone;
         self.held -= gone;
     }
 
-    /// A checkpoint wrote every change below transno `below` to the image, DoM block `b`
-    /// of `k` among them: if no later change wrote the block again, memory keeps only its
-    /// length. (Comparing bytes would not do: a block truncated and written back with the
-    /// same bytes after the checkpoint took its batch is not in the image as it is here.)
-    pub fn imaged(&mut self, k: u128, b: u64, below: u64) {
+    /// A checkpoint wrote every change below transno `below` out, DoM block `b` of `k`
+    /// among them, `stored`: if no later change wrote the block again, memory keeps only
+    /// where it is. (Comparing bytes would not do: a block truncated and written back
+    /// with the same bytes after the checkpoint took its batch is not out as it is here.)
+    pub fn imaged(&mut self, k: u128, b: u64, below: u64, stored: Stored) {
         if let Some(block) = self.dom.get_mut(&(k, b))
             && matches!(block, DomBlock::Here { stamp, .. } if *stamp < below)
         {
-            let freed = block.take_out();
+            let freed = block.take_out(stored);
             self.dom_bytes -= freed;
             self.held -= freed;
         }
     }
 
-    /// Every DoM block is in the image (start-up, once the replayed records are
-    /// written there): memory keeps only their lengths.
-    pub fn all_dom_imaged(&mut self) {
-        let freed: u64 = self.dom.values_mut().map(DomBlock::take_out).sum();
-        self.dom_bytes -= freed;
-        self.held -= freed;
+    /// Where every DoM block in the area is (start-up).
+    pub fn dom_in_area(&self) -> impl Iterator<Item = &super::area::Extent> {
+        self.dom.values().filter_map(|b| match b {
+            DomBlock::Imaged(Stored::Area(e)) => Some(e),
+            _ => None,
+        })
     }
 
     /// Apply `op`; returns what undoes it (mostly the same key with what it held
@@ -721,9 +738,9 @@ impl Mem {
                 sub = old.as_ref().map_or(0, DomBlock::held);
                 self.dom_bytes = (self.dom_bytes + add).saturating_sub(sub);
                 match old {
-                    Some(DomBlock::Imaged(len)) => {
+                    Some(DomBlock::Imaged(stored)) => {
                         self.held = (self.held + add).saturating_sub(sub);
-                        return Undo::DomImaged(k, b, len);
+                        return Undo::DomImaged(k, b, stored);
                     }
                     Some(DomBlock::Here { data, .. }) => Op::Dom(k, b, Some(data)),
                     None => Op::Dom(k, b, None),

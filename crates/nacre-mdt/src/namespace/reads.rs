@@ -190,11 +190,12 @@ impl Namespace {
             .collect())
     }
 
-    /// Inodes in use, and the bytes the image occupies of its volume.
+    /// Inodes in use, and the bytes the image and the DoM area occupy of the room they
+    /// share.
     pub fn statfs(&self) -> Result<MdtStatFs> {
         Ok(MdtStatFs {
             inodes: read(&self.mem).inode_count(),
-            bytes_used: self.db_len.load(std::sync::atomic::Ordering::Acquire),
+            bytes_used: self.db_len.load(std::sync::atomic::Ordering::Acquire) + lock(&self.area).used(),
             bytes_total: self.capacity,
         })
     }

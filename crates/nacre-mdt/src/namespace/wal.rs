@@ -15,8 +15,9 @@
 //! image, applies the last op of each key they write to redb in one transaction (a
 //! directory's inode rewritten by every create in it is written once), and commits it
 //! durably together with the log position replay must start from (generation, transno,
-//! offset). Only then does the log's tail move past them and their room come free. It
-//! runs every
+//! offset). Only then does the log's tail move past them and their room come free. DoM
+//! blocks' bytes go to the DoM area beside the image, which keeps where they are (see
+//! [`super::area`]). It runs every
 //! `checkpoint_interval` ([`CHECKPOINT_INTERVAL`] by default), and sooner when the
 //! records waiting fill a quarter of the log.
 //!
@@ -40,7 +41,8 @@ use nacre_proto::mdt::errno;
 use nacre_raid::Volume;
 use redb::Database;
 
-use super::mem::{Mem, Op, decode_record};
+use super::area::{self, Area, Extent, Run};
+use super::mem::{Mem, Op, Stored, decode_record};
 use super::{MdError, NamespaceOptions, NamespaceStats, Result, image, lock, storage, write};
 
 const MAGIC: u32 = u32::from_le_bytes(*b"NMLR");
@@ -243,8 +245,10 @@ struct State {
     unimaged: Packed,
     unimaged_end: u64,
     unimaged_bytes: u64,
-    /// Emptied buffers of records, to use again (see [`recycle`]).
-    spare: Vec<Packed>,
+    /// Emptied buffers of records, to use again (see [`recycle`]): one for the staged
+    /// records and the group being written, which trade places; one for the unimaged
+    /// records and the checkpoint's batch, likewise.
+    spare: [Option<Packed>; 2],
     /// Every transno below this is in the image, and (`settled`) its DoM bytes out of
     /// memory.
     imaged: u64,
@@ -283,6 +287,8 @@ struct Shared {
     stats: Arc<NamespaceStats>,
     /// The namespace's tables: DoM bytes a checkpoint wrote leave memory.
     mem: Arc<std::sync::RwLock<Mem>>,
+    /// Where checkpoints write DoM blocks' bytes.
+    area: Arc<Mutex<Area>>,
 }
 
 /// The log of one MDT, with its writer and checkpoint threads.
@@ -323,6 +329,7 @@ impl Wal {
         pos: Position,
         stats: Arc<NamespaceStats>,
         mem: Arc<std::sync::RwLock<Mem>>,
+        area: Arc<Mutex<Area>>,
     ) -> Wal {
         let st = State {
             next: pos.transno,
@@ -335,7 +342,7 @@ impl Wal {
             unimaged: Packed::default(),
             unimaged_end: pos.at,
             unimaged_bytes: 0,
-            spare: Vec::new(),
+            spare: [None, None],
             imaged: pos.transno,
             settled: pos.transno,
             checkpoint_asked: false,
@@ -359,6 +366,7 @@ impl Wal {
             committed: tokio::sync::watch::channel((pos.transno, false)).0,
             stats,
             mem,
+            area,
         });
         let mut threads = Vec::new();
         for (name, body) in [("mdt-log", write_loop as fn(&Shared)), ("mdt-checkpoint", checkpoint_loop)] {
@@ -369,6 +377,11 @@ impl Wal {
             }
         }
         Wal { shared, threads: Mutex::new(threads) }
+    }
+
+    /// The metadata volume (the DoM area's bytes are read from it).
+    pub fn volume(&self) -> &Arc<Volume> {
+        &self.shared.region.vol
     }
 
     /// The most bytes one change may log: a quarter of the ring.
@@ -620,7 +633,7 @@ fn write_loop(s: &Shared) {
                 bytes += framed(list[n].1 as usize);
                 n += 1;
             }
-            let spare = st.spare.pop().unwrap_or_default();
+            let spare = st.spare[GROUP].take().unwrap_or_default();
             let records = st.staged.take_first(n, spare);
             st.staged_bytes -= bytes;
             st.writing = true;
@@ -678,28 +691,29 @@ fn write_loop(s: &Shared) {
             Err(e) => break_log(s, &mut st, format!("a write failed: {e}")),
         }
         drop(st);
-        recycle(s, records);
+        recycle(s, records, GROUP);
         s.done.notify_all();
     }
 }
 
-/// Buffers of records kept for reuse: with the staged, the unimaged, the group being
-/// written and the batch being checkpointed, enough that none is allocated in turn.
-const SPARES_KEPT: usize = 2;
+/// The spare buffer of the staged records and the group being written.
+const GROUP: usize = 0;
+/// The spare buffer of the unimaged records and the checkpoint's batch.
+const BATCH: usize = 1;
 
-/// Keep `records`' buffers (emptied) for the next group or checkpoint, unless enough
-/// are kept or they grew past half the ring (a quarter waits for a checkpoint at most,
-/// but for one group, and growing by doubling may have made room for twice that):
-/// memory kept idle stays under the ring's size.
-fn recycle(s: &Shared, mut records: Packed) {
+/// Keep `records`' buffers (emptied) to trade places again in `role` ([`GROUP`] or
+/// [`BATCH`]): each role keeps its own, so a buffer grown to a role's size is not handed
+/// to another role that then grows it again (a checkpoint's batch handed to the log
+/// writer made the unimaged records grow by reallocation, 5% of a run of DoM creates).
+/// Unless they grew past half the ring (a quarter waits for a checkpoint at most, but
+/// for one group, and growing by doubling may have made room for twice that): memory
+/// kept idle stays under the ring's size.
+fn recycle(s: &Shared, mut records: Packed, role: usize) {
     if records.bytes.capacity() as u64 > s.region.room / 2 {
         return;
     }
     records.clear();
-    let mut st = lock(&s.st);
-    if st.spare.len() < SPARES_KEPT {
-        st.spare.push(records);
-    }
+    lock(&s.st).spare[role].get_or_insert(records);
 }
 
 /// The checkpoint thread: committed records into the image, then the tail moves.
@@ -739,12 +753,12 @@ fn checkpoint_loop(s: &Shared) {
             }
             st.checkpoint_asked = false;
             st.unimaged_bytes = 0;
-            let spare = st.spare.pop().unwrap_or_default();
+            let spare = st.spare[BATCH].take().unwrap_or_default();
             (std::mem::replace(&mut st.unimaged, spare), st.unimaged_end)
         };
         let Some(&(last, _)) = batch.list.last() else { continue };
         let r = write_image(s, &batch, Position { generation: s.generation, transno: last + 1, at: end });
-        recycle(s, batch);
+        recycle(s, batch, BATCH);
         let imaged_dom = {
             let mut st = lock(&s.st);
             let r = match r {
@@ -763,13 +777,13 @@ fn checkpoint_loop(s: &Shared) {
             s.done.notify_all();
             r
         };
-        // DoM bytes now in the image leave memory, unless written again meanwhile. Only
+        // DoM bytes now written out leave memory, unless written again meanwhile. Only
         // after the log's room came free: a change that holds the namespace's lock may be
         // waiting for that room.
         if !imaged_dom.is_empty() {
             let mut m = write(&s.mem);
-            for &(k, b) in &imaged_dom {
-                m.imaged(k, b, last + 1);
+            for (k, b, stored) in imaged_dom {
+                m.imaged(k, b, last + 1, stored);
             }
         }
         lock(&s.st).settled = last + 1;
@@ -778,8 +792,8 @@ fn checkpoint_loop(s: &Shared) {
 }
 
 /// Apply records to the image and commit it, durably, with the position after them;
-/// returns the DoM blocks it wrote.
-fn write_image(s: &Shared, batch: &Packed, pos: Position) -> Result<Vec<(u128, u64)>> {
+/// returns where it wrote each DoM block.
+fn write_image(s: &Shared, batch: &Packed, pos: Position) -> Result<Vec<(u128, u64, Stored)>> {
     let mut txn = s.db.begin_write()?;
     txn.set_durability(redb::Durability::Immediate).map_err(storage)?;
     // The last op of each key is what the image needs, written in key order.
@@ -789,21 +803,97 @@ fn write_image(s: &Shared, batch: &Packed, pos: Position) -> Result<Vec<(u128, u
             last.insert(op.slot(), op);
         }
     }
-    {
+    let written = {
         let mut w = image::Writer::open(&txn)?;
-        for op in last.values() {
-            w.apply(op)?;
-        }
-    }
+        write_ops(&mut w, last.values(), &s.area, &s.region.vol)?
+    };
     pos.store(&txn)?;
     txn.commit()?;
-    Ok(last
-        .into_values()
-        .filter_map(|op| match op {
-            Op::Dom(k, b, Some(_)) => Some((k, b)),
-            _ => None,
-        })
-        .collect())
+    lock(&s.area).free_runs(&written.freed);
+    Ok(written.stored)
+}
+
+/// What [`write_ops`] did beside the image's tables.
+pub(super) struct Written {
+    /// Where each DoM block it wrote is now.
+    pub stored: Vec<(u128, u64, Stored)>,
+    /// Area units of the blocks it replaced or removed: free once its transaction is
+    /// committed, not before (the last commit still points at them).
+    pub freed: Vec<Run>,
+}
+
+/// Write `ops` (the last of each key) into the image through `w`, and the bytes of the
+/// DoM blocks they put into the DoM area, in a few large writes; a block the area has no
+/// room for goes into its index entry instead. The area writes are made durable by the
+/// transaction's commit (its flush of the volume's drives comes after them).
+pub(super) fn write_ops<'o>(
+    w: &mut image::Writer,
+    ops: impl Iterator<Item = &'o Op>,
+    area: &Mutex<Area>,
+    vol: &Volume,
+) -> Result<Written> {
+    let mut out = Written { stored: Vec::new(), freed: Vec::new() };
+    // (run, block's bytes, offset of the run in them), in the order placed.
+    let mut writes: Vec<(Run, &[u8], usize)> = Vec::new();
+    for op in ops {
+        let Op::Dom(k, b, v) = op else {
+            w.apply(op)?;
+            continue;
+        };
+        let (k, b) = (*k, *b);
+        let Some(data) = v else {
+            out.freed.extend(w.dom(k, b, None)?.into_iter().flatten());
+            continue;
+        };
+        // A block's units are taken leaving the image one growth (new files' blocks
+        // were let in while it had two).
+        let runs = lock(area).alloc(data.len() as u64, 1);
+        let (value, stored) = match runs {
+            Some(runs) => {
+                let mut at = 0;
+                for r in runs.iter() {
+                    writes.push((*r, &data[..], at));
+                    at += r.units as usize * area::UNIT as usize;
+                }
+                let e = Extent { len: data.len() as u32, crc: area::crc(data), runs };
+                (area::Value::Area(e.clone()).encode(), Stored::Area(e))
+            }
+            None => (area::Value::Inline(data).encode(), Stored::Inline(data.len() as u32)),
+        };
+        out.freed.extend(w.dom(k, b, Some(&value))?.into_iter().flatten());
+        out.stored.push((k, b, stored));
+    }
+    write_runs(vol, writes).map_err(|e| storage(format!("DoM area: {e}")))?;
+    Ok(out)
+}
+
+/// Largest single write of the DoM area.
+const AREA_WRITE_MAX: usize = 4 << 20;
+
+/// Write each run's part of its block (zero-padded to whole units), runs that follow one
+/// another on the volume joined into one write.
+fn write_runs(vol: &Volume, mut writes: Vec<(Run, &[u8], usize)>) -> std::result::Result<(), nacre_raid::RaidError> {
+    writes.sort_unstable_by_key(|(r, _, _)| r.at);
+    let total: u64 = writes.iter().map(|(r, _, _)| r.units as u64 * area::UNIT).sum();
+    let mut buf: Vec<u8> = Vec::with_capacity((total as usize).min(AREA_WRITE_MAX));
+    let mut buf_at = 0;
+    for (r, data, from) in writes {
+        let len = r.units as usize * area::UNIT as usize;
+        if !buf.is_empty() && (buf_at + buf.len() as u64 != r.at || buf.len() + len > AREA_WRITE_MAX) {
+            vol.write(buf_at, &buf)?;
+            buf.clear();
+        }
+        if buf.is_empty() {
+            buf_at = r.at;
+        }
+        let part = &data[from.min(data.len())..(from + len).min(data.len())];
+        buf.extend_from_slice(part);
+        buf.resize(buf.len() + len - part.len(), 0);
+    }
+    if !buf.is_empty() {
+        vol.write(buf_at, &buf)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
