@@ -169,7 +169,10 @@ async fn read_exactly<R: AsyncRead + Unpin + ?Sized>(r: &mut R, n: usize, buf: &
     Ok(())
 }
 
-/// Write one frame: header and body in one write, then the bulk from its own buffer.
+/// Write one frame: header and body copied together, the bulk from its own buffer, all
+/// in one gathered write where the stream takes one (a socket does). Two writes put a
+/// request with a bulk on loopback TCP as two segments, each delivered and woken for on
+/// its own: a 3,901-byte DoM create paid that on both ends.
 pub async fn write_frame<W: AsyncWrite + Unpin + ?Sized>(
     w: &mut W,
     header: &FrameHeader,
@@ -178,16 +181,28 @@ pub async fn write_frame<W: AsyncWrite + Unpin + ?Sized>(
 ) -> io::Result<()> {
     debug_assert_eq!(header.body_len as usize, body.len());
     debug_assert_eq!(header.bulk_len as usize, bulk.len());
-    if body.is_empty() {
-        w.write_all(&header.encode()).await?;
+    let encoded = header.encode();
+    let mut joined = Vec::new();
+    let head: &[u8] = if body.is_empty() {
+        &encoded
     } else {
-        let mut head = Vec::with_capacity(HEADER_BYTES + body.len());
-        head.extend_from_slice(&header.encode());
-        head.extend_from_slice(body);
-        w.write_all(&head).await?;
-    }
-    if !bulk.is_empty() {
-        w.write_all(bulk).await?;
+        joined.reserve_exact(HEADER_BYTES + body.len());
+        joined.extend_from_slice(&encoded);
+        joined.extend_from_slice(body);
+        &joined
+    };
+    if bulk.is_empty() {
+        w.write_all(head).await?;
+    } else {
+        let mut parts = [io::IoSlice::new(head), io::IoSlice::new(bulk)];
+        let mut left = &mut parts[..];
+        while !left.is_empty() {
+            let n = w.write_vectored(left).await?;
+            if n == 0 {
+                return Err(io::Error::new(io::ErrorKind::WriteZero, "the stream took no more of a frame"));
+            }
+            io::IoSlice::advance_slices(&mut left, n);
+        }
     }
     w.flush().await
 }
