@@ -45,8 +45,10 @@ impl Tx<'_> {
         dom_bytes(&m, self.ns, fid.key(), first, last)
     }
 
-    pub(super) fn put_dom(&self, fid: Fid, block: u64, data: &[u8]) -> Result<()> {
-        self.apply(Op::Dom(fid.key(), block, Some(data.into())));
+    /// Put block `block` of the file: `data` becomes it (no copy when its capacity is
+    /// its length, as a block built by `resize` from empty has).
+    pub(super) fn put_dom(&self, fid: Fid, block: u64, data: Vec<u8>) -> Result<()> {
+        self.apply(Op::Dom(fid.key(), block, Some(data.into_boxed_slice())));
         Ok(())
     }
 
@@ -79,7 +81,7 @@ impl Tx<'_> {
             block[(lo - start) as usize..(hi - start) as usize]
                 .copy_from_slice(&data[(lo - offset) as usize..(hi - offset) as usize]);
             added += block.len() as u64 - before;
-            self.put_dom(fid, b, &block)?;
+            self.put_dom(fid, b, block)?;
         }
         a.size = a.size.max(stop);
         a.blocks += added.div_ceil(512);
@@ -104,7 +106,7 @@ impl Tx<'_> {
                 let mut v = self.dom_blocks(fid, b, b)?.pop().map(|x| x.1).unwrap_or_default();
                 v.truncate((size - start) as usize);
                 removed += len - v.len() as u64;
-                self.put_dom(fid, b, &v)?;
+                self.put_dom(fid, b, v)?;
             }
         }
         Ok(removed)
