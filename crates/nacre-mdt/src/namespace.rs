@@ -789,10 +789,18 @@ impl Namespace {
         let (db_bytes, log_bytes) = Self::regions(&volume)?;
         let backend = VolumeBackend::open(volume.clone(), 0, db_bytes, opts.sync)?;
         let (db_len, db_max, db_at) = (backend.len_handle(), backend.max_len_handle(), backend.data_offset());
+        // The image may not grow until the DoM area above it is known (an error path's
+        // redb may commit on drop): only a format-3 image, which has no area, may. A
+        // region with no image at all (not an MDT: refused below) is let be.
+        let len = db_len.load(std::sync::atomic::Ordering::Acquire);
+        let full = if len > 0 { db_max.swap(len, std::sync::atomic::Ordering::AcqRel) } else { 0 };
         let db = Arc::new(Database::builder().set_cache_size(opts.cache_bytes).create_with_backend(backend)?);
         match image::meta(&db, "format")? {
             Some(FORMAT) => {}
-            Some(3) => Self::from_format_3(&db)?,
+            Some(3) => {
+                db_max.fetch_max(full, std::sync::atomic::Ordering::AcqRel);
+                Self::from_format_3(&db)?;
+            }
             Some(f) => {
                 return Err(MdError::new(
                     errno::EINVAL,
@@ -817,7 +825,8 @@ impl Namespace {
             image::load(&db)?
         };
         // The DoM area as the image left it, before anything grows the image.
-        let area = Arc::new(Mutex::new(area::Area::new(db_bytes, db_at, db_len.clone(), db_max.clone())));
+        let area =
+            Arc::new(Mutex::new(area::Area::new(db_bytes, db_at, db_len.clone(), db_max.clone(), 2 * log_bytes)));
         lock(&area).rebuild(mem.dom_in_area())?;
         let from = wal::Position::load(&db)?;
         let region = wal::Region { vol: volume.clone(), base: db_bytes, room: log_bytes };
@@ -932,7 +941,16 @@ impl Namespace {
     fn from_format_3(db: &Database) -> Result<()> {
         let mut txn = db.begin_write()?;
         txn.set_durability(redb::Durability::Immediate).map_err(storage)?;
-        let moved = image::move_format_3_dom(&txn)?;
+        let moved = image::move_format_3_dom(&txn).map_err(|e| {
+            MdError::new(
+                e.errno,
+                format!(
+                    "moving the DoM blocks of a format-3 image into its DoM index (a copy of them, in one \
+                     transaction: the image needs room for both) failed, nothing changed: {}",
+                    e.message
+                ),
+            )
+        })?;
         image::Writer::open(&txn)?.apply(&Op::Meta("format".into(), Some(FORMAT)))?;
         txn.commit()?;
         eprintln!("mdt: metadata target of format 3 moved to format {FORMAT} ({moved} DoM blocks indexed)");
@@ -998,7 +1016,9 @@ impl Namespace {
         }
         let used = self.db_len.load(std::sync::atomic::Ordering::Acquire);
         let max = self.db_max.load(std::sync::atomic::Ordering::Acquire);
-        if next_growth(used) > max {
+        // Room for its next growth, and for a checkpoint of a full log (twice the log:
+        // see `area::Area::new`), which the DoM area leaves it.
+        if next_growth(used) > max || used + 2 * self.wal.room() > max {
             return Err(MdError::new(
                 errno::ENOSPC,
                 format!(

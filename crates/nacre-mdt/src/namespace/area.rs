@@ -17,13 +17,13 @@
 //! leaves the previous image pointing at untouched units; the units written for the lost
 //! commit are free again at start-up, when the area is rebuilt from the index.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use nacre_proto::mdt::errno;
 
-use super::{MdError, Result, next_growth};
+use super::{DOM_BLOCK, MdError, Result, next_growth};
 
 /// The area's unit of allocation.
 pub const UNIT: u64 = 4096;
@@ -37,7 +37,7 @@ pub struct Run {
 
 impl Run {
     fn end(&self) -> u64 {
-        self.at + self.units as u64 * UNIT
+        self.at.saturating_add(self.units as u64 * UNIT)
     }
 }
 
@@ -111,7 +111,11 @@ impl Value<'_> {
                     })
                     .collect();
                 let units: u64 = runs.iter().map(|r| r.units as u64).sum();
-                if runs.iter().any(|r| r.units == 0 || r.at % UNIT != 0) || units != (len as u64).div_ceil(UNIT) {
+                let wraps = |r: &Run| r.at.checked_add(r.units as u64 * UNIT).is_none();
+                if len as u64 > DOM_BLOCK
+                    || runs.iter().any(|r| r.units == 0 || r.at % UNIT != 0 || wraps(r))
+                    || units != (len as u64).div_ceil(UNIT)
+                {
                     return Err(bad(&format!("runs of {units} units for {len} bytes")));
                 }
                 Ok(Value::Area(Extent { len, crc, runs }))
@@ -154,9 +158,15 @@ pub struct Area {
     top: u64,
     /// The lowest unit in use (the area is `[floor, top)`; `top` when empty).
     floor: u64,
-    /// Free runs inside the area, by start: bytes.
+    /// Free runs inside the area, by start: bytes; and the same by size, (bytes, start),
+    /// to find one that fits without walking them all.
     free: BTreeMap<u64, u64>,
+    by_size: BTreeSet<(u64, u64)>,
     free_bytes: u64,
+    /// Room the image keeps beyond the area's floor whatever its growth: twice the log,
+    /// so that a checkpoint of a full log (or its replay at start-up) always finds room
+    /// to grow the image.
+    reserve: u64,
     /// Where the image's bytes start on the volume, its live length, and the length it
     /// may grow to (kept below the floor: see [`Area::set_floor`]).
     image_at: u64,
@@ -167,11 +177,32 @@ pub struct Area {
 impl Area {
     /// The area of a region whose image starts at `image_at` and ends at `top`: its
     /// length `image_len` (live) and the most it may grow to `image_max`, which the
-    /// area lowers as it grows down.
-    pub fn new(top: u64, image_at: u64, image_len: Arc<AtomicU64>, image_max: Arc<AtomicU64>) -> Area {
-        let mut a = Area { top, floor: top, free: BTreeMap::new(), free_bytes: 0, image_at, image_len, image_max };
+    /// area lowers as it grows down, always leaving the image `reserve` bytes to grow by.
+    pub fn new(top: u64, image_at: u64, image_len: Arc<AtomicU64>, image_max: Arc<AtomicU64>, reserve: u64) -> Area {
+        let mut a = Area {
+            top,
+            floor: top,
+            free: BTreeMap::new(),
+            by_size: BTreeSet::new(),
+            free_bytes: 0,
+            reserve,
+            image_at,
+            image_len,
+            image_max,
+        };
         a.set_floor(top);
         a
+    }
+
+    fn add_free(&mut self, at: u64, n: u64) {
+        self.free.insert(at, n);
+        self.by_size.insert((n, at));
+    }
+
+    fn remove_free(&mut self, at: u64) -> Option<u64> {
+        let n = self.free.remove(&at)?;
+        self.by_size.remove(&(n, at));
+        Some(n)
     }
 
     /// Mark the runs of every block the index has (start-up); overlapping runs or runs
@@ -182,7 +213,7 @@ impl Area {
         let image_end = self.image_at + self.image_len.load(Ordering::Acquire);
         let mut floor = self.top;
         let mut at = self.top;
-        let mut free = BTreeMap::new();
+        let mut free = Vec::new();
         for r in runs.iter().rev() {
             if r.at < image_end || r.end() > at {
                 return Err(MdError::new(
@@ -204,13 +235,16 @@ impl Area {
                 ));
             }
             if r.end() < at {
-                free.insert(r.end(), at - r.end());
+                free.push((r.end(), at - r.end()));
             }
             at = r.at;
             floor = r.at;
         }
-        self.free_bytes = free.values().sum();
-        self.free = free;
+        (self.free, self.by_size, self.free_bytes) = (BTreeMap::new(), BTreeSet::new(), 0);
+        for (at, n) in free {
+            self.add_free(at, n);
+            self.free_bytes += n;
+        }
         self.set_floor(floor);
         Ok(())
     }
@@ -221,13 +255,14 @@ impl Area {
     }
 
     /// The lowest the floor may go while leaving the image room for `growths` more
-    /// growths.
+    /// growths, and its reserve at least.
     fn limit(&self, growths: u32) -> u64 {
-        let mut len = self.image_len.load(Ordering::Acquire);
+        let now = self.image_len.load(Ordering::Acquire);
+        let mut len = now;
         for _ in 0..growths {
             len = next_growth(len);
         }
-        self.image_at.saturating_add(len)
+        self.image_at.saturating_add(len.max(now.saturating_add(self.reserve)))
     }
 
     /// Bytes the area can still take while leaving the image `growths` more growths.
@@ -248,8 +283,8 @@ impl Area {
         if want > self.room(growths) {
             return None;
         }
-        // The highest free run that holds it (keeps the area packed up against the top).
-        if let Some((&at, &n)) = self.free.iter().rev().find(|(_, n)| **n >= want) {
+        // The smallest free run that holds it.
+        if let Some(&(n, at)) = self.by_size.range((want, 0)..).next() {
             self.take_free(at, n, want);
             return Some(Box::new([Run { at: at + n - want, units: (want / UNIT) as u32 }]));
         }
@@ -268,7 +303,7 @@ impl Area {
         let mut runs = Vec::new();
         let mut left = want;
         while left > 0 && runs.len() < RUNS_MAX - 1 {
-            let Some((at, n)) = self.free.iter().max_by_key(|(_, n)| **n).map(|(a, n)| (*a, *n)) else { break };
+            let Some(&(n, at)) = self.by_size.iter().next_back() else { break };
             let take = n.min(left);
             self.take_free(at, n, take);
             runs.push(Run { at: at + n - take, units: (take / UNIT) as u32 });
@@ -289,31 +324,42 @@ impl Area {
 
     /// Take the top `take` bytes of free run `[at, at + n)`.
     fn take_free(&mut self, at: u64, n: u64, take: u64) {
-        self.free.remove(&at);
+        self.remove_free(at);
         if n > take {
-            self.free.insert(at, n - take);
+            self.add_free(at, n - take);
         }
         self.free_bytes -= take;
     }
 
-    /// Give runs back (their blocks are gone from the committed image).
+    /// Give runs back (their blocks are gone from the committed image). A run that is
+    /// not wholly in use (outside the area, or over a free run: a damaged index entry)
+    /// is left out and said, never freed twice: its units stay taken until a restart
+    /// rebuilds the area.
     pub fn free_runs(&mut self, runs: &[Run]) {
         for r in runs {
             let (mut at, mut n) = (r.at, r.units as u64 * UNIT);
+            let before = self.free.range(..at.saturating_add(n)).next_back().map(|(b, bn)| b + bn);
+            if at < self.floor || r.end() > self.top || before.is_some_and(|end| end > at) {
+                eprintln!(
+                    "mdt: DoM area: {} units at {at} were to be freed but are not in use; left as they are",
+                    r.units
+                );
+                continue;
+            }
             self.free_bytes += n;
             if let Some((&b, &bn)) = self.free.range(..at).next_back()
                 && b + bn == at
             {
-                self.free.remove(&b);
+                self.remove_free(b);
                 (at, n) = (b, n + bn);
             }
-            if let Some(an) = self.free.remove(&(at + n)) {
+            if let Some(an) = self.remove_free(at + n) {
                 n += an;
             }
-            self.free.insert(at, n);
+            self.add_free(at, n);
         }
         // A free run at the floor gives its room back to the image.
-        if let Some(n) = self.free.remove(&self.floor) {
+        if let Some(n) = self.remove_free(self.floor) {
             self.free_bytes -= n;
             let floor = self.floor + n;
             self.set_floor(floor);
@@ -326,7 +372,7 @@ mod tests {
     use super::*;
 
     fn area(top_units: u64) -> Area {
-        Area::new(top_units * UNIT, 0, Arc::new(AtomicU64::new(UNIT)), Arc::new(AtomicU64::new(0)))
+        Area::new(top_units * UNIT, 0, Arc::new(AtomicU64::new(UNIT)), Arc::new(AtomicU64::new(0)), 0)
     }
 
     #[test]
@@ -363,6 +409,20 @@ mod tests {
         a.free_runs(&second);
         assert_eq!(max.load(Ordering::Acquire), 99 * UNIT);
         assert_eq!(a.used(), UNIT);
+        // Units not in use (freed already, or outside the area) are not freed again.
+        a.free_runs(&second);
+        a.free_runs(&[Run { at: 100 * UNIT, units: 1 }]);
+        assert_eq!((a.used(), a.room(1)), (UNIT, 97 * UNIT));
+    }
+
+    #[test]
+    fn the_image_keeps_its_reserve_below_the_area() {
+        // An image of one unit, a reserve of ten: the area may come down to unit 11.
+        let mut a = Area::new(20 * UNIT, 0, Arc::new(AtomicU64::new(UNIT)), Arc::new(AtomicU64::new(0)), 10 * UNIT);
+        assert_eq!(a.room(1), 9 * UNIT);
+        assert!(a.alloc(10 * UNIT, 1).is_none());
+        assert!(a.alloc(9 * UNIT, 1).is_some());
+        assert_eq!(a.image_max.load(Ordering::Acquire), 11 * UNIT);
     }
 
     #[test]

@@ -32,7 +32,7 @@ impl Tx<'_> {
         };
         // An MDT short of room puts no more new files' first bytes on itself: their
         // first striped component starts at 0 instead (as Lustre's dom_threshold_free_mb).
-        if l.components.len() > 1 && l.components[0].kind == Kind::Mdt && !self.ns.dom_fits(self.m().dom_bytes) {
+        if l.components.len() > 1 && l.components[0].kind == Kind::Mdt && !self.ns.dom_fits(self.m().dom_units) {
             l.components.remove(0);
             l.components[0].start = 0;
         }

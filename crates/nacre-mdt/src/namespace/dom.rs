@@ -124,7 +124,7 @@ impl Namespace {
 
     /// [`Namespace::dom_fits`] with what waits in memory now.
     pub fn has_room_for_dom(&self) -> bool {
-        self.dom_fits(read(&self.mem).dom_bytes)
+        self.dom_fits(read(&self.mem).dom_units)
     }
 
     /// ENOSPC for `bytes` more of DoM data once the DoM area could not take them with the
@@ -132,7 +132,7 @@ impl Namespace {
     /// the image one growth.
     fn room_for_dom(&self, m: &Mem, bytes: usize) -> Result<()> {
         let room = lock(&self.area).room(1);
-        if m.dom_bytes + bytes as u64 + DOM_BLOCK > room {
+        if m.dom_units + bytes as u64 > room {
             return Err(MdError::new(
                 errno::ENOSPC,
                 format!(
@@ -245,11 +245,7 @@ impl Namespace {
                 format!("data of {} bytes with a create (at most {DOM_IO_MAX})", data.len()),
             ));
         }
-        {
-            let m = read(&self.mem);
-            self.room_to_grow(&m)?;
-            self.room_for_dom(&m, data.len())?;
-        }
+        self.room_to_grow(&read(&self.mem))?;
         let (cred, name, data, weight) = (cred.clone(), name.to_string(), data.to_vec(), data.len());
         Ok((
             Box::new(move |tx| {
@@ -267,6 +263,10 @@ impl Namespace {
                         format!("{} bytes with a create pass the DoM component's end at {end}", data.len()),
                     ));
                 }
+                // Checked once the layout is known: an MDT short of room gives new files
+                // no DoM component (EINVAL above), which a client takes as "create, then
+                // write".
+                tx.ns.room_for_dom(&tx.m(), data.len())?;
                 let (a, _, _) = tx.make(&cred, dir, &name, perms, mode::S_IFREG, None)?;
                 if data.is_empty() {
                     return Ok(Answer::Attr(a));

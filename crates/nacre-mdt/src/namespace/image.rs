@@ -110,10 +110,13 @@ impl<'t> Writer<'t> {
             Op::Objects(k, v) => put_or_del!(self.objects, *k, v.as_deref()),
             Op::Pool(ost, v) => put_or_del!(self.pools, *ost, v.as_deref()),
             Op::Destroy(ost, oid, put) => put_or_del!(self.destroys, (*ost, *oid), put.then_some(1u8)),
-            Op::Dom(k, b, v) => {
-                // Start-up's replay: the bytes go in the entry (the DoM area is not
-                // known yet; it is rebuilt from this index afterwards).
-                self.dom(*k, *b, v.as_deref().map(|d| area::Value::Inline(d).encode()).as_deref())?;
+            // Their bytes go to the DoM area and the runs they replace are freed after the
+            // commit: `wal::write_ops` writes them, with `Writer::dom`.
+            Op::Dom(k, b, _) => {
+                return Err(MdError::new(
+                    errno::EINVAL,
+                    format!("DoM block {b} of {} written without the DoM area", nacre_proto::fid::Fid::from_key(*k)),
+                ));
             }
             Op::DirStripe(k, v) => put_or_del!(self.dirstripes, *k, v.as_deref()),
             Op::DirDefault(k, v) => put_or_del!(self.dirdefaults, *k, v.as_deref()),
@@ -136,7 +139,11 @@ impl<'t> Writer<'t> {
             Ok(area::Value::Area(e)) => Ok(Some(e.runs)),
             Ok(area::Value::Inline(_)) => Ok(None),
             // Its units stay taken until a restart rebuilds the area from the index.
-            Err(_) => Ok(None),
+            Err(e) => {
+                let fid = nacre_proto::fid::Fid::from_key(k);
+                eprintln!("mdt: DoM block {b} of {fid} replaced a damaged entry ({}); its units stay taken", e.message);
+                Ok(None)
+            }
         }
     }
 }

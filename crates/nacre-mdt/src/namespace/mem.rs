@@ -199,6 +199,8 @@ pub struct Mem {
     entries: u64,
     /// Bytes of DoM data held.
     pub dom_bytes: u64,
+    /// The same in whole 4 KiB units: the DoM area's room they will take.
+    pub dom_units: u64,
     /// The transno of the change applying ops now: DoM blocks it writes carry it, and
     /// leave memory once a checkpoint covered it.
     pub stamp: u64,
@@ -241,6 +243,11 @@ impl Versions {
         self.map.retain(|_, v| *v > committed);
         self.pruned_at = self.map.len();
     }
+}
+
+/// `bytes` in whole units of the DoM area.
+fn whole_units(bytes: u64) -> u64 {
+    bytes.div_ceil(super::area::UNIT) * super::area::UNIT
 }
 
 /// A DoM block as memory keeps it.
@@ -620,6 +627,7 @@ impl Mem {
         let old = self.dom.insert((k, b), DomBlock::Imaged(stored));
         let gone = old.as_ref().map_or(0, DomBlock::held);
         self.dom_bytes -= gone;
+        self.dom_units -= whole_units(gone);
         self.held -= gone;
     }
 
@@ -633,6 +641,7 @@ impl Mem {
         {
             let freed = block.take_out(stored);
             self.dom_bytes -= freed;
+            self.dom_units -= whole_units(freed);
             self.held -= freed;
         }
     }
@@ -737,6 +746,7 @@ impl Mem {
                 let old = swap!(self.dom, (k, b), v.map(|data| DomBlock::Here { stamp, data }));
                 sub = old.as_ref().map_or(0, DomBlock::held);
                 self.dom_bytes = (self.dom_bytes + add).saturating_sub(sub);
+                self.dom_units = (self.dom_units + whole_units(add)).saturating_sub(whole_units(sub));
                 match old {
                     Some(DomBlock::Imaged(stored)) => {
                         self.held = (self.held + add).saturating_sub(sub);

@@ -384,6 +384,11 @@ impl Wal {
         &self.shared.region.vol
     }
 
+    /// The ring's size.
+    pub fn room(&self) -> u64 {
+        self.shared.region.room
+    }
+
     /// The most bytes one change may log: a quarter of the ring.
     pub fn change_max(&self) -> u64 {
         self.shared.region.room / 4
@@ -846,8 +851,8 @@ pub(super) fn write_ops<'o>(
             continue;
         };
         // A block's units are taken leaving the image one growth (new files' blocks
-        // were let in while it had two).
-        let runs = lock(area).alloc(data.len() as u64, 1);
+        // were let in while it had two); an empty block takes none.
+        let runs = if data.is_empty() { None } else { lock(area).alloc(data.len() as u64, 1) };
         let (value, stored) = match runs {
             Some(runs) => {
                 let mut at = 0;
