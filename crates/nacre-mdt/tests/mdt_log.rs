@@ -45,6 +45,18 @@ fn asked_only() -> NamespaceOptions {
     NamespaceOptions { checkpoint_interval: std::time::Duration::from_secs(3600), ..NamespaceOptions::default() }
 }
 
+/// A fresh MDT checkpointing only when asked, with a directory `dom` whose files keep
+/// their first `size` bytes on it (`-E SIZE -L mdt -E eof -c 1`).
+fn with_dom_dir(size: &str) -> (Arc<Volume>, Namespace, Fid) {
+    let v = volume();
+    let ns = Namespace::format(v.clone(), 0, asked_only()).unwrap();
+    let args = format!("-E {size} -L mdt -E eof -c 1");
+    let layout = nacre_proto::layout::Layout::from_lfs_args(&args.split_whitespace().collect::<Vec<_>>()).unwrap();
+    let d = ns.mkdir(&Cred::root(), ROOT, "dom", 0o755, None).unwrap();
+    ns.set_dir_layout(&Cred::root(), d.fid, Some(layout), None).unwrap();
+    (v, ns, d.fid)
+}
+
 #[test]
 fn transnos_grow_and_commit_across_restarts() {
     let v = volume();
@@ -200,15 +212,10 @@ fn concurrent_changes_get_distinct_fids_and_transnos() {
 
 #[test]
 fn dom_bytes_leave_memory_at_checkpoints_and_are_read_from_the_image() {
-    use nacre_proto::layout::Layout;
-    let v = volume();
-    let ns = Namespace::format(v.clone(), 0, asked_only()).unwrap();
+    let (v, ns, d) = with_dom_dir("256K");
     let c = Cred::root();
-    let lfs = |a: &str| Layout::from_lfs_args(&a.split_whitespace().collect::<Vec<_>>()).unwrap();
-    let d = ns.mkdir(&c, ROOT, "dom", 0o755, None).unwrap();
-    ns.set_dir_layout(&c, d.fid, Some(lfs("-E 256K -L mdt -E eof -c 1")), None).unwrap();
     let body: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
-    let f = ns.create(&c, d.fid, "f", 0o644, None).unwrap();
+    let f = ns.create(&c, d, "f", 0o644, None).unwrap();
     ns.write_dom(&c, f.fid, 0, &body, false, None).unwrap();
     assert_eq!(ns.dom_bytes_in_memory(), body.len() as u64);
     ns.checkpoint().unwrap();
@@ -231,10 +238,10 @@ fn dom_bytes_leave_memory_at_checkpoints_and_are_read_from_the_image() {
     assert_eq!(ns.dom_bytes_in_memory(), 0, "start-up loads the index, not the bytes");
     assert_eq!(ns.read_dom(&c, f.fid, 0, 1 << 20).unwrap(), want);
     // Removed: its blocks go from the index and the image.
-    ns.remove(&c, d.fid, "f", false, None).unwrap();
+    ns.remove(&c, d, "f", false, None).unwrap();
     drop(ns);
     let ns = Namespace::open(v, asked_only()).unwrap();
-    assert_eq!(ns.lookup(&c, d.fid, "f").unwrap_err().errno, errno::ENOENT);
+    assert_eq!(ns.lookup(&c, d, "f").unwrap_err().errno, errno::ENOENT);
     assert_eq!(ns.statfs().unwrap().inodes, 2);
 }
 
@@ -295,16 +302,11 @@ fn small_body(i: u32) -> Vec<u8> {
 
 #[test]
 fn dom_bytes_go_to_the_dom_area_are_checked_and_their_room_is_used_again() {
-    use nacre_proto::layout::Layout;
-    let v = volume();
-    let ns = Namespace::format(v.clone(), 0, asked_only()).unwrap();
+    let (v, ns, d) = with_dom_dir("64K");
     let c = Cred::root();
-    let lfs = |a: &str| Layout::from_lfs_args(&a.split_whitespace().collect::<Vec<_>>()).unwrap();
-    let d = ns.mkdir(&c, ROOT, "dom", 0o755, None).unwrap();
-    ns.set_dir_layout(&c, d.fid, Some(lfs("-E 64K -L mdt -E eof -c 1")), None).unwrap();
     let mut fids = Vec::new();
     for i in 0..100 {
-        fids.push(ns.create_with_data(&c, d.fid, &format!("f{i}"), 0o644, &small_body(i), None).unwrap().fid);
+        fids.push(ns.create_with_data(&c, d, &format!("f{i}"), 0o644, &small_body(i), None).unwrap().fid);
     }
     assert_eq!(ns.dom_area_bytes(), 0, "nothing written out before a checkpoint");
     ns.checkpoint().unwrap();
@@ -317,13 +319,13 @@ fn dom_bytes_go_to_the_dom_area_are_checked_and_their_room_is_used_again() {
     // Half of them go: their units are free once a checkpoint has let them go, and the
     // next files take them (the area does not grow).
     for i in (0..100).step_by(2) {
-        ns.remove(&c, d.fid, &format!("f{i}"), false, None).unwrap();
+        ns.remove(&c, d, &format!("f{i}"), false, None).unwrap();
     }
     ns.checkpoint().unwrap();
     assert_eq!(ns.dom_area_bytes(), 50 * 4096);
     let used = ns.statfs().unwrap().bytes_used;
     for i in 100..150 {
-        let f = ns.create_with_data(&c, d.fid, &format!("f{i}"), 0o644, &small_body(i), None).unwrap().fid;
+        let f = ns.create_with_data(&c, d, &format!("f{i}"), 0o644, &small_body(i), None).unwrap().fid;
         fids[(i - 100) as usize * 2] = f;
     }
     ns.checkpoint().unwrap();
@@ -353,18 +355,13 @@ fn dom_bytes_go_to_the_dom_area_are_checked_and_their_room_is_used_again() {
 }
 
 /// An MDT of format 3 kept DoM bytes in a table of their own: it opens, its blocks are
-/// indexed where they are, and they move to the DoM area when written again.
+/// copied into the index as they are, and they move to the DoM area when written again.
 #[test]
 fn an_mdt_of_format_3_opens_with_its_dom_bytes() {
-    use nacre_proto::layout::Layout;
     use redb::{ReadableDatabase, ReadableTable, TableDefinition};
-    let v = volume();
-    let ns = Namespace::format(v.clone(), 0, asked_only()).unwrap();
+    let (v, ns, d) = with_dom_dir("64K");
     let c = Cred::root();
-    let lfs = |a: &str| Layout::from_lfs_args(&a.split_whitespace().collect::<Vec<_>>()).unwrap();
-    let d = ns.mkdir(&c, ROOT, "dom", 0o755, None).unwrap();
-    ns.set_dir_layout(&c, d.fid, Some(lfs("-E 64K -L mdt -E eof -c 1")), None).unwrap();
-    let f = ns.create_with_data(&c, d.fid, "old", 0o644, &small_body(7), None).unwrap().fid;
+    let f = ns.create_with_data(&c, d, "old", 0o644, &small_body(7), None).unwrap().fid;
     drop(ns);
     // Made into format 3 by hand: the bytes in table `dom`, no index.
     {

@@ -457,15 +457,16 @@ fn the_posix_conformance_suite_passes_through_the_mount_as_on_the_local_file_sys
 }
 
 /// A seeded random-operation run after fsx: writes, reads, truncates and mmap reads of
-/// one file through the mount, each checked against a model of the file. 15,000
-/// operations by default, as many as xfstests' fsx runs do (a truncate or an fsync waits
-/// for the OSTs' commit, and one op in five is one of them: 84 s of CI's run for 30,000);
-/// `NACRE_FSX_OPS` sets more for a long run.
+/// one file through the mount, each checked against a model of the file. 6,000
+/// operations by default, a new seed each run (a truncate or an fsync waits for the OSTs'
+/// commit, and one op in five is one of them: 84 s of CI's run for 30,000, and the
+/// longest test of a slow day's run at 15,000); `NACRE_FSX_OPS` sets more for a long run,
+/// as many as xfstests' fsx runs do.
 #[test]
 fn random_operations_match_a_model_file() {
     let fs = Up::start("fsx");
     let seed = common::seed("fsx");
-    let ops: u64 = std::env::var("NACRE_FSX_OPS").ok().and_then(|s| s.parse().ok()).unwrap_or(15_000);
+    let ops: u64 = std::env::var("NACRE_FSX_OPS").ok().and_then(|s| s.parse().ok()).unwrap_or(6_000);
     let path = fs.mnt.join("fsx.bin");
     // A layout striped over both OSTs in 64 KiB stripes, so operations cross objects.
     let out = nacre().args(["setstripe", "-c", "2", "-S", "64K"]).arg(&path).output().unwrap();
