@@ -288,14 +288,11 @@ impl Area {
             self.take_free(at, n, want);
             return Some(Box::new([Run { at: at + n - want, units: (want / UNIT) as u32 }]));
         }
-        // Below the floor (with the free run just above it, if any, for one run).
+        // Below the floor (no free run starts at the floor: `free_runs` gives any back to
+        // the image, and `rebuild` puts the floor at the lowest run in use).
         let limit = self.limit(growths);
-        let above = self.free.get(&self.floor).copied().unwrap_or(0);
-        if self.floor.saturating_sub(limit) + above >= want {
-            let at = self.floor + above - want;
-            if above > 0 {
-                self.take_free(self.floor, above, above);
-            }
+        if self.floor.saturating_sub(limit) >= want {
+            let at = self.floor - want;
             self.set_floor(at);
             return Some(Box::new([Run { at, units: (want / UNIT) as u32 }]));
         }
