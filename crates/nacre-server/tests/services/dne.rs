@@ -15,18 +15,12 @@ use nacre_net::transport::MemNetwork;
 use nacre_proto::dne::{DirDefault, DirStripe};
 use nacre_proto::fid::Fid;
 use nacre_proto::mdt::{self, Attr, Creds, Reply, Request, errno, mode};
-use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, Volume, VolumeOptions};
+use nacre_raid::Volume;
 use nacre_server::mds::Mds;
 use nacre_server::mdt::{Namespace, NamespaceOptions};
 
 fn volume(name: &str) -> Arc<Volume> {
-    let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
-    let devs: Vec<Arc<dyn BlockDevice>> =
-        (0..2).map(|i| MemDrive::new(&format!("{name}-{i}"), 64 << 20) as Arc<dyn BlockDevice>).collect();
-    let mut o = CreateOptions::new(name, Level::Raid1);
-    o.strip_bytes = 64 << 10;
-    o.assume_clean = true;
-    Arc::new(Volume::create(devs, &o, &run).unwrap())
+    crate::raid1_volume(name, 64 << 20)
 }
 
 /// A file system of `n` MDTs, each served on `mdsI@mem`, and a client of each.

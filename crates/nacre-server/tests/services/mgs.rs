@@ -10,17 +10,11 @@ use nacre_net::server::{Server, ServerConfig};
 use nacre_net::transport::MemNetwork;
 use nacre_proto::mdt::errno;
 use nacre_proto::mgs::{Config, Request, TargetEntry, TargetKind};
-use nacre_raid::{BlockDevice, CreateOptions, Level, MemDrive, Volume, VolumeOptions};
+use nacre_raid::Volume;
 use nacre_server::mgs::Mgs;
 
 fn volume() -> Arc<Volume> {
-    let run = VolumeOptions { threads_per_drive: 1, ..VolumeOptions::default() };
-    let devs: Vec<Arc<dyn BlockDevice>> =
-        (0..2).map(|i| MemDrive::new(&format!("g{i}"), 16 << 20) as Arc<dyn BlockDevice>).collect();
-    let mut o = CreateOptions::new("mgs", Level::Raid1);
-    o.strip_bytes = 64 << 10;
-    o.assume_clean = true;
-    Arc::new(Volume::create(devs, &o, &run).unwrap())
+    crate::raid1_volume("mgs", 16 << 20)
 }
 
 fn target(kind: TargetKind, index: u32, nids: &[&str]) -> TargetEntry {
